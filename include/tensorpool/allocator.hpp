@@ -1,0 +1,75 @@
+// tensorpool/allocator.hpp: the caching allocator of one device.
+//
+// Blocks are carved from segments obtained through a DeviceBackend, cached when freed, split and
+// coalesced within their segment, and reused in stream order. See docs/architecture.md.
+//
+//   auto device = std::make_shared<tensorpool::SimulatedDevice>();
+//   tensorpool::Allocator alloc(device);
+//   void* p = alloc.allocate(64 << 20, stream);
+//   alloc.record_stream(p, other_stream);  // p is also used on other_stream
+//   alloc.deallocate(p);                   // reusable once other_stream's work completes
+//
+// Thread safety: every member function may be called from any thread. One mutex per allocator
+// serialises them, so throughput does not grow with threads; use one allocator per device.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "tensorpool/config.hpp"
+#include "tensorpool/device.hpp"
+#include "tensorpool/errors.hpp"
+#include "tensorpool/hooks.hpp"
+#include "tensorpool/stats.hpp"
+#include "tensorpool/types.hpp"
+
+namespace tensorpool {
+
+class Allocator {
+ public:
+  /// Uses Config::from_env() (TENSORPOOL_CONF).
+  explicit Allocator(std::shared_ptr<DeviceBackend> device);
+  Allocator(std::shared_ptr<DeviceBackend> device, Config config);
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  /// A block of at least `bytes` for use on `stream`. 0 bytes gives nullptr.
+  /// Throws OutOfMemoryError when nothing can be freed to make room.
+  void* allocate(std::size_t bytes, Stream stream = kDefaultStream);
+  /// Returns a block; nullptr is ignored. Throws UsageError (state untouched) for a double free or
+  /// a pointer this allocator did not hand out.
+  void deallocate(void* ptr);
+  /// Marks `ptr` as used on `stream` too: when freed, it is reused only after that stream's work
+  /// submitted before the free has completed.
+  void record_stream(void* ptr, Stream stream);
+  /// Waits for pending frees and returns every fully free segment to the device.
+  void empty_cache();
+
+  /// Changes the cap on reserved bytes (0: none). Cached memory above it is not released until
+  /// the next empty_cache() or OOM retry.
+  void set_memory_limit(std::size_t bytes);
+  std::size_t memory_limit() const;
+
+  Stats stats() const;
+  void reset_peaks();
+  FragmentationReport fragmentation() const;
+  Snapshot snapshot() const;
+  /// Throws InvariantError describing the first inconsistency found. O(blocks + segments).
+  void check_invariants() const;
+
+  HookId add_observer(std::shared_ptr<Observer> observer);
+  HookId add_oom_observer(OomObserver observer);
+  HookId add_free_memory_callback(FreeMemoryCallback callback);
+  /// Removes a hook added by any of the three add_* calls; false if the id is unknown.
+  bool remove_hook(HookId id);
+
+  const Config& config() const noexcept;
+  DeviceBackend& device() const noexcept;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tensorpool

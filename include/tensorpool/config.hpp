@@ -1,0 +1,62 @@
+// tensorpool/config.hpp: allocator settings, from code or from TENSORPOOL_CONF.
+//
+// TENSORPOOL_CONF="key:value,key:value" uses the same keys as Config::set(). Sizes take binary
+// suffixes (512, 64KiB, 20MiB, 1.5GiB; K/M/G/T are binary too, KB/MB/GB decimal). An unknown key
+// or a bad value raises ConfigError naming the key, the value and what was expected.
+//
+//   key                  default   meaning
+//   memory_limit         none      cap on reserved bytes: a size (40GiB) or a fraction of the
+//                                  device capacity (0.9)
+//   max_split_size       none      requests of at least this size get their own "oversize"
+//                                  segment; oversize blocks are never split, and smaller
+//                                  requests never use them (must be >= large_segment_size)
+//   oversize_slack       20MiB     an oversize request reuses a cached oversize block only if the
+//                                  block is at most this much larger
+//   small_size           1MiB      requests up to this size use the small pool
+//   small_segment_size   2MiB      segment size of the small pool
+//   large_segment_size   20MiB     segment size for large requests below half of it; larger
+//                                  requests get a segment of their own size, rounded to the
+//                                  device granularity
+//   min_split_remainder  512       a large block is split only if the rest is at least this
+//   cross_stream_reuse   true      under memory pressure, take a free block cached for another
+//                                  stream after an event wait instead of a full synchronization
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tensorpool {
+
+struct Config {
+  std::size_t memory_limit_bytes = 0;       // 0: none
+  double memory_limit_fraction = 0.0;       // 0: none; applied to the device capacity
+  std::size_t max_split_size = 0;           // 0: none
+  std::size_t oversize_slack = 20 * 1024 * 1024;
+  std::size_t small_size = 1024 * 1024;
+  std::size_t small_segment_size = 2 * 1024 * 1024;
+  std::size_t large_segment_size = 20 * 1024 * 1024;
+  std::size_t min_split_remainder = 512;
+  bool cross_stream_reuse = true;
+
+  /// Sets one key; throws ConfigError for an unknown key or a bad value.
+  void set(std::string_view key, std::string_view value);
+  /// Applies "key:value,key:value"; `origin` names the source in error messages.
+  void apply(std::string_view text, std::string_view origin = "config");
+  /// Throws ConfigError when the settings contradict each other.
+  void validate() const;
+  /// The settings in TENSORPOOL_CONF syntax (every key).
+  std::string to_string() const;
+
+  /// Defaults overridden by TENSORPOOL_CONF when set.
+  static Config from_env();
+  static Config parse(std::string_view text, std::string_view origin = "config");
+  static const std::vector<std::string>& keys();
+
+  /// The memory limit in bytes for a device of `capacity` bytes (0: none).
+  std::size_t effective_limit(std::size_t capacity) const noexcept;
+};
+
+}  // namespace tensorpool

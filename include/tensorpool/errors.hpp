@@ -1,0 +1,72 @@
+// tensorpool/errors.hpp: every exception the library throws.
+//
+// Error (std::runtime_error) is the base of the library's own errors; OutOfMemoryError derives from
+// std::bad_alloc instead so that code written for operator new handles it unchanged.
+#pragma once
+
+#include <cstddef>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "tensorpool/types.hpp"
+
+namespace tensorpool {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Misuse of the allocator: double free, a pointer it did not allocate, record_stream on a freed
+/// pointer. Thrown before any state is changed: the allocator stays usable.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A bad TENSORPOOL_CONF / Config key or value; the message names the key and what was expected.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The device backend failed for a reason other than running out of memory.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// check_invariants() found the allocator's state inconsistent (a bug in tensorpool).
+class InvariantError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Everything known at the moment an allocation could not be satisfied.
+struct OutOfMemoryInfo {
+  std::size_t requested = 0;        // bytes asked for
+  std::size_t rounded = 0;          // after rounding
+  Stream stream = kDefaultStream;
+  int device = 0;
+  std::size_t capacity = 0;         // device total memory
+  std::size_t device_free = 0;      // free memory the device reported
+  std::size_t reserved = 0;         // bytes held in segments by this allocator
+  std::size_t allocated = 0;        // bytes in blocks handed out (rounded)
+  std::size_t reserved_unallocated = 0;
+  std::size_t largest_free_block = 0;
+  std::size_t memory_limit = 0;     // 0: no limit
+};
+
+class OutOfMemoryError : public std::bad_alloc {
+ public:
+  explicit OutOfMemoryError(const OutOfMemoryInfo& info);
+  const char* what() const noexcept override { return message_.c_str(); }
+  const OutOfMemoryInfo& info() const noexcept { return info_; }
+
+ private:
+  OutOfMemoryInfo info_;
+  std::string message_;
+};
+
+}  // namespace tensorpool

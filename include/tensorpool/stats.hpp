@@ -1,0 +1,99 @@
+// tensorpool/stats.hpp: statistics, the fragmentation view and snapshots.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "tensorpool/types.hpp"
+
+namespace tensorpool {
+
+/// One tracked quantity: its value now, its peak since the last reset_peaks(), and the cumulative
+/// amounts added and removed since the allocator was created.
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  // cumulative increase
+  std::int64_t freed = 0;      // cumulative decrease
+};
+
+/// Every quantity tracked per pool and in total.
+enum class Metric : std::uint8_t {
+  allocated_bytes,       // blocks handed to the user (rounded sizes)
+  requested_bytes,       // the sizes the user asked for, of those blocks
+  active_bytes,          // allocated + freed blocks still waiting for stream events
+  reserved_bytes,        // segments held from the device
+  inactive_split_bytes,  // free blocks inside segments that are split
+  allocations,           // count of allocated blocks
+  active_blocks,
+  segments,
+  inactive_split_blocks,
+};
+inline constexpr int kNumMetrics = 9;
+const char* to_string(Metric metric) noexcept;
+
+struct PoolStats {
+  std::array<Stat, kNumMetrics> metrics{};
+  Stat& operator[](Metric m) noexcept { return metrics[static_cast<int>(m)]; }
+  const Stat& operator[](Metric m) const noexcept { return metrics[static_cast<int>(m)]; }
+};
+
+struct Stats {
+  std::array<PoolStats, kNumPools> pool{};  // indexed by Pool
+  PoolStats total;
+
+  std::uint64_t alloc_calls = 0;
+  std::uint64_t free_calls = 0;
+  std::uint64_t upstream_allocs = 0;          // segments obtained from the device
+  std::uint64_t upstream_alloc_failures = 0;  // device answered out of memory
+  std::uint64_t upstream_frees = 0;           // segments returned to the device
+  std::uint64_t syncs = 0;                    // host synchronizations the allocator made
+  std::uint64_t stream_waits = 0;             // cross-stream reuse through an event wait
+  std::uint64_t events_recorded = 0;
+  std::uint64_t retries = 0;                  // allocations that had to free cached memory
+  std::uint64_t ooms = 0;                     // OutOfMemoryError thrown
+
+  const PoolStats& of(Pool p) const noexcept { return pool[static_cast<int>(p)]; }
+};
+
+/// The fragmentation view, computed on demand from the current state.
+struct FragmentationReport {
+  std::size_t reserved = 0;
+  std::size_t allocated = 0;             // rounded
+  std::size_t requested = 0;
+  std::size_t pending_free = 0;          // freed, waiting for events
+  std::size_t internal_waste = 0;        // allocated - requested (rounding)
+  std::size_t reserved_unallocated = 0;  // reserved - allocated
+  std::size_t total_free = 0;            // bytes in free blocks
+  std::size_t largest_free = 0;
+  std::size_t free_blocks = 0;
+  double utilization = 1.0;              // allocated / reserved (1 when nothing is reserved)
+  double external_fragmentation = 0.0;   // 1 - largest_free / total_free (0 when nothing free)
+};
+
+enum class BlockState : std::uint8_t { free, allocated, pending_free };
+const char* to_string(BlockState state) noexcept;
+
+struct BlockInfo {
+  Address address = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // 0 unless allocated or pending_free
+  BlockState state = BlockState::free;
+};
+
+struct SegmentInfo {
+  Address address = 0;
+  std::size_t size = 0;
+  Stream stream = kDefaultStream;
+  Pool pool = Pool::large;
+  bool oversize = false;
+  std::vector<BlockInfo> blocks;  // in address order, tiling the segment
+};
+
+struct Snapshot {
+  std::vector<SegmentInfo> segments;  // in address order
+};
+
+}  // namespace tensorpool

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tensorpool builds with, only those missing. Idempotent.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ make python3 libspdlog-dev libfmt-dev catch2 libbenchmark-dev
+      libcli11-dev nlohmann-json3-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+if ! $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

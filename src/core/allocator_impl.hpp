@@ -1,0 +1,233 @@
+// allocator_impl.hpp: the state of one device's caching allocator (Allocator::Impl).
+//
+// Layers inside: PointerMap (live blocks by address) and per-stream FreeIndex (free blocks by
+// size) over Segments tiled by Blocks, over the DeviceBackend. allocator.cpp holds the hot paths
+// (a cached allocate and a deallocate), allocator_slow.cpp everything that talks to the device
+// (new segments, events, the OOM ladder, empty_cache), inspect.cpp the read-only views
+// (stats, fragmentation, snapshot, check_invariants).
+//
+// Every member runs with mutex_ held unless its name ends in _unlocked.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/block.hpp"
+#include "core/free_index.hpp"
+#include "core/lock.hpp"
+#include "core/pointer_map.hpp"
+#include "tensorpool/allocator.hpp"
+
+#ifndef TENSORPOOL_DEBUG_INVARIANTS
+#define TENSORPOOL_DEBUG_INVARIANTS 0
+#endif
+
+namespace tensorpool::detail {
+
+/// An event recorded on a stream for a block freed while that stream may still use it.
+struct PendingEvent {
+  Event event;
+  Block* block;
+};
+
+/// Per stream: the free blocks of the segments it owns, and the events recorded on it.
+struct StreamState {
+  explicit StreamState(Stream s) : stream(s) {}
+  Stream stream;
+  FreeIndex index[kNumIndexKinds];
+  std::deque<PendingEvent> pending;  // FIFO: events on one stream complete in order
+};
+
+}  // namespace tensorpool::detail
+
+namespace tensorpool {
+
+class Allocator::Impl {
+ public:
+  Impl(std::shared_ptr<DeviceBackend> device, Config config);
+  ~Impl();
+
+  // Hot paths (allocator.cpp).
+  void* allocate(std::size_t bytes, Stream stream);
+  void deallocate(void* ptr);
+  void record_stream(void* ptr, Stream stream);
+
+  // Device-facing paths (allocator_slow.cpp).
+  void empty_cache();
+  void set_memory_limit(std::size_t bytes);
+  std::size_t memory_limit() const;
+  HookId add_observer(std::shared_ptr<Observer> observer);
+  HookId add_oom_observer(OomObserver observer);
+  HookId add_free_memory_callback(FreeMemoryCallback callback);
+  bool remove_hook(HookId id);
+
+  // Views (inspect.cpp).
+  Stats stats() const;
+  void reset_peaks();
+  FragmentationReport fragmentation() const;
+  Snapshot snapshot() const;
+  void check_invariants() const;
+
+  const Config& config() const noexcept { return config_; }
+  DeviceBackend& device() const noexcept { return *device_; }
+
+ private:
+  using Block = detail::Block;
+  using Segment = detail::Segment;
+  using StreamState = detail::StreamState;
+  using Lock = std::unique_lock<detail::FutexLock>;
+
+  // --- hot-path helpers (allocator.cpp) ---
+  StreamState& state_for(Stream stream);
+  StreamState& state_for_slow(Stream stream);
+  bool is_oversize_request(std::size_t size) const noexcept {
+    return config_.max_split_size != 0 && size >= config_.max_split_size;
+  }
+  Block* find_cached(StreamState& ss, Pool pool, std::size_t size) const noexcept;
+  Block* take(Block* b, std::size_t size, std::size_t requested);
+  void split(Block* b, std::size_t size);
+  void release_block(Block* b);
+  Block* coalesce(Block* b);
+  void free_block_added(Block* b) noexcept;
+  void free_block_removed(Block* b) noexcept;
+  void add_stat(Metric m, Pool p, std::int64_t delta) noexcept;
+  void account_alloc(Pool p, std::int64_t size, std::int64_t requested) noexcept;
+  void account_free(Pool p, std::int64_t size, std::int64_t requested) noexcept;
+  void account_inactive(Pool p, std::int64_t size) noexcept;
+  void notify(EventType type, Address addr, std::size_t requested, std::size_t size, Stream stream);
+
+  // --- slow paths (allocator_slow.cpp) ---
+  Block* allocate_slow(StreamState& ss, Pool pool, std::size_t size, std::size_t bytes, Lock& lock);
+  Block* find_or_grow(StreamState& ss, Pool pool, std::size_t size);
+  Block* new_segment(StreamState& ss, Pool pool, std::size_t size);
+  Block* try_segment(StreamState& ss, Pool pool, bool oversize, std::size_t bytes);
+  std::size_t segment_size_for(Pool pool, std::size_t size, bool oversize) const noexcept;
+  Block* steal_from_other_stream(StreamState& ss, Pool pool, std::size_t size);
+  void add_use(Block* b, Stream stream);
+  bool run_free_memory_callbacks(std::size_t size, Lock& lock);
+  [[noreturn]] void throw_oom(Stream stream, std::size_t bytes, std::size_t size, Lock& lock);
+  void defer_free(Block* b);
+  void process_events();
+  void synchronize_pending();
+  std::size_t release_free_segments();
+  void free_segment(Segment* seg);
+  Event acquire_event();
+  void release_event(Event e) { event_pool_.push_back(e); }
+  [[noreturn]] void throw_bad_pointer(Address addr, const char* operation) const;
+  std::size_t largest_free_block() const noexcept;
+
+  // --- views (inspect.cpp) ---
+  void check_invariants_locked() const;
+  void debug_check() const {
+    if constexpr (TENSORPOOL_DEBUG_INVARIANTS) check_invariants_locked();
+  }
+
+  std::shared_ptr<DeviceBackend> device_;
+  DeviceProperties props_;
+  Config config_;
+  std::size_t limit_ = 0;  // cap on reserved bytes, 0: none
+
+  mutable detail::FutexLock mutex_;
+  detail::PointerMap live_;            // allocated blocks (not pending_free) by address
+  detail::BlockPool block_pool_;
+  std::map<Address, std::unique_ptr<Segment>> segments_;
+  std::unordered_map<Stream, std::unique_ptr<StreamState>> streams_;
+  Stream last_stream_ = kDefaultStream;  // one-entry cache in front of streams_
+  StreamState* last_state_ = nullptr;
+  std::size_t pending_total_ = 0;      // outstanding PendingEvents over all streams
+  std::vector<Event> event_pool_;      // created events not in use
+
+  std::array<PoolStats, kNumPools> pool_stats_{};
+  PoolStats total_stats_{};
+  Stats counters_{};                   // only the counter fields are used
+
+  bool has_observers_ = false;         // == !observers_.empty(); read on the hot path
+  HookId next_hook_ = 1;
+  std::vector<std::pair<HookId, std::shared_ptr<Observer>>> observers_;
+  std::vector<std::pair<HookId, OomObserver>> oom_observers_;
+  std::vector<std::pair<HookId, FreeMemoryCallback>> free_callbacks_;
+};
+
+// --- statistics: inline, they run several times per operation ---------------------------------
+
+#define TP_ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace detail {
+TP_ALWAYS_INLINE void stat_up(Stat& s, std::int64_t d) noexcept {
+  s.current += d;
+  s.allocated += d;
+  s.peak = s.current > s.peak ? s.current : s.peak;
+}
+TP_ALWAYS_INLINE void stat_down(Stat& s, std::int64_t d) noexcept {
+  s.current -= d;
+  s.freed += d;
+}
+}  // namespace detail
+
+TP_ALWAYS_INLINE void Allocator::Impl::add_stat(Metric m, Pool p, std::int64_t delta) noexcept {
+  Stat& a = pool_stats_[static_cast<int>(p)][m];
+  Stat& b = total_stats_[m];
+  if (delta >= 0) {
+    detail::stat_up(a, delta);
+    detail::stat_up(b, delta);
+  } else {
+    detail::stat_down(a, -delta);
+    detail::stat_down(b, -delta);
+  }
+}
+
+TP_ALWAYS_INLINE void Allocator::Impl::account_alloc(Pool p, std::int64_t size,
+                                                     std::int64_t requested) noexcept {
+  for (PoolStats* s : {&pool_stats_[static_cast<int>(p)], &total_stats_}) {
+    detail::stat_up((*s)[Metric::allocated_bytes], size);
+    detail::stat_up((*s)[Metric::requested_bytes], requested);
+    detail::stat_up((*s)[Metric::allocations], 1);
+    detail::stat_up((*s)[Metric::active_bytes], size);
+    detail::stat_up((*s)[Metric::active_blocks], 1);
+  }
+}
+
+TP_ALWAYS_INLINE void Allocator::Impl::account_free(Pool p, std::int64_t size,
+                                                    std::int64_t requested) noexcept {
+  for (PoolStats* s : {&pool_stats_[static_cast<int>(p)], &total_stats_}) {
+    detail::stat_down((*s)[Metric::allocated_bytes], size);
+    detail::stat_down((*s)[Metric::requested_bytes], requested);
+    detail::stat_down((*s)[Metric::allocations], 1);
+  }
+}
+
+// The block is no longer active (freed and its stream events done).
+TP_ALWAYS_INLINE void Allocator::Impl::account_inactive(Pool p, std::int64_t size) noexcept {
+  for (PoolStats* s : {&pool_stats_[static_cast<int>(p)], &total_stats_}) {
+    detail::stat_down((*s)[Metric::active_bytes], size);
+    detail::stat_down((*s)[Metric::active_blocks], 1);
+  }
+}
+
+// Inactive-split accounting: a free block counts while its segment is split. A free block's
+// status cannot change while it stays listed (a segment becomes unsplit only by merging all of
+// its blocks), so counting at insert/remove time is exact.
+TP_ALWAYS_INLINE void Allocator::Impl::free_block_added(Block* b) noexcept {
+  if (!b->segment->is_split()) return;
+  for (PoolStats* s : {&pool_stats_[static_cast<int>(b->segment->pool)], &total_stats_}) {
+    detail::stat_up((*s)[Metric::inactive_split_bytes], static_cast<std::int64_t>(b->size));
+    detail::stat_up((*s)[Metric::inactive_split_blocks], 1);
+  }
+}
+
+TP_ALWAYS_INLINE void Allocator::Impl::free_block_removed(Block* b) noexcept {
+  if (!b->segment->is_split()) return;
+  for (PoolStats* s : {&pool_stats_[static_cast<int>(b->segment->pool)], &total_stats_}) {
+    detail::stat_down((*s)[Metric::inactive_split_bytes], static_cast<std::int64_t>(b->size));
+    detail::stat_down((*s)[Metric::inactive_split_blocks], 1);
+  }
+}
+
+}  // namespace tensorpool

@@ -1,0 +1,379 @@
+// SimulatedDevice: a bookkeeping-only device with deterministic streams, events and faults.
+//
+// Invariants:
+//  - used_ == sum of live segment sizes + sum of live physical handle sizes;
+//  - a stream's events complete in record order: completed <= submitted;
+//  - an event is done when its stream's completed >= its seq; a stream that waited on another
+//    (stream_wait_event) cannot complete past the wait point before the other stream reaches
+//    the awaited seq (complete_to enforces it transitively);
+//  - mappings_ never overlap, and each lies inside a reserved range.
+#include "tensorpool/simulated_device.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "tensorpool/errors.hpp"
+
+namespace tensorpool {
+
+// --- default implementations of the optional virtual-memory flavour -------------------------
+
+namespace {
+[[noreturn]] void no_vm(const DeviceBackend& d, const char* what) {
+  throw DeviceError(std::string("device ") + d.properties().name + " does not support virtual memory (" +
+                    what + ")");
+}
+std::string hex(Address a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
+}  // namespace
+
+Address DeviceBackend::reserve_address_range(std::size_t, std::size_t) { no_vm(*this, "reserve"); }
+void DeviceBackend::release_address_range(Address, std::size_t) { no_vm(*this, "release"); }
+PhysicalHandle DeviceBackend::create_physical(std::size_t) { no_vm(*this, "create"); }
+void DeviceBackend::release_physical(PhysicalHandle) { no_vm(*this, "release physical"); }
+void DeviceBackend::map(Address, std::size_t, PhysicalHandle) { no_vm(*this, "map"); }
+void DeviceBackend::unmap(Address, std::size_t) { no_vm(*this, "unmap"); }
+
+// --- SimulatedDevice ------------------------------------------------------------------------
+
+SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options) : options_(std::move(options)) {
+  props_.name = options_.name;
+  props_.ordinal = options_.ordinal;
+  props_.capacity = options_.capacity;
+  props_.segment_granularity = options_.segment_granularity;
+  props_.alignment = options_.alignment;
+  props_.supports_virtual_memory = options_.supports_virtual_memory;
+  props_.vm_page_size = options_.vm_page_size;
+  if (props_.segment_granularity == 0 || props_.alignment == 0 || props_.vm_page_size == 0)
+    throw DeviceError("SimulatedDevice: granularity, alignment and page size must be non-zero");
+  // A distinctive, never-dereferenced base per device ordinal.
+  next_address_ = (Address{0x7e00} + static_cast<Address>(options_.ordinal)) << 32;
+  streams_[kDefaultStream];
+}
+
+SimulatedDevice::~SimulatedDevice() = default;
+
+std::size_t SimulatedDevice::available() const {
+  const std::size_t in_use = used_ + external_;
+  return in_use >= props_.capacity ? 0 : props_.capacity - in_use;
+}
+
+std::size_t SimulatedDevice::free_memory() {
+  std::lock_guard lock(mutex_);
+  return available();
+}
+
+bool SimulatedDevice::take_fault(FaultSite site, std::size_t bytes) {
+  auto& countdown = fault_countdown_[static_cast<int>(site)];
+  bool fail = false;
+  if (countdown != 0 && --countdown == 0) fail = true;
+  if (fail_above_ != 0 && bytes > fail_above_ &&
+      (site == FaultSite::segment_alloc || site == FaultSite::physical_create))
+    fail = true;
+  if (fail) ++counters_.faults_injected;
+  return fail;
+}
+
+Address SimulatedDevice::bump(std::size_t bytes, std::size_t alignment) {
+  const std::size_t align = std::max(alignment, props_.segment_granularity);
+  const Address base = (next_address_ + align - 1) / align * align;
+  // Leave a one-granule gap so that adjacent segments are never contiguous by accident.
+  next_address_ = base + bytes + props_.segment_granularity;
+  return base;
+}
+
+void* SimulatedDevice::allocate_segment(std::size_t bytes, Stream) {
+  std::lock_guard lock(mutex_);
+  if (bytes == 0 || bytes % props_.segment_granularity != 0)
+    throw DeviceError("SimulatedDevice: segment size " + std::to_string(bytes) +
+                      " is not a positive multiple of the granularity");
+  counters_.modelled_ns += options_.segment_alloc_ns;
+  if (take_fault(FaultSite::segment_alloc, bytes) || bytes > available()) {
+    ++counters_.segment_alloc_failures;
+    return nullptr;
+  }
+  const Address a = bump(bytes, props_.alignment);
+  segments_.emplace(a, bytes);
+  used_ += bytes;
+  ++counters_.segment_allocs;
+  return reinterpret_cast<void*>(a);
+}
+
+void SimulatedDevice::free_segment(void* ptr, std::size_t bytes, Stream) {
+  std::lock_guard lock(mutex_);
+  const auto a = reinterpret_cast<Address>(ptr);
+  auto it = segments_.find(a);
+  if (it == segments_.end() || it->second != bytes)
+    throw DeviceError("SimulatedDevice: free_segment(" + hex(a) + ", " + std::to_string(bytes) +
+                      ") does not match a live segment");
+  used_ -= bytes;
+  segments_.erase(it);
+  ++counters_.segment_frees;
+  counters_.modelled_ns += options_.segment_free_ns;
+}
+
+// --- streams and events ---------------------------------------------------------------------
+
+Stream SimulatedDevice::create_stream() {
+  std::lock_guard lock(mutex_);
+  const Stream s = next_stream_++;
+  streams_[s];
+  return s;
+}
+
+SimulatedDevice::StreamState& SimulatedDevice::stream_state(Stream stream) {
+  auto it = streams_.find(stream);
+  if (it == streams_.end())
+    throw DeviceError("SimulatedDevice: unknown stream " + std::to_string(stream));
+  return it->second;
+}
+
+SimulatedDevice::EventState& SimulatedDevice::event_state(Event event, const char* what) {
+  auto it = events_.find(event);
+  if (it == events_.end())
+    throw DeviceError(std::string("SimulatedDevice: ") + what + " on unknown event " +
+                      std::to_string(event));
+  return it->second;
+}
+
+bool SimulatedDevice::event_done(const EventState& e) const {
+  if (e.seq == 0) return true;
+  return streams_.at(e.stream).completed >= e.seq;
+}
+
+void SimulatedDevice::complete_to(Stream stream, std::uint64_t seq) {
+  StreamState& s = stream_state(stream);
+  if (s.completed >= seq) return;
+  // Work after a wait point depends on the awaited stream: complete that first.
+  for (const auto& w : s.waits) {
+    if (w.at < seq) complete_to(w.stream, w.seq);
+  }
+  s.completed = std::min(seq, s.submitted);
+  std::erase_if(s.waits, [&](const StreamState::Wait& w) { return w.at < s.completed; });
+}
+
+Event SimulatedDevice::create_event() {
+  std::lock_guard lock(mutex_);
+  if (take_fault(FaultSite::event_create, 0))
+    throw DeviceError("SimulatedDevice: event creation failed (injected fault)");
+  const Event e = next_event_++;
+  events_[e];
+  ++counters_.events_created;
+  return e;
+}
+
+void SimulatedDevice::destroy_event(Event event) {
+  std::lock_guard lock(mutex_);
+  event_state(event, "destroy_event");
+  events_.erase(event);
+  ++counters_.events_destroyed;
+}
+
+void SimulatedDevice::record_event(Event event, Stream stream) {
+  std::lock_guard lock(mutex_);
+  EventState& e = event_state(event, "record_event");
+  StreamState& s = stream_state(stream);
+  e.stream = stream;
+  e.seq = ++s.submitted;
+  ++counters_.events_recorded;
+  if (options_.event_mode == EventMode::immediate) complete_to(stream, e.seq);
+}
+
+bool SimulatedDevice::query_event(Event event) {
+  std::lock_guard lock(mutex_);
+  ++counters_.event_queries;
+  return event_done(event_state(event, "query_event"));
+}
+
+void SimulatedDevice::synchronize_event(Event event) {
+  std::lock_guard lock(mutex_);
+  ++counters_.event_syncs;
+  const EventState e = event_state(event, "synchronize_event");
+  if (e.seq != 0) complete_to(e.stream, e.seq);
+}
+
+void SimulatedDevice::stream_wait_event(Stream stream, Event event) {
+  std::lock_guard lock(mutex_);
+  ++counters_.stream_waits;
+  const EventState e = event_state(event, "stream_wait_event");
+  StreamState& s = stream_state(stream);
+  if (e.seq == 0 || event_done(e) || e.stream == stream) return;
+  // Nothing on `stream` submitted after this point completes before the event's work.
+  s.waits.push_back({s.submitted, e.stream, e.seq});
+}
+
+void SimulatedDevice::synchronize_stream(Stream stream) {
+  std::lock_guard lock(mutex_);
+  ++counters_.stream_syncs;
+  complete_to(stream, stream_state(stream).submitted);
+}
+
+void SimulatedDevice::synchronize_device() {
+  std::lock_guard lock(mutex_);
+  ++counters_.device_syncs;
+  for (auto& [id, s] : streams_) complete_to(id, s.submitted);
+}
+
+void SimulatedDevice::complete_event(Event event) {
+  std::lock_guard lock(mutex_);
+  const EventState e = event_state(event, "complete_event");
+  if (e.seq != 0) complete_to(e.stream, e.seq);
+}
+
+void SimulatedDevice::complete_stream(Stream stream) {
+  std::lock_guard lock(mutex_);
+  complete_to(stream, stream_state(stream).submitted);
+}
+
+void SimulatedDevice::complete_all() {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, s] : streams_) complete_to(id, s.submitted);
+}
+
+std::size_t SimulatedDevice::incomplete_events() const {
+  std::lock_guard lock(mutex_);
+  std::size_t n = 0;
+  for (const auto& [id, e] : events_) n += event_done(e) ? 0 : 1;
+  return n;
+}
+
+void SimulatedDevice::set_event_mode(EventMode mode) {
+  std::lock_guard lock(mutex_);
+  options_.event_mode = mode;
+  if (mode == EventMode::immediate)
+    for (auto& [id, s] : streams_) complete_to(id, s.submitted);
+}
+
+// --- virtual memory -------------------------------------------------------------------------
+
+Address SimulatedDevice::reserve_address_range(std::size_t bytes, std::size_t alignment) {
+  std::lock_guard lock(mutex_);
+  if (!props_.supports_virtual_memory) no_vm(*this, "reserve");
+  if (bytes == 0 || bytes % props_.vm_page_size != 0)
+    throw DeviceError("SimulatedDevice: address range size " + std::to_string(bytes) +
+                      " is not a positive multiple of the page size");
+  const Address a = bump(bytes, std::max(alignment, props_.vm_page_size));
+  ranges_.emplace(a, bytes);
+  ++counters_.address_reserves;
+  return a;
+}
+
+void SimulatedDevice::release_address_range(Address base, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto it = ranges_.find(base);
+  if (it == ranges_.end() || it->second != bytes)
+    throw DeviceError("SimulatedDevice: release_address_range(" + hex(base) + ") does not match a reservation");
+  auto m = mappings_.lower_bound(base);
+  if (m != mappings_.end() && m->first < base + bytes)
+    throw DeviceError("SimulatedDevice: releasing address range " + hex(base) + " that still has mappings");
+  ranges_.erase(it);
+  ++counters_.address_releases;
+}
+
+PhysicalHandle SimulatedDevice::create_physical(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (!props_.supports_virtual_memory) no_vm(*this, "create");
+  if (bytes == 0 || bytes % props_.vm_page_size != 0)
+    throw DeviceError("SimulatedDevice: physical size " + std::to_string(bytes) +
+                      " is not a positive multiple of the page size");
+  counters_.modelled_ns += options_.physical_create_ns;
+  if (take_fault(FaultSite::physical_create, bytes) || bytes > available()) {
+    ++counters_.segment_alloc_failures;
+    return 0;
+  }
+  const PhysicalHandle h = next_physical_++;
+  physical_.emplace(h, bytes);
+  used_ += bytes;
+  ++counters_.physical_creates;
+  return h;
+}
+
+void SimulatedDevice::release_physical(PhysicalHandle handle) {
+  std::lock_guard lock(mutex_);
+  auto it = physical_.find(handle);
+  if (it == physical_.end())
+    throw DeviceError("SimulatedDevice: release_physical of unknown handle " + std::to_string(handle));
+  if (auto m = mapped_handles_.find(handle); m != mapped_handles_.end())
+    throw DeviceError("SimulatedDevice: releasing physical handle " + std::to_string(handle) +
+                      " that is still mapped at " + hex(m->second));
+  used_ -= it->second;
+  physical_.erase(it);
+  ++counters_.physical_releases;
+}
+
+void SimulatedDevice::map(Address addr, std::size_t bytes, PhysicalHandle handle) {
+  std::lock_guard lock(mutex_);
+  auto ph = physical_.find(handle);
+  if (ph == physical_.end() || ph->second != bytes)
+    throw DeviceError("SimulatedDevice: map of " + std::to_string(bytes) +
+                      " bytes with unknown or differently sized handle " + std::to_string(handle));
+  auto r = ranges_.upper_bound(addr);
+  if (r == ranges_.begin() || addr + bytes > std::prev(r)->first + std::prev(r)->second)
+    throw DeviceError("SimulatedDevice: map at " + hex(addr) + " is outside every reserved range");
+  auto next = mappings_.lower_bound(addr);
+  const bool overlaps_next = next != mappings_.end() && next->first < addr + bytes;
+  const bool overlaps_prev =
+      next != mappings_.begin() && std::prev(next)->first + std::prev(next)->second.bytes > addr;
+  if (overlaps_next || overlaps_prev)
+    throw DeviceError("SimulatedDevice: map at " + hex(addr) + " overlaps an existing mapping");
+  if (auto m = mapped_handles_.find(handle); m != mapped_handles_.end())
+    throw DeviceError("SimulatedDevice: physical handle " + std::to_string(handle) +
+                      " is already mapped at " + hex(m->second));
+  counters_.modelled_ns += options_.map_ns;
+  if (take_fault(FaultSite::map, bytes))
+    throw DeviceError("SimulatedDevice: map failed (injected fault)");
+  mappings_.emplace(addr, Mapping{bytes, handle});
+  mapped_handles_.emplace(handle, addr);
+  mapped_ += bytes;
+  ++counters_.maps;
+}
+
+void SimulatedDevice::unmap(Address addr, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto it = mappings_.find(addr);
+  if (it == mappings_.end() || it->second.bytes != bytes)
+    throw DeviceError("SimulatedDevice: unmap(" + hex(addr) + ", " + std::to_string(bytes) +
+                      ") does not match a mapping");
+  mapped_handles_.erase(it->second.handle);
+  mappings_.erase(it);
+  mapped_ -= bytes;
+  ++counters_.unmaps;
+  counters_.modelled_ns += options_.unmap_ns;
+}
+
+// --- controls and inspection ----------------------------------------------------------------
+
+void SimulatedDevice::set_external_usage(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  external_ = bytes;
+}
+
+void SimulatedDevice::fail_nth(FaultSite site, std::uint64_t n) {
+  std::lock_guard lock(mutex_);
+  fault_countdown_[static_cast<int>(site)] = n;
+}
+
+void SimulatedDevice::fail_allocations_above(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  fail_above_ = bytes;
+}
+
+DeviceCounters SimulatedDevice::counters() const {
+  std::lock_guard lock(mutex_);
+  return counters_;
+}
+
+std::size_t SimulatedDevice::used_bytes() const {
+  std::lock_guard lock(mutex_);
+  return used_;
+}
+
+std::size_t SimulatedDevice::mapped_bytes() const {
+  std::lock_guard lock(mutex_);
+  return mapped_;
+}
+
+}  // namespace tensorpool

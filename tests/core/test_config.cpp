@@ -1,0 +1,75 @@
+// Config parsing: every key, units, errors that name the key, TENSORPOOL_CONF.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "tensorpool/config.hpp"
+#include "tensorpool/errors.hpp"
+#include "tensorpool/types.hpp"
+
+using namespace tensorpool;
+using Catch::Matchers::Contains;
+
+TEST_CASE("parse_bytes accepts binary and decimal units", "[config]") {
+  std::size_t v = 0;
+  REQUIRE(parse_bytes("512", v));
+  REQUIRE(v == 512);
+  REQUIRE(parse_bytes("4KiB", v));
+  REQUIRE(v == 4096);
+  REQUIRE(parse_bytes("20M", v));
+  REQUIRE(v == 20 * MiB);
+  REQUIRE(parse_bytes("1.5GiB", v));
+  REQUIRE(v == 3 * GiB / 2);
+  REQUIRE(parse_bytes("2GB", v));
+  REQUIRE(v == 2'000'000'000);
+  REQUIRE(parse_bytes("7b", v));
+  REQUIRE(v == 7);
+  for (const char* bad : {"", "-1", "abc", "12XB", "1..5G", "1e3", "99999999999999999999999"})
+    REQUIRE_FALSE(parse_bytes(bad, v));
+}
+
+TEST_CASE("Config::parse sets every key", "[config]") {
+  const Config c = Config::parse(
+      "memory_limit:40GiB, max_split_size:256MiB,oversize_slack:8MiB,small_size:512KiB,"
+      "small_segment_size:4MiB,large_segment_size:32MiB,min_split_remainder:1MiB,cross_stream_reuse:false");
+  REQUIRE(c.memory_limit_bytes == 40 * GiB);
+  REQUIRE(c.max_split_size == 256 * MiB);
+  REQUIRE(c.oversize_slack == 8 * MiB);
+  REQUIRE(c.small_size == 512 * KiB);
+  REQUIRE(c.small_segment_size == 4 * MiB);
+  REQUIRE(c.large_segment_size == 32 * MiB);
+  REQUIRE(c.min_split_remainder == MiB);
+  REQUIRE_FALSE(c.cross_stream_reuse);
+  // to_string() round-trips through parse().
+  const Config again = Config::parse(c.to_string());
+  REQUIRE(again.to_string() == c.to_string());
+}
+
+TEST_CASE("memory_limit takes a fraction of the capacity", "[config]") {
+  const Config c = Config::parse("memory_limit:0.5");
+  REQUIRE(c.memory_limit_fraction == Approx(0.5));
+  REQUIRE(c.effective_limit(80 * GiB) == 40 * GiB);
+  REQUIRE(Config::parse("memory_limit:none").effective_limit(80 * GiB) == 0);
+}
+
+TEST_CASE("Config errors name the key, the value and what was expected", "[config]") {
+  REQUIRE_THROWS_WITH(Config::parse("bogus:1"), Contains("unknown key 'bogus'") && Contains("max_split_size"));
+  REQUIRE_THROWS_WITH(Config::parse("max_split_size:lots"),
+                      Contains("bad value 'lots'") && Contains("'max_split_size'") && Contains("expected"));
+  REQUIRE_THROWS_WITH(Config::parse("memory_limit:1.5"), Contains("fraction"));
+  REQUIRE_THROWS_WITH(Config::parse("cross_stream_reuse:maybe"), Contains("true or false"));
+  REQUIRE_THROWS_WITH(Config::parse("small_size"), Contains("key:value"));
+  REQUIRE_THROWS_WITH(Config::parse("small_size:"), Contains("'small_size'"));
+  REQUIRE_THROWS_WITH(Config::parse("max_split_size:1MiB"), Contains("at least large_segment_size"));
+  REQUIRE_THROWS_WITH(Config::parse("small_size:4MiB"), Contains("small_size"));
+  REQUIRE_THROWS_AS(Config::parse("min_split_remainder:1"), ConfigError);
+}
+
+TEST_CASE("Config::from_env reads TENSORPOOL_CONF", "[config]") {
+  ::setenv("TENSORPOOL_CONF", "max_split_size:64MiB", 1);
+  REQUIRE(Config::from_env().max_split_size == 64 * MiB);
+  ::setenv("TENSORPOOL_CONF", "max_split_size:64MiB,nope:3", 1);
+  REQUIRE_THROWS_WITH(Config::from_env(), Contains("TENSORPOOL_CONF") && Contains("'nope'"));
+  ::unsetenv("TENSORPOOL_CONF");
+  REQUIRE(Config::from_env().max_split_size == 0);
+}

@@ -1,0 +1,117 @@
+// Randomized test: 120k seeded operations over several streams with record_stream, out-of-order
+// event completion, empty_cache, a memory limit and injected upstream faults. After every
+// operation check_invariants() runs, and a shadow model checks that live blocks never overlap
+// and are large enough. At the end everything is freed and reserved memory returns to zero.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+
+namespace {
+
+struct Live {
+  std::size_t size;
+  Stream stream;
+};
+
+// LLM-like sizes: many small activations/bias tensors, fewer medium, a few large.
+std::size_t random_size(std::mt19937_64& rng) {
+  const unsigned r = static_cast<unsigned>(rng() % 100);
+  if (r < 55) return 1 + rng() % (256 * KiB);
+  if (r < 80) return 256 * KiB + rng() % (MiB);
+  if (r < 95) return MiB + rng() % (12 * MiB);
+  return 12 * MiB + rng() % (80 * MiB);
+}
+
+void run_random(std::uint64_t seed, int operations, const char* conf) {
+  INFO("seed " << seed << ", config " << conf);
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 2 * GiB});
+  Allocator alloc(device, Config::parse(conf));
+  std::mt19937_64 rng(seed);
+  std::vector<Stream> streams = {kDefaultStream, device->create_stream(), device->create_stream(),
+                                 device->create_stream()};
+  std::map<Address, Live> live;  // shadow model
+  std::vector<Address> order;
+  std::uint64_t ooms = 0;
+  auto pick_live = [&]() -> Address {
+    const std::size_t i = rng() % order.size();
+    const Address a = order[i];
+    order[i] = order.back();
+    order.pop_back();
+    return a;
+  };
+
+  for (int op = 0; op < operations; ++op) {
+    const unsigned r = static_cast<unsigned>(rng() % 1000);
+    if (r < 480 || live.empty()) {
+      const std::size_t size = random_size(rng);
+      const Stream s = streams[rng() % streams.size()];
+      try {
+        const auto a = reinterpret_cast<Address>(alloc.allocate(size, s));
+        // The shadow model: no overlap with any live block.
+        auto next = live.lower_bound(a);
+        REQUIRE((next == live.end() || next->first >= a + size));
+        if (next != live.begin()) REQUIRE(std::prev(next)->first + std::prev(next)->second.size <= a);
+        live.emplace(a, Live{size, s});
+        order.push_back(a);
+      } catch (const OutOfMemoryError&) {
+        ++ooms;
+      }
+    } else if (r < 900) {
+      const Address a = pick_live();
+      live.erase(a);
+      alloc.deallocate(reinterpret_cast<void*>(a));
+    } else if (r < 950) {
+      alloc.record_stream(reinterpret_cast<void*>(order[rng() % order.size()]),
+                          streams[rng() % streams.size()]);
+    } else if (r < 985) {
+      device->complete_stream(streams[rng() % streams.size()]);
+    } else if (r < 990) {
+      alloc.empty_cache();
+    } else if (r < 995) {
+      device->fail_nth(FaultSite::segment_alloc, 1 + rng() % 5);
+    } else {
+      device->fail_nth(FaultSite::event_create, 1 + rng() % 5);
+    }
+    alloc.check_invariants();
+  }
+  for (const Address a : order) alloc.deallocate(reinterpret_cast<void*>(a));
+  device->fail_nth(FaultSite::segment_alloc, 0);
+  device->fail_nth(FaultSite::event_create, 0);
+  alloc.empty_cache();
+  alloc.check_invariants();
+  const Stats s = alloc.stats();
+  REQUIRE(s.total[Metric::reserved_bytes].current == 0);
+  REQUIRE(s.total[Metric::active_bytes].current == 0);
+  REQUIRE(device->used_bytes() == 0);
+  REQUIRE(s.upstream_allocs == s.upstream_frees);
+  REQUIRE(s.ooms == ooms);
+  // The run must have exercised the interesting paths.
+  CHECK(s.ooms > 0);
+  CHECK(s.upstream_alloc_failures > 0);
+  CHECK(s.events_recorded > 0);
+  WARN("seed " << seed << ": " << operations << " ops, " << s.upstream_allocs << " segment allocs, "
+               << s.ooms << " OOMs, " << s.stream_waits << " stream waits, " << s.syncs << " syncs, "
+               << s.events_recorded << " events, peak reserved "
+               << format_bytes(static_cast<std::size_t>(s.total[Metric::reserved_bytes].peak)));
+}
+
+}  // namespace
+
+TEST_CASE("randomized: 120k operations, default config, invariants after each", "[random]") {
+  run_random(20261129, 120000, "memory_limit:1GiB");
+}
+
+TEST_CASE("randomized: oversize blocks, no cross-stream reuse", "[random]") {
+  run_random(7, 40000, "memory_limit:1GiB,max_split_size:32MiB,cross_stream_reuse:false");
+}
+
+TEST_CASE("randomized: tight limit, large split remainder", "[random]") {
+  run_random(99, 40000, "memory_limit:300MiB,min_split_remainder:1MiB");
+}

@@ -1,0 +1,135 @@
+// Stream-ordered reuse: record_stream, deferred frees, cross-stream reuse through event waits.
+#include <catch2/catch.hpp>
+
+#include <memory>
+
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+
+namespace {
+struct Fixture {
+  explicit Fixture(Config c = {}, SimulatedDeviceOptions o = {})
+      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, c) {}
+  std::shared_ptr<SimulatedDevice> device;
+  Allocator alloc;
+};
+}  // namespace
+
+TEST_CASE("a block used on another stream is reused only after that stream's work", "[streams]") {
+  Fixture f;
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(8 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.record_stream(p, s2);  // recording twice is harmless
+  f.alloc.record_stream(p, s1);  // the owner stream is implied
+  f.alloc.deallocate(p);
+  REQUIRE(f.device->counters().events_recorded == 1);
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(8 * MiB));
+  REQUIRE(f.alloc.stats().total[Metric::allocated_bytes].current == 0);
+  void* q = f.alloc.allocate(8 * MiB, s1);
+  REQUIRE(q != p);  // p is still in flight on s2
+  f.alloc.check_invariants();
+  f.device->complete_stream(s2);
+  f.alloc.deallocate(q);
+  void* r = f.alloc.allocate(8 * MiB, s1);  // the event is collected on the next allocation
+  REQUIRE((r == p || r == q));
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(8 * MiB));
+  REQUIRE(f.alloc.stats().syncs == 0);
+  f.alloc.deallocate(r);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("free blocks belong to their stream while memory is plentiful", "[streams]") {
+  Fixture f;
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(MiB, s1);
+  f.alloc.deallocate(p);
+  void* q = f.alloc.allocate(MiB, s2);
+  REQUIRE(q != p);
+  REQUIRE(f.alloc.stats().stream_waits == 0);
+  f.alloc.deallocate(q);
+  const Snapshot snap = f.alloc.snapshot();
+  REQUIRE(snap.segments.size() == 2);
+  REQUIRE(snap.segments[0].stream != snap.segments[1].stream);
+}
+
+TEST_CASE("under pressure a free block of another stream is taken after an event wait", "[streams]") {
+  Fixture f(Config::parse("memory_limit:20MiB"));
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(16 * MiB, s1);  // one 16 MiB segment owned by s1
+  f.alloc.deallocate(p);
+  void* q = f.alloc.allocate(8 * MiB, s2);   // no room for a new segment: reuse s1's cache
+  REQUIRE(q == p);
+  auto s = f.alloc.stats();
+  REQUIRE(s.stream_waits == 1);
+  REQUIRE(s.syncs == 0);
+  REQUIRE(f.device->counters().stream_waits == 1);
+  REQUIRE(f.device->counters().syncs() == 0);
+  // The block stays s1's; freeing it from s2 waits for s2's work before s1 can reuse it.
+  f.alloc.deallocate(q);
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(8 * MiB));
+  f.device->complete_stream(s2);
+  void* r = f.alloc.allocate(16 * MiB, s1);
+  REQUIRE(r == p);
+  f.alloc.deallocate(r);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("cross_stream_reuse:false falls back to synchronizing and releasing", "[streams]") {
+  Fixture f(Config::parse("memory_limit:20MiB,cross_stream_reuse:false"));
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  f.alloc.deallocate(f.alloc.allocate(16 * MiB, s1));
+  void* q = f.alloc.allocate(8 * MiB, s2);  // releases s1's free segment, allocates a new one
+  REQUIRE(f.alloc.stats().stream_waits == 0);
+  REQUIRE(f.alloc.stats().upstream_frees == 1);
+  REQUIRE(f.alloc.snapshot().segments.at(0).stream == s2);
+  f.alloc.deallocate(q);
+}
+
+TEST_CASE("the OOM ladder waits for pending frees instead of failing", "[streams][oom]") {
+  Fixture f(Config::parse("memory_limit:20MiB"));
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(16 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.deallocate(p);  // pending on s2, whose work never completes by itself
+  void* q = f.alloc.allocate(16 * MiB, s1);
+  REQUIRE(q == p);
+  REQUIRE(f.alloc.stats().syncs == 1);
+  REQUIRE(f.device->counters().event_syncs == 1);
+  f.alloc.deallocate(q);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("a failed event creation on free falls back to a stream sync; nothing is lost", "[streams][faults]") {
+  Fixture f;
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.device->fail_nth(FaultSite::event_create, 1);
+  REQUIRE_NOTHROW(f.alloc.deallocate(p));
+  REQUIRE(f.alloc.stats().syncs == 1);
+  REQUIRE(f.device->counters().stream_syncs == 1);
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == 0);
+  REQUIRE(f.alloc.allocate(MiB, s1) == p);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("empty_cache waits for pending frees and releases their segments", "[streams]") {
+  Fixture f;
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(30 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.deallocate(p);
+  f.alloc.empty_cache();
+  REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].current == 0);
+  REQUIRE(f.device->used_bytes() == 0);
+  f.alloc.check_invariants();
+}
