@@ -52,6 +52,8 @@ class Allocator {
   std::size_t memory_limit() const;
 
   Stats stats() const;
+  /// Current reserved/allocated/requested/active bytes; O(1).
+  MemoryUsage usage() const;
   void reset_peaks();
   FragmentationReport fragmentation() const;
   Snapshot snapshot() const;

@@ -58,6 +58,14 @@ struct Stats {
   const PoolStats& of(Pool p) const noexcept { return pool[static_cast<int>(p)]; }
 };
 
+/// The current totals, cheap to read (no copy of every statistic).
+struct MemoryUsage {
+  std::size_t reserved = 0;
+  std::size_t allocated = 0;
+  std::size_t requested = 0;
+  std::size_t active = 0;
+};
+
 /// The fragmentation view, computed on demand from the current state.
 struct FragmentationReport {
   std::size_t reserved = 0;

@@ -30,6 +30,7 @@ void Allocator::empty_cache() { impl_->empty_cache(); }
 void Allocator::set_memory_limit(std::size_t bytes) { impl_->set_memory_limit(bytes); }
 std::size_t Allocator::memory_limit() const { return impl_->memory_limit(); }
 Stats Allocator::stats() const { return impl_->stats(); }
+MemoryUsage Allocator::usage() const { return impl_->usage(); }
 void Allocator::reset_peaks() { impl_->reset_peaks(); }
 FragmentationReport Allocator::fragmentation() const { return impl_->fragmentation(); }
 Snapshot Allocator::snapshot() const { return impl_->snapshot(); }

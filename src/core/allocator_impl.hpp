@@ -70,6 +70,7 @@ class Allocator::Impl {
 
   // Views (inspect.cpp).
   Stats stats() const;
+  MemoryUsage usage() const;
   void reset_peaks();
   FragmentationReport fragmentation() const;
   Snapshot snapshot() const;

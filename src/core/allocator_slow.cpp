@@ -46,7 +46,7 @@ Allocator::Impl::~Impl() {
   try {
     synchronize_pending();
     if (live_.size() != 0)
-      detail::log().warn("allocator on {} destroyed with {} blocks still allocated", props_.name,
+      detail::log().info("allocator on {} destroyed with {} blocks still allocated", props_.name,
                          live_.size());
     for (auto& [addr, seg] : segments_) {
       device_->free_segment(reinterpret_cast<void*>(seg->addr), seg->size, seg->owner->stream);

@@ -20,6 +20,13 @@ Stats Allocator::Impl::stats() const {
   return s;
 }
 
+MemoryUsage Allocator::Impl::usage() const {
+  Lock lock(mutex_);
+  const auto cur = [&](Metric m) { return static_cast<std::size_t>(total_stats_[m].current); };
+  return {cur(Metric::reserved_bytes), cur(Metric::allocated_bytes), cur(Metric::requested_bytes),
+          cur(Metric::active_bytes)};
+}
+
 void Allocator::Impl::reset_peaks() {
   Lock lock(mutex_);
   auto reset = [](PoolStats& p) {
