@@ -20,15 +20,27 @@
 //   min_split_remainder  512       a large block is split only if the rest is at least this
 //   cross_stream_reuse   true      under memory pressure, take a free block cached for another
 //                                  stream after an event wait instead of a full synchronization
+//   mode                 fixed     fixed: segments are upstream allocations that never move;
+//                                  vmm: physical pages are the cached resource, mapped into one
+//                                  growable address range per stream and pool (needs a device with
+//                                  virtual memory; max_split_size does not apply)
+//   vmm_reserve          0         vmm: free physical memory kept idle; beyond it, free pages are
+//                                  remapped where they are needed instead of creating new ones,
+//                                  and empty_cache() keeps this much mapped
+//   vmm_max_growth       256MiB    vmm: the large pool maps at least 1/64 of what it holds when it
+//                                  grows (fewer calls), but never more than this ahead of need
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace tensorpool {
+
+enum class Mode : std::uint8_t { fixed, vmm };
 
 struct Config {
   std::size_t memory_limit_bytes = 0;       // 0: none
@@ -40,6 +52,9 @@ struct Config {
   std::size_t large_segment_size = 20 * 1024 * 1024;
   std::size_t min_split_remainder = 512;
   bool cross_stream_reuse = true;
+  Mode mode = Mode::fixed;
+  std::size_t vmm_reserve = 0;
+  std::size_t vmm_max_growth = 256 * 1024 * 1024;
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);

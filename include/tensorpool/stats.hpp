@@ -52,6 +52,8 @@ struct Stats {
   std::uint64_t syncs = 0;                    // host synchronizations the allocator made
   std::uint64_t stream_waits = 0;             // cross-stream reuse through an event wait
   std::uint64_t events_recorded = 0;
+  std::uint64_t vm_maps = 0;                  // virtual-memory mode: chunks mapped
+  std::uint64_t vm_unmaps = 0;                // virtual-memory mode: chunks unmapped
   std::uint64_t retries = 0;                  // allocations that had to free cached memory
   std::uint64_t ooms = 0;                     // OutOfMemoryError thrown
 
@@ -89,6 +91,7 @@ struct BlockInfo {
   std::size_t size = 0;
   std::size_t requested = 0;  // 0 unless allocated or pending_free
   BlockState state = BlockState::free;
+  bool mapped = true;         // false: free address space with no physical pages (vmm mode)
 };
 
 struct SegmentInfo {
@@ -97,6 +100,7 @@ struct SegmentInfo {
   Stream stream = kDefaultStream;
   Pool pool = Pool::large;
   bool oversize = false;
+  bool heap = false;              // vmm mode: a reserved address range, partly mapped
   std::vector<BlockInfo> blocks;  // in address order, tiling the segment
 };
 

@@ -164,7 +164,7 @@ void Allocator::Impl::release_block(Block* b) {
 // Merges free block b (not in any index) with free neighbours; returns the merged block.
 Block* Allocator::Impl::coalesce(Block* b) {
   Segment* seg = b->segment;
-  if (Block* p = b->prev; p != nullptr && p->state == BlockState::free) {
+  if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped) {
     seg->index->remove(p);
     free_block_removed(p);
     p->size += b->size;
@@ -174,7 +174,7 @@ Block* Allocator::Impl::coalesce(Block* b) {
     block_pool_.release(b);
     b = p;
   }
-  if (Block* n = b->next; n != nullptr && n->state == BlockState::free) {
+  if (Block* n = b->next; n != nullptr && n->state == BlockState::free && n->mapped == b->mapped) {
     seg->index->remove(n);
     free_block_removed(n);
     b->size += n->size;

@@ -42,6 +42,7 @@ struct StreamState {
   explicit StreamState(Stream s) : stream(s) {}
   Stream stream;
   FreeIndex index[kNumIndexKinds];
+  Segment* heaps[kNumPools] = {nullptr, nullptr};  // virtual-memory mode: one heap per pool
   std::deque<PendingEvent> pending;  // FIFO: events on one stream complete in order
 };
 
@@ -124,6 +125,24 @@ class Allocator::Impl {
   [[noreturn]] void throw_bad_pointer(Address addr, const char* operation) const;
   std::size_t largest_free_block() const noexcept;
 
+  // --- virtual-memory mode (vmm.cpp) ---
+  bool vmm() const noexcept { return config_.mode == Mode::vmm; }
+  Segment& heap_for(StreamState& ss, Pool pool);
+  Block* grow_heap(StreamState& ss, Pool pool, std::size_t size);
+  std::size_t growth_step(Pool pool) const noexcept;
+  std::pair<Block*, std::size_t> place(const Segment& heap, std::size_t size) const;
+  Block* map_into(Segment& heap, Block* hole, std::size_t bytes, Pool pool, bool& complete);
+  bool create_chunk(std::size_t bytes, Pool pool, detail::Chunk& out);
+  std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
+  std::size_t idle_physical(Pool pool) const;
+  std::size_t reclaim_free_chunks(Pool pool, std::size_t keep);
+  Block* unmap_chunk(Segment& heap, Block* free_block, const detail::Chunk& chunk);
+  Block* split_raw(Block* b, std::size_t offset);
+  void mark_unmapped(Segment& heap, Block* b);
+  std::size_t release_cached_chunks();
+  void destroy_heaps() noexcept;
+  void check_heap(const Segment& heap) const;
+
   // --- views (inspect.cpp) ---
   void check_invariants_locked() const;
   void debug_check() const {
@@ -144,6 +163,8 @@ class Allocator::Impl {
   StreamState* last_state_ = nullptr;
   std::size_t pending_total_ = 0;      // outstanding PendingEvents over all streams
   std::vector<Event> event_pool_;      // created events not in use
+  std::vector<detail::Chunk> cached_chunks_;  // vmm: physical chunks mapped nowhere
+  std::size_t page_ = 0;               // vmm: the device's physical page size
 
   std::array<PoolStats, kNumPools> pool_stats_{};
   PoolStats total_stats_{};

@@ -36,6 +36,13 @@ Allocator::Impl::Impl(std::shared_ptr<DeviceBackend> device, Config config)
   if (!device_) throw UsageError("tensorpool: Allocator needs a device backend (got nullptr)");
   config_.validate();
   props_ = device_->properties();
+  if (vmm()) {
+    if (!props_.supports_virtual_memory)
+      throw ConfigError("tensorpool config: mode:vmm needs a device with virtual memory; " + props_.name +
+                        " has none");
+    page_ = props_.vm_page_size;
+    config_.max_split_size = 0;  // every block of a heap can be split
+  }
   limit_ = config_.effective_limit(props_.capacity);
   detail::log().debug("allocator on {} ({}), config {}", props_.name, format_bytes(props_.capacity),
                       config_.to_string());
@@ -48,8 +55,9 @@ Allocator::Impl::~Impl() {
     if (live_.size() != 0)
       detail::log().info("allocator on {} destroyed with {} blocks still allocated", props_.name,
                          live_.size());
+    if (vmm()) destroy_heaps();
     for (auto& [addr, seg] : segments_) {
-      device_->free_segment(reinterpret_cast<void*>(seg->addr), seg->size, seg->owner->stream);
+      if (!seg->heap) device_->free_segment(reinterpret_cast<void*>(seg->addr), seg->size, seg->owner->stream);
       for (Block* b = seg->first; b != nullptr;) {
         Block* next = b->next;
         block_pool_.release(b);
@@ -106,6 +114,7 @@ std::size_t Allocator::Impl::segment_size_for(Pool pool, std::size_t size,
 // device or the memory limit says no. Falls back to a segment of exactly the request's size
 // when the policy's larger segment does not fit.
 Block* Allocator::Impl::new_segment(StreamState& ss, Pool pool, std::size_t size) {
+  if (vmm()) return grow_heap(ss, pool, size);
   const bool oversize = pool == Pool::large && is_oversize_request(size);
   const std::size_t preferred = segment_size_for(pool, size, oversize);
   if (Block* b = try_segment(ss, pool, oversize, preferred)) return b;
@@ -289,6 +298,11 @@ void Allocator::Impl::synchronize_pending() {
 // --- returning memory -----------------------------------------------------------------------
 
 std::size_t Allocator::Impl::release_free_segments() {
+  if (vmm()) {
+    reclaim_free_chunks(Pool::small, 0);
+    reclaim_free_chunks(Pool::large, 0);
+    return release_cached_chunks();
+  }
   std::size_t released = 0;
   for (auto it = segments_.begin(); it != segments_.end();) {
     Segment* seg = (it++)->second.get();  // advance first: free_segment erases
@@ -316,7 +330,14 @@ void Allocator::Impl::free_segment(Segment* seg) {
 void Allocator::Impl::empty_cache() {
   Lock lock(mutex_);
   synchronize_pending();
-  const std::size_t released = release_free_segments();
+  std::size_t released = 0;
+  if (vmm()) {  // keeps vmm_reserve bytes of free pages mapped
+    reclaim_free_chunks(Pool::small, config_.vmm_reserve);
+    reclaim_free_chunks(Pool::large, config_.vmm_reserve);
+    released = release_cached_chunks();
+  } else {
+    released = release_free_segments();
+  }
   if (has_observers_) notify(EventType::empty_cache, 0, 0, released, kDefaultStream);
   debug_check();
 }

@@ -10,9 +10,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
+#include "tensorpool/device.hpp"
 #include "tensorpool/stats.hpp"
 #include "tensorpool/types.hpp"
 
@@ -32,8 +34,27 @@ struct Block {
   Block* free_prev = nullptr;      // bin links while free; pool free list while unused
   Block* free_next = nullptr;
   BlockState state = BlockState::free;
+  bool mapped = true;              // virtual-memory mode: physical pages lie under the whole block
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
+};
+
+/// Virtual-memory mode: a physical allocation (one cuMemCreate handle) of whole pages.
+struct Chunk {
+  Address addr = 0;  // where it is mapped (0 while unmapped, in the allocator's cache)
+  std::size_t size = 0;
+  PhysicalHandle handle = 0;
+  Pool pool = Pool::large;
+  Address end() const noexcept { return addr + size; }
+};
+
+/// Virtual-memory mode: the mapping state of one heap (a segment spanning a reserved address
+/// range). Invariants: chunks do not overlap and lie inside the range; every page of a block
+/// with mapped == true lies in a chunk; a block with mapped == false is free, page-aligned at
+/// both ends, intersects no chunk, and is in `unmapped`.
+struct Heap {
+  std::map<Address, Chunk> chunks;     // mapped chunks by address
+  std::map<Address, Block*> unmapped;  // free blocks without pages, by address
 };
 
 /// Which FreeIndex of a stream a segment's free blocks go to.
@@ -48,9 +69,10 @@ struct Segment {
   bool oversize = false;
   std::size_t blocks = 1;
   Block* first = nullptr;
+  std::unique_ptr<Heap> heap;    // virtual-memory mode only: this segment is a heap
 
-  bool is_split() const noexcept { return blocks > 1; }
-  bool is_free() const noexcept { return blocks == 1 && first->state == BlockState::free; }
+  bool is_split() const noexcept { return blocks > 1 || heap != nullptr; }
+  bool is_free() const noexcept { return blocks == 1 && first->state == BlockState::free && !heap; }
   Address end() const noexcept { return addr + size; }
 };
 

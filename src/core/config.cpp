@@ -97,6 +97,17 @@ const std::vector<KeyHandler>& handlers() {
       {"min_split_remainder",
        [](Config& c, auto k, auto v) { c.min_split_remainder = size_value(k, v); },
        [](const Config& c) { return std::to_string(c.min_split_remainder); }},
+      {"mode",
+       [](Config& c, auto k, auto v) {
+         if (v == "fixed") c.mode = Mode::fixed;
+         else if (v == "vmm") c.mode = Mode::vmm;
+         else bad_value(k, v, "fixed or vmm");
+       },
+       [](const Config& c) { return std::string(c.mode == Mode::vmm ? "vmm" : "fixed"); }},
+      {"vmm_reserve", [](Config& c, auto k, auto v) { c.vmm_reserve = size_value(k, v); },
+       [](const Config& c) { return std::to_string(c.vmm_reserve); }},
+      {"vmm_max_growth", [](Config& c, auto k, auto v) { c.vmm_max_growth = size_value(k, v); },
+       [](const Config& c) { return std::to_string(c.vmm_max_growth); }},
       {"cross_stream_reuse",
        [](Config& c, auto k, auto v) { c.cross_stream_reuse = bool_value(k, v); },
        [](const Config& c) { return std::string(c.cross_stream_reuse ? "true" : "false"); }},

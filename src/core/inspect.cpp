@@ -65,10 +65,10 @@ Snapshot Allocator::Impl::snapshot() const {
   Snapshot snap;
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, seg] : segments_) {
-    SegmentInfo info{seg->addr, seg->size, seg->owner->stream, seg->pool, seg->oversize, {}};
+    SegmentInfo info{seg->addr, seg->size, seg->owner->stream, seg->pool, seg->oversize, seg->heap != nullptr, {}};
     info.blocks.reserve(seg->blocks);
     for (const Block* b = seg->first; b != nullptr; b = b->next)
-      info.blocks.push_back({b->addr, b->size, b->requested, b->state});
+      info.blocks.push_back({b->addr, b->size, b->requested, b->state, b->mapped});
     snap.segments.push_back(std::move(info));
   }
   return snap;
@@ -109,8 +109,11 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
       fail("block " + hex(b->addr) + " has size " + std::to_string(b->size));
     if (b->addr != seg.addr + covered) fail("gap or overlap before block " + hex(b->addr));
     if (b->next != nullptr && b->next->prev != b) fail("broken prev link after " + hex(b->addr));
-    if (b->next != nullptr && b->state == BlockState::free && b->next->state == BlockState::free)
+    if (b->next != nullptr && b->state == BlockState::free && b->next->state == BlockState::free &&
+        b->mapped == b->next->mapped)
       fail("adjacent free blocks at " + hex(b->addr) + " were not coalesced");
+    if (!b->mapped && (b->state != BlockState::free || !seg.heap))
+      fail("block " + hex(b->addr) + " is in use or outside a heap but has no pages");
     covered += b->size;
     const auto sz = static_cast<std::int64_t>(b->size);
     if (b->state == BlockState::allocated) {
@@ -123,7 +126,7 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
     if (b->state != BlockState::free) {
       rc.add(seg.pool, Metric::active_bytes, sz);
       rc.add(seg.pool, Metric::active_blocks, 1);
-    } else {
+    } else if (b->mapped) {
       ++free_blocks;
       if (seg.is_split()) {
         rc.add(seg.pool, Metric::inactive_split_bytes, sz);
@@ -136,6 +139,7 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
   if (covered != seg.size) fail("blocks of segment " + hex(seg.addr) + " do not add up to its size");
   if (count != seg.blocks) fail("segment " + hex(seg.addr) + " block count is wrong");
   if (seg.oversize && count != 1) fail("oversize segment " + hex(seg.addr) + " was split");
+  if (seg.heap) return;  // a heap's reserved memory is its chunks (check_heap)
   rc.add(seg.pool, Metric::reserved_bytes, static_cast<std::int64_t>(seg.size));
   rc.add(seg.pool, Metric::segments, 1);
 }
@@ -155,6 +159,18 @@ void Allocator::Impl::check_invariants_locked() const {
       fail("segment " + hex(seg->addr) + " points to the wrong free index");
     previous_end = seg->end();
     check_segment(*seg, rc, free_blocks);
+    if (seg->heap) {
+      check_heap(*seg);
+      for (const auto& [a, c] : seg->heap->chunks) {
+        rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
+        rc.add(c.pool, Metric::segments, 1);
+      }
+    }
+  }
+  for (const detail::Chunk& c : cached_chunks_) {
+    if (c.addr != 0) fail("a cached chunk claims to be mapped");
+    rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
+    rc.add(c.pool, Metric::segments, 1);
   }
   // Free indexes: exactly the free blocks, each in its own bin of its segment's index.
   std::size_t listed = 0;
@@ -202,6 +218,46 @@ void Allocator::Impl::check_invariants_locked() const {
     allocations += rc.pool[p][static_cast<int>(Metric::allocations)];
   }
   if (static_cast<std::int64_t>(live) != allocations) fail("live map size differs from allocated blocks");
+}
+
+// Mapping consistency of a heap: chunks are page-aligned, inside the range, disjoint and each
+// within the heap's own pool; mapped blocks lie on chunks and unmapped ones off them.
+void Allocator::Impl::check_heap(const Segment& seg) const {
+  const detail::Heap& h = *seg.heap;
+  Address prev_end = seg.addr;
+  for (const auto& [a, c] : h.chunks) {
+    if (a != c.addr || c.addr % page_ != 0 || c.size == 0 || c.size % page_ != 0)
+      fail("chunk at " + hex(c.addr) + " is not page-aligned");
+    if (c.addr < prev_end || c.end() > seg.end()) fail("chunk at " + hex(c.addr) + " overlaps or leaves the heap");
+    if (c.pool != seg.pool) fail("chunk at " + hex(c.addr) + " belongs to the other pool");
+    prev_end = c.end();
+  }
+  std::size_t unmapped = 0;
+  auto chunk_at = [&](Address addr) -> const detail::Chunk* {  // the chunk covering addr, if any
+    auto it = h.chunks.upper_bound(addr);
+    if (it == h.chunks.begin()) return nullptr;
+    --it;
+    return addr < it->second.end() ? &it->second : nullptr;
+  };
+  for (const Block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->mapped) {
+      // Every page under the block is mapped: walk the chunks across it.
+      for (Address at = b->addr; at < b->addr + b->size;) {
+        const detail::Chunk* c = chunk_at(at);
+        if (c == nullptr) fail("block " + hex(b->addr) + " spans an unmapped page at " + hex(at));
+        at = c->end();
+      }
+    } else {
+      ++unmapped;
+      if (b->addr % page_ != 0 || b->size % page_ != 0) fail("unmapped block " + hex(b->addr) + " is not page-aligned");
+      auto it = h.chunks.lower_bound(b->addr);
+      if (chunk_at(b->addr) != nullptr || (it != h.chunks.end() && it->first < b->addr + b->size))
+        fail("unmapped block " + hex(b->addr) + " overlaps a chunk");
+      auto u = h.unmapped.find(b->addr);
+      if (u == h.unmapped.end() || u->second != b) fail("unmapped block " + hex(b->addr) + " is not listed");
+    }
+  }
+  if (unmapped != h.unmapped.size()) fail("the heap's unmapped list has stale entries");
 }
 
 }  // namespace tensorpool

@@ -1,0 +1,120 @@
+// tensorpool/replay/replay.hpp: drives an allocator under test through a trace and measures it.
+//
+// The engine streams events (from memory or a trace file), keeps one target per device, maps
+// the trace's addresses to live pointers, honours streams (record_stream, stream syncs), and
+// measures over the window:
+//   peak requested     max over time of the bytes the trace's live blocks asked for;
+//   peak allocated     max of the target's live bytes after its rounding;
+//   peak reserved      max of the bytes the target held from its device;
+//   utilization        peak requested / peak reserved (reserved_at_requested_peak is also given);
+//   waste              peak reserved - peak requested;
+//   upstream calls     device calls made after the seed events (the window's own cost);
+//   OOMs               allocations the target refused on a device of the given capacity;
+//   host ns per op     wall time of the replay loop / (allocations + frees).
+// baseline() reads the same numbers for the recording allocator from the trace's own segment
+// events (PyTorch's actual behaviour), without replaying anything.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorpool/replay/target.hpp"
+#include "tensorpool/trace/event.hpp"
+
+namespace tensorpool::trace {
+class TraceReader;
+}
+
+namespace tensorpool::replay {
+
+/// Where the engine reads events from; a source can be replayed more than once after rewind().
+class EventSource {
+ public:
+  virtual ~EventSource() = default;
+  virtual bool next(trace::Event& out) = 0;
+  virtual void rewind() = 0;
+};
+
+/// Events of an in-memory trace.
+class TraceSource final : public EventSource {
+ public:
+  explicit TraceSource(const trace::Trace& trace) : trace_(trace) {}
+  bool next(trace::Event& out) override {
+    if (index_ >= trace_.events.size()) return false;
+    out = trace_.events[index_++];
+    return true;
+  }
+  void rewind() override { index_ = 0; }
+
+ private:
+  const trace::Trace& trace_;
+  std::size_t index_ = 0;
+};
+
+/// Events streamed from a trace file (native binary or JSON lines); memory independent of length.
+class FileSource final : public EventSource {
+ public:
+  explicit FileSource(std::string path);
+  ~FileSource() override;
+  bool next(trace::Event& out) override;
+  void rewind() override;
+
+ private:
+  std::string path_;
+  std::unique_ptr<trace::TraceReader> reader_;
+};
+
+struct ReplayOptions {
+  std::string allocator = "tensorpool";
+  TargetOptions target;  // capacity and target-specific conf
+  int device = -1;       // replay only this device of the trace; -1: every device
+};
+
+struct ReplayResult {
+  std::string allocator;
+  int device = -1;  // -1: the sum over devices (peaks are per-device peaks added up)
+  std::uint64_t events = 0;
+  std::uint64_t allocs = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t unmatched_frees = 0;  // frees of addresses the trace never allocated
+  std::uint64_t ooms = 0;
+  std::size_t peak_requested = 0;
+  std::size_t peak_allocated = 0;
+  std::size_t peak_reserved = 0;
+  std::size_t reserved_at_requested_peak = 0;
+  std::size_t final_reserved = 0;
+  double utilization = 0.0;  // peak_requested / peak_reserved
+  std::size_t waste = 0;     // peak_reserved - peak_requested
+  UpstreamCounts upstream;   // during the window (after the seed events)
+  /// Upstream calls after the first iteration (from the second `iteration` marker on);
+  /// iterations < 2 means the trace has no such markers and these are not meaningful.
+  std::uint64_t iterations = 0;
+  UpstreamCounts upstream_after_first_iteration;
+  double host_ns_per_op = 0.0;
+};
+
+struct ReplayReport {
+  std::vector<ReplayResult> devices;  // one per replayed device, in device order
+  ReplayResult total;                 // sums (device = -1)
+};
+
+/// Replays `source` against a fresh target per device. Throws what make_target throws.
+ReplayReport replay(EventSource& source, const ReplayOptions& options);
+
+/// The recording allocator's own figures, from seed_segment and segment_* events. present is
+/// false when the trace carries none (e.g. an RMM log or a generated trace).
+struct Baseline {
+  bool present = false;
+  ReplayResult result;  // allocator "<source>-actual"; upstream.allocs = segment allocs + maps
+};
+struct BaselineReport {
+  std::vector<Baseline> devices;
+  Baseline total;
+};
+BaselineReport baseline(EventSource& source, const std::string& name = "pytorch-actual",
+                        int device = -1);
+
+}  // namespace tensorpool::replay

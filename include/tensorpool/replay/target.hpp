@@ -1,0 +1,73 @@
+// tensorpool/replay/target.hpp: an allocator under test, as the replay engine drives it.
+//
+// Every target runs on its own SimulatedDevice, so upstream calls are counted the same way for
+// all of them. Targets: "tensorpool" (the real allocator, any Config), "raw" (no caching: every
+// alloc/free goes to the device), "pytorch" (a model of PyTorch's native CUDA caching
+// allocator), "cub" (a model of CUB's CachingDeviceAllocator); see make_target().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorpool/simulated_device.hpp"
+#include "tensorpool/trace/event.hpp"
+#include "tensorpool/types.hpp"
+
+namespace tensorpool::replay {
+
+/// What a target has asked of its device so far (cumulative).
+struct UpstreamCounts {
+  std::uint64_t allocs = 0;  // segment allocations (cudaMalloc, cudaMallocAsync) + physical pages created
+  std::uint64_t frees = 0;   // segment frees + physical pages released
+  std::uint64_t maps = 0;    // virtual-memory map calls
+  std::uint64_t unmaps = 0;
+  std::uint64_t syncs = 0;   // host synchronizations
+  std::uint64_t modelled_ns = 0;  // the simulated device's modelled cost of those calls
+  std::uint64_t total() const noexcept { return allocs + frees + maps + unmaps; }
+};
+
+/// Options every target gets.
+struct TargetOptions {
+  std::size_t capacity = 80 * GiB;  // of the simulated device
+  int device = 0;                   // ordinal of the simulated device
+  std::string conf;                 // target-specific settings ("key:value,..."); tensorpool: Config
+};
+
+class ReplayTarget {
+ public:
+  virtual ~ReplayTarget() = default;
+
+  virtual std::string name() const = 0;
+  /// Called for each seed_segment event before any allocation: a segment the recording allocator
+  /// held at window start. Models of that allocator adopt it; others ignore it.
+  virtual void seed_segment(const trace::Event& /*seed*/) {}
+  /// Throws tensorpool::OutOfMemoryError when the request cannot be served.
+  virtual void* allocate(std::size_t bytes, Stream stream) = 0;
+  /// `bytes` and `stream` are those of the allocation.
+  virtual void deallocate(void* ptr, std::size_t bytes, Stream stream) = 0;
+  virtual void record_stream(void* /*ptr*/, Stream /*stream*/) {}
+  /// The host waited for `stream`: its pending work is complete.
+  virtual void stream_synchronized(Stream /*stream*/) {}
+  virtual void empty_cache() {}
+
+  /// Bytes held from the device now (segments or physical pages). Called after every event:
+  /// must be O(1).
+  virtual std::size_t reserved() const = 0;
+  /// Bytes in live blocks now, as rounded by the target. O(1).
+  virtual std::size_t allocated() const = 0;
+  virtual UpstreamCounts upstream() const = 0;
+};
+
+/// Names accepted by make_target().
+std::vector<std::string> target_names();
+/// Throws tensorpool::UsageError for an unknown name (listing the known ones) and ConfigError
+/// for a bad conf.
+std::unique_ptr<ReplayTarget> make_target(const std::string& name, const TargetOptions& options);
+
+/// Upstream counts of a simulated device (helper for targets).
+UpstreamCounts upstream_of(const SimulatedDevice& device);
+
+}  // namespace tensorpool::replay

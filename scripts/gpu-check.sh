@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: validates tensorpool's CUDA backends on a machine with a real NVIDIA GPU
+# (written for an H200, sm_90; no network needed) and records what it found.
+#
+#   scripts/gpu-check.sh OUT_DIR
+#
+# Steps, all within an 8-minute budget (every step runs under `timeout` with what is left):
+#   1. record the machine: date, git commit, nvidia-smi, driver/runtime versions, GPU name;
+#   2. configure a fresh Release build with nvcc (-DTENSORPOOL_CUDA=ON
+#      -DTENSORPOOL_CUDA_REAL_TESTS=ON, CMAKE_CUDA_ARCHITECTURES=90) and build the CUDA tests;
+#   3. run `ctest -L cuda`: the backends on the test double and on the real runtime;
+#   4. build and run every benchmark program under bench/ (or, failing that, the binaries
+#      already in build-release/bench/), each with --benchmark_out=OUT_DIR/bench-NAME.json.
+# Exit status: 0 when the build and every cuda test passed; 1 when a test failed; 2 when the
+# configure or build failed. Benchmark failures are reported in summary.txt only.
+#
+# Environment: TP_GPU_CHECK_BUDGET (seconds, default 480), TP_CUDA_ARCHS (default 90),
+# TP_GPU_BUILD_DIR (default build-gpu-check), JOBS (default nproc), NVCC (default: found),
+# TP_BENCH_MIN_TIME (seconds per benchmark, default 0.05).
+set -uo pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUT_DIR" >&2
+  exit 64
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$1" || exit 64
+OUT=$(cd "$1" && pwd)
+BUILD=${TP_GPU_BUILD_DIR:-$ROOT/build-gpu-check}
+ARCHS=${TP_CUDA_ARCHS:-90}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+MIN_TIME=${TP_BENCH_MIN_TIME:-0.05}
+DEADLINE=$((SECONDS + ${TP_GPU_CHECK_BUDGET:-480}))
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+
+log() { echo "gpu-check: $*" | tee -a "$SUMMARY"; }
+left() { echo $((DEADLINE - SECONDS)); }
+
+# step NAME MAX_SECONDS CMD...: runs CMD under timeout (at most what the budget has left),
+# output in OUT/NAME.log, a status line in summary.txt; returns CMD's status (124: timed out).
+step() {
+  local name=$1 max=$2
+  shift 2
+  local budget
+  budget=$(left)
+  [ "$budget" -gt "$max" ] && budget=$max
+  if [ "$budget" -le 5 ]; then
+    log "$name: SKIPPED (time budget spent)"
+    return 124
+  fi
+  local start=$SECONDS rc=0
+  timeout --kill-after=10 "$budget" "$@" >"$OUT/$name.log" 2>&1 || rc=$?
+  local status=ok
+  [ "$rc" -ne 0 ] && status="FAILED (exit $rc)"
+  [ "$rc" -eq 124 ] && status="TIMED OUT after ${budget}s"
+  log "$name: $status in $((SECONDS - start))s (log: $name.log)"
+  return "$rc"
+}
+
+# --- 1. the machine -------------------------------------------------------------------------
+record_environment() {
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "worktree changes: $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) files"
+  echo "host: $(uname -srm)"
+  echo "gpu: $(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader 2>&1)"
+  echo "cuda (nvidia-smi): $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || echo unknown)"
+  echo "nvcc: $("$NVCC" --version 2>&1 | tail -n 2 | head -n 1)"
+  echo "cmake: $(cmake --version | head -n 1)"
+  echo "c++: $(c++ --version | head -n 1)"
+}
+
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+record_environment >"$OUT/environment.txt" 2>&1
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed: no usable GPU or driver?"
+nvidia-smi -q >"$OUT/nvidia-smi-q.txt" 2>&1 || true
+log "$(grep -E '^(commit|gpu):' "$OUT/environment.txt" | tr '\n' ' ')"
+
+# --- 2. configure and build -----------------------------------------------------------------
+configure() {
+  rm -rf "$BUILD"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DTENSORPOOL_CUDA=ON -DTENSORPOOL_CUDA_REAL_TESTS=ON -DTENSORPOOL_BUILD_TESTS=ON \
+    -DTENSORPOOL_BUILD_TOOLS=OFF -DTENSORPOOL_BUILD_BENCH="$1" \
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCHS"
+}
+# Benchmarks need Google Benchmark; without it, configure again without them.
+if ! step configure 90 configure ON; then
+  step configure-without-bench 90 configure OFF || { log "RESULT: configure failed"; exit 2; }
+fi
+CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info)
+step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" ||
+  { log "RESULT: build failed"; exit 2; }
+
+# --- 3. the tests ---------------------------------------------------------------------------
+step cuda-info 30 "$BUILD/tests/cuda/tensorpool_cuda_info"
+cp "$OUT/cuda-info.log" "$OUT/cuda-info.json" 2>/dev/null
+test_rc=0
+step ctest 240 ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 300 \
+  --output-junit "$OUT/ctest-junit.xml" || test_rc=$?
+grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$SUMMARY"
+
+# --- 4. the benchmarks ----------------------------------------------------------------------
+bench_targets() {
+  [ -f "$BUILD/build.ninja" ] || return
+  ninja -C "$BUILD" -t targets all 2>/dev/null |
+    sed -n 's|^\(bench/[A-Za-z0-9_]*\): CXX_EXECUTABLE_LINKER.*|\1|p' | sed 's|^bench/||'
+}
+mapfile -t BENCH_TARGETS < <(bench_targets)
+if [ "${#BENCH_TARGETS[@]}" -gt 0 ]; then
+  step build-bench 150 cmake --build "$BUILD" -j "$JOBS" --target "${BENCH_TARGETS[@]}"
+  BENCH_DIR=$BUILD/bench
+else
+  log "no benchmark targets in this build; looking in build-release/bench"
+  BENCH_DIR=$ROOT/build-release/bench
+fi
+ran=0
+for bin in "$BENCH_DIR"/*; do
+  [ -f "$bin" ] && [ -x "$bin" ] || continue
+  name=$(basename "$bin")
+  ran=1
+  step "bench-$name" 120 "$bin" --benchmark_out="$OUT/bench-$name.json" \
+    --benchmark_out_format=json --benchmark_min_time="$MIN_TIME" ||
+    log "bench-$name: failed or timed out (not counted as a test failure)"
+done
+[ "$ran" -eq 0 ] && log "no benchmark binaries found"
+
+# --- result ---------------------------------------------------------------------------------
+if [ "$test_rc" -ne 0 ]; then
+  log "RESULT: FAILED (ctest exit $test_rc); details in $OUT/ctest.log"
+  exit 1
+fi
+log "RESULT: passed; everything is in $OUT"
+exit 0

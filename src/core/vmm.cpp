@@ -1,0 +1,350 @@
+// vmm.cpp: virtual-memory mode. Physical pages, not address ranges, are the cached resource.
+//
+// Each stream has one heap per pool: a segment spanning a large reserved address range (twice
+// the device capacity), tiled by blocks like any segment. Physical memory comes in chunks (one
+// cuMemCreate handle each, a multiple of the page size) mapped at page-aligned addresses of the
+// heap. Blocks under chunks are "mapped"; free address space without pages is held by free
+// blocks with mapped == false, listed in Heap::unmapped and never in a free index.
+//
+// Because a heap is one contiguous range, free space of neighbouring chunks coalesces, so the
+// "separate segments never merge" fragmentation of fixed segments does not arise. When the free
+// index has no block large enough, grow_heap() maps more pages at the lowest unmapped hole whose
+// span (with its free mapped neighbours) fits the request. The pages come, in this order, from
+// chunks cached unmapped, from chunks that are entirely free somewhere else (unmapped there after
+// synchronizing their stream: done when idle physical memory exceeds vmm_reserve, or when nothing
+// more can be created), and finally from a new chunk (at least growth_step() bytes). Mapped
+// memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
+#include <algorithm>
+#include <string>
+
+#include "core/allocator_impl.hpp"
+#include "core/logging.hpp"
+
+namespace tensorpool {
+
+using detail::Block;
+using detail::Chunk;
+using detail::Heap;
+using detail::Segment;
+using detail::StreamState;
+
+namespace {
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState::free && b->mapped; }
+bool free_unmapped(const Block* b) { return b != nullptr && b->state == BlockState::free && !b->mapped; }
+}  // namespace
+
+Segment& Allocator::Impl::heap_for(StreamState& ss, Pool pool) {
+  Segment*& slot = ss.heaps[static_cast<int>(pool)];
+  if (slot != nullptr) return *slot;
+  const std::size_t range = round_up(2 * props_.capacity, page_);
+  const Address base = device_->reserve_address_range(range, page_);
+  if (base == 0) throw DeviceError("tensorpool: cannot reserve " + format_bytes(range) + " of address space on " + props_.name);
+  auto seg = std::make_unique<Segment>();
+  seg->addr = base;
+  seg->size = range;
+  seg->owner = &ss;
+  seg->pool = pool;
+  seg->index = &ss.index[pool == Pool::small ? detail::kSmallIndex : detail::kLargeIndex];
+  seg->heap = std::make_unique<Heap>();
+  Block* b = block_pool_.acquire();
+  b->addr = base;
+  b->size = range;
+  b->segment = seg.get();
+  b->mapped = false;
+  seg->first = b;
+  seg->heap->unmapped.emplace(base, b);
+  slot = seg.get();
+  segments_.emplace(base, std::move(seg));
+  return *slot;
+}
+
+// Where to map pages for a request of `size`: the lowest unmapped hole that, with the free
+// mapped block before it (and if need be the whole hole plus the one after it), fits; and how
+// many bytes of the hole to map. {nullptr, 0} if the address range is exhausted.
+std::pair<Block*, std::size_t> Allocator::Impl::place(const Segment& heap, std::size_t size) const {
+  for (const auto& [addr, hole] : heap.heap->unmapped) {
+    const std::size_t before = free_mapped(hole->prev) ? hole->prev->size : 0;
+    const std::size_t need = size > before ? round_up(size - before, page_) : page_;
+    if (need <= hole->size) return {hole, std::min(std::max(need, growth_step(heap.pool)), hole->size)};
+    const std::size_t after = free_mapped(hole->next) ? hole->next->size : 0;
+    if (before + hole->size + after >= size) return {hole, hole->size};
+  }
+  return {nullptr, 0};
+}
+
+// The least memory a growth maps: a 64th of what the pool holds, between one page and
+// vmm_max_growth; the small pool grows a page at a time. Growing in steps keeps upstream calls
+// few while bounding the memory mapped ahead of need at any peak to 1/64 (or vmm_max_growth).
+std::size_t Allocator::Impl::growth_step(Pool pool) const noexcept {
+  if (pool == Pool::small) return page_;
+  const auto held = static_cast<std::size_t>(pool_stats_[static_cast<int>(pool)][Metric::reserved_bytes].current);
+  return round_up(std::clamp(held / 64, page_, std::max(page_, config_.vmm_max_growth)), page_);
+}
+
+Block* Allocator::Impl::grow_heap(StreamState& ss, Pool pool, std::size_t size) {
+  Segment& heap = heap_for(ss, pool);
+  const auto reserved = static_cast<std::size_t>(total_stats_[Metric::reserved_bytes].current);
+  const std::size_t want = round_up(size, page_);
+  const bool pressure = (limit_ != 0 && reserved + want > limit_) || want > device_->free_memory();
+  if (pressure || idle_physical(pool) > config_.vmm_reserve) reclaim_free_chunks(pool, config_.vmm_reserve);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const auto [hole, bytes] = place(heap, size);
+    if (hole == nullptr) return nullptr;
+    bool complete = false;
+    Block* b = map_into(heap, hole, bytes, pool, complete);
+    if (complete && b != nullptr && b->size >= size) return b;
+    if (attempt == 0 && reclaim_free_chunks(pool, 0) == 0) break;
+  }
+  return nullptr;
+}
+
+// Index of the cached chunk of `pool` to map next: the smallest that covers `want` and fits in
+// `room`, else the largest that fits. -1 if none fits.
+std::ptrdiff_t Allocator::Impl::pick_cached(Pool pool, std::size_t want, std::size_t room) const {
+  std::ptrdiff_t covering = -1;
+  std::ptrdiff_t largest = -1;
+  for (std::size_t i = 0; i < cached_chunks_.size(); ++i) {
+    const Chunk& c = cached_chunks_[i];
+    if (c.pool != pool || c.size > room) continue;
+    if (c.size >= want && (covering < 0 || c.size < cached_chunks_[static_cast<std::size_t>(covering)].size))
+      covering = static_cast<std::ptrdiff_t>(i);
+    if (largest < 0 || c.size > cached_chunks_[static_cast<std::size_t>(largest)].size)
+      largest = static_cast<std::ptrdiff_t>(i);
+  }
+  return covering >= 0 ? covering : largest;
+}
+
+bool Allocator::Impl::create_chunk(std::size_t bytes, Pool pool, Chunk& out) {
+  const auto reserved = static_cast<std::size_t>(total_stats_[Metric::reserved_bytes].current);
+  if (limit_ != 0 && reserved + bytes > limit_) return false;
+  const PhysicalHandle h = device_->create_physical(bytes);
+  if (h == 0) {
+    ++counters_.upstream_alloc_failures;
+    return false;
+  }
+  out = Chunk{0, bytes, h, pool};
+  ++counters_.upstream_allocs;
+  add_stat(Metric::reserved_bytes, pool, static_cast<std::int64_t>(bytes));
+  add_stat(Metric::segments, pool, 1);
+  if (has_observers_) notify(EventType::segment_alloc, 0, 0, bytes, kDefaultStream);
+  return true;
+}
+
+// Maps chunks at the start of `hole` until `bytes` are mapped (cached chunks first, then one new
+// chunk for the rest). Returns the free mapped block that now starts at or before hole->addr
+// (merged with its neighbours), or nullptr if nothing could be mapped; `complete` tells whether
+// all `bytes` were.
+Block* Allocator::Impl::map_into(Segment& heap, Block* hole, std::size_t bytes, Pool pool, bool& complete) {
+  const Address start = hole->addr;
+  const Address end = start + bytes;
+  const Address hole_end = hole->addr + hole->size;
+  Address cursor = start;
+  auto place_chunk = [&](Chunk c) {
+    try {
+      device_->map(cursor, c.size, c.handle);
+    } catch (...) {
+      cached_chunks_.push_back(c);  // keeps the physical memory accounted for
+      throw;
+    }
+    c.addr = cursor;
+    heap.heap->chunks.emplace(c.addr, c);
+    ++counters_.vm_maps;
+    if (has_observers_) notify(EventType::segment_map, c.addr, 0, c.size, heap.owner->stream);
+    cursor += c.size;
+  };
+  try {
+    while (cursor < end) {
+      const std::ptrdiff_t i = pick_cached(pool, end - cursor, hole_end - cursor);
+      if (i < 0) break;
+      const Chunk c = cached_chunks_[static_cast<std::size_t>(i)];
+      cached_chunks_.erase(cached_chunks_.begin() + i);
+      place_chunk(c);
+    }
+    Chunk fresh;
+    if (cursor < end && create_chunk(end - cursor, pool, fresh)) place_chunk(fresh);
+  } catch (...) {
+    if (cursor == start) throw;  // nothing changed
+    // Some chunks were mapped: record them in the blocks before reporting the error.
+    complete = false;
+    heap.heap->unmapped.erase(hole->addr);
+    Block* rest = cursor < hole_end ? split_raw(hole, cursor - start) : nullptr;
+    if (rest != nullptr) heap.heap->unmapped.emplace(rest->addr, rest);
+    hole->mapped = true;
+    Block* merged = coalesce(hole);
+    merged->segment->index->insert(merged);
+    free_block_added(merged);
+    throw;
+  }
+  complete = cursor >= end;
+  if (cursor == start) return nullptr;
+  heap.heap->unmapped.erase(hole->addr);
+  if (cursor < hole_end) {
+    Block* rest = split_raw(hole, cursor - start);
+    heap.heap->unmapped.emplace(rest->addr, rest);
+  }
+  hole->mapped = true;
+  Block* merged = coalesce(hole);  // with free mapped neighbours
+  heap.index->insert(merged);
+  free_block_added(merged);
+  return merged;
+}
+
+// Cuts b after `offset` bytes; the new block has b's state and mapping. No index is touched.
+Block* Allocator::Impl::split_raw(Block* b, std::size_t offset) {
+  Block* rest = block_pool_.acquire();
+  rest->addr = b->addr + offset;
+  rest->size = b->size - offset;
+  rest->segment = b->segment;
+  rest->state = b->state;
+  rest->mapped = b->mapped;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next != nullptr) b->next->prev = rest;
+  b->next = rest;
+  b->size = offset;
+  ++b->segment->blocks;
+  return rest;
+}
+
+// Physical memory doing nothing: cached chunks plus chunks that lie entirely under free blocks.
+std::size_t Allocator::Impl::idle_physical(Pool pool) const {
+  std::size_t idle = 0;
+  for (const Chunk& c : cached_chunks_)
+    if (c.pool == pool) idle += c.size;
+  for (const auto& [stream, ss] : streams_) {
+    const Segment* heap = ss->heaps[static_cast<int>(pool)];
+    if (heap == nullptr) continue;
+    heap->index->for_each([&](const Block* b) {
+      if (b->segment != heap) return;
+      for (auto it = heap->heap->chunks.lower_bound(b->addr);
+           it != heap->heap->chunks.end() && it->second.end() <= b->addr + b->size; ++it)
+        idle += it->second.size;
+    });
+  }
+  return idle;
+}
+
+// Unmaps every chunk of `pool` that lies entirely under a free block (after synchronizing the
+// heap's stream, since kernels may still use memory freed in stream order), keeping the first
+// `keep` bytes of them mapped. The chunks go to the cache. Returns the bytes unmapped.
+std::size_t Allocator::Impl::reclaim_free_chunks(Pool pool, std::size_t keep) {
+  std::size_t reclaimed = 0;
+  std::size_t kept = 0;
+  for (auto& [stream, ss] : streams_) {
+    Segment* heap = ss->heaps[static_cast<int>(pool)];
+    if (heap == nullptr) continue;
+    std::vector<std::pair<Block*, std::vector<Chunk>>> work;
+    heap->index->for_each([&](Block* b) {
+      if (b->segment != heap) return;
+      std::vector<Chunk> inside;
+      for (auto it = heap->heap->chunks.lower_bound(b->addr);
+           it != heap->heap->chunks.end() && it->second.end() <= b->addr + b->size; ++it) {
+        if (kept + it->second.size <= keep) {
+          kept += it->second.size;
+          continue;
+        }
+        inside.push_back(it->second);
+      }
+      if (!inside.empty()) work.emplace_back(b, std::move(inside));
+    });
+    if (work.empty()) continue;
+    device_->synchronize_stream(ss->stream);
+    ++counters_.syncs;
+    for (auto& [block, chunks] : work) {
+      Block* cur = block;
+      cur->segment->index->remove(cur);
+      free_block_removed(cur);
+      for (const Chunk& c : chunks) {
+        cur = unmap_chunk(*heap, cur, c);
+        reclaimed += c.size;
+      }
+      if (cur != nullptr) {
+        cur->segment->index->insert(cur);
+        free_block_added(cur);
+      }
+    }
+  }
+  return reclaimed;
+}
+
+// `b` is a free mapped block, out of the index, containing chunk `c`. Unmaps c; the pieces of b
+// before c go back to the index, the unmapped middle to Heap::unmapped. Returns the piece after
+// c (out of the index; nullptr if c ended b).
+Block* Allocator::Impl::unmap_chunk(Segment& heap, Block* b, const Chunk& c) {
+  Block* mid = b;
+  if (c.addr > b->addr) {
+    mid = split_raw(b, c.addr - b->addr);
+    b->segment->index->insert(b);
+    free_block_added(b);
+  }
+  Block* after = mid->size > c.size ? split_raw(mid, c.size) : nullptr;
+  device_->unmap(c.addr, c.size);
+  ++counters_.vm_unmaps;
+  if (has_observers_) notify(EventType::segment_unmap, c.addr, 0, c.size, heap.owner->stream);
+  heap.heap->chunks.erase(c.addr);
+  cached_chunks_.push_back(Chunk{0, c.size, c.handle, c.pool});
+  mark_unmapped(heap, mid);
+  return after;
+}
+
+// b: a free block, in no index, whose pages were just unmapped: merge with unmapped neighbours.
+void Allocator::Impl::mark_unmapped(Segment& heap, Block* b) {
+  b->mapped = false;
+  if (free_unmapped(b->prev)) {
+    Block* p = b->prev;
+    heap.heap->unmapped.erase(p->addr);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next != nullptr) b->next->prev = p;
+    --heap.blocks;
+    block_pool_.release(b);
+    b = p;
+  }
+  if (free_unmapped(b->next)) {
+    Block* n = b->next;
+    heap.heap->unmapped.erase(n->addr);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    --heap.blocks;
+    block_pool_.release(n);
+  }
+  heap.heap->unmapped[b->addr] = b;
+}
+
+std::size_t Allocator::Impl::release_cached_chunks() {
+  std::size_t released = 0;
+  while (!cached_chunks_.empty()) {
+    const Chunk c = cached_chunks_.back();
+    device_->release_physical(c.handle);
+    cached_chunks_.pop_back();
+    released += c.size;
+    ++counters_.upstream_frees;
+    add_stat(Metric::reserved_bytes, c.pool, -static_cast<std::int64_t>(c.size));
+    add_stat(Metric::segments, c.pool, -1);
+    if (has_observers_) notify(EventType::segment_free, 0, 0, c.size, kDefaultStream);
+  }
+  return released;
+}
+
+// Teardown: unmap and release everything, give the address ranges back.
+void Allocator::Impl::destroy_heaps() noexcept {
+  try {
+    for (auto& [addr, seg] : segments_) {
+      if (!seg->heap) continue;
+      for (auto& [a, c] : seg->heap->chunks) {
+        device_->unmap(c.addr, c.size);
+        device_->release_physical(c.handle);
+      }
+      seg->heap->chunks.clear();
+      device_->release_address_range(seg->addr, seg->size);
+    }
+    for (const Chunk& c : cached_chunks_) device_->release_physical(c.handle);
+    cached_chunks_.clear();
+  } catch (const std::exception& e) {
+    detail::log().error("allocator teardown on {}: {}", props_.name, e.what());
+  }
+}
+
+}  // namespace tensorpool

@@ -1,0 +1,296 @@
+// replay.cpp: the replay engine and the baseline read from a trace's own segment events.
+#include "tensorpool/replay/replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tensorpool/errors.hpp"
+#include "tensorpool/trace/format.hpp"
+
+namespace tensorpool::replay {
+
+using trace::Event;
+using trace::Op;
+
+// --- sources --------------------------------------------------------------------------------
+
+FileSource::FileSource(std::string path) : path_(std::move(path)), reader_(trace::TraceReader::open(path_)) {}
+FileSource::~FileSource() = default;
+bool FileSource::next(Event& out) { return reader_->next(out); }
+void FileSource::rewind() { reader_ = trace::TraceReader::open(path_); }
+
+namespace {
+
+bool is_seed(Op op) { return op == Op::seed_segment || op == Op::seed_alloc; }
+
+UpstreamCounts minus(const UpstreamCounts& a, const UpstreamCounts& b) {
+  return {a.allocs - b.allocs, a.frees - b.frees, a.maps - b.maps, a.unmaps - b.unmaps,
+          a.syncs - b.syncs, a.modelled_ns - b.modelled_ns};
+}
+
+void add_into(UpstreamCounts& a, const UpstreamCounts& b) {
+  a.allocs += b.allocs;
+  a.frees += b.frees;
+  a.maps += b.maps;
+  a.unmaps += b.unmaps;
+  a.syncs += b.syncs;
+  a.modelled_ns += b.modelled_ns;
+}
+
+void finish(ReplayResult& r) {
+  r.utilization = r.peak_reserved == 0 ? 1.0
+                                       : static_cast<double>(r.peak_requested) /
+                                             static_cast<double>(r.peak_reserved);
+  r.waste = r.peak_reserved > r.peak_requested ? r.peak_reserved - r.peak_requested : 0;
+}
+
+// Sums per-device results (peaks add up: the devices are separate memories).
+ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& name) {
+  ReplayResult t;
+  t.allocator = name;
+  for (const auto& d : devices) {
+    t.events += d.events;
+    t.allocs += d.allocs;
+    t.frees += d.frees;
+    t.unmatched_frees += d.unmatched_frees;
+    t.ooms += d.ooms;
+    t.peak_requested += d.peak_requested;
+    t.peak_allocated += d.peak_allocated;
+    t.peak_reserved += d.peak_reserved;
+    t.reserved_at_requested_peak += d.reserved_at_requested_peak;
+    t.final_reserved += d.final_reserved;
+    t.iterations = std::max(t.iterations, d.iterations);
+    add_into(t.upstream, d.upstream);
+    add_into(t.upstream_after_first_iteration, d.upstream_after_first_iteration);
+  }
+  finish(t);
+  return t;
+}
+
+// The replay of one device of the trace.
+class DeviceReplay {
+ public:
+  DeviceReplay(const ReplayOptions& options, int device) {
+    TargetOptions opts = options.target;
+    opts.device = device;
+    target_ = make_target(options.allocator, opts);
+    result_.allocator = target_->name();
+    result_.device = device;
+  }
+
+  void apply(const Event& e) {
+    ++result_.events;
+    if (!window_started_ && !is_seed(e.op)) start_window();
+    switch (e.op) {
+      case Op::seed_segment: target_->seed_segment(e); break;
+      case Op::seed_alloc:
+      case Op::alloc: allocate(e); break;
+      case Op::free_requested: free(e, true); break;
+      case Op::free_completed: free(e, false); break;
+      case Op::record_stream:
+        if (auto it = live_.find(e.addr); it != live_.end()) target_->record_stream(it->second.ptr, e.stream);
+        break;
+      case Op::stream_sync: target_->stream_synchronized(e.stream); break;
+      case Op::iteration:
+        if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
+        break;
+      default: break;  // the recording allocator's own events: see baseline()
+    }
+  }
+
+  ReplayResult finish_result() {
+    if (!window_started_) start_window();
+    const UpstreamCounts now = target_->upstream();
+    result_.upstream = minus(now, at_window_start_);
+    if (result_.iterations >= 2) result_.upstream_after_first_iteration = minus(now, at_second_iteration_);
+    result_.final_reserved = target_->reserved();
+    finish(result_);
+    return result_;
+  }
+
+ private:
+  struct Live {
+    void* ptr;
+    std::uint64_t size;
+    std::uint64_t stream;
+  };
+
+  void start_window() {
+    window_started_ = true;
+    at_window_start_ = target_->upstream();
+    at_second_iteration_ = at_window_start_;
+  }
+
+  void allocate(const Event& e) {
+    if (e.size == 0) return;
+    if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
+    ++result_.allocs;
+    try {
+      void* p = target_->allocate(e.size, e.stream);
+      live_.emplace(e.addr, Live{p, e.size, e.stream});
+      requested_ += e.size;
+    } catch (const OutOfMemoryError&) {
+      ++result_.ooms;
+      failed_.insert(e.addr);
+    }
+    measure();
+  }
+
+  // free_requested ends a block's life; a lone free_completed (a trace without requests) too.
+  void free(const Event& e, bool requested) {
+    auto it = live_.find(e.addr);
+    if (it == live_.end()) {
+      // The free of an allocation that failed (OOM) is expected; any other is the trace's.
+      if (failed_.erase(e.addr) == 0 && requested) ++result_.unmatched_frees;
+      return;
+    }
+    free_live(it);
+    measure();
+  }
+
+  void free_live(std::unordered_map<std::uint64_t, Live>::iterator it) {
+    ++result_.frees;
+    requested_ -= it->second.size;
+    target_->deallocate(it->second.ptr, it->second.size, it->second.stream);
+    live_.erase(it);
+  }
+
+  void measure() {
+    const std::size_t reserved = target_->reserved();
+    result_.peak_reserved = std::max(result_.peak_reserved, reserved);
+    result_.peak_allocated = std::max(result_.peak_allocated, target_->allocated());
+    if (requested_ > result_.peak_requested) {
+      result_.peak_requested = requested_;
+      result_.reserved_at_requested_peak = reserved;
+    }
+  }
+
+  std::unique_ptr<ReplayTarget> target_;
+  ReplayResult result_;
+  std::unordered_map<std::uint64_t, Live> live_;
+  std::unordered_set<std::uint64_t> failed_;  // addresses whose allocation raised OOM
+  std::size_t requested_ = 0;
+  bool window_started_ = false;
+  UpstreamCounts at_window_start_;
+  UpstreamCounts at_second_iteration_;
+};
+
+}  // namespace
+
+ReplayReport replay(EventSource& source, const ReplayOptions& options) {
+  std::map<int, std::unique_ptr<DeviceReplay>> devices;
+  Event e;
+  const auto start = std::chrono::steady_clock::now();
+  while (source.next(e)) {
+    const int d = e.device;
+    if (options.device >= 0 && d != options.device) continue;
+    auto& slot = devices[d];
+    if (!slot) slot = std::make_unique<DeviceReplay>(options, d);
+    slot->apply(e);
+  }
+  const auto elapsed = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start);
+  ReplayReport report;
+  for (auto& [d, replay] : devices) report.devices.push_back(replay->finish_result());
+  report.total = sum(report.devices, options.allocator);
+  if (report.devices.size() == 1) report.total.device = report.devices[0].device;
+  const auto ops = report.total.allocs + report.total.frees;
+  report.total.host_ns_per_op = ops == 0 ? 0.0 : elapsed.count() / static_cast<double>(ops);
+  for (auto& d : report.devices) d.host_ns_per_op = report.total.host_ns_per_op;
+  return report;
+}
+
+// --- baseline -------------------------------------------------------------------------------
+
+namespace {
+
+class DeviceBaseline {
+ public:
+  explicit DeviceBaseline(int device, const std::string& name) {
+    b_.result.allocator = name;
+    b_.result.device = device;
+  }
+
+  void apply(const Event& e) {
+    ReplayResult& r = b_.result;
+    ++r.events;
+    switch (e.op) {
+      case Op::seed_segment: reserve(e.size); break;
+      case Op::segment_alloc: reserve(e.size); ++r.upstream.allocs; break;
+      case Op::segment_map: reserve(e.size); ++r.upstream.maps; break;
+      case Op::segment_free: release(e.size); ++r.upstream.frees; break;
+      case Op::segment_unmap: release(e.size); ++r.upstream.unmaps; break;
+      case Op::seed_alloc:
+      case Op::alloc:
+        if (e.size == 0) break;
+        ++r.allocs;
+        if (auto it = live_.find(e.addr); it != live_.end()) requested_ -= it->second;
+        live_[e.addr] = e.size;
+        requested_ += e.size;
+        if (requested_ > r.peak_requested) {
+          r.peak_requested = requested_;
+          r.reserved_at_requested_peak = reserved_;
+        }
+        break;
+      case Op::free_requested:
+      case Op::free_completed:
+        if (auto it = live_.find(e.addr); it != live_.end()) {
+          ++r.frees;
+          requested_ -= it->second;
+          live_.erase(it);
+        }
+        break;
+      case Op::oom: ++r.ooms; break;
+      default: break;
+    }
+  }
+
+  Baseline finish_baseline() {
+    b_.result.final_reserved = reserved_;
+    finish(b_.result);
+    return b_;
+  }
+
+ private:
+  void reserve(std::uint64_t bytes) {
+    b_.present = true;
+    reserved_ += bytes;
+    b_.result.peak_reserved = std::max(b_.result.peak_reserved, reserved_);
+  }
+  void release(std::uint64_t bytes) {
+    b_.present = true;
+    reserved_ = reserved_ >= bytes ? reserved_ - bytes : 0;
+  }
+
+  Baseline b_;
+  std::unordered_map<std::uint64_t, std::uint64_t> live_;
+  std::size_t requested_ = 0;
+  std::size_t reserved_ = 0;
+};
+
+}  // namespace
+
+BaselineReport baseline(EventSource& source, const std::string& name, int device) {
+  std::map<int, std::unique_ptr<DeviceBaseline>> devices;
+  Event e;
+  while (source.next(e)) {
+    if (device >= 0 && e.device != device) continue;
+    auto& slot = devices[e.device];
+    if (!slot) slot = std::make_unique<DeviceBaseline>(e.device, name);
+    slot->apply(e);
+  }
+  BaselineReport report;
+  std::vector<ReplayResult> results;
+  for (auto& [d, b] : devices) {
+    report.devices.push_back(b->finish_baseline());
+    report.total.present = report.total.present || report.devices.back().present;
+    results.push_back(report.devices.back().result);
+  }
+  report.total.result = sum(results, name);
+  if (results.size() == 1) report.total.result.device = results[0].device;
+  return report;
+}
+
+}  // namespace tensorpool::replay

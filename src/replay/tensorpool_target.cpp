@@ -1,0 +1,51 @@
+// tensorpool_target.cpp: the real tensorpool Allocator as a replay target.
+//
+// Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
+// trace stream ids are mapped to simulated streams on first use.
+#include <unordered_map>
+
+#include "replay/models.hpp"
+#include "tensorpool/allocator.hpp"
+
+namespace tensorpool::replay {
+
+namespace {
+
+class TensorpoolTarget final : public ReplayTarget {
+ public:
+  explicit TensorpoolTarget(const TargetOptions& o)
+      : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
+            .name = "sim" + std::to_string(o.device), .ordinal = o.device, .capacity = o.capacity,
+            .event_mode = EventMode::immediate})),
+        alloc_(device_, Config::parse(o.conf, "--conf")) {}
+
+  std::string name() const override { return "tensorpool"; }
+  void* allocate(std::size_t bytes, Stream stream) override { return alloc_.allocate(bytes, map(stream)); }
+  void deallocate(void* ptr, std::size_t, Stream) override { alloc_.deallocate(ptr); }
+  void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
+  void stream_synchronized(Stream stream) override { device_->complete_stream(map(stream)); }
+  void empty_cache() override { alloc_.empty_cache(); }
+  std::size_t reserved() const override { return alloc_.usage().reserved; }
+  std::size_t allocated() const override { return alloc_.usage().allocated; }
+  UpstreamCounts upstream() const override { return upstream_of(*device_); }
+
+ private:
+  Stream map(Stream trace_stream) {
+    if (trace_stream == 0) return kDefaultStream;
+    auto [it, inserted] = streams_.try_emplace(trace_stream, 0);
+    if (inserted) it->second = device_->create_stream();
+    return it->second;
+  }
+
+  std::shared_ptr<SimulatedDevice> device_;
+  Allocator alloc_;
+  std::unordered_map<Stream, Stream> streams_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReplayTarget> make_tensorpool_target(const TargetOptions& options) {
+  return std::make_unique<TensorpoolTarget>(options);
+}
+
+}  // namespace tensorpool::replay

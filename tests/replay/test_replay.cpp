@@ -1,0 +1,170 @@
+// The replay engine: measurements on hand-built traces, targets, baselines, errors.
+#include <catch2/catch.hpp>
+
+#include "tensorpool/errors.hpp"
+#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/replay/replay.hpp"
+#include "tensorpool/types.hpp"
+
+using namespace tensorpool::replay;
+using tensorpool::GiB;
+using tensorpool::MiB;
+using tensorpool::trace::Event;
+using tensorpool::trace::Op;
+namespace trace = tensorpool::trace;
+
+namespace {
+
+Event ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
+  Event e;
+  e.op = op;
+  e.addr = addr;
+  e.size = size;
+  e.stream = stream;
+  e.device = device;
+  return e;
+}
+
+ReplayReport run(const trace::Trace& t, const std::string& allocator, std::size_t capacity = 80 * GiB,
+                 const std::string& conf = "") {
+  TraceSource source(t);
+  ReplayOptions o;
+  o.allocator = allocator;
+  o.target.capacity = capacity;
+  o.target.conf = conf;
+  return tensorpool::replay::replay(source, o);
+}
+
+// Three blocks live at once (peak requested 7 MiB + 1000 B), then freed; one address reused.
+trace::Trace small_trace() {
+  trace::Trace t;
+  t.events = {ev(Op::alloc, 0x1000, 4 * MiB), ev(Op::alloc, 0x2000, 3 * MiB, 7),
+              ev(Op::alloc, 0x3000, 1000), ev(Op::record_stream, 0x1000, 0, 7),
+              ev(Op::free_requested, 0x1000, 4 * MiB), ev(Op::free_completed, 0x1000, 4 * MiB),
+              ev(Op::free_requested, 0x9999, 16),  // never allocated in the window
+              ev(Op::alloc, 0x1000, 2 * MiB), ev(Op::free_requested, 0x1000, 2 * MiB),
+              ev(Op::free_requested, 0x2000, 3 * MiB), ev(Op::free_requested, 0x3000, 1000)};
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("replay measures requested, allocated and reserved peaks", "[replay]") {
+  const trace::Trace t = small_trace();
+  const ReplayResult raw = run(t, "raw").total;
+  REQUIRE(raw.allocs == 4);
+  REQUIRE(raw.frees == 4);
+  REQUIRE(raw.unmatched_frees == 1);
+  REQUIRE(raw.peak_requested == 7 * MiB + 1000);
+  REQUIRE(raw.peak_reserved == 4 * MiB + 4 * MiB + 1024);  // 2 MiB pages above 2 MiB, 512 B below
+  REQUIRE(raw.upstream.allocs == 4);
+  REQUIRE(raw.upstream.frees == 4);
+  REQUIRE(raw.final_reserved == 0);
+  REQUIRE(raw.utilization == Approx(static_cast<double>(7 * MiB + 1000) / (8 * MiB + 1024)));
+  REQUIRE(raw.waste == raw.peak_reserved - raw.peak_requested);
+
+  const ReplayResult tp = run(t, "tensorpool").total;
+  REQUIRE(tp.peak_requested == raw.peak_requested);
+  REQUIRE(tp.peak_allocated == 7 * MiB + 1024);
+  REQUIRE(tp.peak_reserved == 20 * MiB + 20 * MiB + 2 * MiB);  // two streams, two large segments
+  REQUIRE(tp.upstream.allocs == 3);
+  REQUIRE(tp.upstream.frees == 0);
+  REQUIRE(tp.final_reserved == tp.peak_reserved);  // cached
+  REQUIRE(tp.host_ns_per_op > 0.0);
+}
+
+TEST_CASE("replay counts OOMs against the capacity and skips their frees", "[replay]") {
+  trace::Trace t;
+  t.events = {ev(Op::alloc, 1, 60 * MiB), ev(Op::alloc, 2, 60 * MiB), ev(Op::free_requested, 2, 60 * MiB),
+              ev(Op::free_requested, 1, 60 * MiB)};
+  for (const char* a : {"tensorpool", "raw"}) {
+    const ReplayResult r = run(t, a, 100 * MiB).total;
+    INFO(a);
+    REQUIRE(r.ooms == 1);
+    REQUIRE(r.frees == 1);
+    REQUIRE(r.unmatched_frees == 0);
+    REQUIRE(r.peak_requested == 60 * MiB);
+  }
+}
+
+TEST_CASE("seed events come before the window and are not counted as its upstream calls", "[replay]") {
+  trace::Trace t;
+  t.events = {ev(Op::seed_segment, 0x100000, 20 * MiB), ev(Op::seed_alloc, 0x100000, 5 * MiB),
+              ev(Op::alloc, 0x200000, 5 * MiB), ev(Op::free_requested, 0x100000, 5 * MiB)};
+  const ReplayResult r = run(t, "tensorpool").total;
+  REQUIRE(r.allocs == 2);
+  REQUIRE(r.peak_requested == 10 * MiB);
+  REQUIRE(r.upstream.allocs == 0);  // the seed's segment serves the window's allocation
+  REQUIRE(r.peak_reserved == 20 * MiB);
+}
+
+TEST_CASE("devices are replayed separately and summed", "[replay]") {
+  trace::Trace t;
+  t.events = {ev(Op::alloc, 1, 30 * MiB, 0, 0), ev(Op::alloc, 1, 40 * MiB, 0, 1),
+              ev(Op::free_requested, 1, 30 * MiB, 0, 0), ev(Op::free_requested, 1, 40 * MiB, 0, 1)};
+  const ReplayReport r = run(t, "raw");
+  REQUIRE(r.devices.size() == 2);
+  REQUIRE(r.devices[0].device == 0);
+  REQUIRE(r.devices[0].peak_requested == 30 * MiB);
+  REQUIRE(r.devices[1].peak_requested == 40 * MiB);
+  REQUIRE(r.total.peak_requested == 70 * MiB);
+  REQUIRE(r.total.device == -1);
+  TraceSource source(t);
+  ReplayOptions only1;
+  only1.allocator = "raw";
+  only1.device = 1;
+  REQUIRE(tensorpool::replay::replay(source, only1).total.peak_requested == 40 * MiB);
+}
+
+TEST_CASE("baseline reads the recording allocator's segment events", "[replay]") {
+  trace::Trace t;
+  t.events = {ev(Op::seed_segment, 0x1, 20 * MiB), ev(Op::segment_alloc, 0x2, 2 * MiB),
+              ev(Op::alloc, 0x2, 1000), ev(Op::segment_map, 0x3, 4 * MiB),
+              ev(Op::segment_unmap, 0x3, 2 * MiB), ev(Op::segment_free, 0x1, 20 * MiB),
+              ev(Op::oom, 0, 5 * GiB)};
+  TraceSource source(t);
+  const Baseline b = baseline(source).total;
+  REQUIRE(b.present);
+  REQUIRE(b.result.allocator == "pytorch-actual");
+  REQUIRE(b.result.peak_reserved == 26 * MiB);
+  REQUIRE(b.result.final_reserved == 4 * MiB);
+  REQUIRE(b.result.upstream.allocs == 1);
+  REQUIRE(b.result.upstream.maps == 1);
+  REQUIRE(b.result.upstream.unmaps == 1);
+  REQUIRE(b.result.upstream.frees == 1);
+  REQUIRE(b.result.ooms == 1);
+  REQUIRE(b.result.peak_requested == 1000);
+
+  trace::Trace none;
+  none.events = {ev(Op::alloc, 1, 10)};
+  TraceSource s2(none);
+  REQUIRE_FALSE(baseline(s2).total.present);
+}
+
+TEST_CASE("unknown allocators and bad settings are errors", "[replay]") {
+  const trace::Trace t = small_trace();
+  REQUIRE_THROWS_WITH(run(t, "nope"), Catch::Matchers::Contains("unknown allocator 'nope'") &&
+                                          Catch::Matchers::Contains("tensorpool"));
+  REQUIRE_THROWS_AS(run(t, "tensorpool", 80 * GiB, "max_split_size:huge"), tensorpool::ConfigError);
+  REQUIRE_THROWS_AS(run(t, "raw", 80 * GiB, "x:1"), tensorpool::ConfigError);
+}
+
+TEST_CASE("a steady training loop stops growing after its warm-up iterations", "[replay]") {
+  GeneratorOptions g;
+  g.layers = 4;
+  g.hidden = 1024;
+  g.vocab = 8000;
+  g.varlen = false;
+  g.iterations = 3;
+  const ReplayResult warm = run(generate_llm_trace(g), "tensorpool").total;
+  g.iterations = 8;
+  const trace::Trace t = generate_llm_trace(g);
+  const ReplayResult r = run(t, "tensorpool").total;
+  REQUIRE(r.iterations == 8);
+  REQUIRE(r.upstream.allocs > 0);
+  REQUIRE(r.upstream.allocs == warm.upstream.allocs);  // iterations 4..8 reuse the cache only
+  REQUIRE(r.peak_reserved == warm.peak_reserved);
+  REQUIRE(r.upstream_after_first_iteration.total() < r.upstream.total());
+  const ReplayResult raw = run(t, "raw").total;
+  REQUIRE(raw.upstream_after_first_iteration.total() > raw.upstream.total() / 2);
+}
