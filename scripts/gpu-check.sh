@@ -62,7 +62,7 @@ step() {
 record_environment() {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
-  echo "worktree changes: $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) files"
+  echo "worktree: $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed or untracked paths (git-status.txt)"
   echo "host: $(uname -srm)"
   echo "gpu: $(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader 2>&1)"
   echo "cuda (nvidia-smi): $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' || echo unknown)"
@@ -73,21 +73,21 @@ record_environment() {
 
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 record_environment >"$OUT/environment.txt" 2>&1
+git -C "$ROOT" status --porcelain --untracked-files=all >"$OUT/git-status.txt" 2>&1
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed: no usable GPU or driver?"
 nvidia-smi -q >"$OUT/nvidia-smi-q.txt" 2>&1 || true
 log "$(grep -E '^(commit|gpu):' "$OUT/environment.txt" | tr '\n' ' ')"
 
 # --- 2. configure and build -----------------------------------------------------------------
-configure() {
-  rm -rf "$BUILD"
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DTENSORPOOL_CUDA=ON -DTENSORPOOL_CUDA_REAL_TESTS=ON -DTENSORPOOL_BUILD_TESTS=ON \
-    -DTENSORPOOL_BUILD_TOOLS=OFF -DTENSORPOOL_BUILD_BENCH="$1" \
-    -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCHS"
-}
+CMAKE_ARGS=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  -DTENSORPOOL_CUDA=ON -DTENSORPOOL_CUDA_REAL_TESTS=ON -DTENSORPOOL_BUILD_TESTS=ON
+  -DTENSORPOOL_BUILD_TOOLS=OFF -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCHS")
+rm -rf "$BUILD"
 # Benchmarks need Google Benchmark; without it, configure again without them.
-if ! step configure 90 configure ON; then
-  step configure-without-bench 90 configure OFF || { log "RESULT: configure failed"; exit 2; }
+if ! step configure 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=ON; then
+  rm -rf "$BUILD"
+  step configure-without-bench 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=OFF ||
+    { log "RESULT: configure failed"; exit 2; }
 fi
 CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info)
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" ||
@@ -102,22 +102,24 @@ step ctest 240 ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 3
 grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$SUMMARY"
 
 # --- 4. the benchmarks ----------------------------------------------------------------------
-bench_targets() {
+# Every executable the build generates under bench/, as paths relative to the build directory.
+bench_outputs() {
   [ -f "$BUILD/build.ninja" ] || return
   ninja -C "$BUILD" -t targets all 2>/dev/null |
-    sed -n 's|^\(bench/[A-Za-z0-9_]*\): CXX_EXECUTABLE_LINKER.*|\1|p' | sed 's|^bench/||'
+    sed -n 's|^\(bench/[A-Za-z0-9_/.-]*\): CXX_EXECUTABLE_LINKER.*|\1|p'
 }
-mapfile -t BENCH_TARGETS < <(bench_targets)
-if [ "${#BENCH_TARGETS[@]}" -gt 0 ]; then
-  step build-bench 150 cmake --build "$BUILD" -j "$JOBS" --target "${BENCH_TARGETS[@]}"
-  BENCH_DIR=$BUILD/bench
+mapfile -t BENCH_OUTPUTS < <(bench_outputs)
+BENCH_BINS=()
+if [ "${#BENCH_OUTPUTS[@]}" -gt 0 ]; then
+  if step build-bench 150 ninja -C "$BUILD" -j "$JOBS" "${BENCH_OUTPUTS[@]}"; then
+    for o in "${BENCH_OUTPUTS[@]}"; do BENCH_BINS+=("$BUILD/$o"); done
+  fi
 else
-  log "no benchmark targets in this build; looking in build-release/bench"
-  BENCH_DIR=$ROOT/build-release/bench
+  log "no benchmark targets in this build; using the binaries in build-release/bench"
+  for b in "$ROOT"/build-release/bench/*; do [ -f "$b" ] && [ -x "$b" ] && BENCH_BINS+=("$b"); done
 fi
 ran=0
-for bin in "$BENCH_DIR"/*; do
-  [ -f "$bin" ] && [ -x "$bin" ] || continue
+for bin in "${BENCH_BINS[@]}"; do
   name=$(basename "$bin")
   ran=1
   step "bench-$name" 120 "$bin" --benchmark_out="$OUT/bench-$name.json" \

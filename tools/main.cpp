@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
   generate->add_option("--options", gen_options,
                        "key:value,... of layers, hidden, heads, ffn_multiple, vocab, batch, seq_len, "
-                       "varlen, training, iterations, comm_stream, seed");
+                       "varlen, training, iterations, comm_stream, eager_optimizer, seed");
 
   try {
     app.parse(argc, argv);

@@ -135,7 +135,7 @@ class Allocator::Impl {
   bool create_chunk(std::size_t bytes, Pool pool, detail::Chunk& out);
   std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
   std::size_t idle_physical(Pool pool) const;
-  std::size_t reclaim_free_chunks(Pool pool, std::size_t keep);
+  std::size_t reclaim_free_chunks(Pool pool, std::size_t& keep);
   Block* unmap_chunk(Segment& heap, Block* free_block, const detail::Chunk& chunk);
   Block* split_raw(Block* b, std::size_t offset);
   void mark_unmapped(Segment& heap, Block* b);

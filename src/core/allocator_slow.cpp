@@ -299,8 +299,9 @@ void Allocator::Impl::synchronize_pending() {
 
 std::size_t Allocator::Impl::release_free_segments() {
   if (vmm()) {
-    reclaim_free_chunks(Pool::small, 0);
-    reclaim_free_chunks(Pool::large, 0);
+    std::size_t keep = 0;
+    reclaim_free_chunks(Pool::small, keep);
+    reclaim_free_chunks(Pool::large, keep);
     return release_cached_chunks();
   }
   std::size_t released = 0;
@@ -331,9 +332,10 @@ void Allocator::Impl::empty_cache() {
   Lock lock(mutex_);
   synchronize_pending();
   std::size_t released = 0;
-  if (vmm()) {  // keeps vmm_reserve bytes of free pages mapped
-    reclaim_free_chunks(Pool::small, config_.vmm_reserve);
-    reclaim_free_chunks(Pool::large, config_.vmm_reserve);
+  if (vmm()) {  // keeps up to vmm_reserve bytes of free pages mapped
+    std::size_t keep = config_.vmm_reserve;
+    reclaim_free_chunks(Pool::small, keep);
+    reclaim_free_chunks(Pool::large, keep);
     released = release_cached_chunks();
   } else {
     released = release_free_segments();

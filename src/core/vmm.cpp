@@ -87,14 +87,18 @@ Block* Allocator::Impl::grow_heap(StreamState& ss, Pool pool, std::size_t size) 
   const auto reserved = static_cast<std::size_t>(total_stats_[Metric::reserved_bytes].current);
   const std::size_t want = round_up(size, page_);
   const bool pressure = (limit_ != 0 && reserved + want > limit_) || want > device_->free_memory();
-  if (pressure || idle_physical(pool) > config_.vmm_reserve) reclaim_free_chunks(pool, config_.vmm_reserve);
+  if (pressure || idle_physical(pool) > config_.vmm_reserve) {
+    std::size_t keep = pressure ? 0 : config_.vmm_reserve;
+    reclaim_free_chunks(pool, keep);
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {
     const auto [hole, bytes] = place(heap, size);
     if (hole == nullptr) return nullptr;
     bool complete = false;
     Block* b = map_into(heap, hole, bytes, pool, complete);
     if (complete && b != nullptr && b->size >= size) return b;
-    if (attempt == 0 && reclaim_free_chunks(pool, 0) == 0) break;
+    std::size_t keep = 0;
+    if (attempt == 0 && reclaim_free_chunks(pool, keep) == 0) break;
   }
   return nullptr;
 }
@@ -227,10 +231,10 @@ std::size_t Allocator::Impl::idle_physical(Pool pool) const {
 
 // Unmaps every chunk of `pool` that lies entirely under a free block (after synchronizing the
 // heap's stream, since kernels may still use memory freed in stream order), keeping the first
-// `keep` bytes of them mapped. The chunks go to the cache. Returns the bytes unmapped.
-std::size_t Allocator::Impl::reclaim_free_chunks(Pool pool, std::size_t keep) {
+// `keep` bytes of them mapped (keep is decreased by what is kept). The chunks go to the cache.
+// Returns the bytes unmapped.
+std::size_t Allocator::Impl::reclaim_free_chunks(Pool pool, std::size_t& keep) {
   std::size_t reclaimed = 0;
-  std::size_t kept = 0;
   for (auto& [stream, ss] : streams_) {
     Segment* heap = ss->heaps[static_cast<int>(pool)];
     if (heap == nullptr) continue;
@@ -240,8 +244,8 @@ std::size_t Allocator::Impl::reclaim_free_chunks(Pool pool, std::size_t keep) {
       std::vector<Chunk> inside;
       for (auto it = heap->heap->chunks.lower_bound(b->addr);
            it != heap->heap->chunks.end() && it->second.end() <= b->addr + b->size; ++it) {
-        if (kept + it->second.size <= keep) {
-          kept += it->second.size;
+        if (it->second.size <= keep) {
+          keep -= it->second.size;
           continue;
         }
         inside.push_back(it->second);

@@ -96,6 +96,21 @@ class LlmTrace {
       layers_.push_back(layer);
     }
     head_ = b_.alloc(o_.vocab * h() * 2, "lm_head.weight");
+    if (o_.training && o_.eager_optimizer) create_optimizer_states();
+  }
+
+  std::vector<std::uint64_t> parameter_sizes() const {
+    std::vector<std::uint64_t> sizes = {o_.vocab * h() * 2, o_.vocab * h() * 2};
+    for (const auto& layer : layers_) sizes.insert(sizes.end(), layer.sizes.begin(), layer.sizes.end());
+    return sizes;
+  }
+
+  // AdamW exp_avg and exp_avg_sq in fp32.
+  void create_optimizer_states() {
+    for (std::uint64_t bytes : parameter_sizes()) {
+      adam_.push_back(b_.alloc(bytes * 2, "adamw.exp_avg"));
+      adam_.push_back(b_.alloc(bytes * 2, "adamw.exp_avg_sq"));
+    }
   }
 
   // Forward of one layer; returns the activations kept for backward.
@@ -174,15 +189,8 @@ class LlmTrace {
   }
 
   void optimizer_step() {
-    std::vector<std::uint64_t> sizes = {o_.vocab * h() * 2, o_.vocab * h() * 2};
-    for (const auto& layer : layers_) sizes.insert(sizes.end(), layer.sizes.begin(), layer.sizes.end());
-    if (adam_.empty()) {  // AdamW exp_avg and exp_avg_sq in fp32, created at the first step
-      for (std::uint64_t bytes : sizes) {
-        adam_.push_back(b_.alloc(bytes * 2, "adamw.exp_avg"));
-        adam_.push_back(b_.alloc(bytes * 2, "adamw.exp_avg_sq"));
-      }
-    }
-    for (std::uint64_t bytes : sizes) {  // foreach temporaries, one parameter at a time
+    if (adam_.empty()) create_optimizer_states();  // lazily, at the first step
+    for (std::uint64_t bytes : parameter_sizes()) {  // foreach temporaries, one parameter at a time
       const std::uint64_t tmp = b_.alloc(bytes * 2, "adamw.step_tmp");
       b_.free(tmp);
     }
@@ -255,10 +263,11 @@ void GeneratorOptions::apply(const std::string& text) {
     else if (key == "varlen") varlen = need_bool();
     else if (key == "training") training = need_bool();
     else if (key == "comm_stream") comm_stream = need_bool();
+    else if (key == "eager_optimizer") eager_optimizer = need_bool();
     else
       throw ConfigError("unknown generator option '" + key +
                         "'; known: layers, hidden, heads, ffn_multiple, vocab, batch, seq_len, varlen, "
-                        "training, iterations, comm_stream, seed");
+                        "training, iterations, comm_stream, eager_optimizer, seed");
   }
 }
 
@@ -269,6 +278,7 @@ std::string GeneratorOptions::to_string() const {
          ",vocab:" + std::to_string(vocab) + ",batch:" + std::to_string(batch) +
          ",seq_len:" + std::to_string(seq_len) + ",varlen:" + b(varlen) + ",training:" + b(training) +
          ",iterations:" + std::to_string(iterations) + ",comm_stream:" + b(comm_stream) +
+         ",eager_optimizer:" + b(eager_optimizer) +
          ",seed:" + std::to_string(seed);
 }
 

@@ -28,7 +28,7 @@
 //  - seed_segment() adopts a segment PyTorch held at window start as a free segment (its pool from
 //    kFlagSmallPool); its cudaMalloc is not one of the window's upstream calls. Blocks live at
 //    window start come as allocate() calls (best fit, which packs them at the front of the seeded
-//    segments) or, through pytorch_seed_alloc() (pytorch_model.hpp), at the very offset they had
+//    segments) or, through seed_alloc(), at the very offset they had
 //    in the recording, free gaps included.
 //
 // Not modelled: expandable segments (a seed flagged kFlagExpandable is adopted as a plain segment),
@@ -41,7 +41,6 @@
 //  - allocated_ == sum of the sizes of allocated blocks;
 //  - every block in free_[p] is free (not allocated, not pending), and belongs to pool p;
 //  - address neighbours (prev/next) are never both free after free_block(): they were merged.
-#include "replay/pytorch_model.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -138,7 +137,7 @@ class PyTorchModel final : public ReplayTarget {
 
   std::string name() const override { return kName; }
   void seed_segment(const trace::Event& seed) override;
-  void* seed_alloc(const trace::Event& seed);
+  void* seed_alloc(const trace::Event& seed) override;
   void* allocate(std::size_t bytes, Stream stream) override;
   void deallocate(void* ptr, std::size_t bytes, Stream stream) override;
   void record_stream(void* ptr, Stream stream) override;
@@ -530,11 +529,6 @@ void PyTorchModel::give_gap_to_prev(Block* gap) {
 }
 
 }  // namespace
-
-void* pytorch_seed_alloc(ReplayTarget& target, const trace::Event& seed) {
-  if (auto* model = dynamic_cast<PyTorchModel*>(&target)) return model->seed_alloc(seed);
-  return target.allocate(seed.size, seed.stream);
-}
 
 std::unique_ptr<ReplayTarget> make_pytorch_target(const TargetOptions& options) {
   return std::make_unique<PyTorchModel>(options);

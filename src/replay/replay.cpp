@@ -86,8 +86,8 @@ class DeviceReplay {
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
       case Op::seed_segment: target_->seed_segment(e); break;
-      case Op::seed_alloc:
-      case Op::alloc: allocate(e); break;
+      case Op::seed_alloc: allocate(e, true); break;
+      case Op::alloc: allocate(e, false); break;
       case Op::free_requested: free(e, true); break;
       case Op::free_completed: free(e, false); break;
       case Op::record_stream:
@@ -124,12 +124,12 @@ class DeviceReplay {
     at_second_iteration_ = at_window_start_;
   }
 
-  void allocate(const Event& e) {
+  void allocate(const Event& e, bool seed) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
     ++result_.allocs;
     try {
-      void* p = target_->allocate(e.size, e.stream);
+      void* p = seed ? target_->seed_alloc(e) : target_->allocate(e.size, e.stream);
       live_.emplace(e.addr, Live{p, e.size, e.stream});
       requested_ += e.size;
     } catch (const OutOfMemoryError&) {

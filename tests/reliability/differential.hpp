@@ -22,6 +22,7 @@
 // sub-list is a valid run: that is what lets shrink() delta-debug a failing run.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -89,6 +90,7 @@ struct RunFigures {
   std::uint64_t upstream_allocs = 0;
   std::uint64_t stream_waits = 0;
   std::uint64_t syncs = 0;
+  std::array<std::uint64_t, 4> site_calls{};  // upstream calls per FaultSite
   RunFigures& operator+=(const RunFigures& o);
 };
 

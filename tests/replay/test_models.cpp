@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "replay/models.hpp"
-#include "replay/pytorch_model.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/replay/target.hpp"
@@ -368,7 +367,7 @@ TEST_CASE("pytorch: seeded segments are released like any other", "[models][pyto
   REQUIRE_THROWS_AS(t->seed_segment(seed(20 * MiB, false)), OutOfMemoryError);
 }
 
-TEST_CASE("pytorch: pytorch_seed_alloc places live blocks at their recorded offsets",
+TEST_CASE("pytorch: seed_alloc places live blocks at their recorded offsets",
           "[models][pytorch]") {
   auto t = pytorch();
   trace::Event large = seed(20 * MiB, false);
@@ -386,22 +385,22 @@ TEST_CASE("pytorch: pytorch_seed_alloc places live blocks at their recorded offs
   };
   // A 4 MiB free gap before a; 512 KiB between a and b, which no large-pool block can be: a's
   // unsplit tail.
-  void* a = pytorch_seed_alloc(*t, live(large.addr + 4 * MiB, 2 * MiB));
-  void* b = pytorch_seed_alloc(*t, live(large.addr + 6 * MiB + 512 * KiB, 3 * MiB));
+  void* a = t->seed_alloc(live(large.addr + 4 * MiB, 2 * MiB));
+  void* b = t->seed_alloc(live(large.addr + 6 * MiB + 512 * KiB, 3 * MiB));
   REQUIRE(at(b) == at(a) + 2 * MiB + 512 * KiB);
   REQUIRE(t->allocated() == 2 * MiB + 512 * KiB + 3 * MiB);
   // Small pool: every gap stays a free block.
-  void* c = pytorch_seed_alloc(*t, live(small.addr + 4 * KiB, 1000));
+  void* c = t->seed_alloc(live(small.addr + 4 * KiB, 1000));
   REQUIRE(t->allocated() == 5 * MiB + 512 * KiB + 1024);
   // The gaps serve later requests, as they did in PyTorch.
   REQUIRE(at(t->allocate(4 * MiB, 0)) == at(a) - 4 * MiB);
   REQUIRE(at(t->allocate(4 * KiB, 0)) == at(c) - 4 * KiB);
   REQUIRE(t->upstream().allocs == 0);
   // A seed in no seeded segment, or on another target: a plain allocate().
-  REQUIRE(pytorch_seed_alloc(*t, live(0x50000000, 12 * MiB)) != nullptr);
+  REQUIRE(t->seed_alloc(live(0x50000000, 12 * MiB)) != nullptr);
   REQUIRE(t->upstream().allocs == 1);
   auto other = cub();
-  REQUIRE(pytorch_seed_alloc(*other, live(0x10, 100)) != nullptr);
+  REQUIRE(other->seed_alloc(live(0x10, 100)) != nullptr);
   REQUIRE(other->allocated() == 512);
 }
 
@@ -645,7 +644,7 @@ struct WindowResult {
 };
 
 struct DeviceReplay {
-  bool exact_seeds = false;  // seed_alloc through pytorch_seed_alloc() rather than allocate()
+  bool exact_seeds = false;  // seed_alloc through seed_alloc() rather than allocate()
   std::unique_ptr<ReplayTarget> target;
   std::unordered_map<std::uint64_t, void*> live;  // trace address -> model pointer
   std::size_t actual_reserved = 0;
@@ -698,7 +697,7 @@ void apply(DeviceReplay& d, const trace::Event& e) {
       return;
     case Op::seed_alloc:
       if (d.exact_seeds)
-        d.live[e.addr] = pytorch_seed_alloc(*d.target, e);
+        d.live[e.addr] = d.target->seed_alloc(e);
       else
         alloc_event(d, e);
       return;
@@ -836,7 +835,7 @@ TEST_CASE("pytorch model: the engine's replay reserves within 2% of PyTorch's pe
 }
 
 // The same windows through a driver of this file, which also tracks the reserved bytes event by
-// event and can place the seeds exactly (pytorch_seed_alloc); prints the validation table.
+// event and can place the seeds exactly (seed_alloc); prints the validation table.
 TEST_CASE("pytorch model: reserved bytes follow PyTorch's through every shared trace",
           "[models][pytorch][validation]") {
   const auto files = shared_traces();

@@ -5,7 +5,8 @@
 // attention: no s x s scores), a loss over the vocabulary in fp32, a backward pass that frees
 // activations layer by layer in reverse and allocates gradients (set to None after each step,
 // so they are allocated again every iteration), gradient buckets used on a communication stream
-// (record_stream), and AdamW states created at the first step. With `varlen`, each iteration's
+// (record_stream), and AdamW states created at the first step (or with the weights, when
+// eager_optimizer is set: then every iteration, the first included, has the same demand). With `varlen`, each iteration's
 // sequence length is drawn from [seq_len / 2, seq_len], which is what fragments fixed segments.
 // Inference mode runs forward passes only, freeing activations as soon as they are consumed.
 // Every iteration starts with an `iteration` marker.
@@ -31,6 +32,8 @@ struct GeneratorOptions {
   bool training = true;
   int iterations = 6;
   bool comm_stream = true;        // gradients also used on a second stream
+  bool eager_optimizer = false;   // AdamW states created with the weights (Megatron/DeepSpeed
+                                  // style) instead of at the first step (PyTorch's default)
   std::uint64_t seed = 1;
 
   /// "key:value,..." with the field names above; throws ConfigError naming a bad key or value.

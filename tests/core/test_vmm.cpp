@@ -1,0 +1,170 @@
+// Virtual-memory mode: physical pages are the cached resource. Page accounting, relocation of
+// free pages, the reserve, invariants, and the behaviour shared with fixed segments.
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <vector>
+
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+using Catch::Matchers::Contains;
+
+namespace {
+
+struct Fixture {
+  explicit Fixture(const char* conf = "mode:vmm", SimulatedDeviceOptions o = {})
+      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, Config::parse(conf)) {}
+  std::shared_ptr<SimulatedDevice> device;
+  Allocator alloc;
+  std::size_t reserved() const { return alloc.usage().reserved; }
+};
+
+Address addr(void* p) { return reinterpret_cast<Address>(p); }
+
+}  // namespace
+
+TEST_CASE("vmm: blocks are carved from one mapped heap; reserved is physical memory", "[vmm]") {
+  Fixture f;
+  void* a = f.alloc.allocate(30 * MiB);
+  void* b = f.alloc.allocate(30 * MiB);
+  REQUIRE(addr(b) == addr(a) + 30 * MiB);  // contiguous: no per-request segments
+  REQUIRE(f.reserved() == f.device->used_bytes());
+  REQUIRE(f.device->mapped_bytes() == f.reserved());
+  REQUIRE(f.reserved() >= 60 * MiB);
+  const Snapshot snap = f.alloc.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  REQUIRE(snap.segments[0].heap);
+  REQUIRE_FALSE(snap.segments[0].blocks.back().mapped);  // the rest of the address range
+  REQUIRE(f.alloc.stats().vm_maps == f.device->counters().maps);
+  f.alloc.deallocate(a);
+  f.alloc.deallocate(b);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("vmm: free neighbours merge across chunks, so a hole serves a larger request", "[vmm]") {
+  Fixture f("mode:vmm,vmm_max_growth:2MiB");
+  void* a = f.alloc.allocate(10 * MiB);  // each growth maps its own chunk
+  void* b = f.alloc.allocate(10 * MiB);
+  void* c = f.alloc.allocate(10 * MiB);
+  REQUIRE(f.alloc.stats().total[Metric::segments].current >= 3);
+  f.alloc.deallocate(a);
+  f.alloc.deallocate(b);
+  const auto creates = f.device->counters().physical_creates;
+  void* d = f.alloc.allocate(20 * MiB);  // fixed segments could not merge a's and b's
+  REQUIRE(addr(d) == addr(a));
+  REQUIRE(f.device->counters().physical_creates == creates);
+  f.alloc.deallocate(c);
+  f.alloc.deallocate(d);
+  f.alloc.check_invariants();
+}
+
+// 100 MiB device: twenty 4 MiB blocks, every other one freed: 40 MiB free in 4 MiB holes. A
+// 30 MiB request: fixed segments (20 MiB each, none entirely free) cannot serve it; in vmm mode
+// the free blocks' pages move to where the request needs contiguous addresses.
+void fill_and_punch(Allocator& alloc, std::vector<void*>& live) {
+  std::vector<void*> all;
+  for (int i = 0; i < 20; ++i) all.push_back(alloc.allocate(4 * MiB));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (i % 2 == 0) alloc.deallocate(all[i]);
+    else live.push_back(all[i]);
+  }
+}
+
+TEST_CASE("vmm: free pages are remapped where needed instead of growing", "[vmm]") {
+  Fixture f("mode:vmm,vmm_max_growth:2MiB", {.capacity = 100 * MiB});
+  std::vector<void*> live;
+  fill_and_punch(f.alloc, live);
+  void* c = f.alloc.allocate(30 * MiB);
+  REQUIRE(c != nullptr);
+  REQUIRE(f.reserved() <= 100 * MiB);
+  REQUIRE(f.device->counters().unmaps >= 1);
+  REQUIRE(f.alloc.stats().syncs >= 1);  // unmapping waits for the stream's work
+  REQUIRE(f.alloc.stats().ooms == 0);
+  f.alloc.check_invariants();
+  for (void* p : live) f.alloc.deallocate(p);
+  f.alloc.deallocate(c);
+
+  Fixture fixed("", {.capacity = 100 * MiB});
+  std::vector<void*> fixed_live;
+  fill_and_punch(fixed.alloc, fixed_live);
+  REQUIRE_THROWS_AS(fixed.alloc.allocate(30 * MiB), OutOfMemoryError);
+  for (void* p : fixed_live) fixed.alloc.deallocate(p);
+}
+
+TEST_CASE("vmm page accounting: everything freed + empty_cache returns to the reserve", "[vmm]") {
+  for (std::size_t reserve : {std::size_t{0}, 64 * MiB}) {
+    const std::string conf = "mode:vmm,vmm_reserve:" + std::to_string(reserve);
+    Fixture f(conf.c_str());
+    std::vector<void*> held;
+    for (int i = 0; i < 40; ++i) held.push_back(f.alloc.allocate(static_cast<std::size_t>(1 + i % 7) * 3 * MiB + 1000));
+    for (int i = 0; i < 60; ++i) held.push_back(f.alloc.allocate(static_cast<std::size_t>(i + 1) * 4096));
+    for (void* p : held) f.alloc.deallocate(p);
+    f.alloc.empty_cache();
+    f.alloc.check_invariants();
+    INFO("reserve " << reserve);
+    REQUIRE(f.device->mapped_bytes() <= reserve);
+    REQUIRE(f.device->used_bytes() == f.device->mapped_bytes());  // nothing unmapped is kept
+    REQUIRE(f.reserved() == f.device->used_bytes());
+    if (reserve == 0) REQUIRE(f.reserved() == 0);
+    const auto c = f.device->counters();
+    REQUIRE(c.physical_creates - c.physical_releases == f.alloc.stats().total[Metric::segments].current);
+  }
+}
+
+TEST_CASE("vmm: stream-ordered reuse, hooks and OOM work as with fixed segments", "[vmm]") {
+  Fixture f("mode:vmm", {.capacity = 256 * MiB});
+  struct Counter : Observer {
+    int maps = 0, unmaps = 0, allocs = 0;
+    void on_event(const AllocatorEvent& e) noexcept override {
+      maps += e.type == EventType::segment_map;
+      unmaps += e.type == EventType::segment_unmap;
+      allocs += e.type == EventType::alloc;
+    }
+  };
+  auto counter = std::make_shared<Counter>();
+  f.alloc.add_observer(counter);
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(8 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.deallocate(p);
+  void* q = f.alloc.allocate(8 * MiB, s1);
+  REQUIRE(q != p);  // still in flight on s2
+  f.device->complete_stream(s2);
+  f.alloc.deallocate(q);
+  REQUIRE(counter->maps >= 1);
+  REQUIRE(counter->allocs == 2);
+  REQUIRE_THROWS_WITH(f.alloc.allocate(300 * MiB), Contains("out of memory"));
+  REQUIRE_THROWS_AS(f.alloc.deallocate(p), UsageError);
+  f.alloc.empty_cache();
+  REQUIRE(counter->unmaps >= 1);
+  REQUIRE(f.reserved() == 0);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("vmm: a failed map or physical creation loses nothing", "[vmm][faults]") {
+  Fixture f("mode:vmm,vmm_max_growth:2MiB");
+  f.device->fail_nth(FaultSite::map, 1);
+  REQUIRE_THROWS_AS(f.alloc.allocate(10 * MiB), DeviceError);
+  f.alloc.check_invariants();
+  REQUIRE(f.reserved() == f.device->used_bytes());  // the unmapped chunk is cached, not leaked
+  void* p = f.alloc.allocate(10 * MiB);  // the cached chunk is mapped this time
+  f.device->fail_nth(FaultSite::physical_create, 1);
+  void* q = nullptr;
+  try {
+    q = f.alloc.allocate(30 * MiB);  // retried after the ladder releases what it can
+  } catch (const OutOfMemoryError&) {
+  }
+  f.alloc.check_invariants();
+  f.alloc.deallocate(p);
+  if (q != nullptr) f.alloc.deallocate(q);
+  f.alloc.empty_cache();
+  REQUIRE(f.device->used_bytes() == 0);
+  REQUIRE(f.device->mapped_bytes() == 0);
+}
+
+TEST_CASE("vmm needs a device with virtual memory", "[vmm]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.supports_virtual_memory = false});
+  REQUIRE_THROWS_WITH(Allocator(device, Config::parse("mode:vmm")), Contains("virtual memory"));
+}

@@ -1,0 +1,816 @@
+// differential.cpp: the operations, their generator, the reference model that judges a run, and
+// the delta-debugging shrinker of the differential test (see differential.hpp for the properties).
+#include "reliability/differential.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <typeinfo>
+#include <unordered_map>
+
+#include "reliability/recording_device.hpp"
+#include "tensorpool/tensorpool.hpp"
+
+namespace tensorpool::reliability {
+
+// --- operations -----------------------------------------------------------------------------
+
+namespace {
+
+const char* kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::alloc: return "alloc";
+    case OpKind::free: return "free";
+    case OpKind::record: return "record";
+    case OpKind::kernel: return "kernel";
+    case OpKind::complete_event: return "complete_event";
+    case OpKind::complete_stream: return "complete_stream";
+    case OpKind::complete_all: return "complete_all";
+    case OpKind::empty_cache: return "empty_cache";
+    case OpKind::set_limit: return "set_limit";
+    case OpKind::fault: return "fault";
+    case OpKind::fail_above: return "fail_above";
+    case OpKind::misuse: return "misuse";
+    case OpKind::drain: return "drain";
+  }
+  return "?";
+}
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+std::string describe(const Op& op) {
+  std::ostringstream os;
+  os << kind_name(op.kind) << " s" << int{op.stream} << " arg " << int{op.arg} << " value " << op.value;
+  return os.str();
+}
+
+std::string to_cpp(const Op& op) {
+  std::ostringstream os;
+  os << "{OpKind::" << kind_name(op.kind) << ", " << int{op.stream} << ", " << int{op.arg} << ", "
+     << op.value << "u}";
+  return os.str();
+}
+
+RunFigures& RunFigures::operator+=(const RunFigures& o) {
+  ops += o.ops;
+  faults_injected += o.faults_injected;
+  ooms += o.ooms;
+  device_errors += o.device_errors;
+  usage_errors += o.usage_errors;
+  drains += o.drains;
+  upstream_allocs += o.upstream_allocs;
+  stream_waits += o.stream_waits;
+  syncs += o.syncs;
+  for (std::size_t i = 0; i < site_calls.size(); ++i) site_calls[i] += o.site_calls[i];
+  return *this;
+}
+
+// --- the generator --------------------------------------------------------------------------
+
+namespace {
+
+// Operations in grow and shrink phases of a few hundred to a few thousand steps, so that memory
+// pressure comes and goes; sizes mix LLM-like tensors: a palette of repeated "layer" sizes, many
+// small activations, fewer medium and large ones, rare huge ones (KV cache, logits).
+class Generator {
+ public:
+  Generator(std::uint64_t seed, const Profile& profile) : rng_(seed), profile_(profile) {
+    for (int i = 0; i < 24; ++i) palette_.push_back(fresh_size());
+  }
+
+  Op next() {
+    if (phase_left_ == 0) {
+      growing_ = !growing_;
+      phase_left_ = 200 + below(2800);
+    }
+    --phase_left_;
+    return pick(below(total_weight()));
+  }
+
+ private:
+  std::uint64_t below(std::uint64_t n) { return rng_() % n; }
+  std::uint8_t stream() { return static_cast<std::uint8_t>(below(static_cast<std::uint64_t>(profile_.streams))); }
+
+  std::size_t fresh_size() {
+    const std::uint64_t r = below(100);
+    if (r < 50) {  // small: 1 B .. 2 MiB, log-uniform
+      const std::size_t base = std::size_t{1} << below(21);
+      return base + below(base);
+    }
+    if (r < 80) return MiB + below(31 * MiB);
+    if (r < 96) return 32 * MiB + below(128 * MiB);
+    return 160 * MiB + below(240 * MiB);
+  }
+
+  std::size_t llm_size() { return below(100) < 45 ? palette_[below(palette_.size())] : fresh_size(); }
+
+  // Weights per 1000 of each kind in the current phase.
+  std::array<std::uint64_t, 13> weights() const {
+    const std::uint64_t f = profile_.faults ? 1 : 0;
+    return {growing_ ? 430u : 230u, growing_ ? 230u : 430u, 70, 70, 80, 50, 4, 8, 4, 20 * f, 3 * f, 10, 1};
+  }
+  std::uint64_t total_weight() const {
+    std::uint64_t t = 0;
+    for (auto w : weights()) t += w;
+    return t;
+  }
+
+  Op pick(std::uint64_t r) {
+    const auto w = weights();
+    std::size_t k = 0;
+    while (r >= w[k]) r -= w[k++];
+    return make(static_cast<OpKind>(k));
+  }
+
+  Op make(OpKind kind) {
+    Op op{kind, stream(), 0, 0};
+    switch (kind) {
+      case OpKind::alloc: op.value = alloc_bytes(); break;
+      case OpKind::free:
+      case OpKind::record:
+      case OpKind::complete_event:
+      case OpKind::misuse:
+        op.arg = static_cast<std::uint8_t>(below(6));
+        op.value = rng_();
+        break;
+      case OpKind::set_limit:
+        op.value = below(10) < 3 ? 0 : round_up(profile_.capacity / 8 + below(profile_.capacity), MiB);
+        op.value = std::min<std::uint64_t>(op.value, profile_.capacity);
+        break;
+      case OpKind::fault: make_fault(op); break;
+      case OpKind::fail_above: op.value = below(2) == 0 ? 0 : 16 * MiB + below(240 * MiB); break;
+      default: break;
+    }
+    return op;
+  }
+
+  std::uint64_t alloc_bytes() {
+    const std::uint64_t r = below(1000);
+    if (r == 0) return 0;                                  // a no-op request
+    if (r == 1) return profile_.capacity + 1 + below(GiB);  // can never fit
+    if (r == 2) return std::uint64_t{1} << 52;             // beyond kMaxAllocationSize
+    return llm_size();
+  }
+
+  void make_fault(Op& op) {
+    static constexpr FaultSite kFixed[] = {FaultSite::segment_alloc, FaultSite::event_create};
+    static constexpr FaultSite kVmm[] = {FaultSite::physical_create, FaultSite::map,
+                                         FaultSite::event_create};
+    const FaultSite site = profile_.vmm ? kVmm[below(3)] : kFixed[below(2)];
+    op.arg = static_cast<std::uint8_t>(site);
+    op.value = 1 + below(12);
+  }
+
+  std::mt19937_64 rng_;
+  Profile profile_;
+  std::vector<std::size_t> palette_;
+  bool growing_ = false;
+  std::uint64_t phase_left_ = 0;
+};
+
+}  // namespace
+
+std::vector<Op> generate(std::uint64_t seed, std::size_t count, const Profile& profile) {
+  Generator g(seed, profile);
+  std::vector<Op> ops;
+  ops.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) ops.push_back(g.next());
+  return ops;
+}
+
+// --- the reference model and the runner -----------------------------------------------------
+
+namespace {
+
+/// A violated property: what execute() turns into a Failure.
+struct CheckFailure {
+  std::string check;
+  std::string message;
+};
+
+#define TP_EXPECT(cond, check, what)                \
+  do {                                              \
+    if (!(cond)) {                                  \
+      std::ostringstream os_;                       \
+      os_ << what;                                  \
+      throw CheckFailure{check, os_.str()};         \
+    }                                               \
+  } while (0)
+
+std::string hex(Address a) {
+  std::ostringstream os;
+  os << "0x" << std::hex << a;
+  return os.str();
+}
+
+bool same_totals(const Stats& a, const Stats& b) {
+  for (int m = 0; m < kNumMetrics; ++m) {
+    const Stat& x = a.total.metrics[static_cast<std::size_t>(m)];
+    const Stat& y = b.total.metrics[static_cast<std::size_t>(m)];
+    if (x.current != y.current || x.peak != y.peak || x.allocated != y.allocated || x.freed != y.freed)
+      return false;
+  }
+  return a.alloc_calls == b.alloc_calls && a.free_calls == b.free_calls &&
+         a.upstream_allocs == b.upstream_allocs && a.upstream_frees == b.upstream_frees &&
+         a.ooms == b.ooms;
+}
+
+class Runner {
+ public:
+  explicit Runner(const RunOptions& options);
+  std::optional<Failure> execute(const std::vector<Op>& ops);
+  const RunFigures& figures() const noexcept { return figures_; }
+
+ private:
+  // A block the user holds: requested bytes, the stream it was allocated on, every stream that
+  // used it (allocation stream first, then record_stream ones).
+  struct LiveBlock {
+    std::size_t bytes;
+    std::vector<Stream> users;
+  };
+  // Stream `stream` used a freed range; its work up to sequence `seq` must be complete (or
+  // ordered before, by a stream wait) before another stream gets the range.
+  struct Protection {
+    Stream stream;
+    std::uint64_t seq;
+  };
+  // A freed range [start, end) and what protects it. Guards never overlap each other or a
+  // live block: an allocation removes the part it takes (its own free guards it again).
+  struct Guard {
+    Address end;
+    std::vector<Protection> by;
+  };
+  struct Marker {
+    std::uint64_t seq;
+    Event event;
+  };
+  struct Before {
+    std::uint64_t faults;
+  };
+
+  void step(const Op& op);
+  void alloc_op(const Op& op);
+  void free_op(std::uint64_t pick);
+  void record_op(const Op& op);
+  void kernel_op(Stream s);
+  void complete_event_op(const Op& op);
+  void fault_op(const Op& op);
+  void misuse_op(const Op& op);
+  void drain();
+  void teardown();
+
+  Stream stream_of(const Op& op) const { return streams_[op.stream % streams_.size()]; }
+  void expect_oom(std::size_t bytes, const Before& before);
+  void check_new_block(Address a, std::size_t bytes, Stream t);
+  void check_release(Address a, std::size_t bytes, bool unmap);
+  void add_live(Address a, std::size_t bytes, Stream t);
+  Address take_live(std::uint64_t pick);
+  std::size_t waste_bound(std::size_t bytes) const;
+  void trim_guards(Address a, Address b);
+  void collect_guards();
+  bool done(Stream s, std::uint64_t seq);
+  std::uint64_t mark(Stream s, bool fresh);
+  Event marker_event();
+  bool fired_since(FaultSite site, std::uint64_t calls_before) const;
+  void update_fault_mirror();
+  void check_state();
+  void expect_usage_error(const std::function<void()>& misuse, const char* what);
+
+  RunOptions options_;
+  std::shared_ptr<SimulatedDevice> sim_;
+  std::shared_ptr<RecordingDevice> dev_;
+  std::unique_ptr<Allocator> alloc_;
+  std::vector<Stream> streams_;
+  bool vmm_ = false;
+  std::size_t unit_ = 0;  // segment granularity (fixed) or page size (vmm)
+  std::size_t limit_ = 0;
+  Config config_;
+
+  std::unordered_map<Address, LiveBlock> live_;
+  std::vector<Address> order_;             // live addresses, for picking by index
+  std::map<Address, Address> extents_;     // live block start -> start + round_size(bytes)
+  std::map<Address, Guard> guards_;
+  std::array<std::deque<Marker>, kMaxStreams> markers_;  // user work not known complete
+  std::array<std::uint64_t, kMaxStreams> completed_{};   // known complete through this seq
+  std::vector<Event> marker_pool_;
+  std::vector<Address> freed_;             // recently freed addresses (misuse)
+  std::size_t requested_ = 0;              // sums over live blocks
+  std::size_t rounded_ = 0;
+  std::size_t waste_ = 0;                  // bound on allocated - rounded
+  std::uint64_t alloc_calls_ = 0;
+  std::uint64_t free_calls_ = 0;
+  std::uint64_t ooms_ = 0;
+  std::size_t last_reserved_ = 0;
+  std::array<std::uint64_t, kNumFaultSites> fire_at_{};  // call number an armed fault fails
+  RunFigures figures_;
+};
+
+Runner::Runner(const RunOptions& options) : options_(options) {
+  SimulatedDeviceOptions so;
+  so.capacity = options.capacity;
+  sim_ = std::make_shared<SimulatedDevice>(so);
+  dev_ = std::make_shared<RecordingDevice>(sim_);
+  dev_->before_release = [this](Address a, std::size_t n, bool unmap) { check_release(a, n, unmap); };
+  config_ = Config::parse(options.config, "differential");
+  alloc_ = std::make_unique<Allocator>(dev_, config_);
+  vmm_ = config_.mode == Mode::vmm;
+  unit_ = vmm_ ? sim_->properties().vm_page_size : sim_->properties().segment_granularity;
+  limit_ = alloc_->memory_limit();
+  streams_.push_back(kDefaultStream);
+  for (int i = 1; i < options.streams; ++i) streams_.push_back(sim_->create_stream());
+  // Markers are created before any fault is armed: they never consume an injected fault.
+  for (int i = 0; i < 4096; ++i) marker_pool_.push_back(sim_->create_event());
+}
+
+std::optional<Failure> Runner::execute(const std::vector<Op>& ops) {
+  std::size_t i = 0;
+  try {
+    for (; i < ops.size(); ++i) {
+      step(ops[i]);
+      update_fault_mirror();
+      check_state();
+      ++figures_.ops;
+      if ((i & 255) == 255) collect_guards();
+    }
+    teardown();
+  } catch (const CheckFailure& f) {
+    return Failure{i, f.check, f.message};
+  } catch (const InvariantError& e) {
+    return Failure{i, "invariants", e.what()};
+  } catch (const std::exception& e) {
+    return Failure{i, "unexpected-exception", std::string(typeid(e).name()) + ": " + e.what()};
+  }
+  return std::nullopt;
+}
+
+void Runner::step(const Op& op) {
+  switch (op.kind) {
+    case OpKind::alloc: alloc_op(op); break;
+    case OpKind::free: free_op(op.value); break;
+    case OpKind::record: record_op(op); break;
+    case OpKind::kernel: kernel_op(stream_of(op)); break;
+    case OpKind::complete_event: complete_event_op(op); break;
+    case OpKind::complete_stream: sim_->complete_stream(stream_of(op)); break;
+    case OpKind::complete_all: sim_->complete_all(); break;
+    case OpKind::empty_cache: alloc_->empty_cache(); break;
+    case OpKind::set_limit:
+      alloc_->set_memory_limit(op.value);
+      limit_ = op.value;
+      break;
+    case OpKind::fault: fault_op(op); break;
+    case OpKind::fail_above: sim_->fail_allocations_above(op.value); break;
+    case OpKind::misuse: misuse_op(op); break;
+    case OpKind::drain: drain(); break;
+  }
+}
+
+// --- allocation -----------------------------------------------------------------------------
+
+void Runner::alloc_op(const Op& op) {
+  const Stream t = stream_of(op);
+  const std::size_t bytes = op.value;
+  const Before before{sim_->counters().faults_injected};
+  const std::uint64_t map_calls = dev_->calls(FaultSite::map);
+  const std::uint64_t event_calls = dev_->calls(FaultSite::event_create);
+  if (bytes != 0) ++alloc_calls_;
+  void* p = nullptr;
+  try {
+    p = alloc_->allocate(bytes, t);
+  } catch (const OutOfMemoryError&) {
+    ++ooms_;
+    ++figures_.ooms;
+    expect_oom(bytes, before);
+    return;
+  } catch (const DeviceError& e) {
+    // Documented only for device failures other than "out of memory": here, an injected map or
+    // event-creation fault that fired during this very call.
+    ++figures_.device_errors;
+    TP_EXPECT(fired_since(FaultSite::map, map_calls) || fired_since(FaultSite::event_create, event_calls),
+              "device-error", "allocate(" << bytes << ", stream " << t
+                                          << ") threw DeviceError with no injected fault: " << e.what());
+    return;
+  }
+  if (bytes == 0) {
+    TP_EXPECT(p == nullptr, "zero-size", "allocate(0) returned " << p);
+    return;
+  }
+  const auto a = reinterpret_cast<Address>(p);
+  check_new_block(a, bytes, t);
+  add_live(a, bytes, t);
+}
+
+// OutOfMemoryError is right when an injected fault fired during the call, or when the request
+// cannot fit: its size rounded to the device's unit exceeds the room left under the memory limit
+// or on the device. (The ladder returned every free segment before giving up, so what is
+// reserved now is what the last attempt saw.)
+void Runner::expect_oom(std::size_t bytes, const Before& before) {
+  if (sim_->counters().faults_injected != before.faults) return;
+  if (bytes > kMaxAllocationSize || round_size(bytes) > options_.capacity) return;
+  const std::size_t need = round_up(round_size(bytes), unit_);
+  const std::size_t reserved = alloc_->usage().reserved;
+  const std::size_t room_limit =
+      limit_ == 0 ? std::numeric_limits<std::size_t>::max() : (limit_ > reserved ? limit_ - reserved : 0);
+  const std::size_t room_device = options_.capacity - sim_->used_bytes();
+  TP_EXPECT(need > std::min(room_limit, room_device), "oom-with-room",
+            "OutOfMemoryError for " << bytes << " bytes (" << need << " to map) with "
+                                    << room_limit << " bytes left under the limit and " << room_device
+                                    << " free on the device, no fault injected");
+}
+
+void Runner::check_new_block(Address a, std::size_t bytes, Stream t) {
+  const std::size_t size = round_size(bytes);
+  TP_EXPECT(a != 0 && a % kMinBlockSize == 0, "alignment", "block " << hex(a) << " is not 512-aligned");
+  TP_EXPECT(live_.find(a) == live_.end(), "overlap", "block " << hex(a) << " handed out twice");
+  auto next = extents_.lower_bound(a);
+  TP_EXPECT(next == extents_.end() || next->first >= a + size, "overlap",
+            "new block [" << hex(a) << ", +" << size << ") overlaps live block " << hex(next->first));
+  if (next != extents_.begin())
+    TP_EXPECT(std::prev(next)->second <= a, "overlap",
+              "new block " << hex(a) << " overlaps live block " << hex(std::prev(next)->first));
+  TP_EXPECT(dev_->covered(a, size), "no-memory",
+            "block [" << hex(a) << ", +" << size << ") is not backed by a live segment or mapping");
+  // Reuse: every other stream that used these bytes must be done with them, or ordered first.
+  auto g = guards_.upper_bound(a);
+  if (g != guards_.begin() && std::prev(g)->second.end > a) --g;
+  for (; g != guards_.end() && g->first < a + bytes; ++g) {
+    for (const Protection& p : g->second.by) {
+      const bool same = p.stream == t && !options_.sabotage_same_stream;
+      TP_EXPECT(same || done(p.stream, p.seq) || dev_->waited(t, p.stream) >= p.seq, "stream-order",
+                "block [" << hex(a) << ", +" << bytes << ") handed to stream " << t
+                          << " while stream " << p.stream << " has incomplete work (through seq "
+                          << p.seq << ") on freed range [" << hex(g->first) << ", " << hex(g->second.end)
+                          << ") and no stream wait orders it first");
+    }
+  }
+  trim_guards(a, a + bytes);
+}
+
+void Runner::add_live(Address a, std::size_t bytes, Stream t) {
+  live_.emplace(a, LiveBlock{bytes, {t}});
+  order_.push_back(a);
+  extents_.emplace(a, a + round_size(bytes));
+  requested_ += bytes;
+  rounded_ += round_size(bytes);
+  waste_ += waste_bound(bytes);
+}
+
+// allocated - requested-rounded for one block: a block is split when the rest is at least
+// 512 B (small pool) or min_split_remainder (large pool), so less is left over; oversize blocks
+// are never split, but reused only within oversize_slack and new ones are rounded to the unit.
+std::size_t Runner::waste_bound(std::size_t bytes) const {
+  const std::size_t size = round_size(bytes);
+  if (size <= config_.small_size) return kMinBlockSize - 1;
+  if (!vmm_ && config_.max_split_size != 0 && size >= config_.max_split_size)
+    return std::max(config_.oversize_slack, unit_);
+  return config_.min_split_remainder - 1;
+}
+
+// --- free, record_stream, user work ----------------------------------------------------------
+
+Address Runner::take_live(std::uint64_t pick) {
+  const std::size_t i = pick % order_.size();
+  const Address a = order_[i];
+  order_[i] = order_.back();
+  order_.pop_back();
+  return a;
+}
+
+void Runner::free_op(std::uint64_t pick) {
+  if (order_.empty()) return;
+  const Address a = take_live(pick);
+  const LiveBlock b = live_.at(a);
+  // The user's work on every stream that used the block precedes the free: mark it first.
+  Guard guard{a + b.bytes, {}};
+  for (const Stream s : b.users) guard.by.push_back({s, mark(s, false)});
+  alloc_->deallocate(reinterpret_cast<void*>(a));  // never throws here: any exception fails
+  ++free_calls_;
+  live_.erase(a);
+  extents_.erase(a);
+  requested_ -= b.bytes;
+  rounded_ -= round_size(b.bytes);
+  waste_ -= waste_bound(b.bytes);
+  auto next = guards_.lower_bound(a);
+  TP_EXPECT(next == guards_.end() || next->first >= guard.end, "model", "guards overlap at " << hex(a));
+  if (next != guards_.begin())
+    TP_EXPECT(std::prev(next)->second.end <= a, "model", "guards overlap at " << hex(a));
+  guards_.emplace(a, std::move(guard));
+  if (freed_.size() < 64) freed_.push_back(a);
+  else freed_[free_calls_ % 64] = a;
+}
+
+void Runner::record_op(const Op& op) {
+  if (order_.empty()) return;
+  const Address a = order_[op.value % order_.size()];
+  const Stream s = stream_of(op);
+  alloc_->record_stream(reinterpret_cast<void*>(a), s);
+  auto& users = live_.at(a).users;
+  if (std::find(users.begin(), users.end(), s) == users.end()) users.push_back(s);
+}
+
+void Runner::kernel_op(Stream s) { mark(s, true); }
+
+void Runner::complete_event_op(const Op& op) {
+  const auto& q = markers_[stream_of(op)];
+  if (q.empty()) return;
+  sim_->complete_event(q[op.value % q.size()].event);
+}
+
+// A sequence number on s covering all work submitted to s so far (a new user event unless the
+// last one still covers everything, or `fresh` asks for new work).
+std::uint64_t Runner::mark(Stream s, bool fresh) {
+  auto& q = markers_[s];
+  if (!fresh && !q.empty() && q.back().seq == dev_->submitted(s)) return q.back().seq;
+  const Event e = marker_event();
+  dev_->record_event(e, s);
+  q.push_back({dev_->submitted(s), e});
+  return q.back().seq;
+}
+
+Event Runner::marker_event() {
+  if (marker_pool_.empty()) collect_guards();
+  if (marker_pool_.empty()) {  // every marker outstanding: let the device finish its work
+    sim_->complete_all();
+    collect_guards();
+  }
+  const Event e = marker_pool_.back();
+  marker_pool_.pop_back();
+  return e;
+}
+
+// True once stream s has completed its work through `seq` (markers complete in stream order).
+bool Runner::done(Stream s, std::uint64_t seq) {
+  auto& q = markers_[s];
+  while (!q.empty() && sim_->query_event(q.front().event)) {
+    completed_[s] = std::max(completed_[s], q.front().seq);
+    marker_pool_.push_back(q.front().event);
+    q.pop_front();
+  }
+  return completed_[s] >= seq;
+}
+
+// Removes [a, b) from the guarded ranges (the new block's lifetime guards it from now on: any
+// stream that reuses it later is ordered after this one, hence after what this one waited for).
+void Runner::trim_guards(Address a, Address b) {
+  auto it = guards_.upper_bound(a);
+  if (it != guards_.begin() && std::prev(it)->second.end > a) --it;
+  while (it != guards_.end() && it->first < b) {
+    const Address start = it->first;
+    Guard g = it->second;
+    it = guards_.erase(it);
+    if (start < a) guards_.emplace(start, Guard{a, g.by});
+    if (g.end > b) guards_.emplace(b, Guard{g.end, g.by});
+  }
+}
+
+// Drops guards whose protections have all completed; recycles completed markers.
+void Runner::collect_guards() {
+  for (std::size_t s = 0; s < kMaxStreams; ++s) done(static_cast<Stream>(s), 0);
+  std::erase_if(guards_, [&](const auto& entry) {
+    for (const Protection& p : entry.second.by)
+      if (!done(p.stream, p.seq)) return false;
+    return true;
+  });
+}
+
+// Memory leaving the allocator: no live block may lie in it, and (vmm) pages are unmapped only
+// after every stream that used them is done (unmapping is not stream-ordered, unlike freeing a
+// fixed segment, which the driver orders after all work).
+void Runner::check_release(Address a, std::size_t bytes, bool unmap) {
+  auto it = extents_.lower_bound(a);
+  TP_EXPECT(it == extents_.end() || it->first >= a + bytes, "release-live",
+            (unmap ? "unmap" : "free_segment") << " of [" << hex(a) << ", +" << bytes
+                                               << ") while block " << hex(it->first) << " is live");
+  if (it != extents_.begin())
+    TP_EXPECT(std::prev(it)->second <= a, "release-live",
+              "release of " << hex(a) << " while block " << hex(std::prev(it)->first) << " is live");
+  if (!unmap) return;
+  auto g = guards_.upper_bound(a);
+  if (g != guards_.begin() && std::prev(g)->second.end > a) --g;
+  for (; g != guards_.end() && g->first < a + bytes; ++g)
+    for (const Protection& p : g->second.by)
+      TP_EXPECT(done(p.stream, p.seq), "unmap-in-use",
+                "unmap of [" << hex(a) << ", +" << bytes << ") while stream " << p.stream
+                             << " has incomplete work on freed range " << hex(g->first));
+}
+
+// --- faults and misuse -----------------------------------------------------------------------
+
+void Runner::fault_op(const Op& op) {
+  const auto site = static_cast<FaultSite>(op.arg % kNumFaultSites);
+  const std::uint64_t n = std::max<std::uint64_t>(op.value, 1);
+  sim_->fail_nth(site, n);
+  fire_at_[static_cast<std::size_t>(op.arg % kNumFaultSites)] = dev_->calls(site) + n;
+}
+
+bool Runner::fired_since(FaultSite site, std::uint64_t calls_before) const {
+  const std::uint64_t at = fire_at_[static_cast<std::size_t>(site)];
+  return at != 0 && at > calls_before && at <= dev_->calls(site);
+}
+
+// Mirrors the device's countdowns: a fault that fired is disarmed.
+void Runner::update_fault_mirror() {
+  for (int s = 0; s < kNumFaultSites; ++s) {
+    auto& at = fire_at_[static_cast<std::size_t>(s)];
+    if (at != 0 && dev_->calls(static_cast<FaultSite>(s)) >= at) at = 0;
+  }
+}
+
+void Runner::expect_usage_error(const std::function<void()>& misuse, const char* what) {
+  const Stats before = alloc_->stats();
+  bool thrown = false;
+  try {
+    misuse();
+  } catch (const UsageError&) {
+    thrown = true;
+  }
+  TP_EXPECT(thrown, "usage-error", what << " did not throw UsageError");
+  TP_EXPECT(same_totals(before, alloc_->stats()), "usage-error", what << " changed the statistics");
+  ++figures_.usage_errors;
+}
+
+void Runner::misuse_op(const Op& op) {
+  const Address foreign = 0x1000 + (op.value % 4096) * kMinBlockSize;
+  Address freed = 0;
+  if (!freed_.empty()) freed = freed_[op.value % freed_.size()];
+  if (freed != 0 && live_.count(freed) != 0) freed = 0;  // reused since: not a misuse
+  switch (op.arg % 6) {
+    case 0:
+      if (freed == 0) break;
+      return expect_usage_error([&] { alloc_->deallocate(reinterpret_cast<void*>(freed)); }, "double free");
+    case 1:
+      if (order_.empty()) break;
+      {
+        const Address a = order_[op.value % order_.size()];
+        const std::size_t bytes = live_.at(a).bytes;
+        if (bytes < 2) break;
+        const Address inner = a + 1 + (op.value >> 8) % (bytes - 1);
+        return expect_usage_error([&] { alloc_->deallocate(reinterpret_cast<void*>(inner)); },
+                                  "free of an interior pointer");
+      }
+    case 2:
+      if (freed == 0) break;
+      return expect_usage_error(
+          [&] { alloc_->record_stream(reinterpret_cast<void*>(freed), streams_[0]); },
+          "record_stream of a freed pointer");
+    case 3:
+      return expect_usage_error([&] { alloc_->record_stream(nullptr, streams_[0]); },
+                                "record_stream(nullptr)");
+    case 4: {
+      const Stats before = alloc_->stats();
+      alloc_->deallocate(nullptr);  // documented as ignored
+      TP_EXPECT(same_totals(before, alloc_->stats()), "usage-error", "deallocate(nullptr) changed stats");
+      return;
+    }
+    default: break;
+  }
+  expect_usage_error([&] { alloc_->deallocate(reinterpret_cast<void*>(foreign)); }, "free of a foreign pointer");
+}
+
+// --- drains and teardown ---------------------------------------------------------------------
+
+// Free everything, complete all work, empty_cache(): nothing may remain reserved (vmm keeps up
+// to vmm_reserve per pool mapped on purpose).
+void Runner::drain() {
+  for (int s = 0; s < kNumFaultSites; ++s) sim_->fail_nth(static_cast<FaultSite>(s), 0);
+  fire_at_ = {};
+  sim_->fail_allocations_above(0);
+  while (!order_.empty()) free_op(0);
+  sim_->complete_all();
+  alloc_->empty_cache();
+  const MemoryUsage u = alloc_->usage();
+  TP_EXPECT(u.allocated == 0 && u.requested == 0 && u.active == 0, "drain",
+            "after freeing everything: allocated " << u.allocated << ", requested " << u.requested
+                                                   << ", active " << u.active);
+  const std::size_t kept = vmm_ ? 2 * config_.vmm_reserve : 0;
+  TP_EXPECT(u.reserved <= kept, "drain", "after drain and empty_cache, " << u.reserved << " bytes still reserved");
+  TP_EXPECT(sim_->used_bytes() == u.reserved, "drain",
+            "device uses " << sim_->used_bytes() << " bytes, allocator reserves " << u.reserved);
+  collect_guards();
+  ++figures_.drains;
+}
+
+void Runner::teardown() {
+  drain();
+  check_state();
+  const Stats s = alloc_->stats();
+  figures_.faults_injected = sim_->counters().faults_injected;
+  figures_.upstream_allocs = s.upstream_allocs;
+  figures_.stream_waits = s.stream_waits;
+  figures_.syncs = s.syncs;
+  for (int i = 0; i < kNumFaultSites; ++i)
+    figures_.site_calls[static_cast<std::size_t>(i)] = dev_->calls(static_cast<FaultSite>(i));
+  dev_->before_release = nullptr;  // the destructor releases everything, by design
+  alloc_.reset();
+  const DeviceCounters c = sim_->counters();
+  TP_EXPECT(sim_->used_bytes() == 0 && sim_->mapped_bytes() == 0, "teardown",
+            "after destruction the device still has " << sim_->used_bytes() << " bytes used, "
+                                                      << sim_->mapped_bytes() << " mapped");
+  TP_EXPECT(c.segment_allocs == c.segment_frees && c.physical_creates == c.physical_releases &&
+                c.address_reserves == c.address_releases,
+            "teardown", "unbalanced upstream calls after destruction");
+}
+
+// --- after every step --------------------------------------------------------------------------
+
+void Runner::check_state() {
+  alloc_->check_invariants();
+  const Stats s = alloc_->stats();
+  const MemoryUsage u = alloc_->usage();
+  const auto cur = [&](Metric m) { return static_cast<std::size_t>(s.total[m].current); };
+  TP_EXPECT(cur(Metric::requested_bytes) == requested_, "stats",
+            "requested_bytes " << cur(Metric::requested_bytes) << " != model " << requested_);
+  TP_EXPECT(cur(Metric::allocations) == live_.size(), "stats",
+            "allocations " << cur(Metric::allocations) << " != live blocks " << live_.size());
+  const std::size_t allocated = cur(Metric::allocated_bytes);
+  TP_EXPECT(allocated >= rounded_ && allocated - rounded_ <= waste_, "stats",
+            "allocated_bytes " << allocated << " outside [" << rounded_ << ", " << rounded_ + waste_ << "]");
+  TP_EXPECT(cur(Metric::active_bytes) >= allocated && cur(Metric::active_blocks) >= live_.size(), "stats",
+            "active below allocated");
+  TP_EXPECT(u.reserved == cur(Metric::reserved_bytes) && u.allocated == allocated &&
+                u.requested == requested_ && u.active == cur(Metric::active_bytes),
+            "stats", "usage() disagrees with stats()");
+  TP_EXPECT(u.reserved == sim_->used_bytes(), "stats",
+            "reserved " << u.reserved << " != device used bytes " << sim_->used_bytes());
+  TP_EXPECT(u.reserved >= allocated, "stats", "reserved below allocated");
+  TP_EXPECT(s.alloc_calls == alloc_calls_ && s.free_calls == free_calls_ && s.ooms == ooms_, "stats",
+            "counters: alloc_calls " << s.alloc_calls << "/" << alloc_calls_ << ", free_calls "
+                                     << s.free_calls << "/" << free_calls_ << ", ooms " << s.ooms << "/" << ooms_);
+  const DeviceCounters c = sim_->counters();
+  TP_EXPECT(c.segment_allocs + c.physical_creates == s.upstream_allocs &&
+                c.segment_frees + c.physical_releases == s.upstream_frees,
+            "stats", "upstream counters disagree with the device's");
+  if (u.reserved > last_reserved_ && limit_ != 0)
+    TP_EXPECT(u.reserved <= limit_, "limit", "reserved grew to " << u.reserved << " above the limit " << limit_);
+  last_reserved_ = u.reserved;
+}
+
+}  // namespace
+
+std::optional<Failure> run(const RunOptions& options, const std::vector<Op>& ops, RunFigures* figures) {
+  Runner runner(options);
+  auto failure = runner.execute(ops);
+  if (figures != nullptr) *figures += runner.figures();
+  return failure;
+}
+
+// --- shrinking ---------------------------------------------------------------------------------
+
+std::vector<Op> ddmin(std::vector<Op> ops, const std::function<bool(const std::vector<Op>&)>& fails,
+                      std::size_t max_tests) {
+  std::size_t n = 2;
+  std::size_t tests = 0;
+  while (ops.size() >= 2 && tests < max_tests) {
+    const std::size_t chunk = (ops.size() + n - 1) / n;
+    bool reduced = false;
+    for (std::size_t start = 0; start < ops.size() && tests < max_tests; start += chunk) {
+      std::vector<Op> candidate(ops.begin(), ops.begin() + static_cast<std::ptrdiff_t>(start));
+      const std::size_t stop = std::min(ops.size(), start + chunk);
+      candidate.insert(candidate.end(), ops.begin() + static_cast<std::ptrdiff_t>(stop), ops.end());
+      ++tests;
+      if (fails(candidate)) {  // the complement still fails: drop the chunk
+        ops = std::move(candidate);
+        n = std::max<std::size_t>(n - 1, 2);
+        reduced = true;
+        break;
+      }
+    }
+    if (reduced) continue;
+    if (n >= ops.size()) break;  // every single op is needed: 1-minimal
+    n = std::min(n * 2, ops.size());
+  }
+  return ops;
+}
+
+std::vector<Op> shrink(const RunOptions& options, const std::vector<Op>& ops, const Failure& failure,
+                       std::size_t max_tests) {
+  // Operations after the failing one cannot matter (unless the failure is in the teardown).
+  std::vector<Op> prefix(ops.begin(), ops.begin() + static_cast<std::ptrdiff_t>(std::min(ops.size(), failure.step + 1)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  auto fails = [&](const std::vector<Op>& candidate) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    const auto f = run(options, candidate);
+    return f.has_value() && f->check == failure.check;
+  };
+  return ddmin(std::move(prefix), fails, max_tests);
+}
+
+std::string report(std::uint64_t seed, const RunOptions& options, const Failure& failure,
+                   const std::vector<Op>& shrunk) {
+  std::ostringstream os;
+  os << "differential test failed: seed " << seed << ", config \"" << options.config << "\"\n"
+     << "  at op " << failure.step << ": [" << failure.check << "] " << failure.message << "\n"
+     << "  shrunk to " << shrunk.size() << " ops (replay with run(options, ops)):\n";
+  for (const Op& op : shrunk) os << "    " << to_cpp(op) << ",  // " << describe(op) << "\n";
+  if (const auto f = run(options, shrunk)) os << "  shrunk run fails at op " << f->step << ": " << f->message << "\n";
+  return os.str();
+}
+
+}  // namespace tensorpool::reliability

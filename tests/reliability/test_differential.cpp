@@ -1,0 +1,148 @@
+// The differential test: long seeded random operation lists run against tensorpool (fixed and
+// vmm modes, several configurations) and judged step by step by the reference model of
+// differential.cpp. About 1M operations in all in the default build; on a failure the report
+// gives the seed and the delta-debugged (shrunk) operation list.
+//
+// Environment: TENSORPOOL_DIFF_SEED=N runs only seed N of each case; TENSORPOOL_DIFF_SCALE=x
+// multiplies the operations per run (default 1; 0.25 in sanitizer builds, which are ~5x slower).
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "reliability/differential.hpp"
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+using namespace tensorpool::reliability;
+
+namespace {
+
+// The allocator warns on every injected event fault (the tests check them instead). Set before
+// main(): the library reads the level once, on its first log call. A user's setting wins.
+[[maybe_unused]] const int quiet_logs = setenv("TENSORPOOL_LOG_LEVEL", "error", 0);
+
+#ifdef TENSORPOOL_SANITIZED
+constexpr double kDefaultScale = 0.25;
+#else
+constexpr double kDefaultScale = 1.0;
+#endif
+
+double scale() {
+  const char* env = std::getenv("TENSORPOOL_DIFF_SCALE");
+  return env != nullptr ? std::atof(env) : kDefaultScale;
+}
+
+// The allocator warns on every injected event fault; the model checks them instead.
+
+struct Case {
+  const char* name;
+  const char* config;
+  bool vmm;
+  std::uint64_t first_seed;
+  int runs;
+  std::size_t ops_per_run;
+};
+
+void run_case(const Case& c) {
+  const RunOptions options{c.config};
+  const Profile profile{c.vmm, true, options.streams, options.capacity};
+  const auto ops_per_run = static_cast<std::size_t>(static_cast<double>(c.ops_per_run) * scale());
+  std::uint64_t first = c.first_seed;
+  int runs = c.runs;
+  if (const char* env = std::getenv("TENSORPOOL_DIFF_SEED")) {
+    first = std::strtoull(env, nullptr, 10);
+    runs = 1;
+  }
+  RunFigures total;
+  for (int i = 0; i < runs; ++i) {
+    const std::uint64_t seed = first + static_cast<std::uint64_t>(i);
+    const auto ops = generate(seed, ops_per_run, profile);
+    RunFigures figures;
+    const auto failure = run(options, ops, &figures);
+    if (failure) FAIL(report(seed, options, *failure, shrink(options, ops, *failure)));
+    total += figures;
+  }
+  std::printf("differential [%s] %s: %d runs, %llu ops, %llu faults injected, %llu OOMs, "
+              "%llu DeviceErrors, %llu UsageErrors, %llu drains, %llu upstream allocs, "
+              "%llu stream waits, %llu syncs\n",
+              c.name, c.config, runs, static_cast<unsigned long long>(total.ops),
+              static_cast<unsigned long long>(total.faults_injected),
+              static_cast<unsigned long long>(total.ooms), static_cast<unsigned long long>(total.device_errors),
+              static_cast<unsigned long long>(total.usage_errors), static_cast<unsigned long long>(total.drains),
+              static_cast<unsigned long long>(total.upstream_allocs),
+              static_cast<unsigned long long>(total.stream_waits), static_cast<unsigned long long>(total.syncs));
+  // The runs must exercise the paths under test.
+  CHECK(total.ooms > 0);
+  CHECK(total.faults_injected > 0);
+  CHECK(total.usage_errors > 0);
+  CHECK(total.drains > static_cast<std::uint64_t>(runs));
+}
+
+}  // namespace
+
+TEST_CASE("differential: fixed mode, 1 GiB limit", "[differential]") {
+  run_case({"fixed", "memory_limit:1GiB", false, 1000, 8, 25000});
+}
+
+TEST_CASE("differential: fixed mode, oversize blocks, no cross-stream reuse", "[differential]") {
+  run_case({"fixed", "max_split_size:64MiB,oversize_slack:8MiB,memory_limit:1536MiB,cross_stream_reuse:false",
+            false, 2000, 6, 25000});
+}
+
+TEST_CASE("differential: fixed mode, small segments, large split remainder, no limit", "[differential]") {
+  run_case({"fixed", "min_split_remainder:1MiB,large_segment_size:8MiB,small_segment_size:4MiB,small_size:512KiB",
+            false, 3000, 6, 25000});
+}
+
+TEST_CASE("differential: vmm mode, defaults", "[differential]") {
+  run_case({"vmm", "mode:vmm", true, 4000, 8, 25000});
+}
+
+TEST_CASE("differential: vmm mode, small growth steps, 1 GiB limit", "[differential]") {
+  run_case({"vmm", "mode:vmm,vmm_max_growth:32MiB,memory_limit:1GiB", true, 5000, 6, 25000});
+}
+
+TEST_CASE("differential: vmm mode, reserve kept mapped, no cross-stream reuse", "[differential]") {
+  run_case({"vmm", "mode:vmm,vmm_reserve:64MiB,cross_stream_reuse:false", true, 6000, 6, 25000});
+}
+
+// --- the test of the test --------------------------------------------------------------------
+
+TEST_CASE("differential: ddmin finds a 1-minimal failing sub-list", "[differential][shrink]") {
+  // Fails when the list holds an alloc of 7 and, later, a free: ddmin must keep exactly those.
+  std::vector<Op> ops;
+  for (int i = 0; i < 500; ++i) ops.push_back({OpKind::kernel, 0, 0, static_cast<std::uint64_t>(i)});
+  ops[123] = {OpKind::alloc, 0, 0, 7};
+  ops[321] = {OpKind::free, 0, 0, 0};
+  const auto fails = [](const std::vector<Op>& l) {
+    bool seen_alloc = false;
+    for (const Op& op : l) {
+      if (op.kind == OpKind::alloc && op.value == 7) seen_alloc = true;
+      if (op.kind == OpKind::free && seen_alloc) return true;
+    }
+    return false;
+  };
+  const auto min = ddmin(ops, fails, 10000);
+  REQUIRE(min.size() == 2);
+  CHECK(min[0].kind == OpKind::alloc);
+  CHECK(min[1].kind == OpKind::free);
+}
+
+TEST_CASE("differential: a model violation is reported and shrunk to a few ops", "[differential][shrink]") {
+  // The sabotaged model forbids a stream to reuse its own freed block while its work is pending,
+  // which the allocator rightly does: the run must fail, and shrink to alloc, free, alloc.
+  RunOptions options{"memory_limit:1GiB"};
+  options.sabotage_same_stream = true;
+  const auto ops = generate(42, 5000, Profile{false, true, options.streams, options.capacity});
+  const auto failure = run(options, ops);
+  REQUIRE(failure.has_value());
+  CHECK(failure->check == "stream-order");
+  const auto shrunk = shrink(options, ops, *failure);
+  INFO(report(42, options, *failure, shrunk));
+  CHECK(shrunk.size() <= 4);
+  const auto again = run(options, shrunk);
+  REQUIRE(again.has_value());
+  CHECK(again->check == "stream-order");
+}

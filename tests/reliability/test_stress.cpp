@@ -1,0 +1,198 @@
+// Multi-threaded stress test of one allocator: worker threads allocate, free (their own blocks
+// and blocks handed over by other threads), call record_stream and read statistics, while one
+// more thread completes stream work on the simulated device and injects upstream faults. Both
+// modes. A shared registry (its own mutex) checks that live blocks never overlap; at the end
+// everything is freed and nothing may remain reserved. Labelled `stress`: brief in the normal
+// suite, the test the tsan preset runs (make test-tsan) to look for data races.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+
+namespace {
+
+// The allocator warns on every injected event fault (the tests check them instead). Set before
+// main(): the library reads the level once, on its first log call. A user's setting wins.
+[[maybe_unused]] const int quiet_logs = setenv("TENSORPOOL_LOG_LEVEL", "error", 0);
+
+constexpr int kWorkers = 4;
+constexpr int kOpsPerWorker = 20000;
+
+struct Held {
+  void* ptr;
+  std::size_t bytes;
+};
+
+// Live blocks of every thread: overlapping blocks would mean two threads own the same memory.
+class Registry {
+ public:
+  bool add(void* p, std::size_t bytes) {
+    const auto a = reinterpret_cast<Address>(p);
+    std::lock_guard lock(mutex_);
+    auto next = live_.lower_bound(a);
+    if (next != live_.end() && next->first < a + bytes) return false;
+    if (next != live_.begin() && std::prev(next)->second > a) return false;
+    live_.emplace(a, a + bytes);
+    return true;
+  }
+  void remove(void* p) {
+    std::lock_guard lock(mutex_);
+    live_.erase(reinterpret_cast<Address>(p));
+  }
+  // Blocks handed from one thread to another (freed by the receiver).
+  void hand_over(Held h) {
+    std::lock_guard lock(mutex_);
+    handed_.push_back(h);
+  }
+  bool take_handed(Held& out) {
+    std::lock_guard lock(mutex_);
+    if (handed_.empty()) return false;
+    out = handed_.back();
+    handed_.pop_back();
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Address, Address> live_;
+  std::vector<Held> handed_;
+};
+
+struct Shared {
+  std::shared_ptr<SimulatedDevice> sim;
+  std::unique_ptr<Allocator> alloc;
+  std::vector<Stream> streams;
+  Registry registry;
+  std::atomic<bool> failed{false};
+  std::atomic<std::uint64_t> ooms{0};
+  std::atomic<std::uint64_t> ops{0};
+  std::mutex message_mutex;
+  std::string message;
+
+  void fail(const std::string& what) {
+    std::lock_guard lock(message_mutex);
+    if (!failed.exchange(true)) message = what;
+  }
+};
+
+std::size_t stress_size(std::mt19937_64& rng) {
+  const auto r = rng() % 100;
+  if (r < 70) return 1 + rng() % (512 * KiB);
+  if (r < 95) return 512 * KiB + rng() % (8 * MiB);
+  return 8 * MiB + rng() % (48 * MiB);
+}
+
+void release(Shared& s, const Held& h) {
+  s.registry.remove(h.ptr);  // before the free: the block may be handed out again at once
+  s.alloc->deallocate(h.ptr);
+}
+
+void worker_step(Shared& s, std::mt19937_64& rng, std::vector<Held>& mine) {
+  const auto r = rng() % 100;
+  const Stream stream = s.streams[rng() % s.streams.size()];
+  if (r < 45 || mine.empty()) {
+    const std::size_t bytes = stress_size(rng);
+    try {
+      void* p = s.alloc->allocate(bytes, stream);
+      if (!s.registry.add(p, bytes)) s.fail("overlapping blocks at " + std::to_string(reinterpret_cast<Address>(p)));
+      mine.push_back({p, bytes});
+    } catch (const OutOfMemoryError&) {
+      ++s.ooms;
+    }
+  } else if (r < 80) {
+    const std::size_t i = rng() % mine.size();
+    release(s, mine[i]);
+    mine[i] = mine.back();
+    mine.pop_back();
+  } else if (r < 88) {
+    s.alloc->record_stream(mine[rng() % mine.size()].ptr, stream);
+  } else if (r < 93) {
+    const std::size_t i = rng() % mine.size();
+    s.registry.hand_over(mine[i]);
+    mine[i] = mine.back();
+    mine.pop_back();
+  } else if (r < 97) {
+    Held h;
+    if (s.registry.take_handed(h)) release(s, h);
+  } else if (r < 98) {
+    s.alloc->empty_cache();
+  } else {
+    const Stats st = s.alloc->stats();
+    if (st.total[Metric::reserved_bytes].current < st.total[Metric::allocated_bytes].current)
+      s.fail("reserved below allocated");
+    (void)s.alloc->fragmentation();
+  }
+}
+
+void worker(Shared& s, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Held> mine;
+  try {
+    for (int i = 0; i < kOpsPerWorker && !s.failed; ++i) {
+      worker_step(s, rng, mine);
+      ++s.ops;
+    }
+    for (const Held& h : mine) release(s, h);
+  } catch (const std::exception& e) {
+    s.fail(std::string("worker: ") + e.what());
+  }
+}
+
+// Completes stream work in random order and now and then fails an upstream allocation (an
+// OutOfMemoryError for the worker that meets it) until the workers are done.
+void device_thread(Shared& s, const std::atomic<bool>& stop, bool vmm) {
+  std::mt19937_64 rng(7);
+  while (!stop) {
+    const auto r = rng() % 100;
+    if (r < 70) s.sim->complete_stream(s.streams[rng() % s.streams.size()]);
+    else if (r < 75) s.sim->complete_all();
+    else if (r < 78) s.sim->fail_nth(vmm ? FaultSite::physical_create : FaultSite::segment_alloc, 1 + rng() % 8);
+    else if (r < 80) s.alloc->check_invariants();
+    std::this_thread::yield();
+  }
+}
+
+void stress(const char* config) {
+  Shared s;
+  s.sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * GiB});
+  const Config c = Config::parse(config);
+  s.alloc = std::make_unique<Allocator>(s.sim, c);
+  s.streams = {kDefaultStream, s.sim->create_stream(), s.sim->create_stream(), s.sim->create_stream()};
+  std::atomic<bool> stop{false};
+  std::thread device([&] { device_thread(s, stop, c.mode == Mode::vmm); });
+  std::vector<std::thread> workers;
+  for (int i = 0; i < kWorkers; ++i) workers.emplace_back([&s, i] { worker(s, 100 + static_cast<std::uint64_t>(i)); });
+  for (auto& t : workers) t.join();
+  stop = true;
+  device.join();
+  Held h;
+  while (s.registry.take_handed(h)) release(s, h);
+  INFO(s.message);
+  REQUIRE_FALSE(s.failed);
+  s.sim->fail_nth(c.mode == Mode::vmm ? FaultSite::physical_create : FaultSite::segment_alloc, 0);
+  s.sim->complete_all();
+  s.alloc->empty_cache();
+  s.alloc->check_invariants();
+  CHECK(s.alloc->usage().allocated == 0);
+  CHECK(s.alloc->usage().reserved == 0);
+  CHECK(s.sim->used_bytes() == 0);
+  std::printf("stress [%s]: %d workers, %llu ops, %llu OOMs\n", config, kWorkers,
+              static_cast<unsigned long long>(s.ops.load()), static_cast<unsigned long long>(s.ooms.load()));
+}
+
+}  // namespace
+
+TEST_CASE("stress: threads on one allocator, fixed mode", "[stress]") { stress("memory_limit:2GiB"); }
+
+TEST_CASE("stress: threads on one allocator, vmm mode", "[stress]") { stress("mode:vmm,memory_limit:2GiB"); }
