@@ -25,8 +25,45 @@ test: build
 
 bench: deps
 	@cmake --preset release >/dev/null
-	@cmake --build build-release -j $(JOBS) --target tensorpool_bench
+	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay
 	@build-release/bench/tensorpool_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+	@build-release/bench/tensorpool_bench_replay --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 clean:
 	@rm -rf build build-*
+
+# --- reliability (docs/reliability.md): sanitizers and fuzzing ------------------------------
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := pickle pytorch_snapshot trace rmm_log config
+
+.PHONY: test-asan test-tsan fuzz
+
+# Every test under AddressSanitizer + UndefinedBehaviorSanitizer (preset asan, build-asan).
+test-asan: deps
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+	@ctest --preset asan -j $(JOBS)
+
+# The multi-threaded stress test under ThreadSanitizer (preset tsan, build-tsan). setarch -R:
+# the TSan runtime of this toolchain cannot map its shadow under full address randomization.
+test-tsan: deps
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+	@setarch "$$(uname -m)" -R ctest --preset tsan
+
+# Builds the libFuzzer targets with clang (preset fuzz, build-fuzz) and runs each for
+# FUZZ_SECONDS from its seed corpus (fuzz/corpus/TARGET); new inputs go to fuzz-corpus-TARGET/,
+# crashes to fuzz-corpus-crashes/, logs to fuzz-corpus-logs/. Fails on the first crash.
+fuzz: deps
+	@command -v clang++ >/dev/null || { echo "make fuzz: needs clang++ and libclang-rt-14-dev"; exit 1; }
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+	@mkdir -p fuzz-corpus-crashes fuzz-corpus-logs
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz-corpus-$$t; \
+	  build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=8192 \
+	    -print_final_stats=1 -artifact_prefix=fuzz-corpus-crashes/$$t- \
+	    fuzz-corpus-$$t fuzz/corpus/$$t > fuzz-corpus-logs/$$t.log 2>&1 \
+	    || { tail -n 60 fuzz-corpus-logs/$$t.log; echo "fuzz_$$t: CRASH (input in fuzz-corpus-crashes/)"; exit 1; }; \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s, $$(grep -o 'stat::number_of_executed_units: [0-9]*' fuzz-corpus-logs/$$t.log | grep -o '[0-9]*$$') executions, no crash"; \
+	done

@@ -149,7 +149,7 @@ std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOption
     ro.allocator = name;
     ro.device = o.device;
     ro.target.capacity = o.capacity;
-    ro.target.conf = name == "tensorpool" ? o.conf : "";
+    ro.target.conf = name.rfind("tensorpool", 0) == 0 ? o.conf : "";  // --conf is tensorpool's
     reports.push_back(replay::replay(source, ro));
   }
   return reports;

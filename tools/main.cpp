@@ -66,13 +66,14 @@ int main(int argc, char** argv) {
   auto add_run_options = [&](CLI::App* cmd) {
     cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
     cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
-    cmd->add_option("--conf", conf, "tensorpool settings, TENSORPOOL_CONF syntax (key:value,...)");
+    cmd->add_option("--conf", conf, "tensorpool settings, TENSORPOOL_CONF syntax (key:value,...); "
+                                    "applies to tensorpool and tensorpool-vmm");
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_flag("--json", json, "Machine-readable output");
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
   add_run_options(replay_cmd);
-  replay_cmd->add_option("--allocator", allocator, "tensorpool, pytorch, cub or raw (default tensorpool)");
+  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, cub or raw (default tensorpool)");
 
   auto* compare = app.add_subcommand("compare", "Replay a trace against several allocators, side by side");
   add_run_options(compare);

@@ -27,7 +27,7 @@
 //   vmm_reserve          0         vmm: free physical memory kept idle; beyond it, free pages are
 //                                  remapped where they are needed instead of creating new ones,
 //                                  and empty_cache() keeps this much mapped
-//   vmm_max_growth       256MiB    vmm: the large pool maps at least 1/64 of what it holds when it
+//   vmm_max_growth       256MiB    vmm: the large pool maps at least 1/128 of what it holds when it
 //                                  grows (fewer calls), but never more than this ahead of need
 #pragma once
 

@@ -73,13 +73,13 @@ std::pair<Block*, std::size_t> Allocator::Impl::place(const Segment& heap, std::
   return {nullptr, 0};
 }
 
-// The least memory a growth maps: a 64th of what the pool holds, between one page and
+// The least memory a growth maps: a 128th of what the pool holds, between one page and
 // vmm_max_growth; the small pool grows a page at a time. Growing in steps keeps upstream calls
-// few while bounding the memory mapped ahead of need at any peak to 1/64 (or vmm_max_growth).
+// few while bounding the memory mapped ahead of need at any peak to 1/128 (or vmm_max_growth).
 std::size_t Allocator::Impl::growth_step(Pool pool) const noexcept {
   if (pool == Pool::small) return page_;
   const auto held = static_cast<std::size_t>(pool_stats_[static_cast<int>(pool)][Metric::reserved_bytes].current);
-  return round_up(std::clamp(held / 64, page_, std::max(page_, config_.vmm_max_growth)), page_);
+  return round_up(std::clamp(held / 128, page_, std::max(page_, config_.vmm_max_growth)), page_);
 }
 
 Block* Allocator::Impl::grow_heap(StreamState& ss, Pool pool, std::size_t size) {

@@ -3,7 +3,8 @@
 // discussions and memory snapshots describe it. The model decides what PyTorch would do; its
 // segment calls go to a SimulatedDevice of its own, whose counters are the target's upstream calls.
 //
-// The rules modelled:
+// The rules modelled (constants, rounding, pools and settings shared with "pytorch-expandable"
+// live in pytorch_rules.hpp):
 //  - Request sizes are rounded up to a multiple of 512 B (at least 512 B); with
 //    roundup_power2_divisions:N, sizes above N * 512 B are rounded up to the next of N equal
 //    divisions between two powers of two.
@@ -31,7 +32,8 @@
 //    segments) or, through seed_alloc(), at the very offset they had
 //    in the recording, free gaps included.
 //
-// Not modelled: expandable segments (a seed flagged kFlagExpandable is adopted as a plain segment),
+// Not modelled: expandable segments (a seed flagged kFlagExpandable is adopted as a plain segment;
+// the "pytorch-expandable" target models that mode, pytorch_expandable_model.cpp),
 // garbage_collection_threshold, the per-process memory fraction, CUDA graph private pools, and
 // the placement of new segments in the address space (the simulated device hands out ascending
 // addresses, which only matters for ties between free blocks of equal size).
@@ -43,7 +45,6 @@
 //  - address neighbours (prev/next) are never both free after free_block(): they were merged.
 
 #include <algorithm>
-#include <bit>
 #include <map>
 #include <memory>
 #include <set>
@@ -53,6 +54,7 @@
 
 #include "replay/model_support.hpp"
 #include "replay/models.hpp"
+#include "replay/pytorch_rules.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/simulated_device.hpp"
 
@@ -65,45 +67,13 @@ using model::round_up;
 
 constexpr const char* kName = "pytorch";
 
-// PyTorch's constants (documented in its CUDA semantics notes and visible in every snapshot).
-constexpr std::size_t kMinBlockSize = 512;        // every block size is a multiple of this
-constexpr std::size_t kSmallSize = 1 * MiB;       // rounded requests <= this use the small pool
-constexpr std::size_t kSmallBuffer = 2 * MiB;     // the size of every small-pool segment
-constexpr std::size_t kLargeBuffer = 20 * MiB;    // the segment of a large request < kMinLargeAlloc
-constexpr std::size_t kMinLargeAlloc = 10 * MiB;  // from here a segment is the request, rounded
-constexpr std::size_t kRoundLarge = 2 * MiB;      // ... up to this
-
-struct Settings {
-  std::size_t max_split_size = kUnlimited;  // blocks >= this are never split ("oversize")
-  std::size_t divisions = 0;                // roundup_power2_divisions; 0 or 1: off
-};
-
-Settings parse_settings(const std::string& conf) {
-  Settings s;
-  for (const model::ConfEntry& e : model::parse_conf(conf, kName)) {
-    if (e.key == "max_split_size") {
-      s.max_split_size = model::conf_size(kName, e, true);
-    } else if (e.key == "max_split_size_mb") {
-      s.max_split_size = static_cast<std::size_t>(model::conf_uint(kName, e, 1ULL << 40)) * MiB;
-    } else if (e.key == "roundup_power2_divisions") {
-      s.divisions = static_cast<std::size_t>(model::conf_uint(kName, e, 1ULL << 20));
-      if (s.divisions > 1 && !std::has_single_bit(s.divisions))
-        model::bad_conf_value(kName, e, "a power of two");
-    } else if (e.key == "expandable_segments") {
-      if (e.value != "false" && e.value != "False" && e.value != "0")
-        model::bad_conf_value(kName, e, "false (expandable segments are not modelled)");
-    } else {
-      model::unknown_conf_key(kName, e,
-                              "max_split_size, max_split_size_mb, roundup_power2_divisions, "
-                              "expandable_segments");
-    }
-  }
-  // PyTorch refuses max_split_size_mb <= 20: a 20 MiB segment must stay splittable.
-  if (s.max_split_size != kUnlimited && s.max_split_size <= kLargeBuffer)
-    throw ConfigError(std::string(kName) + " conf: max_split_size must be above 20 MiB, got " +
-                      std::to_string(s.max_split_size));
-  return s;
-}
+using pytorch_rules::kLargeBuffer;
+using pytorch_rules::kMinBlockSize;
+using pytorch_rules::kMinLargeAlloc;
+using pytorch_rules::kRoundLarge;
+using pytorch_rules::kSmallBuffer;
+using pytorch_rules::kSmallSize;
+using pytorch_rules::Settings;
 
 struct Block {
   Address addr = 0;
@@ -133,7 +103,8 @@ struct BySize {
 class PyTorchModel final : public ReplayTarget {
  public:
   explicit PyTorchModel(const TargetOptions& options)
-      : settings_(parse_settings(options.conf)), device_(device_options(options)) {}
+      : settings_(pytorch_rules::parse_settings(options.conf, kName, false)),
+        device_(device_options(options)) {}
 
   std::string name() const override { return kName; }
   void seed_segment(const trace::Event& seed) override;
@@ -200,15 +171,7 @@ class PyTorchModel final : public ReplayTarget {
 // --- sizes --------------------------------------------------------------------------------
 
 std::size_t PyTorchModel::round_size(std::size_t bytes) const noexcept {
-  if (bytes <= kMinBlockSize) return kMinBlockSize;
-  const std::size_t div = settings_.divisions;
-  if (div > 1 && bytes > kMinBlockSize * div) {
-    // Round to the next of `div` equal steps between the two powers of two around `bytes`.
-    const std::size_t floor = std::bit_floor(bytes);
-    if (floor == bytes) return bytes;
-    return round_up(bytes, floor / div);  // floor / div >= 512 here, a power of two
-  }
-  return round_up(bytes, kMinBlockSize);
+  return pytorch_rules::round_size(bytes, settings_.divisions);
 }
 
 std::size_t PyTorchModel::segment_size(std::size_t size) noexcept {
@@ -230,7 +193,7 @@ void* PyTorchModel::allocate(std::size_t bytes, Stream stream) {
   // Beyond any device: fail before the rounding arithmetic could overflow.
   if (bytes > device_.properties().capacity) throw_oom(bytes, bytes, stream);
   const std::size_t size = round_size(bytes);
-  const Pool pool = size <= kSmallSize ? Pool::small : Pool::large;
+  const Pool pool = pytorch_rules::pool_of(size);
   Block* b = find_free(pool, stream, size);
   if (b == nullptr) b = grow(pool, stream, size);
   if (b == nullptr) throw_oom(bytes, size, stream);
@@ -247,9 +210,7 @@ Block* PyTorchModel::find_free(Pool pool, Stream stream, std::size_t size) {
   const auto it = set.lower_bound(&key);
   if (it == set.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
-  const std::size_t max_split = settings_.max_split_size;
-  if (size < max_split && b->size >= max_split) return nullptr;  // keep oversize blocks whole
-  if (size >= max_split && b->size - size >= kLargeBuffer) return nullptr;  // too wasteful
+  if (!pytorch_rules::may_serve(b->size, size, settings_.max_split_size)) return nullptr;
   set.erase(it);
   return b;
 }

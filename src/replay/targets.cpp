@@ -12,7 +12,9 @@ using Factory = std::function<std::unique_ptr<ReplayTarget>(const TargetOptions&
 const std::vector<std::pair<std::string, Factory>>& registry() {
   static const std::vector<std::pair<std::string, Factory>> r = {
       {"tensorpool", make_tensorpool_target},
+      {"tensorpool-vmm", make_tensorpool_vmm_target},
       {"pytorch", make_pytorch_target},
+      {"pytorch-expandable", make_pytorch_expandable_target},
       {"cub", make_cub_target},
       {"raw", make_raw_target},
   };

@@ -1,4 +1,5 @@
-// tensorpool_target.cpp: the real tensorpool Allocator as a replay target.
+// tensorpool_target.cpp: the real tensorpool Allocator as a replay target ("tensorpool", and
+// "tensorpool-vmm", the same with mode:vmm preset; --conf settings apply on top).
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
 // trace stream ids are mapped to simulated streams on first use.
@@ -13,13 +14,14 @@ namespace {
 
 class TensorpoolTarget final : public ReplayTarget {
  public:
-  explicit TensorpoolTarget(const TargetOptions& o)
-      : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
+  TensorpoolTarget(const TargetOptions& o, std::string name, const std::string& preset)
+      : name_(std::move(name)),
+        device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
             .name = "sim" + std::to_string(o.device), .ordinal = o.device, .capacity = o.capacity,
             .event_mode = EventMode::immediate})),
-        alloc_(device_, Config::parse(o.conf, "--conf")) {}
+        alloc_(device_, Config::parse(preset + o.conf, "--conf")) {}
 
-  std::string name() const override { return "tensorpool"; }
+  std::string name() const override { return name_; }
   void* allocate(std::size_t bytes, Stream stream) override { return alloc_.allocate(bytes, map(stream)); }
   void deallocate(void* ptr, std::size_t, Stream) override { alloc_.deallocate(ptr); }
   void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
@@ -37,6 +39,7 @@ class TensorpoolTarget final : public ReplayTarget {
     return it->second;
   }
 
+  std::string name_;
   std::shared_ptr<SimulatedDevice> device_;
   Allocator alloc_;
   std::unordered_map<Stream, Stream> streams_;
@@ -45,7 +48,11 @@ class TensorpoolTarget final : public ReplayTarget {
 }  // namespace
 
 std::unique_ptr<ReplayTarget> make_tensorpool_target(const TargetOptions& options) {
-  return std::make_unique<TensorpoolTarget>(options);
+  return std::make_unique<TensorpoolTarget>(options, "tensorpool", "");
+}
+
+std::unique_ptr<ReplayTarget> make_tensorpool_vmm_target(const TargetOptions& options) {
+  return std::make_unique<TensorpoolTarget>(options, "tensorpool-vmm", "mode:vmm,");
 }
 
 }  // namespace tensorpool::replay

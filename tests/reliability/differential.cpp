@@ -69,6 +69,7 @@ RunFigures& RunFigures::operator+=(const RunFigures& o) {
   upstream_allocs += o.upstream_allocs;
   stream_waits += o.stream_waits;
   syncs += o.syncs;
+  vmm_growth_ooms += o.vmm_growth_ooms;
   for (std::size_t i = 0; i < site_calls.size(); ++i) site_calls[i] += o.site_calls[i];
   return *this;
 }
@@ -269,6 +270,7 @@ class Runner {
 
   Stream stream_of(const Op& op) const { return streams_[op.stream % streams_.size()]; }
   void expect_oom(std::size_t bytes, const Before& before);
+  std::size_t vmm_growth_step(std::size_t bytes) const;
   void check_new_block(Address a, std::size_t bytes, Stream t);
   void check_release(Address a, std::size_t bytes, bool unmap);
   void add_live(Address a, std::size_t bytes, Stream t);
@@ -332,6 +334,10 @@ Runner::Runner(const RunOptions& options) : options_(options) {
 
 std::optional<Failure> Runner::execute(const std::vector<Op>& ops) {
   std::size_t i = 0;
+  auto fail = [&](std::string check, std::string message) {
+    dev_->before_release = nullptr;  // the allocator's destructor must not meet a failing check
+    return Failure{i, std::move(check), std::move(message)};
+  };
   try {
     for (; i < ops.size(); ++i) {
       step(ops[i]);
@@ -342,11 +348,11 @@ std::optional<Failure> Runner::execute(const std::vector<Op>& ops) {
     }
     teardown();
   } catch (const CheckFailure& f) {
-    return Failure{i, f.check, f.message};
+    return fail(f.check, f.message);
   } catch (const InvariantError& e) {
-    return Failure{i, "invariants", e.what()};
+    return fail("invariants", e.what());
   } catch (const std::exception& e) {
-    return Failure{i, "unexpected-exception", std::string(typeid(e).name()) + ": " + e.what()};
+    return fail("unexpected-exception", std::string(typeid(e).name()) + ": " + e.what());
   }
   return std::nullopt;
 }
@@ -419,10 +425,26 @@ void Runner::expect_oom(std::size_t bytes, const Before& before) {
   const std::size_t room_limit =
       limit_ == 0 ? std::numeric_limits<std::size_t>::max() : (limit_ > reserved ? limit_ - reserved : 0);
   const std::size_t room_device = options_.capacity - sim_->used_bytes();
-  TP_EXPECT(need > std::min(room_limit, room_device), "oom-with-room",
+  const std::size_t room = std::min(room_limit, room_device);
+  if (need <= room && vmm_ && !options_.strict_vmm_growth && vmm_growth_step(bytes) > room) {
+    ++figures_.vmm_growth_ooms;  // the known issue, not a new failure
+    return;
+  }
+  TP_EXPECT(need > room, "oom-with-room",
             "OutOfMemoryError for " << bytes << " bytes (" << need << " to map) with "
                                     << room_limit << " bytes left under the limit and " << room_device
                                     << " free on the device, no fault injected");
+}
+
+// Known issue (docs/reliability.md): in vmm mode a growth maps at least the pool's growth step
+// (a 64th of what the pool holds, up to vmm_max_growth) and does not fall back to the bytes
+// actually needed when the step does not fit, so a request that fits can still fail. This is
+// the step the allocator would try (src/core/vmm.cpp, growth_step()).
+std::size_t Runner::vmm_growth_step(std::size_t bytes) const {
+  if (round_size(bytes) <= config_.small_size) return unit_;
+  const Stats s = alloc_->stats();
+  const auto held = static_cast<std::size_t>(s.of(Pool::large)[Metric::reserved_bytes].current);
+  return round_up(std::clamp(held / 64, unit_, std::max(unit_, config_.vmm_max_growth)), unit_);
 }
 
 void Runner::check_new_block(Address a, std::size_t bytes, Stream t) {
@@ -698,6 +720,10 @@ void Runner::drain() {
 }
 
 void Runner::teardown() {
+  // Calls made by the operations themselves (a fault armed by an operation can only hit these:
+  // the final drain disarms every fault first).
+  for (int i = 0; i < kNumFaultSites; ++i)
+    figures_.site_calls[static_cast<std::size_t>(i)] = dev_->calls(static_cast<FaultSite>(i));
   drain();
   check_state();
   const Stats s = alloc_->stats();
@@ -705,8 +731,6 @@ void Runner::teardown() {
   figures_.upstream_allocs = s.upstream_allocs;
   figures_.stream_waits = s.stream_waits;
   figures_.syncs = s.syncs;
-  for (int i = 0; i < kNumFaultSites; ++i)
-    figures_.site_calls[static_cast<std::size_t>(i)] = dev_->calls(static_cast<FaultSite>(i));
   dev_->before_release = nullptr;  // the destructor releases everything, by design
   alloc_.reset();
   const DeviceCounters c = sim_->counters();

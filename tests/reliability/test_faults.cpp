@@ -162,7 +162,8 @@ void sweep(const char* config, bool vmm, FaultSite site, std::uint64_t seed) {
   auto workload = generate(seed, 2000, Profile{vmm, false, options.streams, options.capacity});
   std::erase_if(workload, [](const Op& op) { return op.kind == OpKind::drain; });
   RunFigures baseline;
-  REQUIRE_FALSE(run(options, workload, &baseline).has_value());
+  if (const auto failure = run(options, workload, &baseline))
+    FAIL("without faults: " << report(seed, options, *failure, shrink(options, workload, *failure)));
   const std::uint64_t calls = std::min<std::uint64_t>(baseline.site_calls[static_cast<std::size_t>(site)], 60);
   REQUIRE(calls > 0);
   RunFigures total;

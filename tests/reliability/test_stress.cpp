@@ -27,7 +27,7 @@ namespace {
 [[maybe_unused]] const int quiet_logs = setenv("TENSORPOOL_LOG_LEVEL", "error", 0);
 
 constexpr int kWorkers = 4;
-constexpr int kOpsPerWorker = 20000;
+constexpr int kOpsPerWorker = 50000;
 
 struct Held {
   void* ptr;

@@ -1,9 +1,12 @@
 // The replay engine: measurements on hand-built traces, targets, baselines, errors.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
+#include "tensorpool/trace/load.hpp"
 #include "tensorpool/types.hpp"
 
 using namespace tensorpool::replay;
@@ -167,4 +170,41 @@ TEST_CASE("a steady training loop stops growing after its warm-up iterations", "
   REQUIRE(r.upstream_after_first_iteration.total() < r.upstream.total());
   const ReplayResult raw = run(t, "raw").total;
   REQUIRE(raw.upstream_after_first_iteration.total() > raw.upstream.total() / 2);
+}
+
+TEST_CASE("vmm mode: a repeating training loop makes no upstream calls after its first iteration", "[replay][vmm]") {
+  GeneratorOptions g;
+  g.layers = 6;
+  g.hidden = 1024;
+  g.vocab = 8000;
+  g.varlen = false;
+  g.eager_optimizer = true;  // every iteration, the first included, has the same demand
+  g.iterations = 5;
+  const trace::Trace t = generate_llm_trace(g);
+  const ReplayResult r = run(t, "tensorpool-vmm").total;
+  REQUIRE(r.iterations == 5);
+  REQUIRE(r.upstream.maps > 0);
+  REQUIRE(r.upstream_after_first_iteration.total() == 0);  // no map, unmap, create or release
+  REQUIRE(r.upstream_after_first_iteration.syncs == 0);
+}
+
+TEST_CASE("vmm mode on the shared traces: utilization >= 0.97 and above the pytorch model", "[replay][vmm][shared]") {
+  const std::string dir = TENSORPOOL_SHARED_TRACES;
+  if (!std::filesystem::exists(dir)) {
+    WARN("shared traces not found at " << dir << ": skipped");
+    return;
+  }
+  int traces = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".pickle") continue;
+    ++traces;
+    const trace::Trace t = tensorpool::trace::load_trace(entry.path().string());
+    const ReplayResult vmm = run(t, "tensorpool-vmm").total;
+    const ReplayResult pt = run(t, "pytorch").total;
+    INFO(entry.path().filename().string() << ": vmm " << vmm.utilization << ", pytorch " << pt.utilization);
+    CHECK(vmm.utilization >= 0.97);
+    CHECK(vmm.utilization > pt.utilization);
+    CHECK(vmm.unmatched_frees == 0);
+  }
+  REQUIRE(traces >= 7);
 }

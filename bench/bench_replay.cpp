@@ -1,0 +1,72 @@
+// Replay throughput: events per second of the replay engine driving tensorpool (and the models)
+// on the simulated device, on one core. Target: at least 2 million events per second.
+//
+// Inputs: a generated LLM training trace (200 iterations, ~265k events) held in memory, and, when
+// present, the largest shared PyTorch snapshot (../shared/traces), imported once before timing.
+#include <benchmark/benchmark.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/replay/replay.hpp"
+#include "tensorpool/trace/load.hpp"
+
+using namespace tensorpool;
+
+namespace {
+
+const trace::Trace& generated() {
+  static const trace::Trace t = [] {
+    replay::GeneratorOptions g;
+    g.iterations = 200;
+    return replay::generate_llm_trace(g);
+  }();
+  return t;
+}
+
+const trace::Trace* shared_trace() {
+  static const std::unique_ptr<trace::Trace> t = []() -> std::unique_ptr<trace::Trace> {
+    const std::string path = std::string(TENSORPOOL_SHARED_TRACES) + "/cs336-2.7b-seq128-fullstep.pickle";
+    if (!std::filesystem::exists(path)) return nullptr;
+    return std::make_unique<trace::Trace>(trace::load_trace(path));
+  }();
+  return t.get();
+}
+
+void run(benchmark::State& state, const trace::Trace& t, const char* allocator, const char* conf) {
+  replay::ReplayOptions o;
+  o.allocator = allocator;
+  o.target.conf = conf;
+  for (auto _ : state) {
+    replay::TraceSource source(t);
+    benchmark::DoNotOptimize(replay::replay(source, o));
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(t.events.size()));
+  state.counters["events"] = static_cast<double>(t.events.size());
+}
+
+void BM_ReplayGenerated(benchmark::State& state, const char* allocator, const char* conf) {
+  run(state, generated(), allocator, conf);
+}
+
+void BM_ReplayShared(benchmark::State& state, const char* allocator, const char* conf) {
+  const trace::Trace* t = shared_trace();
+  if (t == nullptr) {
+    state.SkipWithError("shared trace cs336-2.7b-seq128-fullstep.pickle not found");
+    return;
+  }
+  run(state, *t, allocator, conf);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_ReplayGenerated, tensorpool, "tensorpool", "")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayGenerated, tensorpool_vmm, "tensorpool", "mode:vmm")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayGenerated, pytorch, "pytorch", "")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayShared, tensorpool, "tensorpool", "")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayShared, tensorpool_vmm, "tensorpool", "mode:vmm")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ReplayShared, pytorch, "pytorch", "")->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

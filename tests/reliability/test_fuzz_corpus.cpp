@@ -1,0 +1,94 @@
+// Replays, through the fuzz harnesses (fuzz/harness.cpp) and with the normal compiler, every
+// seed of fuzz/corpus/<target>/ and every crash the fuzzers found, kept as regression inputs in
+// tests/reliability/regressions/<target>/: each must be accepted or refused with the reader's
+// documented error, with no other exception (and, in the asan preset, no memory error).
+// Known issues that are not fixed yet are replayed by test cases tagged [!mayfail].
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "../../fuzz/harness.hpp"
+#include "tensorpool/tensorpool.hpp"
+
+namespace fs = std::filesystem;
+using namespace tensorpool;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::vector<fs::path> inputs(const fs::path& dir) {
+  std::vector<fs::path> out;
+  if (!fs::is_directory(dir)) return out;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_regular_file()) out.push_back(entry.path());
+  return out;
+}
+
+// Runs every input of the corpus and of the regressions of `target`; returns how many.
+std::size_t replay(const std::string& target) {
+  const auto harness = fuzz::harness(target);
+  REQUIRE(harness != nullptr);
+  const fs::path source = TENSORPOOL_SOURCE_DIR;
+  auto files = inputs(source / "fuzz" / "corpus" / target);
+  for (const auto& p : inputs(source / "tests" / "reliability" / "regressions" / target)) files.push_back(p);
+  for (const auto& p : files) {
+    INFO(p.string());
+    const std::string bytes = read_file(p);
+    REQUIRE_NOTHROW(harness(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()));
+  }
+  return files.size();
+}
+
+int run(const std::string& target, const std::string& bytes) {
+  return fuzz::harness(target)(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+}
+
+}  // namespace
+
+TEST_CASE("fuzz corpus: pickle", "[fuzz-corpus]") { CHECK(replay("pickle") >= 5); }
+TEST_CASE("fuzz corpus: pytorch_snapshot", "[fuzz-corpus]") { CHECK(replay("pytorch_snapshot") >= 5); }
+TEST_CASE("fuzz corpus: trace", "[fuzz-corpus]") { CHECK(replay("trace") >= 4); }
+TEST_CASE("fuzz corpus: rmm_log", "[fuzz-corpus]") { CHECK(replay("rmm_log") >= 4); }
+TEST_CASE("fuzz corpus: config", "[fuzz-corpus]") { CHECK(replay("config") >= 5); }
+
+TEST_CASE("fuzz harness: every target refuses garbage without crashing", "[fuzz-corpus]") {
+  for (const char* target : {"pickle", "pytorch_snapshot", "trace", "rmm_log", "config"}) {
+    INFO(target);
+    CHECK_NOTHROW(run(target, ""));
+    CHECK_NOTHROW(run(target, std::string("\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff", 11)));
+    CHECK_NOTHROW(run(target, "{\"format\":\"tensorpool-trace\"}\n\x89TPT"));
+  }
+}
+
+// --- known issues, reported and not fixed yet (docs/reliability.md) -------------------------------
+
+TEST_CASE("known issue: Config::to_string() loses a memory_limit fraction below 5e-7",
+          "[fuzz-corpus][known-issue][!mayfail]") {
+  // src/core/config.cpp: the memory_limit getter prints the fraction with std::to_string (six
+  // decimals): 1e-7 prints as "0.000000", which parse() then refuses.
+  const Config c = Config::parse("memory_limit:0.0000001");
+  REQUIRE(c.memory_limit_fraction > 0.0);
+  REQUIRE_NOTHROW(Config::parse(c.to_string()));
+  CHECK(Config::parse(c.to_string()).memory_limit_fraction == c.memory_limit_fraction);
+}
+
+TEST_CASE("known issue: vmm mode fails a request that fits when the growth step does not",
+          "[known-issue][!mayfail]") {
+  // src/core/vmm.cpp, place()/grow_heap(): a growth maps max(need, growth_step) and does not
+  // retry with just `need` when that much cannot be created under the limit or on the device.
+  auto sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 2 * GiB});
+  Allocator alloc(sim, Config::parse("mode:vmm"));
+  std::vector<void*> held;
+  for (int i = 0; i < 80; ++i) held.push_back(alloc.allocate(16 * MiB));  // growth step: 20 MiB
+  alloc.set_memory_limit(alloc.usage().reserved + 16 * MiB);
+  CHECK_NOTHROW(held.push_back(alloc.allocate(16 * MiB)));
+  for (void* p : held) alloc.deallocate(p);
+}
