@@ -1,9 +1,11 @@
 // load.cpp: choose the reader of a trace file from its first bytes.
 #include "tensorpool/trace/load.hpp"
 
+#include <cstring>
 #include <fstream>
 
 #include "tensorpool/errors.hpp"
+#include "trace/format_io.hpp"
 #include "tensorpool/trace/format.hpp"
 #include "tensorpool/trace/pytorch_snapshot.hpp"
 #include "tensorpool/trace/rmm_log.hpp"
@@ -31,12 +33,9 @@ SourceKind detect_source(const std::string& path) {
   if (static_cast<unsigned char>(head[0]) == 0x80) return SourceKind::pytorch_snapshot;
   if (start[0] == '{') return SourceKind::native_jsonl;
   if (start.rfind("Thread", 0) == 0 || start.rfind("\xEF\xBB\xBFThread", 0) == 0) return SourceKind::rmm_log;
-  // The binary magic belongs to the format's reader: ask it before giving up.
-  try {
-    auto reader = TraceReader::open(path);
-    return reader->format() == Format::binary ? SourceKind::native_binary : SourceKind::native_jsonl;
-  } catch (const Error&) {
-  }
+  // Four bytes of the magic are enough to hand the file to the binary reader, whose errors say
+  // exactly where a damaged file goes wrong.
+  if (n >= 4 && std::memcmp(head, detail::kBinaryMagic, 4) == 0) return SourceKind::native_binary;
   throw Error(path + ": offset 0: not a trace: expected a PyTorch snapshot pickle (byte 0x80), an "
                      "RMM log (a 'Thread,Time,Action,...' header), or a tensorpool trace");
 }

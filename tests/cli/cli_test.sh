@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# End-to-end tests of the tensorpool CLI: every subcommand, JSON keys, exit codes and messages.
+# Usage: cli_test.sh TENSORPOOL_BINARY SHARED_TRACES_DIR
+set -u
+bin=$1
+shared=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+
+check() {  # check NAME EXPECTED_STATUS EXPECTED_TEXT -- command...
+  local name=$1 want=$2 text=$3
+  shift 4
+  local out status
+  out=$("$@" 2>&1)
+  status=$?
+  if [ "$status" -ne "$want" ] || ! grep -qF -- "$text" <<<"$out"; then
+    echo "FAIL: $name: status $status (want $want), output lacks '$text':"
+    head -20 <<<"$out"
+    failures=$((failures + 1))
+  else
+    passes=$((passes + 1))
+  fi
+}
+
+check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
+check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json
+check "generate" 0 "wrote" -- "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3
+check "info" 0 "allocation sizes" -- "$bin" info "$work/g.tptrace"
+check "info --json" 0 '"lifetime_histogram"' -- "$bin" info "$work/g.tptrace" --json
+check "replay" 0 "tensorpool" -- "$bin" replay "$work/g.tptrace"
+check "replay --json keys" 0 '"upstream_after_first_iteration"' -- "$bin" replay "$work/g.tptrace" --json
+for key in peak_requested_bytes peak_reserved_bytes utilization upstream_allocs upstream_frees syncs ooms host_ns_per_op; do
+  check "compare --json has $key" 0 "\"$key\"" -- "$bin" compare "$work/g.tptrace" --json
+done
+check "compare subset" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 1GiB
+check "convert to jsonl" 0 "wrote" -- "$bin" convert "$work/g.tptrace" "$work/g.jsonl"
+check "jsonl replays the same" 0 "tensorpool" -- "$bin" replay "$work/g.jsonl"
+a=$("$bin" replay "$work/g.tptrace" --json | grep peak_reserved_bytes)
+b=$("$bin" replay "$work/g.jsonl" --json | grep peak_reserved_bytes)
+if [ "$a" = "$b" ] && [ -n "$a" ]; then passes=$((passes + 1)); else echo "FAIL: jsonl and tptrace replays differ: $a vs $b"; failures=$((failures + 1)); fi
+
+# Bad files: exit 1, the file named, where, and what was expected.
+printf 'not a trace at all' >"$work/junk.bin"
+check "junk file" 1 "junk.bin" -- "$bin" info "$work/junk.bin"
+head -c 40 "$work/g.tptrace" >"$work/cut.tptrace"
+check "truncated trace names the offset" 1 "cut.tptrace: byte" -- "$bin" replay "$work/cut.tptrace"
+printf '\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00}\x94(' >"$work/cut.pickle"
+check "truncated pickle names the offset" 1 "offset" -- "$bin" info "$work/cut.pickle"
+printf '\x80\x02cos\nsystem\n.' >"$work/evil.pickle"
+check "pickle with a global is refused" 1 "GLOBAL" -- "$bin" info "$work/evil.pickle"
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00:000001,allocate,0x1000,12x,0x0\n' >"$work/bad.csv"
+check "bad RMM log names the line" 1 "bad.csv:2" -- "$bin" info "$work/bad.csv"
+check "missing file" 1 "nope.pickle" -- "$bin" info "$work/nope.pickle"
+check "convert refuses an unknown extension" 1 ".tptrace" -- "$bin" convert "$work/g.tptrace" "$work/out.txt"
+test ! -e "$work/out.txt" && passes=$((passes + 1)) || { echo "FAIL: a failed convert left a file"; failures=$((failures + 1)); }
+
+# Bad arguments: exit 2.
+check "unknown allocator" 2 "unknown allocator 'nope'" -- "$bin" replay "$work/g.tptrace" --allocator nope
+check "bad capacity" 2 "--capacity" -- "$bin" compare "$work/g.tptrace" --capacity lots
+check "bad --conf" 2 "max_split_size" -- "$bin" replay "$work/g.tptrace" --conf max_split_size:huge
+check "unknown --conf key" 2 "unknown key" -- "$bin" replay "$work/g.tptrace" --conf bogus:1
+check "bad generator option" 2 "layerz" -- "$bin" generate "$work/x.tptrace" --options layerz:3
+check "no subcommand" 2 "" -- "$bin"
+check "unknown subcommand" 2 "" -- "$bin" frobnicate
+check "--help" 0 "compare" -- "$bin" --help
+
+# A real PyTorch snapshot, when the shared traces are here.
+if [ -f "$shared/small-from-empty.pickle" ]; then
+  check "info on a PyTorch snapshot" 0 "recorded allocator" -- "$bin" info "$shared/small-from-empty.pickle"
+  check "compare shows PyTorch's actual" 0 "pytorch-actual" -- "$bin" compare "$shared/small-from-empty.pickle"
+  check "convert a snapshot" 0 "wrote" -- "$bin" convert "$shared/small-from-empty.pickle" "$work/s.tptrace"
+  check "the converted snapshot keeps PyTorch's figures" 0 "pytorch-actual" -- "$bin" compare "$work/s.tptrace"
+else
+  echo "shared traces not found at $shared: snapshot checks skipped"
+fi
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
