@@ -24,9 +24,10 @@
 //                                  vmm: physical pages are the cached resource, mapped into one
 //                                  growable address range per stream and pool (needs a device with
 //                                  virtual memory; max_split_size does not apply)
-//   vmm_reserve          0         vmm: free physical memory kept idle; beyond it, free pages are
-//                                  remapped where they are needed instead of creating new ones,
-//                                  and empty_cache() keeps this much mapped
+//   vmm_reserve          0         vmm: free pages empty_cache() keeps mapped
+//   vmm_idle_limit       1GiB      vmm: idle free physical memory beyond which a growth remaps
+//                                  free pages instead of creating new ones (it always does when
+//                                  nothing more can be created)
 //   vmm_max_growth       256MiB    vmm: the large pool maps at least 1/128 of what it holds when it
 //                                  grows (fewer calls), but never more than this ahead of need
 #pragma once
@@ -54,6 +55,7 @@ struct Config {
   bool cross_stream_reuse = true;
   Mode mode = Mode::fixed;
   std::size_t vmm_reserve = 0;
+  std::size_t vmm_idle_limit = 1024 * 1024 * 1024;
   std::size_t vmm_max_growth = 256 * 1024 * 1024;
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.

@@ -55,7 +55,10 @@ Allocator::Impl::~Impl() {
     if (live_.size() != 0)
       detail::log().info("allocator on {} destroyed with {} blocks still allocated", props_.name,
                          live_.size());
-    if (vmm()) destroy_heaps();
+    if (vmm()) {
+      device_->synchronize_device();  // no kernel may still touch pages about to be unmapped
+      destroy_heaps();
+    }
     for (auto& [addr, seg] : segments_) {
       if (!seg->heap) device_->free_segment(reinterpret_cast<void*>(seg->addr), seg->size, seg->owner->stream);
       for (Block* b = seg->first; b != nullptr;) {

@@ -106,6 +106,8 @@ const std::vector<KeyHandler>& handlers() {
        [](const Config& c) { return std::string(c.mode == Mode::vmm ? "vmm" : "fixed"); }},
       {"vmm_reserve", [](Config& c, auto k, auto v) { c.vmm_reserve = size_value(k, v); },
        [](const Config& c) { return std::to_string(c.vmm_reserve); }},
+      {"vmm_idle_limit", [](Config& c, auto k, auto v) { c.vmm_idle_limit = size_value(k, v); },
+       [](const Config& c) { return std::to_string(c.vmm_idle_limit); }},
       {"vmm_max_growth", [](Config& c, auto k, auto v) { c.vmm_max_growth = size_value(k, v); },
        [](const Config& c) { return std::to_string(c.vmm_max_growth); }},
       {"cross_stream_reuse",

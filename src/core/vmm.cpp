@@ -11,8 +11,8 @@
 // index has no block large enough, grow_heap() maps more pages at the lowest unmapped hole whose
 // span (with its free mapped neighbours) fits the request. The pages come, in this order, from
 // chunks cached unmapped, from chunks that are entirely free somewhere else (unmapped there after
-// synchronizing their stream: done when idle physical memory exceeds vmm_reserve, or when nothing
-// more can be created), and finally from a new chunk (at least growth_step() bytes). Mapped
+// synchronizing their stream: done when idle physical memory exceeds vmm_idle_limit, or when
+// nothing more can be created), and finally from a new chunk (at least growth_step() bytes). Mapped
 // memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
 #include <algorithm>
 #include <string>
@@ -87,8 +87,8 @@ Block* Allocator::Impl::grow_heap(StreamState& ss, Pool pool, std::size_t size) 
   const auto reserved = static_cast<std::size_t>(total_stats_[Metric::reserved_bytes].current);
   const std::size_t want = round_up(size, page_);
   const bool pressure = (limit_ != 0 && reserved + want > limit_) || want > device_->free_memory();
-  if (pressure || idle_physical(pool) > config_.vmm_reserve) {
-    std::size_t keep = pressure ? 0 : config_.vmm_reserve;
+  if (pressure || idle_physical(pool) > config_.vmm_idle_limit) {
+    std::size_t keep = 0;
     reclaim_free_chunks(pool, keep);
   }
   for (int attempt = 0; attempt < 2; ++attempt) {

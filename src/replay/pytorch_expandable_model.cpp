@@ -5,15 +5,19 @@
 // unmap operations counted here) are the target's upstream calls.
 //
 // The rules modelled:
-//  - Rounding, pools and the best-fit search are the native allocator's (pytorch_rules.hpp, and
+//  - Rounding, pools and best fit are the native allocator's (pytorch_rules.hpp, and
 //    pytorch_model.cpp for the rest): requests round up to 512 B (roundup_power2_divisions
 //    honoured), rounded sizes <= 1 MiB use the small pool, and a request takes the smallest free
-//    block of its pool and stream (ties: lowest address), under the max_split_size rules.
+//    block of its pool and stream (ties: lowest address), under the max_split_size rules. One
+//    difference: a free block at the edge of the mapped space (unmapped space after it) ranks by
+//    the size it could grow to, so a larger interior block is taken first (the qwen3 snapshot
+//    shows it; plain best fit diverges there).
 //  - Memory comes from expandable segments instead of cudaMalloc: one per stream and pool, created
 //    when first needed, which reserves address space for the whole device plus 1/8 and maps
 //    physical memory into it page by page, one physical handle per page: 20 MiB pages in the
-//    large pool, 2 MiB pages in the small pool (every segment_map of a real trace is a multiple
-//    of these).
+//    large pool, 2 MiB pages in the small pool. (2 MiB is the driver's granularity, which PyTorch's
+//    notes mention; its large pool maps 20 MiB handles, as public discussions of the design say and
+//    every large-pool segment_map of the qwen3 snapshot, a multiple of 20 MiB, shows.)
 //  - No free block fits: the lowest-addressed run of available address space of the stream's
 //    segments in that pool that is large enough (an unmapped range, with the free block just
 //    before it, and whatever free and unmapped blocks follow) gets the missing pages mapped: the
@@ -106,7 +110,9 @@ struct Segment {
   Stream stream = kDefaultStream;
   Pool pool = Pool::large;
   bool expandable = true;
-  std::vector<PhysicalHandle> pages;  // expandable: the handle mapped at each page, 0 if none
+  std::unordered_map<Address, PhysicalHandle> pages;  // expandable: the mapped pages, by address
+  bool seeded = false;          // expandable, started by seed_segment() ...
+  std::uint64_t trace_base = 0;  // ... at this trace address, which its base stands for
 };
 
 struct Block {
@@ -128,6 +134,11 @@ struct Block {
   bool available() const noexcept { return !allocated && !pending; }
   bool is_free() const noexcept { return mapped && available(); }
 };
+
+// What a free block can grow to: with unmapped space after it, its size plus that space.
+std::size_t growable_size(const Block* b) noexcept {
+  return b->next == nullptr || b->next->mapped ? b->size : b->size + b->next->size;
+}
 
 // Best fit: by stream, then size, then address (PyTorch's ordering of its free blocks).
 struct BySize {
@@ -233,8 +244,6 @@ class ExpandableModel final : public ReplayTarget {
   std::vector<Block*> pending_;  // freed blocks waiting for other streams
   // Seeded ranges: trace address -> (model address, size), to place seed_alloc blocks exactly.
   std::map<std::uint64_t, std::pair<Address, std::size_t>> seeds_;
-  // Expandable segments started by a seed: (trace address of that seed, model base).
-  std::vector<std::pair<std::uint64_t, Address>> anchors_;
   std::size_t reserved_ = 0;
   std::size_t allocated_ = 0;
 };
@@ -258,14 +267,21 @@ void* ExpandableModel::allocate(std::size_t bytes, Stream stream) {
 }
 
 // The best-fit candidate, removed from the free set; nullptr when it is missing or ruled out by
-// max_split_size.
+// max_split_size. A free block at the edge of the mapped space ranks by what it can grow to: the
+// search moves past it to the next larger free block of the stream that can grow less, so interior
+// blocks are reused before the edge (qwen3-0.6b-varlen-expandable: an 11.75 MiB request took an
+// interior 47 MiB block rather than the 12.6 MiB free edge).
 Block* ExpandableModel::find_free(Pool pool, Stream stream, std::size_t size) {
   auto& set = free_set(pool);
   Block key;
   key.stream = stream;
   key.size = size;
-  const auto it = set.lower_bound(&key);
+  auto it = set.lower_bound(&key);
   if (it == set.end() || (*it)->stream != stream) return nullptr;
+  for (auto next = std::next(it); next != set.end() && (*next)->stream == stream &&
+                                  growable_size(*next) < growable_size(*it);
+       ++next)
+    it = next;
   Block* b = *it;
   if (!pytorch_rules::may_serve(b->size, size, settings_.max_split_size)) return nullptr;
   set.erase(it);
@@ -280,7 +296,8 @@ Block* ExpandableModel::grow(Pool pool, Stream stream, std::size_t size) {
   // From b on, available blocks hold `size` bytes; free and unmapped ones alternate (neither kind
   // touches its own kind), so each step maps (part of) the unmapped block after a free one.
   if (!b->mapped) b = map_pages(b, std::min(b->size, size));
-  while (b != nullptr && b->size < size) b = map_pages(b->next, std::min(b->next->size, size - b->size));
+  while (b != nullptr && b->size < size)
+    b = map_pages(b->next, std::min(b->next->size, size - b->size));
   if (b == nullptr) return nullptr;
   free_set(pool).erase(b);
   return b;
@@ -311,7 +328,6 @@ Block* ExpandableModel::new_segment(Pool pool, Stream stream) {
   s->base = device_.reserve_address_range(s->size, page);
   s->stream = stream;
   s->pool = pool;
-  s->pages.assign(s->size / page, 0);
   segments_.emplace(s->base, std::move(owned));
   Block* u = new_block(s, s->base, s->size, false);
   unmapped_set(pool).insert(u);
@@ -334,10 +350,9 @@ Block* ExpandableModel::map_pages(Block* u, std::size_t bytes) {
     }
     handles.push_back(h);
   }
-  const std::size_t first = (u->addr - s.base) / page;
   for (std::size_t i = 0; i < count; ++i) {
     device_.map(u->addr + i * page, page, handles[i]);
-    s.pages[first + i] = handles[i];
+    s.pages.emplace(u->addr + i * page, handles[i]);
   }
   ++map_ops_;
   unmapped_set(u->pool).erase(u);
@@ -524,10 +539,10 @@ void ExpandableModel::unmap_pages(Block* b) {
   }
   if (hi < mid->addr + mid->size) set.insert(split_at(mid, hi - mid->addr));
   for (Address a = lo; a < hi; a += page) {
-    PhysicalHandle& h = s.pages[(a - s.base) / page];
+    const auto h = s.pages.find(a);
     device_.unmap(a, page);
-    device_.release_physical(h);
-    h = 0;
+    device_.release_physical(h->second);
+    s.pages.erase(h);
   }
   ++unmap_ops_;
   reserved_ -= mid->size;
@@ -577,9 +592,7 @@ void ExpandableModel::seed_segment(const trace::Event& seed) {
 void ExpandableModel::seed_mapped_range(const trace::Event& seed, Pool pool) {
   const std::size_t page = page_size(pool);
   Segment* s = seed_segment_for(seed, pool);
-  const auto anchor = std::find_if(anchors_.begin(), anchors_.end(),
-                                   [&](const auto& a) { return a.second == s->base; });
-  const std::size_t offset = seed.addr - anchor->first;
+  const std::size_t offset = seed.addr - s->trace_base;
   const std::size_t lo = round_down(offset, page);
   const std::size_t hi = round_up(offset + std::max<std::size_t>(seed.size, 1), page);
   Block* u = carve_unmapped(*s, s->base + lo, hi - lo);
@@ -598,16 +611,16 @@ void ExpandableModel::seed_mapped_range(const trace::Event& seed, Pool pool) {
 // The expandable segment of the seed's stream and pool whose address space holds the seed at its
 // distance from the segment's first seed; a new one, starting at this seed, if none does.
 Segment* ExpandableModel::seed_segment_for(const trace::Event& seed, Pool pool) {
-  for (const auto& [trace_addr, base] : anchors_) {
-    const auto it = segments_.find(base);
-    if (it == segments_.end() || seed.addr < trace_addr) continue;
-    Segment* s = it->second.get();
-    const std::uint64_t end = seed.addr - trace_addr + std::max<std::uint64_t>(seed.size, 1);
-    if (s->stream == seed.stream && s->pool == pool && end <= s->size) return s;
+  for (const auto& [base, owned] : segments_) {
+    Segment* s = owned.get();
+    if (!s->seeded || s->stream != seed.stream || s->pool != pool || seed.addr < s->trace_base)
+      continue;
+    if (seed.addr - s->trace_base + std::max<std::uint64_t>(seed.size, 1) <= s->size) return s;
   }
-  Block* u = new_segment(pool, seed.stream);
-  anchors_.emplace_back(seed.addr, u->addr);
-  return u->segment;
+  Segment* s = new_segment(pool, seed.stream)->segment;
+  s->seeded = true;
+  s->trace_base = seed.addr;
+  return s;
 }
 
 // The unmapped block that is exactly [at, at + size), cut out of the unmapped block holding it

@@ -17,11 +17,11 @@ namespace tensorpool::replay::pytorch_rules {
 
 // PyTorch's constants (documented in its CUDA semantics notes and visible in every snapshot).
 inline constexpr std::size_t kMinBlockSize = 512;        // every block size is a multiple of this
-inline constexpr std::size_t kSmallSize = 1 * MiB;       // rounded requests <= this use the small pool
+inline constexpr std::size_t kSmallSize = 1 * MiB;       // rounded requests <= this: small pool
 inline constexpr std::size_t kSmallBuffer = 2 * MiB;     // the size of every small-pool segment
-inline constexpr std::size_t kLargeBuffer = 20 * MiB;    // the segment of a large request < kMinLargeAlloc
-inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;  // from here a segment is the request, rounded
-inline constexpr std::size_t kRoundLarge = 2 * MiB;      // ... up to this
+inline constexpr std::size_t kLargeBuffer = 20 * MiB;    // segment of large requests < 10 MiB
+inline constexpr std::size_t kMinLargeAlloc = 10 * MiB;  // from here a segment is the request,
+inline constexpr std::size_t kRoundLarge = 2 * MiB;      // ... rounded up to this
 
 struct Settings {
   std::size_t max_split_size = model::kUnlimited;  // blocks >= this are never split ("oversize")

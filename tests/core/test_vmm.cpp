@@ -113,7 +113,7 @@ TEST_CASE("vmm page accounting: everything freed + empty_cache returns to the re
 }
 
 TEST_CASE("vmm: stream-ordered reuse, hooks and OOM work as with fixed segments", "[vmm]") {
-  Fixture f("mode:vmm", {.capacity = 256 * MiB});
+  Fixture f("mode:vmm,vmm_reserve:0", {.capacity = 256 * MiB});
   struct Counter : Observer {
     int maps = 0, unmaps = 0, allocs = 0;
     void on_event(const AllocatorEvent& e) noexcept override {
@@ -144,7 +144,7 @@ TEST_CASE("vmm: stream-ordered reuse, hooks and OOM work as with fixed segments"
 }
 
 TEST_CASE("vmm: a failed map or physical creation loses nothing", "[vmm][faults]") {
-  Fixture f("mode:vmm,vmm_max_growth:2MiB");
+  Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_reserve:0");
   f.device->fail_nth(FaultSite::map, 1);
   REQUIRE_THROWS_AS(f.alloc.allocate(10 * MiB), DeviceError);
   f.alloc.check_invariants();

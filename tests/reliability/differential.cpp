@@ -437,9 +437,10 @@ void Runner::expect_oom(std::size_t bytes, const Before& before) {
 }
 
 // Known issue (docs/reliability.md): in vmm mode a growth maps at least the pool's growth step
-// (a 64th of what the pool holds, up to vmm_max_growth) and does not fall back to the bytes
-// actually needed when the step does not fit, so a request that fits can still fail. This is
-// the step the allocator would try (src/core/vmm.cpp, growth_step()).
+// (a fraction of what the pool holds, between a page and vmm_max_growth) and does not fall back
+// to the bytes actually needed when the step does not fit, so a request that fits can still
+// fail. An upper bound of the step the allocator tries (src/core/vmm.cpp, growth_step(): a
+// 128th of the pool today; a 64th here, so that tuning the divisor up keeps the bound valid).
 std::size_t Runner::vmm_growth_step(std::size_t bytes) const {
   if (round_size(bytes) <= config_.small_size) return unit_;
   const Stats s = alloc_->stats();

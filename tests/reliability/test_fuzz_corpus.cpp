@@ -83,12 +83,12 @@ TEST_CASE("known issue: Config::to_string() loses a memory_limit fraction below 
 TEST_CASE("known issue: vmm mode fails a request that fits when the growth step does not",
           "[known-issue][!mayfail]") {
   // src/core/vmm.cpp, place()/grow_heap(): a growth maps max(need, growth_step) and does not
-  // retry with just `need` when that much cannot be created under the limit or on the device.
-  auto sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 2 * GiB});
-  Allocator alloc(sim, Config::parse("mode:vmm"));
+  // retry with just `need` when the step cannot be created under the limit or on the device.
+  auto sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB});
+  Allocator alloc(sim, Config::parse("mode:vmm,vmm_max_growth:32MiB"));
   std::vector<void*> held;
-  for (int i = 0; i < 80; ++i) held.push_back(alloc.allocate(16 * MiB));  // growth step: 20 MiB
+  for (int i = 0; i < 80; ++i) held.push_back(alloc.allocate(64 * MiB));  // 5 GiB: step 32 MiB
   alloc.set_memory_limit(alloc.usage().reserved + 16 * MiB);
-  CHECK_NOTHROW(held.push_back(alloc.allocate(16 * MiB)));
+  CHECK_NOTHROW(held.push_back(alloc.allocate(16 * MiB)));  // 16 MiB fit; 32 MiB do not
   for (void* p : held) alloc.deallocate(p);
 }

@@ -1,0 +1,226 @@
+// testing/state.cpp: the test double's state, call accounting, fault matching, stream
+// resolution, and the bodies of the stream-ordered functions shared by their plain and _ptsz
+// exports.
+#include "testing/state.hpp"
+
+#include <stdexcept>
+#include <string_view>
+
+namespace tensorpool::cuda_double::detail {
+
+namespace {
+
+struct ThreadState {
+  std::uint64_t generation = 0;
+  int device = 0;
+  cudaError_t error = cudaSuccess;
+};
+thread_local ThreadState t_state;
+
+ThreadState& thread_state(State& s) {
+  if (t_state.generation != s.generation) t_state = ThreadState{s.generation, 0, cudaSuccess};
+  return t_state;
+}
+
+// "cudaEventRecord_ptsz" -> "cudaEventRecord"; "cudaEventCreateWithFlags" -> "cudaEventCreate".
+std::string_view family(std::string_view name) {
+  for (std::string_view suffix : {"_ptsz", "_ptds"})
+    if (name.ends_with(suffix)) name.remove_suffix(suffix.size());
+  if (name.ends_with("WithFlags")) name.remove_suffix(9);
+  return name;
+}
+
+}  // namespace
+
+SimulatedDeviceOptions sim_options(std::size_t capacity, std::size_t granularity,
+                                   std::size_t page, EventMode mode) {
+  SimulatedDeviceOptions o;
+  o.name = "cuda-double";
+  o.ordinal = 0;  // every simulated device starts at the same base; to_user() separates them
+  o.capacity = capacity;
+  o.segment_granularity = granularity;
+  o.vm_page_size = page;
+  o.supports_virtual_memory = true;
+  o.event_mode = mode;
+  return o;
+}
+
+State::State() { rebuild(Options{}); }
+
+void State::rebuild(const Options& o) {
+  if (o.device_count < 0 || o.device_count > kMaxDevices)
+    throw std::invalid_argument("cuda_double: device_count must be 0.." + std::to_string(kMaxDevices));
+  options = o;
+  ++generation;
+  devices.clear();
+  for (int d = 0; d < o.device_count; ++d) {
+    const DeviceOptions& dev = device_options(o, d);
+    if (dev.vm_granularity == 0 || dev.vm_granularity % kSegmentGranularity != 0)
+      throw std::invalid_argument("cuda_double: vm_granularity must be a multiple of 2 MiB");
+    devices.push_back(std::make_shared<SimulatedDevice>(
+        sim_options(dev.capacity, kSegmentGranularity, dev.vm_granularity, o.event_mode)));
+  }
+  host = std::make_shared<SimulatedDevice>(
+      sim_options(o.host_capacity, 4 * KiB, 4 * KiB, o.event_mode));
+  va = std::make_shared<SimulatedDevice>(
+      sim_options(TiB, kSegmentGranularity, kSegmentGranularity, o.event_mode));
+  allocations.clear();
+  streams.clear();
+  per_thread.clear();
+  events.clear();
+  pools.clear();
+  physical.clear();
+  reservations.clear();
+  mappings.clear();
+  shutdown = false;
+  faults.clear();
+  calls.clear();
+  log.clear();
+  total_calls = 0;
+}
+
+State& state() {
+  // Never destroyed: code running during process exit may still call in.
+  static State* s = new State();
+  return *s;
+}
+
+int& current_device(State& s) { return thread_state(s).device; }
+cudaError_t& last_error(State& s) { return thread_state(s).error; }
+
+void record_call(State& s, const char* name) {
+  auto it = s.calls.find(std::string_view(name));
+  if (it == s.calls.end()) it = s.calls.emplace(name, 0).first;
+  ++it->second;
+  ++s.total_calls;
+  s.log.push_back(Call{name, current_device(s)});
+}
+
+bool take_fault(State& s, const char* name, bool driver, int& error) {
+  const std::string_view n(name);
+  for (auto it = s.faults.begin(); it != s.faults.end(); ++it) {
+    if (it->key != n && it->key != family(n)) continue;
+    if (--it->countdown != 0) continue;
+    error = it->error != 0 ? it->error
+            : driver       ? static_cast<int>(CUDA_ERROR_OUT_OF_MEMORY)
+                           : static_cast<int>(cudaErrorMemoryAllocation);
+    s.faults.erase(it);
+    return true;
+  }
+  return false;
+}
+
+const DeviceOptions& device_options(const Options& o, int d) {
+  const auto i = static_cast<std::size_t>(d);
+  return i < o.per_device.size() ? o.per_device[i] : o.device;
+}
+
+bool valid_device(const State& s, int device) noexcept {
+  return device >= 0 && device < static_cast<int>(s.devices.size());
+}
+
+SimulatedDevice& device(State& s, int d) {
+  if (d == -1) return *s.host;
+  if (!valid_device(s, d)) throw std::out_of_range("cuda_double: no device " + std::to_string(d));
+  return *s.devices[static_cast<std::size_t>(d)];
+}
+
+// Each simulated device gets 16 TiB of address space of its own above its (shared) base.
+Address to_user(int region, Address sim) noexcept {
+  return sim + (static_cast<Address>(region) << 44);
+}
+Address to_sim(int region, Address user) noexcept {
+  return user - (static_cast<Address>(region) << 44);
+}
+
+std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
+
+std::uintptr_t new_handle(State& s, std::uintptr_t tag) noexcept { return tag | s.next_id++; }
+
+bool resolve_stream(State& s, cudaStream_t stream, bool per_thread_api, Resolved& out) {
+  const int dev = current_device(s);
+  const bool per_thread =
+      stream == cudaStreamPerThread || (stream == nullptr && per_thread_api);
+  if (per_thread || stream == nullptr || stream == cudaStreamLegacy) {
+    if (!valid_device(s, dev)) return false;
+    if (!per_thread) {
+      out = Resolved{dev, kDefaultStream};
+      return true;
+    }
+    const auto key = std::make_pair(std::this_thread::get_id(), dev);
+    auto it = s.per_thread.find(key);
+    if (it == s.per_thread.end()) it = s.per_thread.emplace(key, device(s, dev).create_stream()).first;
+    out = Resolved{dev, it->second};
+    return true;
+  }
+  auto it = s.streams.find(reinterpret_cast<std::uintptr_t>(stream));
+  if (it == s.streams.end()) return false;
+  out = Resolved{it->second.device, it->second.sim};
+  return true;
+}
+
+// --- stream-ordered bodies ------------------------------------------------------------------
+
+cudaError_t malloc_from_pool(State& s, void** ptr, std::size_t size, cudaMemPool_t pool,
+                             cudaStream_t stream, bool per_thread_api) {
+  if (ptr == nullptr) return cudaErrorInvalidValue;
+  auto p = s.pools.find(reinterpret_cast<std::uintptr_t>(pool));
+  if (p == s.pools.end()) return cudaErrorInvalidValue;
+  Resolved r{};
+  if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  if (r.device != p->second.device) return cudaErrorInvalidValue;  // stricter than CUDA
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  const std::size_t bytes = round_up(size, kSegmentGranularity);
+  void* sim = device(s, r.device).allocate_segment(bytes, r.sim);
+  if (sim == nullptr) return cudaErrorMemoryAllocation;
+  const Address user = to_user(r.device, reinterpret_cast<Address>(sim));
+  s.allocations.emplace(user, Allocation{r.device, bytes, AllocKind::pool});
+  *ptr = reinterpret_cast<void*>(user);
+  return cudaSuccess;
+}
+
+cudaError_t free_async(State& s, void* ptr, cudaStream_t stream, bool per_thread_api) {
+  Resolved r{};
+  if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  if (ptr == nullptr) return cudaSuccess;
+  auto it = s.allocations.find(reinterpret_cast<Address>(ptr));
+  if (it == s.allocations.end() || it->second.kind == AllocKind::host) return cudaErrorInvalidValue;
+  const Allocation a = it->second;
+  device(s, a.device).free_segment(reinterpret_cast<void*>(to_sim(a.device, it->first)), a.bytes, 0);
+  s.allocations.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t event_record(State& s, cudaEvent_t event, cudaStream_t stream, bool per_thread_api) {
+  auto e = s.events.find(reinterpret_cast<std::uintptr_t>(event));
+  Resolved r{};
+  if (e == s.events.end() || !resolve_stream(s, stream, per_thread_api, r))
+    return cudaErrorInvalidResourceHandle;
+  if (e->second.device != r.device) return cudaErrorInvalidResourceHandle;
+  device(s, r.device).record_event(e->second.sim, r.sim);
+  return cudaSuccess;
+}
+
+cudaError_t stream_wait_event(State& s, cudaStream_t stream, cudaEvent_t event,
+                              bool per_thread_api) {
+  auto e = s.events.find(reinterpret_cast<std::uintptr_t>(event));
+  Resolved r{};
+  if (e == s.events.end() || !resolve_stream(s, stream, per_thread_api, r))
+    return cudaErrorInvalidResourceHandle;
+  if (e->second.device == r.device) {
+    device(s, r.device).stream_wait_event(r.sim, e->second.sim);
+    return cudaSuccess;
+  }
+  // Cross-device waits are not modelled: fine only when there is nothing to wait for.
+  return device(s, e->second.device).query_event(e->second.sim) ? cudaSuccess : cudaErrorNotSupported;
+}
+
+cudaError_t stream_synchronize(State& s, cudaStream_t stream, bool per_thread_api) {
+  Resolved r{};
+  if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  device(s, r.device).synchronize_stream(r.sim);
+  return cudaSuccess;
+}
+
+}  // namespace tensorpool::cuda_double::detail
