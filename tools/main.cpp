@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
   add_run_options(replay_cmd);
-  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, cub or raw (default tensorpool)");
+  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, pytorch-expandable, cub or raw (default tensorpool)");
 
   auto* compare = app.add_subcommand("compare", "Replay a trace against several allocators, side by side");
   add_run_options(compare);

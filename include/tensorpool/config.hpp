@@ -28,8 +28,9 @@
 //   vmm_idle_limit       1GiB      vmm: idle free physical memory beyond which a growth remaps
 //                                  free pages instead of creating new ones (it always does when
 //                                  nothing more can be created)
-//   vmm_max_growth       256MiB    vmm: the large pool maps at least 1/128 of what it holds when it
-//                                  grows (fewer calls), but never more than this ahead of need
+//   vmm_max_growth       128MiB    vmm: the large pool maps at least 1/128 of what it holds when it
+//                                  grows (fewer calls), but never more than this ahead of need;
+//                                  also the largest physical chunk (chunks unmap only whole)
 #pragma once
 
 #include <cstddef>
@@ -56,7 +57,7 @@ struct Config {
   Mode mode = Mode::fixed;
   std::size_t vmm_reserve = 0;
   std::size_t vmm_idle_limit = 1024 * 1024 * 1024;
-  std::size_t vmm_max_growth = 256 * 1024 * 1024;
+  std::size_t vmm_max_growth = 128 * 1024 * 1024;
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);

@@ -165,8 +165,11 @@ Block* Allocator::Impl::map_into(Segment& heap, Block* hole, std::size_t bytes, 
       cached_chunks_.erase(cached_chunks_.begin() + i);
       place_chunk(c);
     }
+    // New memory in chunks of at most vmm_max_growth: a chunk is unmapped only whole, so
+    // smaller chunks let free pages next to live blocks be reclaimed under pressure.
+    const std::size_t max_chunk = std::max(page_, round_up(config_.vmm_max_growth, page_));
     Chunk fresh;
-    if (cursor < end && create_chunk(end - cursor, pool, fresh)) place_chunk(fresh);
+    while (cursor < end && create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) place_chunk(fresh);
   } catch (...) {
     if (cursor == start) throw;  // nothing changed
     // Some chunks were mapped: record them in the blocks before reporting the error.
