@@ -25,13 +25,11 @@ enum class Metric : std::uint8_t {
   requested_bytes,       // the sizes the user asked for, of those blocks
   active_bytes,          // allocated + freed blocks still waiting for stream events
   reserved_bytes,        // segments held from the device
-  inactive_split_bytes,  // free blocks inside segments that are split
   allocations,           // count of allocated blocks
   active_blocks,
   segments,
-  inactive_split_blocks,
 };
-inline constexpr int kNumMetrics = 9;
+inline constexpr int kNumMetrics = 7;
 const char* to_string(Metric metric) noexcept;
 
 struct PoolStats {
@@ -79,6 +77,8 @@ struct FragmentationReport {
   std::size_t total_free = 0;            // bytes in free blocks
   std::size_t largest_free = 0;
   std::size_t free_blocks = 0;
+  std::size_t inactive_split = 0;        // free bytes in segments that also hold used blocks
+  std::size_t inactive_split_blocks = 0;
   double utilization = 1.0;              // allocated / reserved (1 when nothing is reserved)
   double external_fragmentation = 0.0;   // 1 - largest_free / total_free (0 when nothing free)
 };

@@ -119,7 +119,6 @@ Block* Allocator::Impl::find_cached(StreamState& ss, Pool pool, std::size_t size
 Block* Allocator::Impl::take(Block* b, std::size_t size, std::size_t requested) {
   Segment* seg = b->segment;
   seg->index->remove(b);
-  free_block_removed(b);
   const std::size_t rest = b->size - size;
   const std::size_t min_rest =
       seg->pool == Pool::small ? kMinBlockSize : config_.min_split_remainder;
@@ -145,7 +144,6 @@ void Allocator::Impl::split(Block* b, std::size_t size) {
   b->size = size;
   ++seg->blocks;
   seg->index->insert(rest);
-  free_block_added(rest);
 }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.
@@ -158,7 +156,6 @@ void Allocator::Impl::release_block(Block* b) {
   b->requested = 0;
   b = coalesce(b);
   seg->index->insert(b);
-  free_block_added(b);
 }
 
 // Merges free block b (not in any index) with free neighbours; returns the merged block.
@@ -166,7 +163,6 @@ Block* Allocator::Impl::coalesce(Block* b) {
   Segment* seg = b->segment;
   if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped) {
     seg->index->remove(p);
-    free_block_removed(p);
     p->size += b->size;
     p->next = b->next;
     if (b->next != nullptr) b->next->prev = p;
@@ -176,7 +172,6 @@ Block* Allocator::Impl::coalesce(Block* b) {
   }
   if (Block* n = b->next; n != nullptr && n->state == BlockState::free && n->mapped == b->mapped) {
     seg->index->remove(n);
-    free_block_removed(n);
     b->size += n->size;
     b->next = n->next;
     if (n->next != nullptr) n->next->prev = b;

@@ -97,8 +97,6 @@ class Allocator::Impl {
   void split(Block* b, std::size_t size);
   void release_block(Block* b);
   Block* coalesce(Block* b);
-  void free_block_added(Block* b) noexcept;
-  void free_block_removed(Block* b) noexcept;
   void add_stat(Metric m, Pool p, std::int64_t delta) noexcept;
   void account_alloc(Pool p, std::int64_t size, std::int64_t requested) noexcept;
   void account_free(Pool p, std::int64_t size, std::int64_t requested) noexcept;
@@ -230,25 +228,6 @@ TP_ALWAYS_INLINE void Allocator::Impl::account_inactive(Pool p, std::int64_t siz
   for (PoolStats* s : {&pool_stats_[static_cast<int>(p)], &total_stats_}) {
     detail::stat_down((*s)[Metric::active_bytes], size);
     detail::stat_down((*s)[Metric::active_blocks], 1);
-  }
-}
-
-// Inactive-split accounting: a free block counts while its segment is split. A free block's
-// status cannot change while it stays listed (a segment becomes unsplit only by merging all of
-// its blocks), so counting at insert/remove time is exact.
-TP_ALWAYS_INLINE void Allocator::Impl::free_block_added(Block* b) noexcept {
-  if (!b->segment->is_split()) return;
-  for (PoolStats* s : {&pool_stats_[static_cast<int>(b->segment->pool)], &total_stats_}) {
-    detail::stat_up((*s)[Metric::inactive_split_bytes], static_cast<std::int64_t>(b->size));
-    detail::stat_up((*s)[Metric::inactive_split_blocks], 1);
-  }
-}
-
-TP_ALWAYS_INLINE void Allocator::Impl::free_block_removed(Block* b) noexcept {
-  if (!b->segment->is_split()) return;
-  for (PoolStats* s : {&pool_stats_[static_cast<int>(b->segment->pool)], &total_stats_}) {
-    detail::stat_down((*s)[Metric::inactive_split_bytes], static_cast<std::int64_t>(b->size));
-    detail::stat_down((*s)[Metric::inactive_split_blocks], 1);
   }
 }
 

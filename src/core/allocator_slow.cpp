@@ -322,7 +322,6 @@ void Allocator::Impl::free_segment(Segment* seg) {
   device_->free_segment(reinterpret_cast<void*>(seg->addr), seg->size, seg->owner->stream);
   Block* b = seg->first;
   seg->index->remove(b);
-  free_block_removed(b);
   block_pool_.release(b);
   ++counters_.upstream_frees;
   add_stat(Metric::reserved_bytes, seg->pool, -static_cast<std::int64_t>(seg->size));

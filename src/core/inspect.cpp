@@ -50,6 +50,11 @@ FragmentationReport Allocator::Impl::fragmentation() const {
     for (const auto& index : ss->index) {
       r.total_free += index.bytes();
       r.free_blocks += index.count();
+      index.for_each([&](const Block* b) {
+        if (!b->segment->is_split()) return;
+        r.inactive_split += b->size;
+        ++r.inactive_split_blocks;
+      });
     }
   }
   r.largest_free = largest_free_block();
@@ -128,10 +133,6 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
       rc.add(seg.pool, Metric::active_blocks, 1);
     } else if (b->mapped) {
       ++free_blocks;
-      if (seg.is_split()) {
-        rc.add(seg.pool, Metric::inactive_split_bytes, sz);
-        rc.add(seg.pool, Metric::inactive_split_blocks, 1);
-      }
     }
     if (b->state == BlockState::pending_free && b->pending_events == 0)
       fail("pending block " + hex(b->addr) + " has no outstanding event");

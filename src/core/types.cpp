@@ -19,11 +19,9 @@ const char* to_string(Metric metric) noexcept {
     case Metric::requested_bytes: return "requested_bytes";
     case Metric::active_bytes: return "active_bytes";
     case Metric::reserved_bytes: return "reserved_bytes";
-    case Metric::inactive_split_bytes: return "inactive_split_bytes";
     case Metric::allocations: return "allocations";
     case Metric::active_blocks: return "active_blocks";
     case Metric::segments: return "segments";
-    case Metric::inactive_split_blocks: return "inactive_split_blocks";
   }
   return "unknown";
 }

@@ -180,7 +180,6 @@ Block* Allocator::Impl::map_into(Segment& heap, Block* hole, std::size_t bytes, 
     hole->mapped = true;
     Block* merged = coalesce(hole);
     merged->segment->index->insert(merged);
-    free_block_added(merged);
     throw;
   }
   complete = cursor >= end;
@@ -193,7 +192,6 @@ Block* Allocator::Impl::map_into(Segment& heap, Block* hole, std::size_t bytes, 
   hole->mapped = true;
   Block* merged = coalesce(hole);  // with free mapped neighbours
   heap.index->insert(merged);
-  free_block_added(merged);
   return merged;
 }
 
@@ -261,14 +259,12 @@ std::size_t Allocator::Impl::reclaim_free_chunks(Pool pool, std::size_t& keep) {
     for (auto& [block, chunks] : work) {
       Block* cur = block;
       cur->segment->index->remove(cur);
-      free_block_removed(cur);
       for (const Chunk& c : chunks) {
         cur = unmap_chunk(*heap, cur, c);
         reclaimed += c.size;
       }
       if (cur != nullptr) {
         cur->segment->index->insert(cur);
-        free_block_added(cur);
       }
     }
   }
@@ -283,7 +279,6 @@ Block* Allocator::Impl::unmap_chunk(Segment& heap, Block* b, const Chunk& c) {
   if (c.addr > b->addr) {
     mid = split_raw(b, c.addr - b->addr);
     b->segment->index->insert(b);
-    free_block_added(b);
   }
   Block* after = mid->size > c.size ? split_raw(mid, c.size) : nullptr;
   device_->unmap(c.addr, c.size);

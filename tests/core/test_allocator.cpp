@@ -70,14 +70,15 @@ TEST_CASE("blocks split and coalesce within a segment", "[allocator]") {
   REQUIRE(addr(c) == addr(b) + 4 * MiB);
   REQUIRE(f.alloc.snapshot().segments.at(0).blocks.size() == 4);
   f.alloc.deallocate(b);
-  REQUIRE(f.cur(Metric::inactive_split_bytes) == static_cast<std::int64_t>(4 * MiB + 8 * MiB));
+  REQUIRE(f.alloc.fragmentation().inactive_split == 4 * MiB + 8 * MiB);
+  REQUIRE(f.alloc.fragmentation().inactive_split_blocks == 2);
   f.alloc.deallocate(a);  // merges with b
   REQUIRE(f.alloc.snapshot().segments.at(0).blocks.size() == 3);
   f.alloc.deallocate(c);  // merges everything back into one free block
   const auto seg = f.alloc.snapshot().segments.at(0);
   REQUIRE(seg.blocks.size() == 1);
   REQUIRE(seg.blocks[0].state == BlockState::free);
-  REQUIRE(f.cur(Metric::inactive_split_bytes) == 0);
+  REQUIRE(f.alloc.fragmentation().inactive_split == 0);
   void* whole = f.alloc.allocate(20 * MiB);  // the coalesced segment serves a full-size request
   REQUIRE(addr(whole) == addr(a));
   REQUIRE(f.device->counters().segment_allocs == 1);
