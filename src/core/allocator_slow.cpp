@@ -13,23 +13,18 @@
 #include <string>
 
 #include "core/allocator_impl.hpp"
+#include "core/util.hpp"
 #include "core/logging.hpp"
 #include "tensorpool/size_classes.hpp"
 
 namespace tensorpool {
 
+using detail::hex;
+using detail::round_up;
+
 using detail::Block;
 using detail::Segment;
 using detail::StreamState;
-
-namespace {
-std::string hex(Address a) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
-  return buf;
-}
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
-}  // namespace
 
 Allocator::Impl::Impl(std::shared_ptr<DeviceBackend> device, Config config)
     : device_(std::move(device)), config_(std::move(config)) {

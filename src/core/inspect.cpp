@@ -4,9 +4,12 @@
 #include <string>
 
 #include "core/allocator_impl.hpp"
+#include "core/util.hpp"
 #include "tensorpool/size_classes.hpp"
 
 namespace tensorpool {
+
+using detail::hex;
 
 using detail::Block;
 using detail::Segment;
@@ -90,11 +93,6 @@ namespace {
   throw InvariantError("tensorpool invariant violated: " + what);
 }
 
-std::string hex(Address a) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
-  return buf;
-}
 
 // The per-pool quantities recomputed from the blocks.
 struct Recount {

@@ -12,9 +12,12 @@
 #include <algorithm>
 #include <string>
 
+#include "core/util.hpp"
 #include "tensorpool/errors.hpp"
 
 namespace tensorpool {
+
+using detail::hex;
 
 // --- default implementations of the optional virtual-memory flavour -------------------------
 
@@ -22,11 +25,6 @@ namespace {
 [[noreturn]] void no_vm(const DeviceBackend& d, const char* what) {
   throw DeviceError(std::string("device ") + d.properties().name + " does not support virtual memory (" +
                     what + ")");
-}
-std::string hex(Address a) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
-  return buf;
 }
 }  // namespace
 

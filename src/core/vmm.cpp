@@ -18,9 +18,12 @@
 #include <string>
 
 #include "core/allocator_impl.hpp"
+#include "core/util.hpp"
 #include "core/logging.hpp"
 
 namespace tensorpool {
+
+using detail::round_up;
 
 using detail::Block;
 using detail::Chunk;
@@ -29,7 +32,6 @@ using detail::Segment;
 using detail::StreamState;
 
 namespace {
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState::free && b->mapped; }
 bool free_unmapped(const Block* b) { return b != nullptr && b->state == BlockState::free && !b->mapped; }
 }  // namespace
