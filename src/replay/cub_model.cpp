@@ -240,16 +240,7 @@ void CubModel::free_all_cached() {
 }
 
 [[noreturn]] void CubModel::throw_oom(std::size_t bytes, const Block& b, Stream stream) {
-  OutOfMemoryInfo info;
-  info.requested = bytes;
-  info.rounded = b.bytes;
-  info.stream = stream;
-  info.device = device_.properties().ordinal;
-  info.capacity = device_.properties().capacity;
-  info.device_free = device_.free_memory();
-  info.reserved = reserved_;
-  info.allocated = allocated_;
-  info.reserved_unallocated = reserved_ - allocated_;
+  OutOfMemoryInfo info = model::oom_info(device_, bytes, b.bytes, stream, reserved_, allocated_);
   for (const auto& list : cache_)
     for (const Block& c : list) info.largest_free_block = std::max(info.largest_free_block, c.bytes);
   throw OutOfMemoryError(info);

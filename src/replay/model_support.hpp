@@ -1,6 +1,7 @@
 // model_support.hpp: small helpers shared by the models of foreign allocators ("pytorch", "cub"):
-// parsing TargetOptions::conf ("key:value,..."), counter arithmetic, rounding and a per-stream
-// record of host synchronizations (internal to tensorpool::replay, header-only).
+// parsing TargetOptions::conf ("key:value,..."), counter arithmetic, rounding, the description of
+// an out-of-memory failure and a per-stream record of host synchronizations (internal to
+// tensorpool::replay, header-only).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/target.hpp"
+#include "tensorpool/simulated_device.hpp"
 #include "tensorpool/types.hpp"
 
 namespace tensorpool::replay::model {
@@ -95,6 +97,24 @@ inline UpstreamCounts minus(const UpstreamCounts& a, const UpstreamCounts& b) no
   d.syncs = a.syncs - b.syncs;
   d.modelled_ns = a.modelled_ns - b.modelled_ns;
   return d;
+}
+
+/// What an OutOfMemoryError reports about a model over `device` that failed a request of `requested`
+/// bytes (`rounded` after rounding) on `stream`, holding `reserved` bytes of which `allocated` are
+/// in live blocks. largest_free_block and memory_limit are left to the caller (0: none).
+inline OutOfMemoryInfo oom_info(SimulatedDevice& device, std::size_t requested, std::size_t rounded,
+                                Stream stream, std::size_t reserved, std::size_t allocated) {
+  OutOfMemoryInfo info;
+  info.requested = requested;
+  info.rounded = rounded;
+  info.stream = stream;
+  info.device = device.properties().ordinal;
+  info.capacity = device.properties().capacity;
+  info.device_free = device.free_memory();
+  info.reserved = reserved;
+  info.allocated = allocated;
+  info.reserved_unallocated = reserved - allocated;
+  return info;
 }
 
 /// Counts host synchronizations per stream, so that work "recorded" on a stream at some moment

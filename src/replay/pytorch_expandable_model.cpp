@@ -77,20 +77,34 @@
 
 #include "replay/model_support.hpp"
 #include "replay/models.hpp"
+#include "replay/pytorch_common.hpp"
 #include "replay/pytorch_rules.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/simulated_device.hpp"
 
 namespace tensorpool::replay {
 
+// An expandable segment, or a native segment seeded at window start (the blocks' Segment).
+struct pytorch_common::Segment {
+  Address base = 0;
+  std::size_t size = 0;  // expandable: the address space reserved; native: the cudaMalloc size
+  Stream stream = kDefaultStream;
+  Pool pool = Pool::large;
+  bool expandable = true;
+  std::unordered_map<Address, PhysicalHandle> pages;  // expandable: the mapped pages, by address
+  bool seeded = false;          // expandable, started by seed_segment() ...
+  std::uint64_t trace_base = 0;  // ... at this trace address, which its base stands for
+};
+
 namespace {
 
 using model::round_up;
+using pytorch_common::Block;
+using pytorch_common::Segment;
 using pytorch_rules::kLargeBuffer;
 using pytorch_rules::kMinBlockSize;
 using pytorch_rules::kRoundLarge;
 using pytorch_rules::kSmallBuffer;
-using pytorch_rules::Settings;
 
 constexpr const char* kName = "pytorch-expandable";
 
@@ -104,51 +118,6 @@ constexpr std::size_t round_down(std::size_t value, std::size_t multiple) noexce
   return value / multiple * multiple;
 }
 
-struct Segment {
-  Address base = 0;
-  std::size_t size = 0;  // expandable: the address space reserved; native: the cudaMalloc size
-  Stream stream = kDefaultStream;
-  Pool pool = Pool::large;
-  bool expandable = true;
-  std::unordered_map<Address, PhysicalHandle> pages;  // expandable: the mapped pages, by address
-  bool seeded = false;          // expandable, started by seed_segment() ...
-  std::uint64_t trace_base = 0;  // ... at this trace address, which its base stands for
-};
-
-struct Block {
-  Address addr = 0;
-  std::size_t size = 0;
-  Stream stream = kDefaultStream;  // its segment's (blocks never change stream)
-  Pool pool = Pool::large;
-  Segment* segment = nullptr;
-  Block* prev = nullptr;  // address neighbours inside the same segment (nullptr at its ends)
-  Block* next = nullptr;
-  bool mapped = true;  // false: address space of an expandable segment with no pages behind it
-  bool allocated = false;
-  bool pending = false;  // freed, waiting for the streams in `uses` to pass `marks`
-  std::vector<Stream> uses;          // other streams it was used on (record_stream)
-  std::vector<std::uint64_t> marks;  // StreamClock marks taken when it was freed
-
-  bool whole_segment() const noexcept { return prev == nullptr && next == nullptr; }
-  // Neither in use nor waiting: a free block, or unmapped space.
-  bool available() const noexcept { return !allocated && !pending; }
-  bool is_free() const noexcept { return mapped && available(); }
-};
-
-// What a free block can grow to: with unmapped space after it, its size plus that space.
-std::size_t growable_size(const Block* b) noexcept {
-  return b->next == nullptr || b->next->mapped ? b->size : b->size + b->next->size;
-}
-
-// Best fit: by stream, then size, then address (PyTorch's ordering of its free blocks).
-struct BySize {
-  bool operator()(const Block* a, const Block* b) const noexcept {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->addr < b->addr;
-  }
-};
-
 // Unmapped space is searched lowest address first, per stream.
 struct ByAddress {
   bool operator()(const Block* a, const Block* b) const noexcept {
@@ -157,66 +126,45 @@ struct ByAddress {
   }
 };
 
-class ExpandableModel final : public ReplayTarget {
+class ExpandableModel final : public pytorch_common::CachingModel {
  public:
   explicit ExpandableModel(const TargetOptions& options)
-      : settings_(pytorch_rules::parse_settings(options.conf, kName, true)),
-        device_(device_options(options)),
+      : CachingModel(options, kName, true, device_options(options)),
         // PyTorch reserves the device's memory plus 1/8 per segment (room to remap elsewhere).
         address_space_(round_up(std::max(options.capacity + options.capacity / 8, kLargeBuffer),
                                 kLargeBuffer)) {}
 
-  std::string name() const override { return kName; }
   void seed_segment(const trace::Event& seed) override;
   void* seed_alloc(const trace::Event& seed) override;
-  void* allocate(std::size_t bytes, Stream stream) override;
-  void deallocate(void* ptr, std::size_t bytes, Stream stream) override;
-  void record_stream(void* ptr, Stream stream) override;
-  void stream_synchronized(Stream stream) override { clock_.synchronized(stream); }
-  void empty_cache() override { release_cached(); }
 
-  std::size_t reserved() const override { return reserved_; }
-  std::size_t allocated() const override { return allocated_; }
   UpstreamCounts upstream() const override {
-    UpstreamCounts u = model::minus(upstream_of(device_), baseline_);
+    UpstreamCounts u = CachingModel::upstream();  // syncs: with the pending events completed
     u.maps = map_ops_;  // operations, not the device's per-page calls (see the banner)
     u.unmaps = unmap_ops_;
-    u.syncs += event_syncs_ + unmap_ops_;  // each unmap operation synchronizes its stream first
+    u.syncs += unmap_ops_;  // each unmap operation synchronizes its stream first
     return u;
   }
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
-    SimulatedDeviceOptions d;
-    d.name = "pytorch-expandable-model";
-    d.ordinal = o.device;
-    d.capacity = o.capacity;
-    d.segment_granularity = kRoundLarge;  // native seeds are multiples of 2 MiB
+    // Native seeds are multiples of 2 MiB, as every PyTorch segment.
+    SimulatedDeviceOptions d = pytorch_common::device_options(o, "pytorch-expandable-model");
     d.supports_virtual_memory = true;
     d.vm_page_size = kSmallBuffer;  // both page sizes are multiples of it
     return d;
   }
 
-  std::size_t round_size(std::size_t bytes) const noexcept {
-    return pytorch_rules::round_size(bytes, settings_.divisions);
-  }
-  std::set<Block*, BySize>& free_set(Pool p) { return free_[static_cast<int>(p)]; }
   std::set<Block*, ByAddress>& unmapped_set(Pool p) { return unmapped_[static_cast<int>(p)]; }
 
-  Block* find_free(Pool pool, Stream stream, std::size_t size);
-  Block* grow(Pool pool, Stream stream, std::size_t size);
+  Block* grow(Pool pool, Stream stream, std::size_t size) override;
+  Block* map_room(Pool pool, Stream stream, std::size_t size);
   Block* find_room(Pool pool, Stream stream, std::size_t size);
   Block* new_segment(Pool pool, Stream stream);
   Block* map_pages(Block* u, std::size_t bytes);
-  Block* take(Block* b, std::size_t size);
+  bool should_split(const Block& b, std::size_t size) const noexcept override;
   Block* new_block(Segment* segment, Address addr, std::size_t size, bool mapped);
-  Block* split_at(Block* b, std::size_t offset);
-  Block* free_block(Block* b);
-  Block* absorb(Block* low, Block* high);
-  void unindex(Block* b);
-  void process_pending();
-  void complete_all_pending();
-  void release_cached();
+  void unindex(Block* b) override;
+  void release_cached() override;
   void unmap_pages(Block* b);
   void join_unmapped(Block* u);
   void release_segment(Block* b);
@@ -226,71 +174,27 @@ class ExpandableModel final : public ReplayTarget {
   Block* carve_unmapped(Segment& segment, Address at, std::size_t size);
   Block* block_at(Address x);
   Block* seeded_free_block(const trace::Event& seed);
-  void exclude_from_window(const UpstreamCounts& before);
-  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
 
-  Settings settings_;
-  SimulatedDevice device_;
-  std::size_t address_space_;      // reserved per expandable segment
-  UpstreamCounts baseline_;        // the device calls of seeding, not part of the window
-  std::uint64_t map_ops_ = 0;      // map operations of the window
-  std::uint64_t unmap_ops_ = 0;    // unmap operations (each preceded by a stream sync)
-  std::uint64_t event_syncs_ = 0;  // host waits on pending frees (release_cached)
-  model::StreamClock clock_;
-  std::map<Address, std::unique_ptr<Segment>> segments_;          // by base address
-  std::unordered_map<Address, std::unique_ptr<Block>> blocks_;  // every block, by address
-  std::set<Block*, BySize> free_[kNumPools];
+  std::size_t address_space_;    // reserved per expandable segment
+  std::uint64_t map_ops_ = 0;    // map operations of the window
+  std::uint64_t unmap_ops_ = 0;  // unmap operations (each preceded by a stream sync)
+  std::map<Address, std::unique_ptr<Segment>> segments_;  // by base address
   std::set<Block*, ByAddress> unmapped_[kNumPools];
-  std::vector<Block*> pending_;  // freed blocks waiting for other streams
-  // Seeded ranges: trace address -> (model address, size), to place seed_alloc blocks exactly.
-  std::map<std::uint64_t, std::pair<Address, std::size_t>> seeds_;
-  std::size_t reserved_ = 0;
-  std::size_t allocated_ = 0;
 };
 
 // --- allocation ---------------------------------------------------------------------------
 
-void* ExpandableModel::allocate(std::size_t bytes, Stream stream) {
-  process_pending();
-  // Beyond any device: fail before the rounding arithmetic could overflow.
-  if (bytes > device_.properties().capacity) throw_oom(bytes, bytes, stream);
-  const std::size_t size = round_size(bytes);
-  const Pool pool = pytorch_rules::pool_of(size);
-  Block* b = find_free(pool, stream, size);
-  if (b == nullptr) b = grow(pool, stream, size);
-  if (b == nullptr) {
-    release_cached();  // unmaps free pages, then the one retry
-    b = grow(pool, stream, size);
-  }
-  if (b == nullptr) throw_oom(bytes, size, stream);
-  return reinterpret_cast<void*>(take(b, size)->addr);
-}
-
-// The best-fit candidate, removed from the free set; nullptr when it is missing or ruled out by
-// max_split_size. A free block at the edge of the mapped space ranks by what it can grow to: the
-// search moves past it to the next larger free block of the stream that can grow less, so interior
-// blocks are reused before the edge (qwen3-0.6b-varlen-expandable: an 11.75 MiB request took an
-// interior 47 MiB block rather than the 12.6 MiB free edge).
-Block* ExpandableModel::find_free(Pool pool, Stream stream, std::size_t size) {
-  auto& set = free_set(pool);
-  Block key;
-  key.stream = stream;
-  key.size = size;
-  auto it = set.lower_bound(&key);
-  if (it == set.end() || (*it)->stream != stream) return nullptr;
-  for (auto next = std::next(it); next != set.end() && (*next)->stream == stream &&
-                                  growable_size(*next) < growable_size(*it);
-       ++next)
-    it = next;
-  Block* b = *it;
-  if (!pytorch_rules::may_serve(b->size, size, settings_.max_split_size)) return nullptr;
-  set.erase(it);
-  return b;
+// Memory from the stream's segments, or a new one; when the device cannot back it, unmaps free
+// pages (release_cached()) and retries once.
+Block* ExpandableModel::grow(Pool pool, Stream stream, std::size_t size) {
+  if (Block* b = map_room(pool, stream, size)) return b;
+  release_cached();  // unmaps free pages, then the one retry
+  return map_room(pool, stream, size);
 }
 
 // Maps pages until a free block of at least `size` bytes exists and returns it, out of its free
 // set; nullptr when the device cannot back the pages (those already mapped stay, as free space).
-Block* ExpandableModel::grow(Pool pool, Stream stream, std::size_t size) {
+Block* ExpandableModel::map_room(Pool pool, Stream stream, std::size_t size) {
   Block* b = find_room(pool, stream, size);
   if (b == nullptr) b = new_segment(pool, stream);
   // From b on, available blocks hold `size` bytes; free and unmapped ones alternate (neither kind
@@ -362,105 +266,17 @@ Block* ExpandableModel::map_pages(Block* u, std::size_t bytes) {
   return free_block(u);
 }
 
-// Marks `b` (in no set) allocated for `size` bytes, splitting off any remainder: rounded sizes are
-// multiples of 512 B, so a remainder is either nothing or a block worth keeping.
-Block* ExpandableModel::take(Block* b, std::size_t size) {
-  if (b->size - size >= kMinBlockSize) free_set(b->pool).insert(split_at(b, size));
-  b->allocated = true;
-  allocated_ += b->size;
-  return b;
+// Split off any remainder: rounded sizes are multiples of 512 B, so a remainder is either nothing
+// or a block worth keeping.
+bool ExpandableModel::should_split(const Block& b, std::size_t size) const noexcept {
+  return b.size - size >= kMinBlockSize;
 }
 
 Block* ExpandableModel::new_block(Segment* segment, Address addr, std::size_t size, bool mapped) {
-  auto owned = std::make_unique<Block>();
-  Block* b = owned.get();
-  b->addr = addr;
-  b->size = size;
-  b->stream = segment->stream;
-  b->pool = segment->pool;
-  b->segment = segment;
-  b->mapped = mapped;
-  blocks_.emplace(addr, std::move(owned));
-  return b;
-}
-
-// Cuts `b` (in no set) in two at `offset`; returns the new upper part (same kind, in no set).
-Block* ExpandableModel::split_at(Block* b, std::size_t offset) {
-  Block* rest = new_block(b->segment, b->addr + offset, b->size - offset, b->mapped);
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = offset;
-  return rest;
-}
-
-[[noreturn]] void ExpandableModel::throw_oom(std::size_t bytes, std::size_t size, Stream stream) {
-  OutOfMemoryInfo info;
-  info.requested = bytes;
-  info.rounded = size;
-  info.stream = stream;
-  info.device = device_.properties().ordinal;
-  info.capacity = device_.properties().capacity;
-  info.device_free = device_.free_memory();
-  info.reserved = reserved_;
-  info.allocated = allocated_;
-  info.reserved_unallocated = reserved_ - allocated_;
-  for (const auto& set : free_)
-    for (const Block* b : set) info.largest_free_block = std::max(info.largest_free_block, b->size);
-  throw OutOfMemoryError(info);
+  return CachingModel::new_block(addr, size, segment->stream, segment->pool, segment, mapped);
 }
 
 // --- freeing ------------------------------------------------------------------------------
-
-void ExpandableModel::deallocate(void* ptr, std::size_t /*bytes*/, Stream /*stream*/) {
-  const auto it = blocks_.find(reinterpret_cast<Address>(ptr));
-  if (it == blocks_.end() || !it->second->allocated)
-    throw UsageError(std::string(kName) + ": deallocate of a pointer that is not allocated");
-  Block* b = it->second.get();
-  b->allocated = false;
-  allocated_ -= b->size;
-  if (b->uses.empty()) {
-    free_block(b);
-    return;
-  }
-  // PyTorch records an event on each stream that used the block; the block is reusable once all
-  // of them completed.
-  b->pending = true;
-  b->marks.clear();
-  for (Stream s : b->uses) b->marks.push_back(clock_.mark(s));
-  pending_.push_back(b);
-}
-
-void ExpandableModel::record_stream(void* ptr, Stream stream) {
-  const auto it = blocks_.find(reinterpret_cast<Address>(ptr));
-  if (it == blocks_.end() || !it->second->allocated)
-    throw UsageError(std::string(kName) + ": record_stream on a pointer that is not allocated");
-  Block* b = it->second.get();
-  if (stream == b->stream) return;
-  if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
-}
-
-// Merges the free block `b` (in no set) with its free neighbours (never with unmapped space) and
-// returns the result, now in its free set.
-Block* ExpandableModel::free_block(Block* b) {
-  if (b->prev != nullptr && b->prev->is_free()) b = absorb(b->prev, b);
-  if (b->next != nullptr && b->next->is_free()) b = absorb(b, b->next);
-  free_set(b->pool).insert(b);
-  return b;
-}
-
-// Merges `high` into its lower neighbour `low`, of the same kind; the survivor keeps its address
-// (its key in blocks_) and is in no set: both are taken out first, as their keys change.
-Block* ExpandableModel::absorb(Block* low, Block* high) {
-  unindex(low);
-  unindex(high);
-  low->size += high->size;
-  low->next = high->next;
-  if (low->next != nullptr) low->next->prev = low;
-  blocks_.erase(high->addr);
-  return low;
-}
 
 // Takes `b` out of the set of its kind, if it is there (keys are unique: addresses).
 void ExpandableModel::unindex(Block* b) {
@@ -468,39 +284,6 @@ void ExpandableModel::unindex(Block* b) {
     free_set(b->pool).erase(b);
   else
     unmapped_set(b->pool).erase(b);
-}
-
-// Frees the pending blocks whose other streams have all been synchronized since the free.
-void ExpandableModel::process_pending() {
-  if (pending_.empty()) return;
-  std::vector<Block*> still;
-  for (Block* b : pending_) {
-    bool done = true;
-    for (std::size_t i = 0; i < b->uses.size() && done; ++i)
-      done = clock_.completed(b->uses[i], b->marks[i]);
-    if (!done) {
-      still.push_back(b);
-      continue;
-    }
-    b->pending = false;
-    b->uses.clear();
-    b->marks.clear();
-    free_block(b);
-  }
-  pending_.swap(still);
-}
-
-// The host waits for every outstanding event (PyTorch does before releasing cached memory).
-void ExpandableModel::complete_all_pending() {
-  std::vector<Block*> all;
-  all.swap(pending_);
-  for (Block* b : all) {
-    event_syncs_ += b->uses.size();  // one event per stream that used the block
-    b->pending = false;
-    b->uses.clear();
-    b->marks.clear();
-    free_block(b);
-  }
 }
 
 // --- releasing cached memory --------------------------------------------------------------
@@ -579,7 +362,7 @@ void ExpandableModel::release_segment(Block* b) {
 // --- seeding ------------------------------------------------------------------------------
 
 void ExpandableModel::seed_segment(const trace::Event& seed) {
-  const Pool pool = (seed.flags & trace::kFlagSmallPool) != 0 ? Pool::small : Pool::large;
+  const Pool pool = pytorch_common::seed_pool(seed);
   const UpstreamCounts before = upstream_of(device_);
   if ((seed.flags & trace::kFlagExpandable) != 0)
     seed_mapped_range(seed, pool);
@@ -669,17 +452,6 @@ void ExpandableModel::seed_native_segment(const trace::Event& seed, Pool pool) {
   seeds_[seed.addr] = {s->base, size};
 }
 
-// Keeps the device calls made since `before` (seeding) out of upstream().
-void ExpandableModel::exclude_from_window(const UpstreamCounts& before) {
-  const UpstreamCounts cost = model::minus(upstream_of(device_), before);
-  baseline_.allocs += cost.allocs;
-  baseline_.frees += cost.frees;
-  baseline_.maps += cost.maps;
-  baseline_.unmaps += cost.unmaps;
-  baseline_.syncs += cost.syncs;
-  baseline_.modelled_ns += cost.modelled_ns;
-}
-
 // Places a block live at window start where it was in the recording: at its offset in its seeded
 // range. Falls back to allocate() when it lies in no seeded range or its place is not free.
 void* ExpandableModel::seed_alloc(const trace::Event& seed) {
@@ -699,14 +471,7 @@ Block* ExpandableModel::seeded_free_block(const trace::Event& seed) {
   const std::size_t size = round_size(seed.size);
   if (offset >= length) return nullptr;
   const Address x = start + offset;
-  Block* f = block_at(x);
-  if (f == nullptr || !f->is_free() || x + size > f->addr + f->size) return nullptr;
-  auto& set = free_set(f->pool);
-  set.erase(f);
-  if (x == f->addr) return f;
-  Block* at = split_at(f, x - f->addr);
-  set.insert(f);
-  return at;
+  return carve_free(block_at(x), x, size);
 }
 
 }  // namespace

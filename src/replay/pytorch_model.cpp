@@ -45,15 +45,14 @@
 //  - address neighbours (prev/next) are never both free after free_block(): they were merged.
 
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "replay/model_support.hpp"
 #include "replay/models.hpp"
+#include "replay/pytorch_common.hpp"
 #include "replay/pytorch_rules.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/simulated_device.hpp"
@@ -67,112 +66,42 @@ using model::round_up;
 
 constexpr const char* kName = "pytorch";
 
+using pytorch_common::Block;
 using pytorch_rules::kLargeBuffer;
 using pytorch_rules::kMinBlockSize;
 using pytorch_rules::kMinLargeAlloc;
 using pytorch_rules::kRoundLarge;
 using pytorch_rules::kSmallBuffer;
 using pytorch_rules::kSmallSize;
-using pytorch_rules::Settings;
 
-struct Block {
-  Address addr = 0;
-  std::size_t size = 0;
-  Stream stream = kDefaultStream;  // the stream of its segment (blocks never change stream)
-  Pool pool = Pool::large;
-  Block* prev = nullptr;  // address neighbours inside the same segment (nullptr at its ends)
-  Block* next = nullptr;
-  bool allocated = false;
-  bool pending = false;  // freed, waiting for the streams in `uses` to pass `marks`
-  std::vector<Stream> uses;           // other streams it was used on (record_stream)
-  std::vector<std::uint64_t> marks;   // StreamClock marks taken when it was freed
-
-  bool whole_segment() const noexcept { return prev == nullptr && next == nullptr; }
-  bool is_free() const noexcept { return !allocated && !pending; }
-};
-
-// Best fit: by stream, then size, then address (PyTorch's own ordering of its free blocks).
-struct BySize {
-  bool operator()(const Block* a, const Block* b) const noexcept {
-    if (a->stream != b->stream) return a->stream < b->stream;
-    if (a->size != b->size) return a->size < b->size;
-    return a->addr < b->addr;
-  }
-};
-
-class PyTorchModel final : public ReplayTarget {
+class PyTorchModel final : public pytorch_common::CachingModel {
  public:
   explicit PyTorchModel(const TargetOptions& options)
-      : settings_(pytorch_rules::parse_settings(options.conf, kName, false)),
-        device_(device_options(options)) {}
+      : CachingModel(options, kName, false, device_options(options)) {}
 
-  std::string name() const override { return kName; }
   void seed_segment(const trace::Event& seed) override;
   void* seed_alloc(const trace::Event& seed) override;
-  void* allocate(std::size_t bytes, Stream stream) override;
-  void deallocate(void* ptr, std::size_t bytes, Stream stream) override;
-  void record_stream(void* ptr, Stream stream) override;
-  void stream_synchronized(Stream stream) override { clock_.synchronized(stream); }
-  void empty_cache() override { release_cached(); }
-
-  std::size_t reserved() const override { return reserved_; }
-  std::size_t allocated() const override { return allocated_; }
-  UpstreamCounts upstream() const override {
-    UpstreamCounts u = model::minus(upstream_of(device_), baseline_);
-    u.syncs += event_syncs_;
-    return u;
-  }
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
-    SimulatedDeviceOptions d;
-    d.name = "pytorch-model";
-    d.ordinal = o.device;
-    d.capacity = o.capacity;
-    d.segment_granularity = kRoundLarge;  // every PyTorch segment is a multiple of 2 MiB
+    SimulatedDeviceOptions d = pytorch_common::device_options(o, "pytorch-model");
     d.supports_virtual_memory = false;
     return d;
   }
 
-  std::size_t round_size(std::size_t bytes) const noexcept;
   static std::size_t segment_size(std::size_t size) noexcept;
-  bool should_split(const Block& b, std::size_t size) const noexcept;
+  bool should_split(const Block& b, std::size_t size) const noexcept override;
 
-  Block* find_free(Pool pool, Stream stream, std::size_t size);
-  Block* grow(Pool pool, Stream stream, std::size_t size);
+  Block* grow(Pool pool, Stream stream, std::size_t size) override;
   Block* new_segment(Pool pool, Stream stream, std::size_t segment);
-  Block* take(Block* b, std::size_t size);
-  Block* split_at(Block* b, std::size_t offset);
   Block* seeded_free_block(const trace::Event& seed);
   void give_gap_to_prev(Block* gap);
-  void free_block(Block* b);
-  Block* absorb(Block* low, Block* high);
-  void process_pending();
-  void complete_all_pending();
   bool release_oversize(Pool pool, Stream stream, std::size_t size);
-  void release_cached();
+  void release_cached() override;
   void release_segment(Block* b);
-  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
-
-  Settings settings_;
-  SimulatedDevice device_;
-  UpstreamCounts baseline_;        // the device calls of seeding, not part of the window
-  std::uint64_t event_syncs_ = 0;  // host waits on pending frees (release_cached)
-  model::StreamClock clock_;
-  std::unordered_map<Address, std::unique_ptr<Block>> blocks_;  // every block, by address
-  std::set<Block*, BySize> free_[kNumPools];
-  std::vector<Block*> pending_;  // freed blocks waiting for other streams
-  // Seeded segments: trace address -> (model address, size), to place seed_alloc blocks exactly.
-  std::map<std::uint64_t, std::pair<Address, std::size_t>> seeds_;
-  std::size_t reserved_ = 0;
-  std::size_t allocated_ = 0;
 };
 
 // --- sizes --------------------------------------------------------------------------------
-
-std::size_t PyTorchModel::round_size(std::size_t bytes) const noexcept {
-  return pytorch_rules::round_size(bytes, settings_.divisions);
-}
 
 std::size_t PyTorchModel::segment_size(std::size_t size) noexcept {
   if (size <= kSmallSize) return kSmallBuffer;
@@ -188,33 +117,6 @@ bool PyTorchModel::should_split(const Block& b, std::size_t size) const noexcept
 
 // --- allocation ---------------------------------------------------------------------------
 
-void* PyTorchModel::allocate(std::size_t bytes, Stream stream) {
-  process_pending();
-  // Beyond any device: fail before the rounding arithmetic could overflow.
-  if (bytes > device_.properties().capacity) throw_oom(bytes, bytes, stream);
-  const std::size_t size = round_size(bytes);
-  const Pool pool = pytorch_rules::pool_of(size);
-  Block* b = find_free(pool, stream, size);
-  if (b == nullptr) b = grow(pool, stream, size);
-  if (b == nullptr) throw_oom(bytes, size, stream);
-  return reinterpret_cast<void*>(take(b, size)->addr);
-}
-
-// The best-fit candidate, removed from the free set; nullptr when it is missing or ruled out by
-// max_split_size (every later candidate is larger, so only the first one matters).
-Block* PyTorchModel::find_free(Pool pool, Stream stream, std::size_t size) {
-  auto& set = free_[static_cast<int>(pool)];
-  Block key;
-  key.stream = stream;
-  key.size = size;
-  const auto it = set.lower_bound(&key);
-  if (it == set.end() || (*it)->stream != stream) return nullptr;
-  Block* b = *it;
-  if (!pytorch_rules::may_serve(b->size, size, settings_.max_split_size)) return nullptr;
-  set.erase(it);
-  return b;
-}
-
 // A new segment for `size`, freeing cached memory when the device is full; nullptr: out of memory.
 Block* PyTorchModel::grow(Pool pool, Stream stream, std::size_t size) {
   const std::size_t segment = segment_size(size);
@@ -228,139 +130,9 @@ Block* PyTorchModel::grow(Pool pool, Stream stream, std::size_t size) {
 Block* PyTorchModel::new_segment(Pool pool, Stream stream, std::size_t segment) {
   void* p = device_.allocate_segment(segment, stream);
   if (p == nullptr) return nullptr;
-  auto owned = std::make_unique<Block>();
-  Block* b = owned.get();
-  b->addr = reinterpret_cast<Address>(p);
-  b->size = segment;
-  b->stream = stream;
-  b->pool = pool;
-  blocks_.emplace(b->addr, std::move(owned));
+  Block* b = new_block(reinterpret_cast<Address>(p), segment, stream, pool, nullptr, true);
   reserved_ += segment;
   return b;
-}
-
-// Marks `b` (not in any free set) allocated for `size` bytes, splitting off the tail if worth it.
-Block* PyTorchModel::take(Block* b, std::size_t size) {
-  if (should_split(*b, size)) free_[static_cast<int>(b->pool)].insert(split_at(b, size));
-  b->allocated = true;
-  allocated_ += b->size;
-  return b;
-}
-
-// Cuts `b` (in no free set) in two at `offset`; returns the new upper part (in no free set).
-Block* PyTorchModel::split_at(Block* b, std::size_t offset) {
-  auto owned = std::make_unique<Block>();
-  Block* rest = owned.get();
-  rest->addr = b->addr + offset;
-  rest->size = b->size - offset;
-  rest->stream = b->stream;
-  rest->pool = b->pool;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = offset;
-  blocks_.emplace(rest->addr, std::move(owned));
-  return rest;
-}
-
-[[noreturn]] void PyTorchModel::throw_oom(std::size_t bytes, std::size_t size, Stream stream) {
-  OutOfMemoryInfo info;
-  info.requested = bytes;
-  info.rounded = size;
-  info.stream = stream;
-  info.device = device_.properties().ordinal;
-  info.capacity = device_.properties().capacity;
-  info.device_free = device_.free_memory();
-  info.reserved = reserved_;
-  info.allocated = allocated_;
-  info.reserved_unallocated = reserved_ - allocated_;
-  for (const auto& set : free_)
-    for (const Block* b : set) info.largest_free_block = std::max(info.largest_free_block, b->size);
-  throw OutOfMemoryError(info);
-}
-
-// --- freeing ------------------------------------------------------------------------------
-
-void PyTorchModel::deallocate(void* ptr, std::size_t /*bytes*/, Stream /*stream*/) {
-  const auto it = blocks_.find(reinterpret_cast<Address>(ptr));
-  if (it == blocks_.end() || !it->second->allocated)
-    throw UsageError(std::string(kName) + ": deallocate of a pointer that is not allocated");
-  Block* b = it->second.get();
-  b->allocated = false;
-  allocated_ -= b->size;
-  if (b->uses.empty()) {
-    free_block(b);
-    return;
-  }
-  // PyTorch records an event on each stream that used the block; the block is reusable once
-  // all of them completed.
-  b->pending = true;
-  b->marks.clear();
-  for (Stream s : b->uses) b->marks.push_back(clock_.mark(s));
-  pending_.push_back(b);
-}
-
-void PyTorchModel::record_stream(void* ptr, Stream stream) {
-  const auto it = blocks_.find(reinterpret_cast<Address>(ptr));
-  if (it == blocks_.end() || !it->second->allocated)
-    throw UsageError(std::string(kName) + ": record_stream on a pointer that is not allocated");
-  Block* b = it->second.get();
-  if (stream == b->stream) return;
-  if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
-}
-
-// Merges `b` (free, in no set) with its free neighbours and returns the result to its pool.
-void PyTorchModel::free_block(Block* b) {
-  if (b->prev != nullptr && b->prev->is_free()) b = absorb(b->prev, b);
-  if (b->next != nullptr && b->next->is_free()) b = absorb(b, b->next);
-  free_[static_cast<int>(b->pool)].insert(b);
-}
-
-// Merges `high` into its lower neighbour `low` (the survivor keeps its address, hence its key in
-// blocks_). Whichever of the two is in a free set is taken out first: the set is keyed by size.
-Block* PyTorchModel::absorb(Block* low, Block* high) {
-  auto& set = free_[static_cast<int>(low->pool)];
-  set.erase(low);
-  set.erase(high);
-  low->size += high->size;
-  low->next = high->next;
-  if (low->next != nullptr) low->next->prev = low;
-  blocks_.erase(high->addr);
-  return low;
-}
-
-// Frees the pending blocks whose other streams have all been synchronized since the free.
-void PyTorchModel::process_pending() {
-  if (pending_.empty()) return;
-  std::vector<Block*> still;
-  for (Block* b : pending_) {
-    bool done = true;
-    for (std::size_t i = 0; i < b->uses.size() && done; ++i)
-      done = clock_.completed(b->uses[i], b->marks[i]);
-    if (!done) {
-      still.push_back(b);
-      continue;
-    }
-    b->pending = false;
-    b->uses.clear();
-    b->marks.clear();
-    free_block(b);
-  }
-  pending_.swap(still);
-}
-
-// The host waits for every outstanding event (PyTorch does before releasing cached memory).
-void PyTorchModel::complete_all_pending() {
-  std::vector<Block*> all;
-  all.swap(pending_);
-  for (Block* b : all) {
-    event_syncs_ += b->uses.size();  // one event per stream that used the block
-    b->pending = false;
-    b->uses.clear();
-    b->marks.clear();
-    free_block(b);
-  }
 }
 
 // --- releasing cached memory --------------------------------------------------------------
@@ -371,7 +143,7 @@ void PyTorchModel::complete_all_pending() {
 bool PyTorchModel::release_oversize(Pool pool, Stream stream, std::size_t size) {
   const std::size_t max_split = settings_.max_split_size;
   if (max_split == kUnlimited) return false;
-  auto& set = free_[static_cast<int>(pool)];
+  auto& set = free_set(pool);
   Block key;
   key.stream = stream;
   key.size = std::max(size, max_split);
@@ -420,21 +192,15 @@ void PyTorchModel::release_segment(Block* b) {
 // --- seeding ------------------------------------------------------------------------------
 
 void PyTorchModel::seed_segment(const trace::Event& seed) {
-  const Pool pool = (seed.flags & trace::kFlagSmallPool) != 0 ? Pool::small : Pool::large;
+  const Pool pool = pytorch_common::seed_pool(seed);
   // PyTorch's segments are multiples of 2 MiB; an expandable-segment range need not be.
   const std::size_t size = round_up(std::max<std::size_t>(seed.size, 1), kRoundLarge);
   const UpstreamCounts before = upstream_of(device_);
   Block* b = new_segment(pool, seed.stream, size);
   if (b == nullptr) throw_oom(seed.size, size, seed.stream);
   // The seed's cudaMalloc happened before the window: keep it out of upstream().
-  const UpstreamCounts cost = model::minus(upstream_of(device_), before);
-  baseline_.allocs += cost.allocs;
-  baseline_.frees += cost.frees;
-  baseline_.maps += cost.maps;
-  baseline_.unmaps += cost.unmaps;
-  baseline_.syncs += cost.syncs;
-  baseline_.modelled_ns += cost.modelled_ns;
-  free_[static_cast<int>(pool)].insert(b);
+  exclude_from_window(before);
+  free_set(pool).insert(b);
   seeds_[seed.addr] = {b->addr, size};
 }
 
@@ -465,13 +231,7 @@ Block* PyTorchModel::seeded_free_block(const trace::Event& seed) {
   const Address x = base + offset;
   Block* f = head->second.get();
   while (f != nullptr && f->addr + f->size <= x) f = f->next;
-  if (f == nullptr || !f->is_free() || x + size > f->addr + f->size) return nullptr;
-  auto& set = free_[static_cast<int>(f->pool)];
-  set.erase(f);
-  if (x == f->addr) return f;
-  Block* at = split_at(f, x - f->addr);
-  set.insert(f);
-  return at;
+  return carve_free(f, x, size);
 }
 
 // `gap` is the free block just before a seed placed by seed_alloc(). In the large pool a free
@@ -481,7 +241,7 @@ void PyTorchModel::give_gap_to_prev(Block* gap) {
   Block* owner = gap->prev;
   if (gap->pool != Pool::large || gap->size > kSmallSize || owner == nullptr || !owner->allocated)
     return;
-  free_[static_cast<int>(gap->pool)].erase(gap);
+  free_set(gap->pool).erase(gap);
   owner->size += gap->size;
   allocated_ += gap->size;
   owner->next = gap->next;

@@ -4,6 +4,7 @@
 // Rounding follows what the CUDA driver does with cudaMalloc: requests of 2 MiB and more take
 // whole 2 MiB pages; smaller ones are packed into shared pages, modelled as 512-byte rounding.
 // The simulated device therefore has a 512-byte granularity.
+#include "replay/model_support.hpp"
 #include "replay/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/size_classes.hpp"
@@ -49,15 +50,7 @@ class RawTarget final : public ReplayTarget {
 
  private:
   OutOfMemoryInfo oom_info(std::size_t bytes, std::size_t size, Stream stream) {
-    OutOfMemoryInfo i;
-    i.requested = bytes;
-    i.rounded = size;
-    i.stream = stream;
-    i.device = device_.properties().ordinal;
-    i.capacity = device_.properties().capacity;
-    i.device_free = device_.free_memory();
-    i.reserved = i.allocated = reserved_;
-    return i;
+    return model::oom_info(device_, bytes, size, stream, reserved_, reserved_);
   }
 
   SimulatedDevice device_;
