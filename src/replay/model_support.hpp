@@ -87,18 +87,6 @@ inline std::uint64_t conf_uint(std::string_view target, const ConfEntry& e, std:
   return v;
 }
 
-/// a - b, field by field (b is a baseline taken earlier from the same cumulative counters).
-inline UpstreamCounts minus(const UpstreamCounts& a, const UpstreamCounts& b) noexcept {
-  UpstreamCounts d;
-  d.allocs = a.allocs - b.allocs;
-  d.frees = a.frees - b.frees;
-  d.maps = a.maps - b.maps;
-  d.unmaps = a.unmaps - b.unmaps;
-  d.syncs = a.syncs - b.syncs;
-  d.modelled_ns = a.modelled_ns - b.modelled_ns;
-  return d;
-}
-
 /// What an OutOfMemoryError reports about a model over `device` that failed a request of `requested`
 /// bytes (`rounded` after rounding) on `stream`, holding `reserved` bytes of which `allocated` are
 /// in live blocks. largest_free_block and memory_limit are left to the caller (0: none).

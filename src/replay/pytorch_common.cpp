@@ -30,7 +30,7 @@ CachingModel::CachingModel(const TargetOptions& options, const char* name, bool 
       device_(device) {}
 
 UpstreamCounts CachingModel::upstream() const {
-  UpstreamCounts u = model::minus(upstream_of(device_), baseline_);
+  UpstreamCounts u = upstream_of(device_) - baseline_;
   u.syncs += event_syncs_;
   return u;
 }
@@ -214,13 +214,7 @@ Block* CachingModel::carve_free(Block* f, Address x, std::size_t size) {
 
 // Keeps the device calls made since `before` (seeding) out of upstream().
 void CachingModel::exclude_from_window(const UpstreamCounts& before) {
-  const UpstreamCounts cost = model::minus(upstream_of(device_), before);
-  baseline_.allocs += cost.allocs;
-  baseline_.frees += cost.frees;
-  baseline_.maps += cost.maps;
-  baseline_.unmaps += cost.unmaps;
-  baseline_.syncs += cost.syncs;
-  baseline_.modelled_ns += cost.modelled_ns;
+  baseline_ += upstream_of(device_) - before;
 }
 
 }  // namespace tensorpool::replay::pytorch_common

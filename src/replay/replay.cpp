@@ -26,20 +26,6 @@ namespace {
 
 bool is_seed(Op op) { return op == Op::seed_segment || op == Op::seed_alloc; }
 
-UpstreamCounts minus(const UpstreamCounts& a, const UpstreamCounts& b) {
-  return {a.allocs - b.allocs, a.frees - b.frees, a.maps - b.maps, a.unmaps - b.unmaps,
-          a.syncs - b.syncs, a.modelled_ns - b.modelled_ns};
-}
-
-void add_into(UpstreamCounts& a, const UpstreamCounts& b) {
-  a.allocs += b.allocs;
-  a.frees += b.frees;
-  a.maps += b.maps;
-  a.unmaps += b.unmaps;
-  a.syncs += b.syncs;
-  a.modelled_ns += b.modelled_ns;
-}
-
 void finish(ReplayResult& r) {
   r.utilization = r.peak_reserved == 0 ? 1.0
                                        : static_cast<double>(r.peak_requested) /
@@ -63,8 +49,8 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
     t.reserved_at_requested_peak += d.reserved_at_requested_peak;
     t.final_reserved += d.final_reserved;
     t.iterations = std::max(t.iterations, d.iterations);
-    add_into(t.upstream, d.upstream);
-    add_into(t.upstream_after_first_iteration, d.upstream_after_first_iteration);
+    t.upstream += d.upstream;
+    t.upstream_after_first_iteration += d.upstream_after_first_iteration;
   }
   finish(t);
   return t;
@@ -104,8 +90,8 @@ class DeviceReplay {
   ReplayResult finish_result() {
     if (!window_started_) start_window();
     const UpstreamCounts now = target_->upstream();
-    result_.upstream = minus(now, at_window_start_);
-    if (result_.iterations >= 2) result_.upstream_after_first_iteration = minus(now, at_second_iteration_);
+    result_.upstream = now - at_window_start_;
+    if (result_.iterations >= 2) result_.upstream_after_first_iteration = now - at_second_iteration_;
     result_.final_reserved = target_->reserved();
     finish(result_);
     return result_;

@@ -27,6 +27,21 @@ struct UpstreamCounts {
   std::uint64_t syncs = 0;   // host synchronizations
   std::uint64_t modelled_ns = 0;  // the simulated device's modelled cost of those calls
   std::uint64_t total() const noexcept { return allocs + frees + maps + unmaps; }
+
+  UpstreamCounts& operator+=(const UpstreamCounts& o) noexcept {
+    allocs += o.allocs;
+    frees += o.frees;
+    maps += o.maps;
+    unmaps += o.unmaps;
+    syncs += o.syncs;
+    modelled_ns += o.modelled_ns;
+    return *this;
+  }
+  /// The calls made between two readings of the same cumulative counters (a taken after b).
+  friend UpstreamCounts operator-(const UpstreamCounts& a, const UpstreamCounts& b) noexcept {
+    return {a.allocs - b.allocs, a.frees - b.frees, a.maps - b.maps,
+            a.unmaps - b.unmaps, a.syncs - b.syncs, a.modelled_ns - b.modelled_ns};
+  }
 };
 
 /// Options every target gets.
