@@ -148,6 +148,7 @@ std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOption
     replay::ReplayOptions ro;
     ro.allocator = name;
     ro.device = o.device;
+    ro.warmup = o.warmup;
     ro.target.capacity = o.capacity;
     ro.target.conf = name.rfind("tensorpool", 0) == 0 ? o.conf : "";  // --conf is tensorpool's
     reports.push_back(replay::replay(source, ro));
@@ -188,7 +189,7 @@ int cmd_compare(const RunOptions& o) {
   const replay::BaselineReport recorded = replay::baseline(source, "pytorch-actual", o.device);
   const auto reports = run_all(t, o);
   if (o.json) {
-    json j = {{"trace", o.trace}, {"capacity_bytes", o.capacity}};
+    json j = {{"trace", o.trace}, {"capacity_bytes", o.capacity}, {"warmup", o.warmup}};
     j["recorded"] = recorded.total.present ? to_json(recorded.total.result) : json(nullptr);
     json rows = json::array();
     for (const auto& r : reports) rows.push_back(report_json(r));

@@ -15,6 +15,7 @@ struct RunOptions {
   std::size_t capacity = 80 * GiB;
   std::string conf;  // tensorpool's Config for the tensorpool allocator
   int device = -1;
+  int warmup = 0;  // passes over the window before the measured one
   bool json = false;
 };
 

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   std::string trace_path, out_path, allocators, capacity = "80GiB", conf, gen_options;
   std::string allocator = "tensorpool";
   int device = -1;
+  int warmup = 0;
 
   auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator");
   demo->add_flag("--json", json, "Machine-readable output");
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
     cmd->add_option("--conf", conf, "tensorpool settings, TENSORPOOL_CONF syntax (key:value,...); "
                                     "applies to tensorpool and tensorpool-vmm");
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
+    cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
+        ->check(CLI::Range(0, 100));
     cmd->add_flag("--json", json, "Machine-readable output");
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
     run.trace = trace_path;
     run.json = json;
     run.device = device;
+    run.warmup = warmup;
     run.conf = conf;
     run.capacity = parse_capacity(capacity);
     run.allocators = replay_cmd->parsed() ? std::vector<std::string>{allocator}

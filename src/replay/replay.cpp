@@ -71,7 +71,9 @@ class DeviceReplay {
     ++result_.events;
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
-      case Op::seed_segment: target_->seed_segment(e); break;
+      case Op::seed_segment:
+        if (pass_ == 0) target_->seed_segment(e);
+        break;
       case Op::seed_alloc: allocate(e, true); break;
       case Op::alloc: allocate(e, false); break;
       case Op::free_requested: free(e, true); break;
@@ -85,6 +87,21 @@ class DeviceReplay {
         break;
       default: break;  // the recording allocator's own events: see baseline()
     }
+  }
+
+  // A warm-up pass ended: measure the next pass only. The target and the live blocks carry over
+  // (the program runs on); the measurements start again from the current state.
+  void start_next_pass() {
+    if (!window_started_) start_window();
+    ++pass_;
+    const std::string name = result_.allocator;
+    const int device = result_.device;
+    result_ = ReplayResult{};
+    result_.allocator = name;
+    result_.device = device;
+    failed_.clear();
+    window_started_ = false;
+    measure();
   }
 
   ReplayResult finish_result() {
@@ -160,6 +177,7 @@ class DeviceReplay {
   std::unordered_set<std::uint64_t> failed_;  // addresses whose allocation raised OOM
   std::size_t requested_ = 0;
   bool window_started_ = false;
+  int pass_ = 0;
   UpstreamCounts at_window_start_;
   UpstreamCounts at_second_iteration_;
 };
@@ -169,13 +187,20 @@ class DeviceReplay {
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
   std::map<int, std::unique_ptr<DeviceReplay>> devices;
   Event e;
-  const auto start = std::chrono::steady_clock::now();
-  while (source.next(e)) {
-    const int d = e.device;
-    if (options.device >= 0 && d != options.device) continue;
-    auto& slot = devices[d];
-    if (!slot) slot = std::make_unique<DeviceReplay>(options, d);
-    slot->apply(e);
+  auto start = std::chrono::steady_clock::now();
+  for (int pass = 0; pass <= options.warmup; ++pass) {
+    if (pass > 0) {
+      source.rewind();
+      for (auto& [d, replay] : devices) replay->start_next_pass();
+      start = std::chrono::steady_clock::now();
+    }
+    while (source.next(e)) {
+      const int d = e.device;
+      if (options.device >= 0 && d != options.device) continue;
+      auto& slot = devices[d];
+      if (!slot) slot = std::make_unique<DeviceReplay>(options, d);
+      slot->apply(e);
+    }
   }
   const auto elapsed = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start);
   ReplayReport report;

@@ -34,6 +34,8 @@ check "replay --json keys" 0 '"upstream_after_first_iteration"' -- "$bin" replay
 for key in peak_requested_bytes peak_reserved_bytes utilization upstream_allocs upstream_frees syncs ooms host_ns_per_op; do
   check "compare --json has $key" 0 "\"$key\"" -- "$bin" compare "$work/g.tptrace" --json
 done
+check "compare --warmup" 0 '"warmup": 1' -- "$bin" compare "$work/g.tptrace" --warmup 1 --json
+check "bad --warmup" 2 "warmup" -- "$bin" replay "$work/g.tptrace" --warmup -3
 check "compare subset" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 1GiB
 check "convert to jsonl" 0 "wrote" -- "$bin" convert "$work/g.tptrace" "$work/g.jsonl"
 check "jsonl replays the same" 0 "tensorpool" -- "$bin" replay "$work/g.jsonl"

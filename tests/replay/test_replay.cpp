@@ -208,3 +208,30 @@ TEST_CASE("vmm mode on the shared traces: utilization >= 0.97 and above the pyto
   }
   REQUIRE(traces >= 7);
 }
+
+TEST_CASE("warm-up passes: the measured pass starts from the state the window left", "[replay]") {
+  GeneratorOptions g;
+  g.layers = 4;
+  g.hidden = 1024;
+  g.vocab = 8000;
+  g.varlen = false;
+  g.eager_optimizer = true;
+  g.iterations = 2;
+  const trace::Trace t = generate_llm_trace(g);
+  for (const char* allocator : {"tensorpool", "tensorpool-vmm", "pytorch"}) {
+    INFO(allocator);
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = allocator;
+    const ReplayResult cold = tensorpool::replay::replay(source, o).total;
+    o.warmup = 2;
+    TraceSource again(t);
+    const ReplayResult warm = tensorpool::replay::replay(again, o).total;
+    REQUIRE(cold.upstream.total() > 0);
+    REQUIRE(warm.upstream.total() == 0);  // the window repeats: nothing new is needed
+    REQUIRE(warm.events == cold.events);  // only the last pass is counted
+    REQUIRE(warm.unmatched_frees == 0);
+    REQUIRE(warm.ooms == 0);
+    REQUIRE(warm.peak_requested >= cold.peak_requested);  // weights carried over, re-allocated
+  }
+}

@@ -71,6 +71,11 @@ struct ReplayOptions {
   std::string allocator = "tensorpool";
   TargetOptions target;  // capacity and target-specific conf
   int device = -1;       // replay only this device of the trace; -1: every device
+  /// Replays the window this many times before the measured pass, as if the program had run it
+  /// before (steady state): the target and its live blocks carry over, an allocation at an
+  /// address still live frees the old block first, seed segments are adopted only once, and only
+  /// the last pass is measured.
+  int warmup = 0;
 };
 
 struct ReplayResult {
