@@ -56,7 +56,8 @@ test-tsan: deps
 # Builds the libFuzzer targets with clang (preset fuzz, build-fuzz) and runs each for
 # FUZZ_SECONDS from its seed corpus (fuzz/corpus/TARGET); new inputs go to fuzz-corpus-TARGET/,
 # crashes to fuzz-corpus-crashes/, logs to fuzz-corpus-logs/. Fails on the first crash.
-fuzz: deps
+fuzz:
+	@bash scripts/install-deps.sh fuzz
 	@command -v clang++ >/dev/null || { echo "make fuzz: needs clang++ and libclang-rt-14-dev"; exit 1; }
 	@cmake --preset fuzz >/dev/null
 	@cmake --build --preset fuzz -j $(JOBS)
