@@ -154,12 +154,12 @@ void round_trip(const ReadTrace& t, trace::Format format) {
 
 // --- config ---------------------------------------------------------------------------------------
 
-// Known issue (docs/reliability.md): Config::to_string() prints memory_limit fractions with
-// std::to_string (6 decimals), so a fraction below 5e-7 prints as 0.000000, which parse()
-// refuses. Skipped here so the fuzzer looks for anything else; test_fuzz_corpus.cpp keeps the
-// reproducer.
+// Known issue (docs/reliability.md; found by this target): Config::to_string() prints
+// memory_limit fractions with std::to_string (6 decimals), so a fraction of about 5e-7 or less
+// prints as 0.000000, which parse() refuses. Skipped here so the fuzzer looks for anything else;
+// test_fuzz_corpus.cpp keeps the reproducer as a [!mayfail] test.
 bool known_fraction_issue(const Config& c) {
-  return c.memory_limit_fraction > 0.0 && c.memory_limit_fraction < 5e-7;
+  return c.memory_limit_fraction > 0.0 && std::to_string(c.memory_limit_fraction) == "0.000000";
 }
 
 }  // namespace

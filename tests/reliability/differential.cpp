@@ -231,8 +231,8 @@ class Runner {
   const RunFigures& figures() const noexcept { return figures_; }
 
  private:
-  // A block the user holds: requested bytes, the stream it was allocated on, every stream that
-  // used it (allocation stream first, then record_stream ones).
+  // A block the user holds: requested bytes and every stream that used it (the allocation
+  // stream first, then the record_stream ones).
   struct LiveBlock {
     std::size_t bytes;
     std::vector<Stream> users;
@@ -311,6 +311,7 @@ class Runner {
   std::uint64_t free_calls_ = 0;
   std::uint64_t ooms_ = 0;
   std::size_t last_reserved_ = 0;
+  std::size_t next_collect_ = 256;  // guards_.size() at which collect_guards() runs next
   std::array<std::uint64_t, kNumFaultSites> fire_at_{};  // call number an armed fault fails
   RunFigures figures_;
 };
@@ -344,7 +345,12 @@ std::optional<Failure> Runner::execute(const std::vector<Op>& ops) {
       update_fault_mirror();
       check_state();
       ++figures_.ops;
-      if ((i & 255) == 255) collect_guards();
+      // By the model's size, not the op's index: an inserted no-op (a fault that never fires)
+      // must not change which marker a later complete_event picks.
+      if (guards_.size() >= next_collect_) {
+        collect_guards();
+        next_collect_ = 2 * guards_.size() + 256;
+      }
     }
     teardown();
   } catch (const CheckFailure& f) {

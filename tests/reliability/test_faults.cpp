@@ -156,28 +156,54 @@ TEST_CASE("faults: a failed event creation during cross-stream reuse leaves the 
 
 namespace {
 
-void sweep(const char* config, bool vmm, FaultSite site, std::uint64_t seed) {
-  const RunOptions options{config};
-  // Without drains: a drain disarms the fault before it can fire.
-  auto workload = generate(seed, 2000, Profile{vmm, false, options.streams, options.capacity});
-  std::erase_if(workload, [](const Op& op) { return op.kind == OpKind::drain; });
-  RunFigures baseline;
-  if (const auto failure = run(options, workload, &baseline))
-    FAIL("without faults: " << report(seed, options, *failure, shrink(options, workload, *failure)));
-  const std::uint64_t calls = std::min<std::uint64_t>(baseline.site_calls[static_cast<std::size_t>(site)], 60);
-  REQUIRE(calls > 0);
-  RunFigures total;
+constexpr std::uint64_t kPointsPerSweep = 60;  // injection points per site
+constexpr std::uint64_t kPointsPerWorkload = 60;
+
+// A 2000-op workload without random faults or drains (a drain disarms the fault before it can
+// fire); fails the test if it fails without any fault.
+std::vector<Op> workload(const RunOptions& options, bool vmm, std::uint64_t seed, RunFigures& baseline) {
+  auto ops = generate(seed, 2000, Profile{vmm, false, options.streams, options.capacity});
+  std::erase_if(ops, [](const Op& op) { return op.kind == OpKind::drain; });
+  if (const auto failure = run(options, ops, &baseline))
+    FAIL("without faults: " << report(seed, options, *failure, shrink(options, ops, *failure)));
+  return ops;
+}
+
+// Fails call n of `site` (n = 1 .. the calls the workload makes, at most kPointsPerWorkload),
+// each in a fresh run of the workload judged by the reference model.
+void sweep_workload(const RunOptions& options, const std::vector<Op>& ops, FaultSite site,
+                    std::uint64_t calls, std::uint64_t seed, RunFigures& total) {
   for (std::uint64_t n = 1; n <= calls; ++n) {
-    std::vector<Op> ops{{OpKind::fault, 0, static_cast<std::uint8_t>(site), n}};
-    ops.insert(ops.end(), workload.begin(), workload.end());
+    std::vector<Op> faulty{{OpKind::fault, 0, static_cast<std::uint8_t>(site), n}};
+    faulty.insert(faulty.end(), ops.begin(), ops.end());
     RunFigures figures;
-    const auto failure = run(options, ops, &figures);
-    if (failure) FAIL("fault at call " << n << ": " << report(seed, options, *failure, shrink(options, ops, *failure)));
+    const auto failure = run(options, faulty, &figures);
+    if (failure)
+      FAIL("fault at call " << n << ": " << report(seed, options, *failure, shrink(options, faulty, *failure)));
     CHECK(figures.faults_injected == 1);
     total += figures;
   }
-  std::printf("fault sweep [%s] site %d: %llu runs, %llu faults injected, %llu ops, %llu OOMs, %llu DeviceErrors\n",
-              config, static_cast<int>(site), static_cast<unsigned long long>(calls),
+}
+
+// Sweeps workloads of successive seeds until kPointsPerSweep injection points are covered (event
+// creation is rare: the allocator pools its events, so one workload reaches only a few).
+void sweep(const char* config, bool vmm, FaultSite site, std::uint64_t first_seed) {
+  const RunOptions options{config};
+  RunFigures total;
+  std::uint64_t points = 0;
+  std::uint64_t workloads = 0;
+  for (std::uint64_t seed = first_seed; points < kPointsPerSweep && workloads < 40; seed += 1000, ++workloads) {
+    RunFigures baseline;
+    const auto ops = workload(options, vmm, seed, baseline);
+    const std::uint64_t reached = baseline.site_calls[static_cast<std::size_t>(site)];
+    const std::uint64_t calls = std::min({reached, kPointsPerWorkload, kPointsPerSweep - points});
+    sweep_workload(options, ops, site, calls, seed, total);
+    points += calls;
+  }
+  CHECK(points == kPointsPerSweep);
+  std::printf("fault sweep [%s] site %d: %llu workloads, %llu faults injected, %llu ops, %llu OOMs, "
+              "%llu DeviceErrors\n",
+              config, static_cast<int>(site), static_cast<unsigned long long>(workloads),
               static_cast<unsigned long long>(total.faults_injected), static_cast<unsigned long long>(total.ops),
               static_cast<unsigned long long>(total.ooms), static_cast<unsigned long long>(total.device_errors));
 }
