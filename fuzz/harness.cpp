@@ -152,16 +152,6 @@ void round_trip(const ReadTrace& t, trace::Format format) {
     violated(std::string("events changed in a ") + trace::to_string(format) + " round trip");
 }
 
-// --- config ---------------------------------------------------------------------------------------
-
-// Known issue (docs/reliability.md; found by this target): Config::to_string() prints
-// memory_limit fractions with std::to_string (6 decimals), so a fraction of about 5e-7 or less
-// prints as 0.000000, which parse() refuses. Skipped here so the fuzzer looks for anything else;
-// test_fuzz_corpus.cpp keeps the reproducer as a [!mayfail] test.
-bool known_fraction_issue(const Config& c) {
-  return c.memory_limit_fraction > 0.0 && std::to_string(c.memory_limit_fraction) == "0.000000";
-}
-
 }  // namespace
 
 int pickle_one(const std::uint8_t* data, std::size_t size) {
@@ -215,7 +205,6 @@ int config_one(const std::uint8_t* data, std::size_t size) {
   } catch (const ConfigError&) {
     return 0;
   }
-  if (known_fraction_issue(c)) return 0;
   const std::string text = c.to_string();
   try {
     if (Config::parse(text, "round trip").to_string() != text) violated("config changed in a round trip: " + text);

@@ -128,8 +128,13 @@ class Allocator::Impl {
   Segment& heap_for(StreamState& ss, Pool pool);
   Block* grow_heap(StreamState& ss, Pool pool, std::size_t size);
   std::size_t growth_step(Pool pool) const noexcept;
-  std::pair<Block*, std::size_t> place(const Segment& heap, std::size_t size) const;
-  Block* map_into(Segment& heap, Block* hole, std::size_t bytes, Pool pool, bool& complete);
+  struct Placement {
+    Block* hole;        // an unmapped free block
+    std::size_t bytes;  // to map at its start (a growth step)
+    std::size_t need;   // of which the request needs at least this much
+  };
+  Placement place(const Segment& heap, std::size_t size) const;
+  Block* map_into(Segment& heap, const Placement& where, Pool pool, bool& complete);
   bool create_chunk(std::size_t bytes, Pool pool, detail::Chunk& out);
   std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
   std::size_t idle_physical(Pool pool) const;

@@ -161,9 +161,16 @@ Block* Allocator::Impl::steal_from_other_stream(StreamState& ss, Pool pool, std:
     if (other.get() == &ss) continue;
     Block* b = find_cached(*other, pool, size);
     if (b == nullptr) continue;
-    const Event e = acquire_event();
-    device_->record_event(e, other->stream);
-    device_->stream_wait_event(ss.stream, e);
+    Event e = 0;
+    try {
+      e = acquire_event();
+      device_->record_event(e, other->stream);
+      device_->stream_wait_event(ss.stream, e);
+    } catch (const DeviceError& err) {  // the ladder goes on without cross-stream reuse
+      if (e != 0) release_event(e);
+      detail::log().warn("cross-stream reuse skipped: {}", err.what());
+      return nullptr;
+    }
     release_event(e);  // a wait captures the event's state when it is enqueued
     ++counters_.events_recorded;
     ++counters_.stream_waits;

@@ -1,6 +1,7 @@
 // Config: parsing TENSORPOOL_CONF-style "key:value" lists and validating the result.
 #include "tensorpool/config.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -74,11 +75,22 @@ struct KeyHandler {
 
 std::string size_text(std::size_t v) { return v == 0 ? "none" : std::to_string(v); }
 
+// A fraction in fixed notation (parse() wants a '.'), with as many digits as it takes to read
+// back the same double.
+std::string fraction_text(double f) {
+  char buf[400];
+  for (int digits = 1; digits < 340; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*f", digits, f);
+    if (std::strtod(buf, nullptr) == f) break;
+  }
+  return buf;
+}
+
 const std::vector<KeyHandler>& handlers() {
   static const std::vector<KeyHandler> h = {
       {"memory_limit", set_limit,
        [](const Config& c) {
-         if (c.memory_limit_fraction > 0.0) return std::to_string(c.memory_limit_fraction);
+         if (c.memory_limit_fraction > 0.0) return fraction_text(c.memory_limit_fraction);
          return size_text(c.memory_limit_bytes);
        }},
       {"max_split_size",

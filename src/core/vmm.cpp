@@ -62,17 +62,18 @@ Segment& Allocator::Impl::heap_for(StreamState& ss, Pool pool) {
 }
 
 // Where to map pages for a request of `size`: the lowest unmapped hole that, with the free
-// mapped block before it (and if need be the whole hole plus the one after it), fits; and how
-// many bytes of the hole to map. {nullptr, 0} if the address range is exhausted.
-std::pair<Block*, std::size_t> Allocator::Impl::place(const Segment& heap, std::size_t size) const {
+// mapped block before it (and if need be the whole hole plus the one after it), fits; how many
+// bytes of the hole to map (a growth step), and how many the request needs at least.
+Allocator::Impl::Placement Allocator::Impl::place(const Segment& heap, std::size_t size) const {
   for (const auto& [addr, hole] : heap.heap->unmapped) {
     const std::size_t before = free_mapped(hole->prev) ? hole->prev->size : 0;
     const std::size_t need = size > before ? round_up(size - before, page_) : page_;
-    if (need <= hole->size) return {hole, std::min(std::max(need, growth_step(heap.pool)), hole->size)};
+    if (need <= hole->size)
+      return {hole, std::min(std::max(need, growth_step(heap.pool)), hole->size), need};
     const std::size_t after = free_mapped(hole->next) ? hole->next->size : 0;
-    if (before + hole->size + after >= size) return {hole, hole->size};
+    if (before + hole->size + after >= size) return {hole, hole->size, hole->size};
   }
-  return {nullptr, 0};
+  return {nullptr, 0, 0};
 }
 
 // The least memory a growth maps: a 128th of what the pool holds, between one page and
@@ -94,10 +95,10 @@ Block* Allocator::Impl::grow_heap(StreamState& ss, Pool pool, std::size_t size) 
     reclaim_free_chunks(pool, keep);
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const auto [hole, bytes] = place(heap, size);
-    if (hole == nullptr) return nullptr;
+    const Placement where = place(heap, size);
+    if (where.hole == nullptr) return nullptr;
     bool complete = false;
-    Block* b = map_into(heap, hole, bytes, pool, complete);
+    Block* b = map_into(heap, where, pool, complete);
     if (complete && b != nullptr && b->size >= size) return b;
     std::size_t keep = 0;
     if (attempt == 0 && reclaim_free_chunks(pool, keep) == 0) break;
@@ -137,13 +138,16 @@ bool Allocator::Impl::create_chunk(std::size_t bytes, Pool pool, Chunk& out) {
   return true;
 }
 
-// Maps chunks at the start of `hole` until `bytes` are mapped (cached chunks first, then one new
-// chunk for the rest). Returns the free mapped block that now starts at or before hole->addr
+// Maps chunks at the start of the hole until `where.bytes` are mapped (cached chunks first, then
+// new ones; if the device or the limit refuses the growth step, only the `where.need` bytes the
+// request needs). Returns the free mapped block that now starts at or before the hole's address
 // (merged with its neighbours), or nullptr if nothing could be mapped; `complete` tells whether
-// all `bytes` were.
-Block* Allocator::Impl::map_into(Segment& heap, Block* hole, std::size_t bytes, Pool pool, bool& complete) {
+// the needed bytes were.
+Block* Allocator::Impl::map_into(Segment& heap, const Placement& where, Pool pool, bool& complete) {
+  Block* hole = where.hole;
   const Address start = hole->addr;
-  const Address end = start + bytes;
+  const Address needed_end = start + where.need;
+  Address end = start + where.bytes;
   const Address hole_end = hole->addr + hole->size;
   Address cursor = start;
   auto place_chunk = [&](Chunk c) {
@@ -171,7 +175,14 @@ Block* Allocator::Impl::map_into(Segment& heap, Block* hole, std::size_t bytes, 
     // smaller chunks let free pages next to live blocks be reclaimed under pressure.
     const std::size_t max_chunk = std::max(page_, round_up(config_.vmm_max_growth, page_));
     Chunk fresh;
-    while (cursor < end && create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) place_chunk(fresh);
+    while (cursor < end) {
+      if (!create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) {
+        if (cursor >= needed_end) break;
+        end = needed_end;  // the step does not fit: map only what the request needs
+        if (!create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) break;
+      }
+      place_chunk(fresh);
+    }
   } catch (...) {
     if (cursor == start) throw;  // nothing changed
     // Some chunks were mapped: record them in the blocks before reporting the error.
@@ -184,7 +195,7 @@ Block* Allocator::Impl::map_into(Segment& heap, Block* hole, std::size_t bytes, 
     merged->segment->index->insert(merged);
     throw;
   }
-  complete = cursor >= end;
+  complete = cursor >= needed_end;
   if (cursor == start) return nullptr;
   heap.heap->unmapped.erase(hole->addr);
   if (cursor < hole_end) {

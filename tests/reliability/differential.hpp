@@ -77,9 +77,9 @@ struct RunOptions {
   /// Test of the test: the model forgets that a stream may reuse its own block at once, so the
   /// first same-stream reuse with work outstanding is reported (used to check the shrinker).
   bool sabotage_same_stream = false;
-  /// Also report the known vmm growth-step issue (an OutOfMemoryError when the request fits but
-  /// the pool's growth step does not); off by default so that the runs test everything else.
-  bool strict_vmm_growth = false;
+  /// Report an OutOfMemoryError in vmm mode when the request fits but the pool's growth step does
+  /// not (a bug the differential test found, now fixed); false tolerates it.
+  bool strict_vmm_growth = true;
 };
 
 /// Figures of one run, summed over runs for the report.

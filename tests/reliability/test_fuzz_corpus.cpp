@@ -2,7 +2,7 @@
 // seed of fuzz/corpus/<target>/ and every crash the fuzzers found, kept as regression inputs in
 // tests/reliability/regressions/<target>/: each must be accepted or refused with the reader's
 // documented error, with no other exception (and, in the asan preset, no memory error).
-// Known issues that are not fixed yet are replayed by test cases tagged [!mayfail].
+// Bugs the fuzzers and the differential test found are replayed as regression tests below.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -68,22 +68,22 @@ TEST_CASE("fuzz harness: every target refuses garbage without crashing", "[fuzz-
   }
 }
 
-// --- known issues, reported and not fixed yet (docs/reliability.md) -------------------------------
+// --- regressions of bugs found by fuzzing and the differential test (docs/reliability.md) ------
 
-TEST_CASE("known issue: Config::to_string() loses a memory_limit fraction below 5e-7",
-          "[fuzz-corpus][known-issue][!mayfail]") {
-  // src/core/config.cpp: the memory_limit getter prints the fraction with std::to_string (six
-  // decimals): 1e-7 prints as "0.000000", which parse() then refuses.
+TEST_CASE("regression: Config::to_string() keeps a memory_limit fraction below 5e-7",
+          "[fuzz-corpus][regression]") {
+  // Found by fuzz_config: the fraction was printed with six decimals, so 1e-7 came back as
+  // "0.000000", which parse() refused.
   const Config c = Config::parse("memory_limit:0.0000001");
   REQUIRE(c.memory_limit_fraction > 0.0);
   REQUIRE_NOTHROW(Config::parse(c.to_string()));
   CHECK(Config::parse(c.to_string()).memory_limit_fraction == c.memory_limit_fraction);
 }
 
-TEST_CASE("known issue: vmm mode fails a request that fits when the growth step does not",
-          "[known-issue][!mayfail]") {
-  // src/core/vmm.cpp, place()/grow_heap(): a growth maps max(need, growth_step) and does not
-  // retry with just `need` when the step cannot be created under the limit or on the device.
+TEST_CASE("regression: vmm mode serves a request that fits when its growth step does not",
+          "[regression]") {
+  // Found by the differential test: a growth mapped max(need, growth step) and did not fall back
+  // to just `need` when the step could not be created under the limit or on the device.
   auto sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB});
   Allocator alloc(sim, Config::parse("mode:vmm,vmm_max_growth:32MiB"));
   std::vector<void*> held;
