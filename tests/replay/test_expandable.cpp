@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "random_workload.hpp"
 #include "replay/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
@@ -414,57 +415,18 @@ TEST_CASE("pytorch-expandable: a random workload keeps reserved, allocated and u
           "[models][expandable]") {
   const std::size_t capacity = 1 * GiB;
   auto t = expandable("", capacity);
-  std::uint64_t state = 0x9e3779b97f4a7c15ULL;
-  const auto next = [&state] {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-  };
-  struct Live {
-    void* p;
-    std::size_t bytes;
-  };
-  std::vector<Live> live_blocks;
-  std::size_t ooms = 0;
-  for (int i = 0; i < 20000; ++i) {
-    const std::uint64_t r = next();
-    const Stream stream = r % 3;
-    if (r % 100 < 50 || live_blocks.empty()) {
-      // Mostly small, some medium, a few huge requests (the huge ones can run out of memory).
-      const std::uint64_t kind = (r >> 8) % 100;
-      const std::size_t bytes = kind < 60   ? (r >> 16) % (1 * MiB) + 1
-                                : kind < 97 ? (r >> 16) % (24 * MiB) + 1
-                                            : (r >> 16) % (400 * MiB) + 1;
-      try {
-        live_blocks.push_back({t->allocate(bytes, stream), bytes});
-        if ((r >> 40) % 10 == 0) t->record_stream(live_blocks.back().p, (stream + 1) % 3);
-      } catch (const OutOfMemoryError& e) {
-        ++ooms;
-        REQUIRE(e.info().requested == bytes);
-      }
-    } else if (r % 100 < 97) {
-      const std::size_t k = (r >> 8) % live_blocks.size();
-      t->deallocate(live_blocks[k].p, live_blocks[k].bytes, 0);
-      live_blocks[k] = live_blocks.back();
-      live_blocks.pop_back();
-    } else if (r % 1000 < 975) {
-      t->stream_synchronized(stream);
-    } else {
-      t->empty_cache();
-    }
-    REQUIRE(t->allocated() <= t->reserved());
-    REQUIRE(t->reserved() <= capacity);
-    REQUIRE(t->reserved() % (2 * MiB) == 0);  // whole pages
-    const UpstreamCounts u = t->upstream();
-    REQUIRE(u.allocs >= u.frees);
-    REQUIRE(u.maps >= u.unmaps);
-  }
+  const testing::WorkloadResult w =
+      testing::run_random_workload(*t, capacity, /*with_empty_cache=*/true, [](const ReplayTarget& target) {
+        REQUIRE(target.reserved() % (2 * MiB) == 0);  // whole pages
+        REQUIRE(target.upstream().maps >= target.upstream().unmaps);
+      });
+  const std::size_t ooms = w.ooms;
+  const std::vector<testing::LiveBlock>& live_blocks = w.live;
   const UpstreamCounts u = t->upstream();
   WARN("pytorch-expandable: " << ooms << " OOMs, " << u.maps << " map and " << u.unmaps
                               << " unmap operations, " << u.allocs << " pages created");
   CHECK(u.unmaps > 0);
-  for (const Live& l : live_blocks) t->deallocate(l.p, l.bytes, 0);
+  for (const auto& l : live_blocks) t->deallocate(l.p, l.bytes, 0);
   REQUIRE(t->allocated() == 0);
   t->empty_cache();  // waits for what other streams still use
   REQUIRE(t->reserved() == 0);

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "random_workload.hpp"
 #include "replay/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
@@ -559,51 +560,12 @@ TEST_CASE("models: a random workload keeps reserved, allocated and upstream call
     INFO(v.name << " '" << v.conf << "'");
     const std::size_t capacity = 1 * GiB;
     auto t = std::string(v.name) == "pytorch" ? pytorch(v.conf, capacity) : cub(v.conf, capacity);
-    std::uint64_t state = 0x9e3779b97f4a7c15ULL;
-    const auto next = [&state] {
-      state ^= state << 13;
-      state ^= state >> 7;
-      state ^= state << 17;
-      return state;
-    };
-    struct Live {
-      void* p;
-      std::size_t bytes;
-    };
-    std::vector<Live> live;
-    std::size_t ooms = 0;
-    for (int i = 0; i < 20000; ++i) {
-      const std::uint64_t r = next();
-      const Stream stream = r % 3;
-      if (r % 100 < 50 || live.empty()) {
-        // Mostly small, some medium, a few huge requests (the huge ones can run out of memory).
-        const std::uint64_t kind = (r >> 8) % 100;
-        const std::size_t bytes = kind < 60   ? (r >> 16) % (1 * MiB) + 1
-                                  : kind < 97 ? (r >> 16) % (24 * MiB) + 1
-                                              : (r >> 16) % (400 * MiB) + 1;
-        try {
-          live.push_back({t->allocate(bytes, stream), bytes});
-          if ((r >> 40) % 10 == 0) t->record_stream(live.back().p, (stream + 1) % 3);
-        } catch (const OutOfMemoryError& e) {
-          ++ooms;
-          REQUIRE(e.info().requested == bytes);
-        }
-      } else if (r % 100 < 97) {
-        const std::size_t k = (r >> 8) % live.size();
-        t->deallocate(live[k].p, live[k].bytes, 0);
-        live[k] = live.back();
-        live.pop_back();
-      } else {
-        t->stream_synchronized(stream);
-      }
-      REQUIRE(t->allocated() <= t->reserved());
-      REQUIRE(t->reserved() <= capacity);
-      const UpstreamCounts u = t->upstream();
-      REQUIRE(u.allocs >= u.frees);
-    }
+    const testing::WorkloadResult w =
+        testing::run_random_workload(*t, capacity, /*with_empty_cache=*/false, [](const ReplayTarget&) {});
+    const std::size_t ooms = w.ooms;
     WARN(v.name << " '" << v.conf << "': " << ooms << " OOMs, " << t->upstream().allocs
                 << " segment allocs");
-    for (const Live& l : live) t->deallocate(l.p, l.bytes, 0);
+    for (const auto& l : w.live) t->deallocate(l.p, l.bytes, 0);
     REQUIRE(t->allocated() == 0);
     for (Stream s = 0; s < 3; ++s) t->stream_synchronized(s);
     t->empty_cache();
