@@ -25,6 +25,7 @@ def row(name, r):
     return (f"| {name} | {gib(r['peak_requested_bytes'])} | {gib(r['peak_reserved_bytes'])} | "
             f"{r['utilization']:.4f} | {gib(r['reserved_at_requested_peak_bytes'])} | "
             f"{r['upstream_allocs']} | {r['upstream_frees']} | {r['maps']} | {r['unmaps']} | {ops} | "
+            f"{r['seeding_upstream_ops']} | "
             f"{r['syncs']} | {r['ooms']} | {r['modelled_upstream_ns'] / 1e6:.2f} |")
 
 
@@ -36,8 +37,8 @@ for path in sorted(glob.glob(os.path.join(traces, "*.pickle"))):
     j = json.loads(out)
     print(f"### {os.path.basename(path)}\n")
     print("| allocator | peak requested GiB | peak reserved GiB | utilization | reserved at requested peak GiB "
-          "| seg/page creates | seg/page frees | maps | unmaps | upstream ops | syncs | OOMs | modelled upstream ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| seg/page creates | seg/page frees | maps | unmaps | upstream ops | start-state ops | syncs | OOMs | modelled upstream ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     if j["recorded"]:
         print(row("PyTorch (actual)", j["recorded"]))
     for r in j["allocators"]:

@@ -31,6 +31,8 @@ nlohmann::json to_json(const replay::ReplayResult& r) {
       {"maps", r.upstream.maps},
       {"unmaps", r.upstream.unmaps},
       {"upstream_ops", r.upstream.total()},
+      {"seeding_upstream_ops", r.seeding.total()},
+      {"upstream_ops_with_seeding", r.seeding.total() + r.upstream.total()},
       {"syncs", r.upstream.syncs},
       {"modelled_upstream_ns", r.upstream.modelled_ns},
       {"ooms", r.ooms},

@@ -28,9 +28,13 @@
 //   vmm_idle_limit       1GiB      vmm: idle free physical memory beyond which a growth remaps
 //                                  free pages instead of creating new ones (it always does when
 //                                  nothing more can be created)
-//   vmm_max_growth       128MiB    vmm: the large pool maps at least 1/128 of what it holds when it
-//                                  grows (fewer calls), but never more than this ahead of need;
-//                                  also the largest physical chunk (chunks unmap only whole)
+//   vmm_growth_divisor   128       vmm: a growth of the large pool maps at least 1/N of what the
+//                                  pool holds (fewer calls; at most 1/N mapped ahead of need)
+//   vmm_max_growth       128MiB    vmm: ... but never more than this ahead of need
+//   vmm_max_chunk        128MiB    vmm: the largest physical chunk (one create + one map each).
+//                                  Chunks unmap only whole: smaller chunks let free pages beside
+//                                  live blocks be reclaimed near capacity, larger ones cost fewer
+//                                  calls for large tensors
 #pragma once
 
 #include <cstddef>
@@ -58,6 +62,8 @@ struct Config {
   std::size_t vmm_reserve = 0;
   std::size_t vmm_idle_limit = 1024 * 1024 * 1024;
   std::size_t vmm_max_growth = 128 * 1024 * 1024;
+  std::size_t vmm_growth_divisor = 128;
+  std::size_t vmm_max_chunk = 128 * 1024 * 1024;
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);

@@ -41,6 +41,18 @@ std::size_t optional_size_value(std::string_view key, std::string_view value) {
   return out;
 }
 
+// A whole number in [lo, hi] (no suffixes: it counts something, it is not a size).
+std::size_t count_value(std::string_view key, std::string_view value, std::size_t lo, std::size_t hi) {
+  std::size_t out = 0;
+  const bool digits = !value.empty() && value.size() <= 9 && value.find_first_not_of("0123456789") == std::string_view::npos;
+  if (digits) out = std::stoul(std::string(value));
+  if (!digits || out < lo || out > hi) {
+    const std::string expected = "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+    bad_value(key, value, expected.c_str());
+  }
+  return out;
+}
+
 bool bool_value(std::string_view key, std::string_view value) {
   if (value == "true" || value == "1" || value == "on" || value == "yes") return true;
   if (value == "false" || value == "0" || value == "off" || value == "no") return false;
@@ -122,6 +134,11 @@ const std::vector<KeyHandler>& handlers() {
        [](const Config& c) { return std::to_string(c.vmm_idle_limit); }},
       {"vmm_max_growth", [](Config& c, auto k, auto v) { c.vmm_max_growth = size_value(k, v); },
        [](const Config& c) { return std::to_string(c.vmm_max_growth); }},
+      {"vmm_growth_divisor",
+       [](Config& c, auto k, auto v) { c.vmm_growth_divisor = count_value(k, v, 1, 1u << 20); },
+       [](const Config& c) { return std::to_string(c.vmm_growth_divisor); }},
+      {"vmm_max_chunk", [](Config& c, auto k, auto v) { c.vmm_max_chunk = size_value(k, v); },
+       [](const Config& c) { return std::to_string(c.vmm_max_chunk); }},
       {"cross_stream_reuse",
        [](Config& c, auto k, auto v) { c.cross_stream_reuse = bool_value(k, v); },
        [](const Config& c) { return std::string(c.cross_stream_reuse ? "true" : "false"); }},

@@ -76,13 +76,13 @@ Allocator::Impl::Placement Allocator::Impl::place(const Segment& heap, std::size
   return {nullptr, 0, 0};
 }
 
-// The least memory a growth maps: a 128th of what the pool holds, between one page and
-// vmm_max_growth; the small pool grows a page at a time. Growing in steps keeps upstream calls
-// few while bounding the memory mapped ahead of need at any peak to 1/128 (or vmm_max_growth).
+// The least memory a growth maps: 1/vmm_growth_divisor of what the pool holds, between one page
+// and vmm_max_growth; the small pool grows a page at a time. Growing in steps keeps upstream
+// calls few while bounding the memory mapped ahead of need at any peak to that fraction.
 std::size_t Allocator::Impl::growth_step(Pool pool) const noexcept {
   if (pool == Pool::small) return page_;
   const auto held = static_cast<std::size_t>(pool_stats_[static_cast<int>(pool)][Metric::reserved_bytes].current);
-  return round_up(std::clamp(held / 128, page_, std::max(page_, config_.vmm_max_growth)), page_);
+  return round_up(std::clamp(held / config_.vmm_growth_divisor, page_, std::max(page_, config_.vmm_max_growth)), page_);
 }
 
 Block* Allocator::Impl::grow_heap(StreamState& ss, Pool pool, std::size_t size) {
@@ -171,9 +171,9 @@ Block* Allocator::Impl::map_into(Segment& heap, const Placement& where, Pool poo
       cached_chunks_.erase(cached_chunks_.begin() + i);
       place_chunk(c);
     }
-    // New memory in chunks of at most vmm_max_growth: a chunk is unmapped only whole, so
+    // New memory in chunks of at most vmm_max_chunk: a chunk is unmapped only whole, so
     // smaller chunks let free pages next to live blocks be reclaimed under pressure.
-    const std::size_t max_chunk = std::max(page_, round_up(config_.vmm_max_growth, page_));
+    const std::size_t max_chunk = std::max(page_, round_up(config_.vmm_max_chunk, page_));
     Chunk fresh;
     while (cursor < end) {
       if (!create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) {

@@ -85,6 +85,7 @@ class CachingModel : public ReplayTarget {
   std::size_t reserved() const override { return reserved_; }
   std::size_t allocated() const override { return allocated_; }
   UpstreamCounts upstream() const override;
+  UpstreamCounts seeding_excluded() const override { return baseline_; }
 
  protected:
   /// `name` is the target's (a static string); `expandable` the mode it models (for its conf).

@@ -50,6 +50,7 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
     t.final_reserved += d.final_reserved;
     t.iterations = std::max(t.iterations, d.iterations);
     t.upstream += d.upstream;
+    t.seeding += d.seeding;
     t.upstream_after_first_iteration += d.upstream_after_first_iteration;
   }
   finish(t);
@@ -125,6 +126,10 @@ class DeviceReplay {
     window_started_ = true;
     at_window_start_ = target_->upstream();
     at_second_iteration_ = at_window_start_;
+    if (pass_ == 0) {
+      result_.seeding = at_window_start_;
+      result_.seeding += target_->seeding_excluded();
+    }
   }
 
   void allocate(const Event& e, bool seed) {
@@ -228,7 +233,10 @@ class DeviceBaseline {
     ReplayResult& r = b_.result;
     ++r.events;
     switch (e.op) {
-      case Op::seed_segment: reserve(e.size); break;
+      case Op::seed_segment:
+        reserve(e.size);
+        ++r.seeding.allocs;
+        break;
       case Op::segment_alloc: reserve(e.size); ++r.upstream.allocs; break;
       case Op::segment_map: reserve(e.size); ++r.upstream.maps; break;
       case Op::segment_free: release(e.size); ++r.upstream.frees; break;

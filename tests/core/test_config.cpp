@@ -40,6 +40,11 @@ TEST_CASE("Config::parse sets every key", "[config]") {
   REQUIRE(c.large_segment_size == 32 * MiB);
   REQUIRE(c.min_split_remainder == MiB);
   REQUIRE_FALSE(c.cross_stream_reuse);
+  const Config v = Config::parse("mode:vmm,vmm_growth_divisor:32,vmm_max_chunk:1GiB,vmm_max_growth:256MiB");
+  REQUIRE(v.vmm_growth_divisor == 32);
+  REQUIRE(v.vmm_max_chunk == GiB);
+  REQUIRE(v.vmm_max_growth == 256 * MiB);
+  REQUIRE(Config::parse(v.to_string()).to_string() == v.to_string());
   // to_string() round-trips through parse().
   const Config again = Config::parse(c.to_string());
   REQUIRE(again.to_string() == c.to_string());
@@ -58,6 +63,10 @@ TEST_CASE("Config errors name the key, the value and what was expected", "[confi
                       Contains("bad value 'lots'") && Contains("'max_split_size'") && Contains("expected"));
   REQUIRE_THROWS_WITH(Config::parse("memory_limit:1.5"), Contains("fraction"));
   REQUIRE_THROWS_WITH(Config::parse("cross_stream_reuse:maybe"), Contains("true or false"));
+  for (const char* bad : {"vmm_growth_divisor:0", "vmm_growth_divisor:64MiB", "vmm_growth_divisor:-3",
+                          "vmm_growth_divisor:9999999999"})
+    REQUIRE_THROWS_WITH(Config::parse(bad), Contains("'vmm_growth_divisor'") && Contains("whole number from 1 to"));
+  REQUIRE_THROWS_WITH(Config::parse("vmm_max_chunk:huge"), Contains("'vmm_max_chunk'") && Contains("a size"));
   REQUIRE_THROWS_WITH(Config::parse("small_size"), Contains("key:value"));
   REQUIRE_THROWS_WITH(Config::parse("small_size:"), Contains("'small_size'"));
   REQUIRE_THROWS_WITH(Config::parse("max_split_size:1MiB"), Contains("at least large_segment_size"));

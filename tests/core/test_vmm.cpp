@@ -42,6 +42,36 @@ TEST_CASE("vmm: blocks are carved from one mapped heap; reserved is physical mem
   f.alloc.check_invariants();
 }
 
+TEST_CASE("vmm: new memory comes in chunks of at most vmm_max_chunk, one create and one map each", "[vmm]") {
+  for (const auto& [conf, chunks] : {std::pair{"mode:vmm", 8}, std::pair{"mode:vmm,vmm_max_chunk:1GiB", 1},
+                                     std::pair{"mode:vmm,vmm_max_chunk:300MiB", 4}}) {
+    Fixture f(conf);
+    void* p = f.alloc.allocate(GiB);  // the pool holds nothing: the request's own bytes only
+    INFO(conf);
+    REQUIRE(f.device->counters().physical_creates == static_cast<std::uint64_t>(chunks));
+    REQUIRE(f.device->counters().maps == static_cast<std::uint64_t>(chunks));
+    REQUIRE(f.reserved() == GiB);
+    f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+  }
+}
+
+TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most vmm_max_growth", "[vmm]") {
+  // The pool holds 512 MiB, all live; a 2 MiB request then grows it by the step.
+  for (const auto& [conf, step] : {std::pair{"mode:vmm", 4 * MiB}, std::pair{"mode:vmm,vmm_growth_divisor:8", 64 * MiB},
+                                   std::pair{"mode:vmm,vmm_growth_divisor:2,vmm_max_growth:100MiB", 100 * MiB}}) {
+    Fixture f(conf);
+    void* big = f.alloc.allocate(512 * MiB);
+    REQUIRE(f.reserved() == 512 * MiB);
+    void* more = f.alloc.allocate(2 * MiB);
+    INFO(conf);
+    REQUIRE(f.reserved() == 512 * MiB + step);
+    f.alloc.deallocate(more);
+    f.alloc.deallocate(big);
+    f.alloc.check_invariants();
+  }
+}
+
 TEST_CASE("vmm: free neighbours merge across chunks, so a hole serves a larger request", "[vmm]") {
   Fixture f("mode:vmm,vmm_max_growth:2MiB");
   void* a = f.alloc.allocate(10 * MiB);  // each growth maps its own chunk
@@ -108,7 +138,7 @@ TEST_CASE("vmm page accounting: everything freed + empty_cache returns to the re
     REQUIRE(f.reserved() == f.device->used_bytes());
     if (reserve == 0) REQUIRE(f.reserved() == 0);
     const auto c = f.device->counters();
-    REQUIRE(c.physical_creates - c.physical_releases == f.alloc.stats().total[Metric::segments].current);
+    REQUIRE(static_cast<std::int64_t>(c.physical_creates - c.physical_releases) == f.alloc.stats().total[Metric::segments].current);
   }
 }
 

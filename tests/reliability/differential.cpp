@@ -446,12 +446,13 @@ void Runner::expect_oom(std::size_t bytes, const Before& before) {
 // (a fraction of what the pool holds, between a page and vmm_max_growth) and does not fall back
 // to the bytes actually needed when the step does not fit, so a request that fits can still
 // fail. An upper bound of the step the allocator tries (src/core/vmm.cpp, growth_step(): a
-// 128th of the pool today; a 64th here, so that tuning the divisor up keeps the bound valid).
+// 1/vmm_growth_divisor of the pool, 128 by default; at least a 64th here, so that tuning the
+// divisor up keeps the bound valid).
 std::size_t Runner::vmm_growth_step(std::size_t bytes) const {
   if (round_size(bytes) <= config_.small_size) return unit_;
   const Stats s = alloc_->stats();
   const auto held = static_cast<std::size_t>(s.of(Pool::large)[Metric::reserved_bytes].current);
-  return round_up(std::clamp(held / 64, unit_, std::max(unit_, config_.vmm_max_growth)), unit_);
+  return round_up(std::clamp(held / std::min<std::size_t>(64, config_.vmm_growth_divisor), unit_, std::max(unit_, config_.vmm_max_growth)), unit_);
 }
 
 void Runner::check_new_block(Address a, std::size_t bytes, Stream t) {

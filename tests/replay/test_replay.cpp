@@ -99,6 +99,33 @@ TEST_CASE("seed events come before the window and are not counted as its upstrea
   REQUIRE(r.peak_requested == 10 * MiB);
   REQUIRE(r.upstream.allocs == 0);  // the seed's segment serves the window's allocation
   REQUIRE(r.peak_reserved == 20 * MiB);
+  REQUIRE(r.seeding.allocs == 1);  // ... and its creation is counted as building the start state
+  REQUIRE(r.seeding.total() == 1);
+}
+
+TEST_CASE("seeding counts the calls that built the window's start state, for every target", "[replay]") {
+  trace::Trace t;
+  t.events = {ev(Op::seed_segment, 0x100000, 20 * MiB), ev(Op::seed_segment, 0x2000000, 20 * MiB),
+              ev(Op::seed_alloc, 0x100000, 5 * MiB), ev(Op::seed_alloc, 0x2000000, 12 * MiB),
+              ev(Op::alloc, 0x4000000, 64 * MiB), ev(Op::free_requested, 0x4000000, 64 * MiB)};
+  // The PyTorch model adopts the two recorded segments (one cudaMalloc each, before the window)
+  // and needs a third for the 64 MiB block.
+  const ReplayResult pt = run(t, "pytorch").total;
+  REQUIRE(pt.seeding.allocs == 2);
+  REQUIRE(pt.upstream.allocs == 1);
+  // tensorpool builds its own start state from the live blocks; its calls land in seeding.
+  const ReplayResult tp = run(t, "tensorpool").total;
+  REQUIRE(tp.seeding.allocs == 1);  // one 20 MiB segment holds both live blocks
+  REQUIRE(tp.upstream.allocs == 1);
+  const ReplayResult vmm = run(t, "tensorpool-vmm").total;
+  REQUIRE(vmm.seeding.allocs >= 1);
+  REQUIRE(vmm.seeding.maps == vmm.seeding.allocs);  // each new chunk is created and mapped once
+  // A warm-up pass re-runs no seeds: the measured pass has no seeding of its own.
+  TraceSource source(t);
+  ReplayOptions o;
+  o.allocator = "pytorch";
+  o.warmup = 1;
+  REQUIRE(tensorpool::replay::replay(source, o).total.seeding.total() == 0);
 }
 
 TEST_CASE("devices are replayed separately and summed", "[replay]") {
@@ -132,6 +159,7 @@ TEST_CASE("baseline reads the recording allocator's segment events", "[replay]")
   REQUIRE(b.result.peak_reserved == 26 * MiB);
   REQUIRE(b.result.final_reserved == 4 * MiB);
   REQUIRE(b.result.upstream.allocs == 1);
+  REQUIRE(b.result.seeding.allocs == 1);  // the segment held at window start
   REQUIRE(b.result.upstream.maps == 1);
   REQUIRE(b.result.upstream.unmaps == 1);
   REQUIRE(b.result.upstream.frees == 1);

@@ -8,7 +8,8 @@
 //   peak reserved      max of the bytes the target held from its device;
 //   utilization        peak requested / peak reserved (reserved_at_requested_peak is also given);
 //   waste              peak reserved - peak requested;
-//   upstream calls     device calls made after the seed events (the window's own cost);
+//   upstream calls     device calls made after the seed events (the window's own cost), and
+//                      those made for the seed events (building the window's start state);
 //   OOMs               allocations the target refused on a device of the given capacity;
 //   host ns per op     wall time of the replay loop / (allocations + frees).
 // baseline() reads the same numbers for the recording allocator from the trace's own segment
@@ -94,6 +95,11 @@ struct ReplayResult {
   double utilization = 0.0;  // peak_requested / peak_reserved
   std::size_t waste = 0;     // peak_reserved - peak_requested
   UpstreamCounts upstream;   // during the window (after the seed events)
+  /// Calls made to build the window's start state (the seed events; first pass only). For the
+  /// PyTorch models and the recorded baseline: one allocation per adopted segment, a lower bound
+  /// on what the recording allocator paid before the window. seeding + upstream compares
+  /// allocators that start from different states on the same footing.
+  UpstreamCounts seeding;
   /// Upstream calls after the first iteration (from the second `iteration` marker on);
   /// iterations < 2 means the trace has no such markers and these are not meaningful.
   std::uint64_t iterations = 0;

@@ -77,6 +77,9 @@ class ReplayTarget {
   /// Bytes in live blocks now, as rounded by the target. O(1).
   virtual std::size_t allocated() const = 0;
   virtual UpstreamCounts upstream() const = 0;
+  /// Device calls made while seeding that upstream() leaves out (models that adopt the recording
+  /// allocator's segments count them here, one per segment); zero for the others.
+  virtual UpstreamCounts seeding_excluded() const { return {}; }
 };
 
 /// Names accepted by make_target().
