@@ -4,7 +4,7 @@ include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tensorpool DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 set(_tp_targets tensorpool_headers tensorpool)
-foreach(_t tensorpool_trace tensorpool_replay)
+foreach(_t tensorpool_trace tensorpool_replay tensorpool_cuda)
   if(TARGET ${_t})
     list(APPEND _tp_targets ${_t})
   endif()
@@ -16,6 +16,12 @@ install(TARGETS ${_tp_targets} EXPORT tensorpoolTargets
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT tensorpoolTargets NAMESPACE tensorpool:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tensorpool)
 
+# The package config finds CUDAToolkit again only when tensorpool::cuda was built and installed.
+if(TARGET tensorpool_cuda)
+  set(TENSORPOOL_INSTALLED_CUDA ON)
+else()
+  set(TENSORPOOL_INSTALLED_CUDA OFF)
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/tensorpoolConfig.cmake.in
   ${PROJECT_BINARY_DIR}/tensorpoolConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/tensorpool)

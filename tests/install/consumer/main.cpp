@@ -1,0 +1,27 @@
+// Uses the installed allocator (virtual-memory mode on a simulated device) and the replay layer.
+#include <cstdio>
+
+#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/replay/replay.hpp"
+#include "tensorpool/tensorpool.hpp"
+
+int main() {
+  using namespace tensorpool;
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * GiB});
+  Allocator alloc(device, Config::parse("mode:vmm"));
+  void* p = alloc.allocate(100 * MiB);
+  alloc.deallocate(p);
+  alloc.empty_cache();
+  if (alloc.usage().reserved != 0) return 1;
+
+  replay::GeneratorOptions g;
+  g.layers = 2;
+  g.iterations = 2;
+  const trace::Trace t = replay::generate_llm_trace(g);
+  replay::TraceSource source(t);
+  replay::ReplayOptions o;
+  o.allocator = "tensorpool-vmm";
+  const replay::ReplayReport r = replay::replay(source, o);
+  std::printf("consumer: %zu events, utilization %.4f\n", static_cast<std::size_t>(r.total.events), r.total.utilization);
+  return r.total.events == t.events.size() && r.total.utilization > 0.5 ? 0 : 1;
+}
