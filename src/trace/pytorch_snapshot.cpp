@@ -91,6 +91,18 @@ Frame read_frame(const Value& v) {
 
 bool is_python_file(std::string_view filename) { return filename.ends_with(".py"); }
 
+// The innermost C++ frame whose name starts with `prefix`, its argument list dropped.
+std::optional<Frame> first_cpp_frame(const pickle::ElementRange& list, std::string_view prefix) {
+  for (const Value f : list) {
+    const std::string_view name = f["name"].as_string();
+    if (!name.starts_with(prefix)) continue;
+    Frame frame = read_frame(f);
+    frame.name = std::string(name.substr(0, name.find('(')));
+    return frame;
+  }
+  return std::nullopt;
+}
+
 std::optional<Frame> choose_frame(const Value& frames, FrameChoice choice) {
   if (choice == FrameChoice::none || frames.is_none()) return std::nullopt;
   const pickle::ElementRange list = frames.elements();
@@ -99,6 +111,8 @@ std::optional<Frame> choose_frame(const Value& frames, FrameChoice choice) {
     for (const Value f : list) {
       if (is_python_file(f["filename"].as_string())) return read_frame(f);
     }
+    if (auto node = first_cpp_frame(list, "torch::autograd::generated::")) return node;
+    if (auto op = first_cpp_frame(list, "at::_ops::")) return op;
   }
   return read_frame(frames[0]);
 }

@@ -119,6 +119,12 @@ def write_refused(out):
 PY_FRAME_1 = {"name": "step", "filename": "/src/train.py", "line": 10}
 PY_FRAME_2 = {"name": "forward", "filename": "/src/model.py", "line": 42}
 CPP_FRAME = {"name": "torch::unwind::unwind()", "filename": "??", "line": 0}
+# A backward-pass stack (no Python frame), innermost first, as PyTorch records it.
+CPP_BACKWARD = [CPP_FRAME, {"name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long, CUstream_st*)", "filename": "CUDACachingAllocator.cpp", "line": 0},
+                {"name": "at::_ops::div_Tensor::call(at::Tensor const&, at::Tensor const&)", "filename": "??", "line": 0},
+                {"name": "torch::autograd::generated::MeanBackward0_apply_functional(std::vector<at::Tensor>)", "filename": "Functions.cpp", "line": 0},
+                {"name": "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)", "filename": "??", "line": 0}]
+CPP_OP = [CPP_FRAME, {"name": "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)", "filename": "??", "line": 0}]
 
 
 def block(address, size, state, requested=None, frames=None):
@@ -257,6 +263,9 @@ def write_snapshots(out):
         "snap_multi_device.pickle": snap_multi_device(),
         "snap_expandable.pickle": snap_expandable(),
         "snap_state_only.pickle": snap_state_only(),
+        "snap_cpp_stacks.pickle": {"segments": [], "device_traces": [[
+            event("alloc", 0x1000, 512, 1, CPP_BACKWARD), event("alloc", 0x2000, 512, 2, CPP_OP),
+            event("alloc", 0x3000, 512, 3, [CPP_FRAME])]]},
     }
     # torch.cuda.memory_snapshot() returns the bare list of segments.
     snaps["snap_bare_segments.pickle"] = [segment(0, 0x300000, [block(0x300000, 2 * MIB, "active_allocated", 7)],

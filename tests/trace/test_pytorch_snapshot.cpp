@@ -377,6 +377,20 @@ TEST_CASE("pytorch: read_snapshot keeps the plain facts", "[pytorch]") {
   CHECK(bare.labels.size() == 1);
 }
 
+TEST_CASE("pytorch: stacks without Python frames are named by autograd node, then operator", "[pytorch]") {
+  const pytorch::Snapshot snap = pytorch::load_snapshot(fixture("snap_cpp_stacks.pickle"));
+  REQUIRE(snap.device_traces.size() == 1);
+  const auto& events = snap.device_traces[0];
+  REQUIRE(events.size() == 3);
+  CHECK(events[0].frame->label() == "torch::autograd::generated::MeanBackward0_apply_functional (Functions.cpp:0)");
+  CHECK(events[1].frame->label() == "at::_ops::mm::call (??:0)");
+  CHECK(events[2].frame->label() == "torch::unwind::unwind() (??:0)");  // nothing better
+  pytorch::ReadOptions top;
+  top.frame = pytorch::FrameChoice::top;
+  CHECK(pytorch::load_snapshot(fixture("snap_cpp_stacks.pickle"), top).device_traces[0][0].frame->label() ==
+        "torch::unwind::unwind() (??:0)");
+}
+
 TEST_CASE("pytorch: pickles that are not snapshots name the bad value's path", "[pytorch]") {
   auto e =
       snapshot_error([] { (void)pytorch::load_snapshot(fixture("snap_bad_block_size.pickle")); });

@@ -69,8 +69,10 @@ struct Frame {
 
 /// Which frame of a stack names an event. PyTorch's C++ stacks start with the unwinder
 /// ("torch::unwind::unwind()") for every event, so the literal top frame says nothing; the
-/// default takes the innermost Python frame (filename ending in ".py") and falls back to the top
-/// frame when the stack has none.
+/// default takes the innermost Python frame (filename ending in ".py"). Stacks without one (the
+/// backward pass runs in autograd's C++ threads) are named by their innermost autograd node
+/// ("torch::autograd::generated::MmBackward0::apply") or else their innermost operator
+/// ("at::_ops::mm::call"), without the argument list; the top frame is the last resort.
 enum class FrameChoice : std::uint8_t { none, top, first_python };
 
 struct ReadOptions {
