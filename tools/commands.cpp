@@ -247,7 +247,8 @@ int cmd_demo(bool as_json) {
   for (const auto& r : reports) rows.push_back(r.total);
   fmt::print("{}\n", comparison_table(rows));
   fmt::print("req/rsv GiB: peak requested / peak reserved; util = requested / reserved peak;\n"
-             "seg+/seg-: device allocations/frees during the trace; ns/op: host time per alloc or free.\n"
+             "seg+/seg-: device allocations/frees during the trace (start: calls made for the blocks\n"
+             "live when a trace begins mid-run); ns/op: host time per alloc or free.\n"
              "Try: tensorpool compare <your PyTorch snapshot.pickle>\n");
   return 0;
 }

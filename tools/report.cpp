@@ -48,15 +48,16 @@ std::string gib(std::size_t bytes) { return fmt::format("{:.3f}", static_cast<do
 }  // namespace
 
 std::string comparison_table(const std::vector<replay::ReplayResult>& rows) {
-  std::string out = fmt::format("{:<18} {:>10} {:>10} {:>7} {:>10} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5} {:>8}\n",
+  std::string out = fmt::format("{:<18} {:>10} {:>10} {:>7} {:>10} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>8}\n",
                                 "allocator", "req GiB", "rsv GiB", "util", "rsv@req", "waste",
-                                "seg+", "seg-", "map", "unmap", "syncs", "OOMs", "ns/op");
+                                "seg+", "seg-", "map", "unmap", "start", "syncs", "OOMs", "ns/op");
   for (const auto& r : rows) {
     const std::string ns = r.host_ns_per_op > 0 ? fmt::format("{:.0f}", r.host_ns_per_op) : "-";
-    out += fmt::format("{:<18} {:>10} {:>10} {:>7.4f} {:>10} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5} {:>8}\n",
+    out += fmt::format("{:<18} {:>10} {:>10} {:>7.4f} {:>10} {:>9} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>5} {:>8}\n",
                        r.allocator, gib(r.peak_requested), gib(r.peak_reserved), r.utilization,
                        gib(r.reserved_at_requested_peak), gib(r.waste), r.upstream.allocs,
-                       r.upstream.frees, r.upstream.maps, r.upstream.unmaps, r.upstream.syncs, r.ooms, ns);
+                       r.upstream.frees, r.upstream.maps, r.upstream.unmaps, r.seeding.total(),
+                       r.upstream.syncs, r.ooms, ns);
   }
   return out;
 }

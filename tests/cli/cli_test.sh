@@ -31,7 +31,7 @@ check "info" 0 "allocation sizes" -- "$bin" info "$work/g.tptrace"
 check "info --json" 0 '"lifetime_histogram"' -- "$bin" info "$work/g.tptrace" --json
 check "replay" 0 "tensorpool" -- "$bin" replay "$work/g.tptrace"
 check "replay --json keys" 0 '"upstream_after_first_iteration"' -- "$bin" replay "$work/g.tptrace" --json
-for key in peak_requested_bytes peak_reserved_bytes utilization upstream_allocs upstream_frees syncs ooms host_ns_per_op; do
+for key in peak_requested_bytes peak_reserved_bytes utilization upstream_allocs upstream_frees upstream_ops seeding_upstream_ops upstream_ops_with_seeding syncs ooms host_ns_per_op; do
   check "compare --json has $key" 0 "\"$key\"" -- "$bin" compare "$work/g.tptrace" --json
 done
 check "compare --warmup" 0 '"warmup": 1' -- "$bin" compare "$work/g.tptrace" --warmup 1 --json
