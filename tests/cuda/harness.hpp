@@ -115,4 +115,15 @@ inline std::unique_ptr<Allocator> make_allocator(std::shared_ptr<DeviceBackend> 
 
 inline Address address(const void* p) { return reinterpret_cast<Address>(p); }
 
+/// The runtime/driver call that allocates a segment for each backend (as the double records it).
+inline const char* alloc_api(CudaBackendKind kind) {
+  switch (kind) {
+    case CudaBackendKind::async_pool: return "cudaMallocFromPoolAsync";
+    case CudaBackendKind::malloc: return "cudaMalloc";
+    case CudaBackendKind::vmm: return "cuMemCreate";
+    case CudaBackendKind::pinned_host: return "cudaHostAlloc";
+  }
+  return "";
+}
+
 }  // namespace tpcuda

@@ -10,15 +10,6 @@ using namespace tpcuda;
 namespace dbl = tensorpool::cuda_double;
 
 namespace {
-const char* alloc_api(CudaBackendKind kind) {
-  switch (kind) {
-    case CudaBackendKind::async_pool: return "cudaMallocFromPoolAsync";
-    case CudaBackendKind::malloc: return "cudaMalloc";
-    case CudaBackendKind::vmm: return "cuMemCreate";
-    case CudaBackendKind::pinned_host: return "cudaHostAlloc";
-  }
-  return "";
-}
 
 // A backend of `kind` whose capacity is what the double was reset with.
 std::shared_ptr<CudaBackend> backend_for(CudaBackendKind kind, std::size_t host_capacity = 0) {

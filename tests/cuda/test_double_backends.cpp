@@ -12,16 +12,6 @@ using namespace tpcuda;
 namespace dbl = tensorpool::cuda_double;
 
 namespace {
-// The runtime/driver call that allocates a segment for each backend.
-const char* alloc_api(CudaBackendKind kind) {
-  switch (kind) {
-    case CudaBackendKind::async_pool: return "cudaMallocFromPoolAsync";
-    case CudaBackendKind::malloc: return "cudaMalloc";
-    case CudaBackendKind::vmm: return "cuMemCreate";
-    case CudaBackendKind::pinned_host: return "cudaHostAlloc";
-  }
-  return "";
-}
 bool is_guard_call(const std::string& api) { return api == "cudaGetDevice" || api == "cudaSetDevice"; }
 }  // namespace
 
