@@ -126,7 +126,7 @@ TEST_CASE("randomized: tight limit, large split remainder", "[random]") {
 }
 
 TEST_CASE("randomized: virtual-memory mode, 100k operations", "[random][vmm]") {
-  run_random(4242, 100000, "mode:vmm,memory_limit:1GiB,vmm_max_growth:32MiB");
+  run_random(4242, 100000, "mode:vmm,memory_limit:1GiB,vmm_max_growth:32MiB,vmm_max_chunk:32MiB");
 }
 
 TEST_CASE("randomized: virtual-memory mode with a reserve", "[random][vmm]") {

@@ -73,7 +73,7 @@ TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most
 }
 
 TEST_CASE("vmm: free neighbours merge across chunks, so a hole serves a larger request", "[vmm]") {
-  Fixture f("mode:vmm,vmm_max_growth:2MiB");
+  Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_max_chunk:2MiB");
   void* a = f.alloc.allocate(10 * MiB);  // each growth maps its own chunk
   void* b = f.alloc.allocate(10 * MiB);
   void* c = f.alloc.allocate(10 * MiB);
@@ -102,7 +102,7 @@ void fill_and_punch(Allocator& alloc, std::vector<void*>& live) {
 }
 
 TEST_CASE("vmm: free pages are remapped where needed instead of growing", "[vmm]") {
-  Fixture f("mode:vmm,vmm_max_growth:2MiB", {.capacity = 100 * MiB});
+  Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_max_chunk:2MiB", {.capacity = 100 * MiB});
   std::vector<void*> live;
   fill_and_punch(f.alloc, live);
   void* c = f.alloc.allocate(30 * MiB);
@@ -174,7 +174,7 @@ TEST_CASE("vmm: stream-ordered reuse, hooks and OOM work as with fixed segments"
 }
 
 TEST_CASE("vmm: a failed map or physical creation loses nothing", "[vmm][faults]") {
-  Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_reserve:0");
+  Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_max_chunk:2MiB,vmm_reserve:0");
   f.device->fail_nth(FaultSite::map, 1);
   REQUIRE_THROWS_AS(f.alloc.allocate(10 * MiB), DeviceError);
   f.alloc.check_invariants();

@@ -97,7 +97,7 @@ TEST_CASE("differential: vmm mode, defaults", "[differential]") {
 }
 
 TEST_CASE("differential: vmm mode, small growth steps, 1 GiB limit", "[differential]") {
-  run_case({"vmm", "mode:vmm,vmm_max_growth:32MiB,memory_limit:1GiB", true, 5000, 6, 25000});
+  run_case({"vmm", "mode:vmm,vmm_max_growth:32MiB,vmm_max_chunk:32MiB,memory_limit:1GiB", true, 5000, 6, 25000});
 }
 
 TEST_CASE("differential: vmm mode, reserve kept mapped, no cross-stream reuse", "[differential]") {

@@ -93,7 +93,7 @@ TEST_CASE("faults: vmm, a failed map is a DeviceError and the pages stay account
 }
 
 TEST_CASE("faults: vmm, a map failing midway keeps what was mapped", "[faults][vmm]") {
-  Rig r("mode:vmm,vmm_max_growth:2MiB,vmm_idle_limit:0");  // remaps free pages eagerly
+  Rig r("mode:vmm,vmm_max_growth:2MiB,vmm_max_chunk:2MiB,vmm_idle_limit:0");  // remaps free pages eagerly
   // Two 4 MiB chunks mapped on stream s1, then free there. A 30 MiB request on the default
   // stream reclaims them (unmapped, cached) and maps them into its own heap before creating the
   // rest: the second of those maps fails, after the first succeeded.

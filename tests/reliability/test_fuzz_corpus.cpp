@@ -85,7 +85,7 @@ TEST_CASE("regression: vmm mode serves a request that fits when its growth step 
   // Found by the differential test: a growth mapped max(need, growth step) and did not fall back
   // to just `need` when the step could not be created under the limit or on the device.
   auto sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB});
-  Allocator alloc(sim, Config::parse("mode:vmm,vmm_max_growth:32MiB"));
+  Allocator alloc(sim, Config::parse("mode:vmm,vmm_max_growth:32MiB,vmm_max_chunk:32MiB"));
   std::vector<void*> held;
   for (int i = 0; i < 80; ++i) held.push_back(alloc.allocate(64 * MiB));  // 5 GiB: step 32 MiB
   alloc.set_memory_limit(alloc.usage().reserved + 16 * MiB);
