@@ -122,7 +122,7 @@ def config_seeds(out):
     seeds = {
         "all_keys": "memory_limit:40GiB,max_split_size:256MiB,oversize_slack:20MiB,small_size:1MiB,"
                     "small_segment_size:2MiB,large_segment_size:20MiB,min_split_remainder:512,"
-                    "cross_stream_reuse:true,mode:fixed,vmm_reserve:0,vmm_max_growth:256MiB,vmm_growth_divisor:64,vmm_max_chunk:1GiB",
+                    "cross_stream_reuse:true,mode:fixed,vmm_reserve:0,vmm_max_growth:256MiB,vmm_growth_divisor:64,vmm_max_chunk:1GiB,vmm_idle_divisor:8",
         "fraction": "memory_limit:0.9",
         "vmm": " mode : vmm , vmm_reserve:1.5GiB,vmm_max_growth:64M",
         "decimal_units": "memory_limit:20GB,large_segment_size:20MB,oversize_slack:1KB",

@@ -27,7 +27,8 @@
 //   vmm_reserve          0         vmm: free pages empty_cache() keeps mapped
 //   vmm_idle_limit       1GiB      vmm: idle free physical memory beyond which a growth remaps
 //                                  free pages instead of creating new ones (it always does when
-//                                  nothing more can be created)
+//                                  nothing more can be created) ...
+//   vmm_idle_divisor     16        vmm: ... or beyond 1/N of what the pool holds, if that is less
 //   vmm_growth_divisor   128       vmm: a growth of the large pool maps at least 1/N of what the
 //                                  pool holds (fewer calls; at most 1/N mapped ahead of need)
 //   vmm_max_growth       128MiB    vmm: ... but never more than this ahead of need
@@ -64,6 +65,7 @@ struct Config {
   std::size_t vmm_max_growth = 128 * 1024 * 1024;
   std::size_t vmm_growth_divisor = 128;
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
+  std::size_t vmm_idle_divisor = 16;
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);

@@ -128,6 +128,7 @@ class Allocator::Impl {
   Segment& heap_for(StreamState& ss, Pool pool);
   Block* grow_heap(StreamState& ss, Pool pool, std::size_t size);
   std::size_t growth_step(Pool pool) const noexcept;
+  std::size_t idle_limit(Pool pool) const noexcept;
   struct Placement {
     Block* hole;        // an unmapped free block
     std::size_t bytes;  // to map at its start (a growth step)

@@ -85,12 +85,20 @@ std::size_t Allocator::Impl::growth_step(Pool pool) const noexcept {
   return round_up(std::clamp(held / config_.vmm_growth_divisor, page_, std::max(page_, config_.vmm_max_growth)), page_);
 }
 
+// Idle physical memory (free chunks, cached or mapped under free blocks) a growth tolerates
+// before it remaps instead of creating: vmm_idle_limit, and at most 1/vmm_idle_divisor of the
+// pool, so that a small pool does not keep a large share of itself idle while it grows.
+std::size_t Allocator::Impl::idle_limit(Pool pool) const noexcept {
+  const auto held = static_cast<std::size_t>(pool_stats_[static_cast<int>(pool)][Metric::reserved_bytes].current);
+  return std::min(config_.vmm_idle_limit, held / config_.vmm_idle_divisor);
+}
+
 Block* Allocator::Impl::grow_heap(StreamState& ss, Pool pool, std::size_t size) {
   Segment& heap = heap_for(ss, pool);
   const auto reserved = static_cast<std::size_t>(total_stats_[Metric::reserved_bytes].current);
   const std::size_t want = round_up(size, page_);
   const bool pressure = (limit_ != 0 && reserved + want > limit_) || want > device_->free_memory();
-  if (pressure || idle_physical(pool) > config_.vmm_idle_limit) {
+  if (pressure || idle_physical(pool) > idle_limit(pool)) {
     std::size_t keep = 0;
     reclaim_free_chunks(pool, keep);
   }

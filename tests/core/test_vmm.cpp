@@ -72,6 +72,32 @@ TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most
   }
 }
 
+TEST_CASE("vmm: idle memory beyond 1/vmm_idle_divisor of the pool is remapped, not added to", "[vmm]") {
+  // 256 MiB freed between two live blocks: idle chunks, well under vmm_idle_limit (1 GiB). A
+  // 300 MiB request fits nowhere mapped. By default (1/16 of the ~520 MiB pool is 32 MiB) the
+  // growth moves the idle chunks to where the request needs them; with vmm_idle_divisor:1 it
+  // tolerates them and creates 300 MiB more.
+  std::size_t reserved[2] = {};
+  std::uint64_t unmaps[2] = {};
+  const char* confs[2] = {"mode:vmm,vmm_max_chunk:64MiB", "mode:vmm,vmm_max_chunk:64MiB,vmm_idle_divisor:1"};
+  for (int i = 0; i < 2; ++i) {
+    Fixture f(confs[i]);
+    void* a = f.alloc.allocate(256 * MiB);
+    void* b = f.alloc.allocate(256 * MiB);
+    void* c = f.alloc.allocate(8 * MiB);
+    f.alloc.deallocate(a);
+    void* d = f.alloc.allocate(300 * MiB);
+    reserved[i] = f.reserved();
+    unmaps[i] = f.device->counters().unmaps;
+    f.alloc.check_invariants();
+    for (void* p : {b, c, d}) f.alloc.deallocate(p);
+  }
+  REQUIRE(unmaps[0] >= 4);  // the four 64 MiB chunks under the freed block
+  REQUIRE(unmaps[1] == 0);
+  REQUIRE(reserved[0] <= 600 * MiB);   // 564 MiB live, plus at most a growth step
+  REQUIRE(reserved[1] >= 820 * MiB);   // the idle 256 MiB kept beside 300 MiB of new memory
+}
+
 TEST_CASE("vmm: free neighbours merge across chunks, so a hole serves a larger request", "[vmm]") {
   Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_max_chunk:2MiB");
   void* a = f.alloc.allocate(10 * MiB);  // each growth maps its own chunk
