@@ -130,21 +130,8 @@ Block* Allocator::Impl::take(Block* b, std::size_t size, std::size_t requested) 
   return b;
 }
 
-// Cuts b (not in any index) after `size` bytes; the remainder becomes a free block.
-void Allocator::Impl::split(Block* b, std::size_t size) {
-  Segment* seg = b->segment;
-  Block* rest = block_pool_.acquire();
-  rest->addr = b->addr + size;
-  rest->size = b->size - size;
-  rest->segment = seg;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = size;
-  ++seg->blocks;
-  seg->index->insert(rest);
-}
+// Cuts free block b (not in any index) after `size` bytes; the free remainder goes to the index.
+void Allocator::Impl::split(Block* b, std::size_t size) { b->segment->index->insert(split_raw(b, size)); }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.
 void Allocator::Impl::release_block(Block* b) {
@@ -163,20 +150,12 @@ Block* Allocator::Impl::coalesce(Block* b) {
   Segment* seg = b->segment;
   if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped) {
     seg->index->remove(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) b->next->prev = p;
-    --seg->blocks;
-    block_pool_.release(b);
     b = p;
+    absorb_next(b);
   }
   if (Block* n = b->next; n != nullptr && n->state == BlockState::free && n->mapped == b->mapped) {
     seg->index->remove(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    --seg->blocks;
-    block_pool_.release(n);
+    absorb_next(b);
   }
   return b;
 }

@@ -95,6 +95,8 @@ class Allocator::Impl {
   Block* find_cached(StreamState& ss, Pool pool, std::size_t size) const noexcept;
   Block* take(Block* b, std::size_t size, std::size_t requested);
   void split(Block* b, std::size_t size);
+  Block* split_raw(Block* b, std::size_t offset);
+  void absorb_next(Block* b) noexcept;
   void release_block(Block* b);
   Block* coalesce(Block* b);
   void add_stat(Metric m, Pool p, std::int64_t delta) noexcept;
@@ -141,7 +143,6 @@ class Allocator::Impl {
   std::size_t idle_physical(Pool pool) const;
   std::size_t reclaim_free_chunks(Pool pool, std::size_t& keep);
   Block* unmap_chunk(Segment& heap, Block* free_block, const detail::Chunk& chunk);
-  Block* split_raw(Block* b, std::size_t offset);
   void mark_unmapped(Segment& heap, Block* b);
   std::size_t release_cached_chunks();
   void destroy_heaps() noexcept;
@@ -181,9 +182,39 @@ class Allocator::Impl {
   std::vector<std::pair<HookId, FreeMemoryCallback>> free_callbacks_;
 };
 
-// --- statistics: inline, they run several times per operation ---------------------------------
-
 #define TP_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// --- the block list: inline, every split and merge of the hot path goes through them -----------
+
+// Cuts b after `offset` bytes; the new block has b's state and mapping. No index is touched.
+TP_ALWAYS_INLINE detail::Block* Allocator::Impl::split_raw(detail::Block* b, std::size_t offset) {
+  detail::Block* rest = block_pool_.acquire();
+  rest->addr = b->addr + offset;
+  rest->size = b->size - offset;
+  rest->segment = b->segment;
+  rest->state = b->state;
+  rest->mapped = b->mapped;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next != nullptr) b->next->prev = rest;
+  b->next = rest;
+  b->size = offset;
+  ++b->segment->blocks;
+  return rest;
+}
+
+// b swallows its successor (adjacent in b's segment, in no index, no free set): the successor's
+// bytes join b and its Block goes back to the pool.
+TP_ALWAYS_INLINE void Allocator::Impl::absorb_next(detail::Block* b) noexcept {
+  detail::Block* n = b->next;
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next != nullptr) n->next->prev = b;
+  --b->segment->blocks;
+  block_pool_.release(n);
+}
+
+// --- statistics: inline, they run several times per operation ---------------------------------
 
 namespace detail {
 TP_ALWAYS_INLINE void stat_up(Stat& s, std::int64_t d) noexcept {

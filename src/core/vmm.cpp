@@ -216,23 +216,6 @@ Block* Allocator::Impl::map_into(Segment& heap, const Placement& where, Pool poo
   return merged;
 }
 
-// Cuts b after `offset` bytes; the new block has b's state and mapping. No index is touched.
-Block* Allocator::Impl::split_raw(Block* b, std::size_t offset) {
-  Block* rest = block_pool_.acquire();
-  rest->addr = b->addr + offset;
-  rest->size = b->size - offset;
-  rest->segment = b->segment;
-  rest->state = b->state;
-  rest->mapped = b->mapped;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = offset;
-  ++b->segment->blocks;
-  return rest;
-}
-
 // Physical memory doing nothing: cached chunks plus chunks that lie entirely under free blocks.
 std::size_t Allocator::Impl::idle_physical(Pool pool) const {
   std::size_t idle = 0;
@@ -315,23 +298,13 @@ Block* Allocator::Impl::unmap_chunk(Segment& heap, Block* b, const Chunk& c) {
 void Allocator::Impl::mark_unmapped(Segment& heap, Block* b) {
   b->mapped = false;
   if (free_unmapped(b->prev)) {
-    Block* p = b->prev;
-    heap.heap->unmapped.erase(p->addr);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next != nullptr) b->next->prev = p;
-    --heap.blocks;
-    block_pool_.release(b);
-    b = p;
+    b = b->prev;
+    heap.heap->unmapped.erase(b->addr);
+    absorb_next(b);
   }
   if (free_unmapped(b->next)) {
-    Block* n = b->next;
-    heap.heap->unmapped.erase(n->addr);
-    b->size += n->size;
-    b->next = n->next;
-    if (n->next != nullptr) n->next->prev = b;
-    --heap.blocks;
-    block_pool_.release(n);
+    heap.heap->unmapped.erase(b->next->addr);
+    absorb_next(b);
   }
   heap.heap->unmapped[b->addr] = b;
 }
