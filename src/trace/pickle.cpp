@@ -920,14 +920,14 @@ std::string Value::path() const {
   return out;
 }
 
-ElementRange::ElementRange(const Value& parent) : parent_(parent), size_(0) {
+ElementRange::ElementRange(const Value& parent) : IndexedRange(parent) {
   parent.expect_container(Kind::list, Kind::tuple);
   size_ = parent.count();
 }
 
 Value ElementRange::at(const Value& parent, std::uint32_t index) { return parent[index]; }
 
-ItemRange::ItemRange(const Value& parent) : parent_(parent), size_(0) {
+ItemRange::ItemRange(const Value& parent) : IndexedRange(parent) {
   parent.expect(Kind::dict);
   size_ = parent.count();
 }

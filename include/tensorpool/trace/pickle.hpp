@@ -142,17 +142,20 @@ class Value {
   std::array<detail::PathStep, detail::kPathSteps> steps_{};
 };
 
-/// Iterates the elements of a list or tuple as Values. Holds a copy of the list's Value, so a
-/// range of a temporary is safe in a range-for.
-class ElementRange {
+namespace detail {
+/// An input range over the items Range::at(parent, i) of a container Value, for i < size_. Holds
+/// a copy of the container's Value, so a range of a temporary is safe in a range-for. Range's
+/// constructor checks the container's kind and sets size_.
+template <class Range, class Item>
+class IndexedRange {
  public:
   class iterator {
    public:
     using iterator_category = std::input_iterator_tag;
-    using value_type = Value;
+    using value_type = Item;
     using difference_type = std::ptrdiff_t;
     iterator(const Value* parent, std::uint32_t index) : parent_(parent), index_(index) {}
-    Value operator*() const { return ElementRange::at(*parent_, index_); }
+    Item operator*() const { return Range::at(*parent_, index_); }
     iterator& operator++() {
       ++index_;
       return *this;
@@ -163,47 +166,35 @@ class ElementRange {
     const Value* parent_;
     std::uint32_t index_;
   };
-  explicit ElementRange(const Value& parent);
   iterator begin() const { return {&parent_, 0}; }
   iterator end() const { return {&parent_, size_}; }
   std::size_t size() const noexcept { return size_; }
 
- private:
-  static Value at(const Value& parent, std::uint32_t index);
+ protected:
+  explicit IndexedRange(const Value& parent) : parent_(parent) {}
   Value parent_;
-  std::uint32_t size_;
+  std::uint32_t size_ = 0;
+};
+}  // namespace detail
+
+/// Iterates the elements of a list or tuple as Values.
+class ElementRange : public detail::IndexedRange<ElementRange, Value> {
+ public:
+  explicit ElementRange(const Value& parent);
+
+ private:
+  friend class detail::IndexedRange<ElementRange, Value>;
+  static Value at(const Value& parent, std::uint32_t index);
 };
 
-/// Iterates the (key, value) entries of a dict in insertion order (like ElementRange, holds a copy
-/// of the dict's Value).
-class ItemRange {
+/// Iterates the (key, value) entries of a dict in insertion order.
+class ItemRange : public detail::IndexedRange<ItemRange, std::pair<Value, Value>> {
  public:
-  class iterator {
-   public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = std::pair<Value, Value>;
-    using difference_type = std::ptrdiff_t;
-    iterator(const Value* parent, std::uint32_t index) : parent_(parent), index_(index) {}
-    std::pair<Value, Value> operator*() const { return ItemRange::at(*parent_, index_); }
-    iterator& operator++() {
-      ++index_;
-      return *this;
-    }
-    bool operator==(const iterator& other) const { return index_ == other.index_; }
-
-   private:
-    const Value* parent_;
-    std::uint32_t index_;
-  };
   explicit ItemRange(const Value& parent);
-  iterator begin() const { return {&parent_, 0}; }
-  iterator end() const { return {&parent_, size_}; }
-  std::size_t size() const noexcept { return size_; }
 
  private:
+  friend class detail::IndexedRange<ItemRange, std::pair<Value, Value>>;
   static std::pair<Value, Value> at(const Value& parent, std::uint32_t index);
-  Value parent_;
-  std::uint32_t size_;
 };
 
 /// A parsed pickle. Movable; Values stay valid across moves.
