@@ -212,6 +212,16 @@ Block* CachingModel::carve_free(Block* f, Address x, std::size_t size) {
   return at;
 }
 
+std::optional<CachingModel::SeededPlace> CachingModel::seeded_place(std::uint64_t addr) const {
+  auto it = seeds_.upper_bound(addr);
+  if (it == seeds_.begin()) return std::nullopt;
+  --it;
+  const auto [start, length] = it->second;
+  const std::uint64_t offset = addr - it->first;
+  if (offset >= length) return std::nullopt;
+  return SeededPlace{start, length, offset};
+}
+
 // Keeps the device calls made since `before` (seeding) out of upstream().
 void CachingModel::exclude_from_window(const UpstreamCounts& before) {
   baseline_ += upstream_of(device_) - before;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -119,6 +120,14 @@ class CachingModel : public ReplayTarget {
   void process_pending();
   void complete_all_pending();
   Block* carve_free(Block* f, Address x, std::size_t size);
+  /// The seeded segment or range that holds trace address `addr`: its model address, its size
+  /// and `addr`'s offset in it; nullopt when no seeded one holds it.
+  struct SeededPlace {
+    Address start;
+    std::size_t length;
+    std::uint64_t offset;
+  };
+  std::optional<SeededPlace> seeded_place(std::uint64_t addr) const;
   void exclude_from_window(const UpstreamCounts& before);
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
 

@@ -463,15 +463,10 @@ void* ExpandableModel::seed_alloc(const trace::Event& seed) {
 // The free block at the recorded address of `seed`, split there and out of its free set; nullptr
 // when the address is in no seeded range or [addr, addr + size) is not free there.
 Block* ExpandableModel::seeded_free_block(const trace::Event& seed) {
-  auto it = seeds_.upper_bound(seed.addr);
-  if (it == seeds_.begin()) return nullptr;
-  --it;
-  const auto [start, length] = it->second;
-  const std::uint64_t offset = seed.addr - it->first;
-  const std::size_t size = round_size(seed.size);
-  if (offset >= length) return nullptr;
-  const Address x = start + offset;
-  return carve_free(block_at(x), x, size);
+  const auto place = seeded_place(seed.addr);
+  if (!place) return nullptr;
+  const Address x = place->start + place->offset;
+  return carve_free(block_at(x), x, round_size(seed.size));
 }
 
 }  // namespace

@@ -219,16 +219,12 @@ void* PyTorchModel::seed_alloc(const trace::Event& seed) {
 // The free block at the recorded address of `seed`, split there and taken out of its free set;
 // nullptr when the address is in no seeded segment or [addr, addr + size) is not free there.
 Block* PyTorchModel::seeded_free_block(const trace::Event& seed) {
-  auto it = seeds_.upper_bound(seed.addr);
-  if (it == seeds_.begin()) return nullptr;
-  --it;
-  const auto [base, segment] = it->second;
-  const std::uint64_t offset = seed.addr - it->first;
+  const auto place = seeded_place(seed.addr);
   const std::size_t size = round_size(seed.size);
-  if (offset >= segment || size > segment - offset) return nullptr;
-  const auto head = blocks_.find(base);  // gone if the segment was released meanwhile
+  if (!place || size > place->length - place->offset) return nullptr;
+  const auto head = blocks_.find(place->start);  // gone if the segment was released meanwhile
   if (head == blocks_.end()) return nullptr;
-  const Address x = base + offset;
+  const Address x = place->start + place->offset;
   Block* f = head->second.get();
   while (f != nullptr && f->addr + f->size <= x) f = f->next;
   return carve_free(f, x, size);
