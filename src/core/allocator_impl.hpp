@@ -31,9 +31,9 @@
 
 namespace tensorpool::detail {
 
-/// An event recorded on a stream for a block freed while that stream may still use it.
-struct PendingEvent {
-  Event event;
+/// A free waiting for a stream: the event recorded on a stream that may still use the block.
+struct PendingFree {
+  DeviceEvent event;
   Block* block;
 };
 
@@ -43,7 +43,7 @@ struct StreamState {
   Stream stream;
   FreeIndex index[kNumIndexKinds];
   Segment* heaps[kNumPools] = {nullptr, nullptr};  // virtual-memory mode: one heap per pool
-  std::deque<PendingEvent> pending;  // FIFO: events on one stream complete in order
+  std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
 };
 
 }  // namespace tensorpool::detail
@@ -120,8 +120,8 @@ class Allocator::Impl {
   void synchronize_pending();
   std::size_t release_free_segments();
   void free_segment(Segment* seg);
-  Event acquire_event();
-  void release_event(Event e) { event_pool_.push_back(e); }
+  DeviceEvent acquire_event();
+  void release_event(DeviceEvent e) { event_pool_.push_back(e); }
   [[noreturn]] void throw_bad_pointer(Address addr, const char* operation) const;
   std::size_t largest_free_block() const noexcept;
 
@@ -155,6 +155,7 @@ class Allocator::Impl {
   }
 
   std::shared_ptr<DeviceBackend> device_;
+  VirtualMemory* vm_ = nullptr;        // vmm: the device's virtual-memory calls
   DeviceProperties props_;
   Config config_;
   std::size_t limit_ = 0;  // cap on reserved bytes, 0: none
@@ -166,8 +167,8 @@ class Allocator::Impl {
   std::unordered_map<Stream, std::unique_ptr<StreamState>> streams_;
   Stream last_stream_ = kDefaultStream;  // one-entry cache in front of streams_
   StreamState* last_state_ = nullptr;
-  std::size_t pending_total_ = 0;      // outstanding PendingEvents over all streams
-  std::vector<Event> event_pool_;      // created events not in use
+  std::size_t pending_total_ = 0;      // outstanding PendingFrees over all streams
+  std::vector<DeviceEvent> event_pool_;      // created events not in use
   std::vector<detail::Chunk> cached_chunks_;  // vmm: physical chunks mapped nowhere
   std::size_t page_ = 0;               // vmm: the device's physical page size
 

@@ -32,10 +32,11 @@ Allocator::Impl::Impl(std::shared_ptr<DeviceBackend> device, Config config)
   config_.validate();
   props_ = device_->properties();
   if (vmm()) {
-    if (!props_.supports_virtual_memory)
+    vm_ = device_->virtual_memory();
+    if (vm_ == nullptr)
       throw ConfigError("tensorpool config: mode:vmm needs a device with virtual memory; " + props_.name +
                         " has none");
-    page_ = props_.vm_page_size;
+    page_ = vm_->page_size();
     config_.max_split_size = 0;  // every block of a heap can be split
   }
   limit_ = config_.effective_limit(props_.capacity);
@@ -63,7 +64,7 @@ Allocator::Impl::~Impl() {
       }
     }
     segments_.clear();
-    for (Event e : event_pool_) device_->destroy_event(e);
+    for (DeviceEvent e : event_pool_) device_->destroy_event(e);
   } catch (const std::exception& e) {
     detail::log().error("allocator teardown on {}: {}", props_.name, e.what());
   }
@@ -161,7 +162,7 @@ Block* Allocator::Impl::steal_from_other_stream(StreamState& ss, Pool pool, std:
     if (other.get() == &ss) continue;
     Block* b = find_cached(*other, pool, size);
     if (b == nullptr) continue;
-    Event e = 0;
+    DeviceEvent e = 0;
     try {
       e = acquire_event();
       device_->record_event(e, other->stream);
@@ -233,9 +234,9 @@ void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t si
 
 // --- stream events --------------------------------------------------------------------------
 
-Event Allocator::Impl::acquire_event() {
+DeviceEvent Allocator::Impl::acquire_event() {
   if (!event_pool_.empty()) {
-    const Event e = event_pool_.back();
+    const DeviceEvent e = event_pool_.back();
     event_pool_.pop_back();
     return e;
   }
@@ -249,7 +250,7 @@ void Allocator::Impl::defer_free(Block* b) {
   b->state = BlockState::pending_free;
   for (const Stream s : *b->uses) {
     try {
-      const Event e = acquire_event();
+      const DeviceEvent e = acquire_event();
       try {
         device_->record_event(e, s);
       } catch (...) {
@@ -276,7 +277,7 @@ void Allocator::Impl::process_events() {
   for (auto& [stream, ss] : streams_) {
     auto& q = ss->pending;
     while (!q.empty() && device_->query_event(q.front().event)) {
-      const detail::PendingEvent pe = q.front();
+      const detail::PendingFree pe = q.front();
       q.pop_front();
       release_event(pe.event);
       --pending_total_;
@@ -289,7 +290,7 @@ void Allocator::Impl::synchronize_pending() {
   for (auto& [stream, ss] : streams_) {
     auto& q = ss->pending;
     while (!q.empty()) {
-      const detail::PendingEvent pe = q.front();
+      const detail::PendingFree pe = q.front();
       device_->synchronize_event(pe.event);
       ++counters_.syncs;
       q.pop_front();

@@ -40,7 +40,7 @@ Segment& Allocator::Impl::heap_for(StreamState& ss, Pool pool) {
   Segment*& slot = ss.heaps[static_cast<int>(pool)];
   if (slot != nullptr) return *slot;
   const std::size_t range = round_up(2 * props_.capacity, page_);
-  const Address base = device_->reserve_address_range(range, page_);
+  const Address base = vm_->reserve_address_range(range, page_);
   if (base == 0) throw DeviceError("tensorpool: cannot reserve " + format_bytes(range) + " of address space on " + props_.name);
   auto seg = std::make_unique<Segment>();
   seg->addr = base;
@@ -133,7 +133,7 @@ std::ptrdiff_t Allocator::Impl::pick_cached(Pool pool, std::size_t want, std::si
 bool Allocator::Impl::create_chunk(std::size_t bytes, Pool pool, Chunk& out) {
   const auto reserved = static_cast<std::size_t>(total_stats_[Metric::reserved_bytes].current);
   if (limit_ != 0 && reserved + bytes > limit_) return false;
-  const PhysicalHandle h = device_->create_physical(bytes);
+  const PhysicalHandle h = vm_->create_physical(bytes);
   if (h == 0) {
     ++counters_.upstream_alloc_failures;
     return false;
@@ -160,7 +160,7 @@ Block* Allocator::Impl::map_into(Segment& heap, const Placement& where, Pool poo
   Address cursor = start;
   auto place_chunk = [&](Chunk c) {
     try {
-      device_->map(cursor, c.size, c.handle);
+      vm_->map(cursor, c.size, c.handle);
     } catch (...) {
       cached_chunks_.push_back(c);  // keeps the physical memory accounted for
       throw;
@@ -285,7 +285,7 @@ Block* Allocator::Impl::unmap_chunk(Segment& heap, Block* b, const Chunk& c) {
     b->segment->index->insert(b);
   }
   Block* after = mid->size > c.size ? split_raw(mid, c.size) : nullptr;
-  device_->unmap(c.addr, c.size);
+  vm_->unmap(c.addr, c.size);
   ++counters_.vm_unmaps;
   if (has_observers_) notify(EventType::segment_unmap, c.addr, 0, c.size, heap.owner->stream);
   heap.heap->chunks.erase(c.addr);
@@ -313,7 +313,7 @@ std::size_t Allocator::Impl::release_cached_chunks() {
   std::size_t released = 0;
   while (!cached_chunks_.empty()) {
     const Chunk c = cached_chunks_.back();
-    device_->release_physical(c.handle);
+    vm_->release_physical(c.handle);
     cached_chunks_.pop_back();
     released += c.size;
     ++counters_.upstream_frees;
@@ -330,13 +330,13 @@ void Allocator::Impl::destroy_heaps() noexcept {
     for (auto& [addr, seg] : segments_) {
       if (!seg->heap) continue;
       for (auto& [a, c] : seg->heap->chunks) {
-        device_->unmap(c.addr, c.size);
-        device_->release_physical(c.handle);
+        vm_->unmap(c.addr, c.size);
+        vm_->release_physical(c.handle);
       }
       seg->heap->chunks.clear();
-      device_->release_address_range(seg->addr, seg->size);
+      vm_->release_address_range(seg->addr, seg->size);
     }
-    for (const Chunk& c : cached_chunks_) device_->release_physical(c.handle);
+    for (const Chunk& c : cached_chunks_) vm_->release_physical(c.handle);
     cached_chunks_.clear();
   } catch (const std::exception& e) {
     detail::log().error("allocator teardown on {}: {}", props_.name, e.what());
