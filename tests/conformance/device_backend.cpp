@@ -7,7 +7,7 @@
 
 #include <bit>
 #include <cstddef>
-#include <vector>
+#include <utility>
 
 #include "tensorpool/errors.hpp"
 
@@ -187,6 +187,16 @@ void check_virtual_memory_oom(BackendUnderTest& t) {
 }
 
 }  // namespace
+
+BackendUnderTest over_simulated_device(std::shared_ptr<DeviceBackend> backend,
+                                       std::shared_ptr<SimulatedDevice> sim, EventMode mode) {
+  BackendUnderTest t;
+  t.backend = std::move(backend);
+  t.new_stream = [sim] { return sim->create_stream(); };
+  t.finish = [sim](Stream s) { sim->complete_stream(s); };
+  t.work_stays_pending = mode == EventMode::manual;
+  return t;
+}
 
 void check_device_backend(const BackendFactory& make) {
   BackendUnderTest t = make();

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "tensorpool/device.hpp"
+#include "tensorpool/simulated_device.hpp"
 
 namespace tensorpool::conformance {
 
@@ -33,6 +34,11 @@ struct BackendUnderTest {
 
 /// Makes a fresh backend; called once per check.
 using BackendFactory = std::function<BackendUnderTest()>;
+
+/// `backend` driven through the streams of `sim` (the device it is, or forwards to): new streams
+/// from create_stream, finish by complete_stream, work pending unless sim completes it at once.
+BackendUnderTest over_simulated_device(std::shared_ptr<DeviceBackend> backend,
+                                       std::shared_ptr<SimulatedDevice> sim, EventMode mode);
 
 /// Runs every check of the contract, each in its own Catch2 SECTION, on backends from `make`.
 /// Call it from one TEST_CASE per backend.

@@ -15,12 +15,7 @@ namespace {
 
 BackendUnderTest simulated(SimulatedDeviceOptions options) {
   auto sim = std::make_shared<SimulatedDevice>(options);
-  BackendUnderTest t;
-  t.backend = sim;
-  t.new_stream = [sim] { return sim->create_stream(); };
-  t.finish = [sim](Stream s) { sim->complete_stream(s); };
-  t.work_stays_pending = options.event_mode == EventMode::manual;
-  return t;
+  return conformance::over_simulated_device(sim, sim, options.event_mode);
 }
 
 }  // namespace

@@ -16,11 +16,8 @@ namespace {
 
 BackendUnderTest recording(SimulatedDeviceOptions options) {
   auto sim = std::make_shared<SimulatedDevice>(options);
-  BackendUnderTest t;
-  t.backend = std::make_shared<RecordingDevice>(sim);
-  t.new_stream = [sim] { return sim->create_stream(); };
-  t.finish = [sim](Stream s) { sim->complete_stream(s); };
-  return t;
+  return conformance::over_simulated_device(std::make_shared<RecordingDevice>(sim), sim,
+                                            options.event_mode);
 }
 
 }  // namespace
