@@ -31,7 +31,6 @@ inline constexpr std::size_t TiB = 1024 * GiB;
 
 /// "1.50 GiB"-style rendering of a byte count (binary units, two decimals above 1 KiB).
 std::string format_bytes(std::size_t bytes);
-std::string format_bytes_signed(long long bytes);
 
 /// Parses "512", "512B", "4KiB", "4K", "1.5GiB", "20MB" (K/M/G/T and KiB.. are binary, KB/MB/GB/TB
 /// decimal). Returns false on anything else (including overflow and negative numbers).

@@ -8,19 +8,11 @@
 #include <unordered_set>
 
 #include "tensorpool/errors.hpp"
-#include "tensorpool/trace/format.hpp"
 
 namespace tensorpool::replay {
 
 using trace::Event;
 using trace::Op;
-
-// --- sources --------------------------------------------------------------------------------
-
-FileSource::FileSource(std::string path) : path_(std::move(path)), reader_(trace::TraceReader::open(path_)) {}
-FileSource::~FileSource() = default;
-bool FileSource::next(Event& out) { return reader_->next(out); }
-void FileSource::rewind() { reader_ = trace::TraceReader::open(path_); }
 
 namespace {
 
