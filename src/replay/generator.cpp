@@ -10,7 +10,7 @@
 
 namespace tensorpool::replay {
 
-using trace::Event;
+using trace::TraceEvent;
 using trace::Op;
 
 namespace {
@@ -38,7 +38,7 @@ class Builder {
 
  private:
   void push(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream, const char* label) {
-    Event e;
+    TraceEvent e;
     e.op = op;
     e.addr = addr;
     e.size = size;

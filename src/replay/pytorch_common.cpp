@@ -19,7 +19,7 @@ SimulatedDeviceOptions device_options(const TargetOptions& o, const char* device
   return d;
 }
 
-Pool seed_pool(const trace::Event& seed) noexcept {
+Pool seed_pool(const trace::TraceEvent& seed) noexcept {
   return (seed.flags & trace::kFlagSmallPool) != 0 ? Pool::small : Pool::large;
 }
 

@@ -72,7 +72,7 @@ struct BySize {
 SimulatedDeviceOptions device_options(const TargetOptions& o, const char* device_name);
 
 /// The pool a seed's flags name.
-Pool seed_pool(const trace::Event& seed) noexcept;
+Pool seed_pool(const trace::TraceEvent& seed) noexcept;
 
 class CachingModel : public ReplayTarget {
  public:

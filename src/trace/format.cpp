@@ -116,7 +116,7 @@ const std::string& TraceReader::label(std::uint32_t id) const {
 
 std::uint64_t TraceReader::offset() const noexcept { return source_->offset(); }
 
-bool TraceReader::next(Event& out) {
+bool TraceReader::next(TraceEvent& out) {
   if (error_) std::rethrow_exception(error_);
   if (done_) return false;
   try {
@@ -195,7 +195,7 @@ std::uint32_t TraceWriter::intern(std::string_view text) {
   return id;
 }
 
-void TraceWriter::write(const Event& event) {
+void TraceWriter::write(const TraceEvent& event) {
   guarded([&] {
     if (static_cast<int>(event.op) >= kNumOps) {
       throw Error(fmt::format("trace writer for '{}': event {} has op {}, not a trace::Op", path_,
@@ -211,7 +211,7 @@ void TraceWriter::write(const Event& event) {
   });
 }
 
-void TraceWriter::write(Event event, std::string_view label_text) {
+void TraceWriter::write(TraceEvent event, std::string_view label_text) {
   event.label = intern(label_text);
   write(event);
 }
@@ -231,7 +231,7 @@ Trace read_trace(const std::string& path) {
   auto reader = TraceReader::open(path);
   Trace trace;
   trace.info = reader->info();
-  Event e;
+  TraceEvent e;
   while (reader->next(e)) trace.events.push_back(e);
   trace.labels = reader->labels();
   for (std::size_t i = 1; i < trace.labels.size(); ++i) {
@@ -245,7 +245,7 @@ void write_trace(const std::string& path, const Trace& trace, Format format) {
   std::vector<std::uint32_t> ids(trace.labels.size(), 0);  // trace's id -> file's id
   for (std::size_t i = 1; i < trace.labels.size(); ++i) ids[i] = writer->intern(trace.labels[i]);
   std::uint64_t index = 0;
-  for (Event e : trace.events) {
+  for (TraceEvent e : trace.events) {
     if (e.label >= ids.size()) {
       throw Error(fmt::format("cannot write trace '{}': event {} uses label id {}, outside the "
                               "trace's label table ({} labels)", path, index, e.label, ids.size()));
@@ -261,7 +261,7 @@ void convert_trace(const std::string& in, const std::string& out, Format out_for
   auto reader = TraceReader::open(in);
   auto writer = TraceWriter::open(out, out_format, reader->info());
   std::vector<std::uint32_t> ids{0};  // reader's id -> writer's id, grown as labels appear
-  Event e;
+  TraceEvent e;
   while (reader->next(e)) {
     while (ids.size() < reader->labels().size()) ids.push_back(writer->intern(reader->labels()[ids.size()]));
     e.label = ids[e.label];

@@ -27,7 +27,7 @@ constexpr std::array<const char*, 9> kActionNames = {
 constexpr std::uint64_t kMiB = 1024 * 1024;
 constexpr std::uint64_t kSmallSegmentSize = 2 * kMiB;  // PyTorch's kSmallBuffer
 constexpr std::uint64_t kLargeGranule = 20 * kMiB;     // PyTorch's kLargeBuffer
-constexpr std::size_t kMaxDevices = 65536;             // Event::device is 16-bit
+constexpr std::size_t kMaxDevices = 65536;             // TraceEvent::device is 16-bit
 constexpr int kMaxSettingDepth = 4;                    // nested allocator settings flattened
 
 }  // namespace
@@ -411,24 +411,24 @@ class DeviceConverter {
     }
   }
 
-  void emit_seeds(std::vector<Event>& out) {
+  void emit_seeds(std::vector<TraceEvent>& out) {
     seed_segments(out);
     seed_allocs(out);
   }
 
-  void emit_events(std::vector<Event>& out) {
+  void emit_events(std::vector<TraceEvent>& out) {
     if (state_only_) return;
     for (const TraceEntry& e : *events_) {
       if (e.action == Action::snapshot) continue;
-      const Event ev = convert(e);
+      const TraceEvent ev = convert(e);
       if (is_block_action(e.action)) track_block(ev, out);
       out.push_back(ev);
     }
   }
 
  private:
-  Event convert(const TraceEntry& e) const {
-    Event ev = make_event(op_of(e.action), e.addr, e.size, e.stream, e.time_us.value_or(0));
+  TraceEvent convert(const TraceEntry& e) const {
+    TraceEvent ev = make_event(op_of(e.action), e.addr, e.size, e.stream, e.time_us.value_or(0));
     ev.label = label(e.frame);
     if (is_segment_action(e.action)) {
       const bool expandable = e.action == Action::segment_map || e.action == Action::segment_unmap;
@@ -439,7 +439,7 @@ class DeviceConverter {
 
   // Follows each block from live to pending (free requested) to free. A free_completed of a live
   // block lost its free_requested before the window: emit one so every free is requested first.
-  void track_block(const Event& ev, std::vector<Event>& out) {
+  void track_block(const TraceEvent& ev, std::vector<TraceEvent>& out) {
     switch (ev.op) {
       case Op::alloc: live_.insert(ev.addr); break;
       case Op::free_requested:
@@ -448,7 +448,7 @@ class DeviceConverter {
         break;
       case Op::free_completed:
         if (pending_.erase(ev.addr) == 0 && live_.erase(ev.addr) != 0) {
-          Event requested = ev;
+          TraceEvent requested = ev;
           requested.op = Op::free_requested;
           out.push_back(requested);
         }
@@ -457,9 +457,9 @@ class DeviceConverter {
     }
   }
 
-  Event make_event(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+  TraceEvent make_event(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
                    std::int64_t time) const {
-    Event ev;
+    TraceEvent ev;
     ev.op = op;
     ev.device = device_;
     ev.addr = addr;
@@ -490,12 +490,12 @@ class DeviceConverter {
   }
 
   // Final segments with the window's segment events undone, newest first.
-  void seed_segments(std::vector<Event>& out) const {
+  void seed_segments(std::vector<TraceEvent>& out) const {
     std::map<std::uint64_t, SegmentSeed> fixed;
     RangeSet mapped;
     hold_final_segments(fixed, mapped);
     if (!state_only_) undo_segment_events(fixed, mapped);
-    std::vector<Event> seeds;
+    std::vector<TraceEvent> seeds;
     for (const auto& [addr, seed] : fixed) {
       seeds.push_back(make_event(Op::seed_segment, addr, seed.size, seed.stream, start_time_));
       if (seed.small) seeds.back().flags = kFlagSmallPool;
@@ -506,7 +506,7 @@ class DeviceConverter {
           static_cast<std::uint8_t>(kFlagExpandable | (small ? kFlagSmallPool : 0));
     });
     std::sort(seeds.begin(), seeds.end(),
-              [](const Event& x, const Event& y) { return x.addr < y.addr; });
+              [](const TraceEvent& x, const TraceEvent& y) { return x.addr < y.addr; });
     out.insert(out.end(), seeds.begin(), seeds.end());
   }
 
@@ -561,8 +561,8 @@ class DeviceConverter {
   }
 
   // Blocks freed before being allocated in the window, and final live blocks it never allocates.
-  void seed_allocs(std::vector<Event>& out) {
-    std::map<std::uint64_t, Event> seeds;
+  void seed_allocs(std::vector<TraceEvent>& out) {
+    std::map<std::uint64_t, TraceEvent> seeds;
     std::unordered_set<std::uint64_t> touched;
     std::unordered_set<std::uint64_t> allocated;
     if (!state_only_) {
@@ -577,7 +577,7 @@ class DeviceConverter {
     for (const Segment* s : final_) {
       for (const Block& b : s->blocks) {
         if (!b.live() || allocated.count(b.address) != 0 || seeds.count(b.address) != 0) continue;
-        Event ev = make_event(Op::seed_alloc, b.address, b.requested_size, s->stream, start_time_);
+        TraceEvent ev = make_event(Op::seed_alloc, b.address, b.requested_size, s->stream, start_time_);
         ev.label = label(b.frame);
         seeds.emplace(b.address, ev);
       }

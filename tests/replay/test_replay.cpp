@@ -12,14 +12,14 @@
 using namespace tensorpool::replay;
 using tensorpool::GiB;
 using tensorpool::MiB;
-using tensorpool::trace::Event;
+using tensorpool::trace::TraceEvent;
 using tensorpool::trace::Op;
 namespace trace = tensorpool::trace;
 
 namespace {
 
-Event ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
-  Event e;
+TraceEvent ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
+  TraceEvent e;
   e.op = op;
   e.addr = addr;
   e.size = size;

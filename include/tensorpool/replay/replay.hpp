@@ -30,7 +30,7 @@ namespace tensorpool::replay {
 class EventSource {
  public:
   virtual ~EventSource() = default;
-  virtual bool next(trace::Event& out) = 0;
+  virtual bool next(trace::TraceEvent& out) = 0;
   virtual void rewind() = 0;
 };
 
@@ -38,7 +38,7 @@ class EventSource {
 class TraceSource final : public EventSource {
  public:
   explicit TraceSource(const trace::Trace& trace) : trace_(trace) {}
-  bool next(trace::Event& out) override {
+  bool next(trace::TraceEvent& out) override {
     if (index_ >= trace_.events.size()) return false;
     out = trace_.events[index_++];
     return true;

@@ -58,10 +58,10 @@ class ReplayTarget {
   virtual std::string name() const = 0;
   /// Called for each seed_segment event before any allocation: a segment the recording allocator
   /// held at window start. Models of that allocator adopt it; others ignore it.
-  virtual void seed_segment(const trace::Event& /*seed*/) {}
+  virtual void seed_segment(const trace::TraceEvent& /*seed*/) {}
   /// A block live at window start (seed_alloc event), replayed after the seed segments. Models
   /// of the recording allocator place it where it was; the default allocates it.
-  virtual void* seed_alloc(const trace::Event& seed) { return allocate(seed.size, seed.stream); }
+  virtual void* seed_alloc(const trace::TraceEvent& seed) { return allocate(seed.size, seed.stream); }
   /// Throws tensorpool::OutOfMemoryError when the request cannot be served.
   virtual void* allocate(std::size_t bytes, Stream stream) = 0;
   /// `bytes` and `stream` are those of the allocation.
