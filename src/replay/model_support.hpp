@@ -1,16 +1,13 @@
 // model_support.hpp: small helpers shared by the models of foreign allocators ("pytorch", "cub"):
-// parsing TargetOptions::conf ("key:value,..."), counter arithmetic, rounding, the description of
-// an out-of-memory failure and a per-stream record of host synchronizations (internal to
-// tensorpool::replay, header-only).
+// rounding, the description of an out-of-memory failure and a per-stream record of host
+// synchronizations (internal to tensorpool::replay, header-only). Their settings are read with
+// the core's key:value reader (tensorpool/key_values.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <string>
-#include <string_view>
 #include <unordered_map>
-#include <vector>
 
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/target.hpp"
@@ -23,68 +20,6 @@ inline constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max(
 
 inline constexpr std::size_t round_up(std::size_t value, std::size_t multiple) noexcept {
   return (value + multiple - 1) / multiple * multiple;
-}
-
-inline std::string_view trim(std::string_view s) noexcept {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-struct ConfEntry {
-  std::string key;
-  std::string value;
-};
-
-/// Splits "key:value,key:value" (blanks around keys and values ignored, empty items skipped).
-/// Throws ConfigError naming `target` for an item without ':' or without a value.
-inline std::vector<ConfEntry> parse_conf(std::string_view conf, std::string_view target) {
-  std::vector<ConfEntry> out;
-  while (!conf.empty()) {
-    const std::size_t comma = conf.find(',');
-    const std::string_view item = trim(conf.substr(0, comma));
-    conf = comma == std::string_view::npos ? std::string_view{} : conf.substr(comma + 1);
-    if (item.empty()) continue;
-    const std::size_t colon = item.find(':');
-    if (colon == std::string_view::npos || trim(item.substr(colon + 1)).empty())
-      throw ConfigError(std::string(target) + " conf: expected 'key:value', got '" +
-                        std::string(item) + "'");
-    out.push_back({std::string(trim(item.substr(0, colon))), std::string(trim(item.substr(colon + 1)))});
-  }
-  return out;
-}
-
-[[noreturn]] inline void bad_conf_value(std::string_view target, const ConfEntry& e,
-                                        std::string_view expected) {
-  throw ConfigError(std::string(target) + " conf: bad value '" + e.value + "' for key '" + e.key +
-                    "': expected " + std::string(expected));
-}
-
-[[noreturn]] inline void unknown_conf_key(std::string_view target, const ConfEntry& e,
-                                          std::string_view known) {
-  throw ConfigError(std::string(target) + " conf: unknown key '" + e.key + "'; known keys: " +
-                    std::string(known));
-}
-
-/// A size ("512", "20MiB", ...; see parse_bytes), or kUnlimited for "none"/"unlimited" when
-/// `allow_unlimited`.
-inline std::size_t conf_size(std::string_view target, const ConfEntry& e, bool allow_unlimited) {
-  if (allow_unlimited && (e.value == "none" || e.value == "unlimited")) return kUnlimited;
-  std::size_t out = 0;
-  if (!parse_bytes(e.value, out))
-    bad_conf_value(target, e, allow_unlimited ? "a size such as 512, 4KiB or 2MiB, or 'none'"
-                                              : "a size such as 512, 4KiB or 2MiB");
-  return out;
-}
-
-/// A non-negative integer no larger than `max`.
-inline std::uint64_t conf_uint(std::string_view target, const ConfEntry& e, std::uint64_t max) {
-  if (e.value.empty() || e.value.find_first_not_of("0123456789") != std::string::npos ||
-      e.value.size() > 18)
-    bad_conf_value(target, e, "a non-negative integer");
-  const std::uint64_t v = std::stoull(e.value);
-  if (v > max) bad_conf_value(target, e, "an integer <= " + std::to_string(max));
-  return v;
 }
 
 /// What an OutOfMemoryError reports about a model over `device` that failed a request of `requested`

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "tensorpool/replay/target.hpp"
 
@@ -13,5 +15,6 @@ std::unique_ptr<ReplayTarget> make_raw_target(const TargetOptions& options);    
 std::unique_ptr<ReplayTarget> make_pytorch_target(const TargetOptions& options);     // pytorch_model.cpp
 std::unique_ptr<ReplayTarget> make_pytorch_expandable_target(const TargetOptions& options);  // pytorch_expandable_model.cpp
 std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options);         // cub_model.cpp
+const std::vector<std::string>& cub_settings_keys();                                  // cub_model.cpp
 
 }  // namespace tensorpool::replay

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "tensorpool/trace/event.hpp"
 
@@ -36,8 +37,9 @@ struct GeneratorOptions {
                                   // style) instead of at the first step (PyTorch's default)
   std::uint64_t seed = 1;
 
-  /// "key:value,..." with the field names above; throws ConfigError naming a bad key or value.
-  void apply(const std::string& text);
+  /// "key:value,..." with the field names above (tensorpool/key_values.hpp); throws ConfigError
+  /// naming `origin`, the key, the value and what was expected.
+  void apply(std::string_view text, std::string_view origin = "generator options");
   std::string to_string() const;
 };
 
