@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "report.hpp"
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/format.hpp"
 #include "tensorpool/trace/load.hpp"
@@ -219,17 +219,17 @@ int cmd_convert(const std::string& in, const std::string& out) {
 }
 
 int cmd_generate(const std::string& out, const std::string& options) {
-  replay::GeneratorOptions g;
+  workload::GeneratorOptions g;
   g.apply(options);
-  const trace::Trace t = replay::generate_llm_trace(g);
+  const trace::Trace t = workload::generate_llm_trace(g);
   trace::write_trace(out, t, trace::format_from_extension(out));
   fmt::print(stderr, "wrote {}: {} events ({})\n", out, t.events.size(), g.to_string());
   return 0;
 }
 
 int cmd_demo(bool as_json) {
-  replay::GeneratorOptions g;  // a 1.0B-parameter decoder, varlen batches, 6 training steps
-  const trace::Trace t = replay::generate_llm_trace(g);
+  workload::GeneratorOptions g;  // a 1.0B-parameter decoder, varlen batches, 6 training steps
+  const trace::Trace t = workload::generate_llm_trace(g);
   RunOptions o;
   o.allocators = replay::target_names();
   const auto reports = run_all(t, o);

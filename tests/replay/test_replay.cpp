@@ -4,12 +4,14 @@
 #include <filesystem>
 
 #include "tensorpool/errors.hpp"
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
 #include "tensorpool/types.hpp"
 
 using namespace tensorpool::replay;
+using tensorpool::workload::generate_llm_trace;
+using tensorpool::workload::GeneratorOptions;
 using tensorpool::GiB;
 using tensorpool::MiB;
 using tensorpool::trace::TraceEvent;

@@ -1,5 +1,5 @@
 // generator.cpp: the synthetic LLM trace (see generator.hpp for the pattern it follows).
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -10,7 +10,7 @@
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
 
-namespace tensorpool::replay {
+namespace tensorpool::workload {
 
 using trace::TraceEvent;
 using trace::Op;
@@ -272,4 +272,4 @@ trace::Trace generate_llm_trace(const GeneratorOptions& options) {
   return t;
 }
 
-}  // namespace tensorpool::replay
+}  // namespace tensorpool::workload

@@ -5,10 +5,10 @@
 #include <set>
 
 #include "tensorpool/errors.hpp"
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 using namespace tensorpool;
-using namespace tensorpool::replay;
+using namespace tensorpool::workload;
 using trace::Op;
 
 namespace {

@@ -1,4 +1,4 @@
-// tensorpool/replay/generator.hpp: synthetic LLM-style allocation traces.
+// tensorpool/workload/generator.hpp: synthetic LLM-style allocation traces.
 //
 // The allocation pattern of a decoder-only transformer as PyTorch produces it: bf16 weights at
 // start, then per iteration a forward pass that keeps activations for backward (with flash
@@ -19,7 +19,7 @@
 
 #include "tensorpool/trace/event.hpp"
 
-namespace tensorpool::replay {
+namespace tensorpool::workload {
 
 struct GeneratorOptions {
   int layers = 16;
@@ -45,4 +45,4 @@ struct GeneratorOptions {
 
 trace::Trace generate_llm_trace(const GeneratorOptions& options);
 
-}  // namespace tensorpool::replay
+}  // namespace tensorpool::workload
