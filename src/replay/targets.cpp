@@ -2,7 +2,7 @@
 #include <functional>
 #include <utility>
 
-#include "replay/models.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 
 namespace tensorpool::replay {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "random_workload.hpp"
-#include "replay/models.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/replay/target.hpp"

@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/pytorch_rules.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/pytorch_rules.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/simulated_device.hpp"
 

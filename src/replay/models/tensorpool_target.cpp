@@ -5,7 +5,7 @@
 // trace stream ids are mapped to simulated streams on first use.
 #include <unordered_map>
 
-#include "replay/models.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/allocator.hpp"
 
 namespace tensorpool::replay {

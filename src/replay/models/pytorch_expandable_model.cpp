@@ -75,10 +75,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
-#include "replay/pytorch_common.hpp"
-#include "replay/pytorch_rules.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
+#include "replay/models/pytorch_common.hpp"
+#include "replay/models/pytorch_rules.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/simulated_device.hpp"
 

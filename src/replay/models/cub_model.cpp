@@ -32,8 +32,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
 #include "tensorpool/simulated_device.hpp"

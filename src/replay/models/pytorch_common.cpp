@@ -1,7 +1,7 @@
 // pytorch_common.cpp: the machinery shared by the two models of PyTorch's CUDA caching allocator
 // (see pytorch_common.hpp).
 
-#include "replay/pytorch_common.hpp"
+#include "replay/models/pytorch_common.hpp"
 
 #include <algorithm>
 #include <iterator>

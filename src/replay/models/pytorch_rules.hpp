@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "replay/model_support.hpp"
+#include "replay/models/model_support.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
 #include "tensorpool/types.hpp"

@@ -4,8 +4,8 @@
 // Rounding follows what the CUDA driver does with cudaMalloc: requests of 2 MiB and more take
 // whole 2 MiB pages; smaller ones are packed into shared pages, modelled as 512-byte rounding.
 // The simulated device therefore has a 512-byte granularity.
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/size_classes.hpp"
 
