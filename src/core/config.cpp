@@ -147,8 +147,7 @@ void Config::set(std::string_view key, std::string_view value) {
 }
 
 void Config::apply(std::string_view text, std::string_view origin) {
-  const std::string item_origin = std::string(origin) + ": " + std::string(kOrigin);
-  for (const KeyValue& item : parse_key_values(text, origin)) set_item(*this, item_origin, item);
+  for (const KeyValue& item : parse_key_values(text, origin)) set_item(*this, origin, item);
   validate();
 }
 

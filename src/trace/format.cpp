@@ -99,11 +99,14 @@ TraceReader::TraceReader(std::unique_ptr<detail::FileSource> source, Format form
 
 TraceReader::~TraceReader() = default;
 
-std::unique_ptr<TraceReader> TraceReader::open(const std::string& path) {
-  auto source = std::make_unique<detail::FileSource>(path);
+std::unique_ptr<TraceReader> detail::open_reader(std::unique_ptr<FileSource> source) {
   source->refill();
-  if (detect_format(*source) == Format::binary) return detail::open_binary_reader(std::move(source));
-  return detail::open_jsonl_reader(std::move(source));
+  if (detect_format(*source) == Format::binary) return open_binary_reader(std::move(source));
+  return open_jsonl_reader(std::move(source));
+}
+
+std::unique_ptr<TraceReader> TraceReader::open(const std::string& path) {
+  return detail::open_reader(std::make_unique<detail::FileSource>(path));
 }
 
 const std::string& TraceReader::label(std::uint32_t id) const {
@@ -227,18 +230,19 @@ void TraceWriter::finish() {
 // ---------------------------------------------------------------------------------------------
 // Whole traces
 
-Trace read_trace(const std::string& path) {
-  auto reader = TraceReader::open(path);
+Trace detail::read_all(TraceReader& reader) {
   Trace trace;
-  trace.info = reader->info();
+  trace.info = reader.info();
   TraceEvent e;
-  while (reader->next(e)) trace.events.push_back(e);
-  trace.labels = reader->labels();
+  while (reader.next(e)) trace.events.push_back(e);
+  trace.labels = reader.labels();
   for (std::size_t i = 1; i < trace.labels.size(); ++i) {
     trace.label_ids.emplace(trace.labels[i], static_cast<std::uint32_t>(i));  // first one wins
   }
   return trace;
 }
+
+Trace read_trace(const std::string& path) { return detail::read_all(*TraceReader::open(path)); }
 
 void write_trace(const std::string& path, const Trace& trace, Format format) {
   auto writer = TraceWriter::open(path, format, trace.info);
@@ -257,17 +261,20 @@ void write_trace(const std::string& path, const Trace& trace, Format format) {
   writer->finish();
 }
 
-void convert_trace(const std::string& in, const std::string& out, Format out_format) {
-  auto reader = TraceReader::open(in);
-  auto writer = TraceWriter::open(out, out_format, reader->info());
+void detail::copy_trace(TraceReader& reader, const std::string& out, Format out_format) {
+  auto writer = TraceWriter::open(out, out_format, reader.info());
   std::vector<std::uint32_t> ids{0};  // reader's id -> writer's id, grown as labels appear
   TraceEvent e;
-  while (reader->next(e)) {
-    while (ids.size() < reader->labels().size()) ids.push_back(writer->intern(reader->labels()[ids.size()]));
+  while (reader.next(e)) {
+    while (ids.size() < reader.labels().size()) ids.push_back(writer->intern(reader.labels()[ids.size()]));
     e.label = ids[e.label];
     writer->write(e);
   }
   writer->finish();
+}
+
+void convert_trace(const std::string& in, const std::string& out, Format out_format) {
+  detail::copy_trace(*TraceReader::open(in), out, out_format);
 }
 
 }  // namespace tensorpool::trace

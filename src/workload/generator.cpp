@@ -220,14 +220,14 @@ class LlmTrace {
   std::vector<std::uint64_t> adam_;
 };
 
-const std::vector<std::string>& option_keys() {
-  static const std::vector<std::string> keys = {
+}  // namespace
+
+const std::vector<std::string>& GeneratorOptions::keys() {
+  static const std::vector<std::string> k = {
       "layers", "hidden",     "heads",      "ffn_multiple", "vocab",           "batch", "seq_len",
       "varlen", "training",   "iterations", "comm_stream",  "eager_optimizer", "seed"};
-  return keys;
+  return k;
 }
-
-}  // namespace
 
 void GeneratorOptions::apply(std::string_view text, std::string_view origin) {
   constexpr std::uint64_t kMaxInt = std::numeric_limits<int>::max();
@@ -249,7 +249,7 @@ void GeneratorOptions::apply(std::string_view text, std::string_view origin) {
     else if (e.key == "training") training = bool_value(origin, e);
     else if (e.key == "comm_stream") comm_stream = bool_value(origin, e);
     else if (e.key == "eager_optimizer") eager_optimizer = bool_value(origin, e);
-    else throw_unknown_key(origin, e, option_keys());
+    else throw_unknown_key(origin, e, keys());
   }
 }
 

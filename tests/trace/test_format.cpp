@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tensorpool/trace/format.hpp"
+#include "tensorpool/trace/load.hpp"
 #include "trace/format_io.hpp"  // crc32_update, put_varint: to craft binary files by hand
 
 #if defined(__linux__)
@@ -842,4 +843,53 @@ TEST_CASE("binary format speed", "[.speed]") {
             << rate(cpu(c0, c1)) << "), read " << rate(read_s) << " M events/s (CPU time: "
             << rate(cpu(c1, c2)) << "); checksum " << checksum << ", rss " << (rss_bytes() >> 20)
             << " MiB\n";
+}
+
+// ============================================================================================
+// load() and convert_to_native(): the kind from the first bytes, one open of the file
+// ============================================================================================
+
+TEST_CASE("load() says which kind of trace it read and reads it whole", "[format][load]") {
+  TempDir dir;
+  const Trace t = every_op_trace();
+  const std::string bin = dir.file("t.tptrace"), jsonl = dir.file("t.jsonl");
+  write_trace(bin, t, Format::binary);
+  write_trace(jsonl, t, Format::jsonl);
+  const LoadedTrace b = load(bin);
+  CHECK(b.kind == SourceKind::native_binary);
+  CHECK(b.trace.events == t.events);
+  CHECK(b.trace.info.metadata == t.info.metadata);
+  CHECK(detect_source(bin) == SourceKind::native_binary);
+  const LoadedTrace j = load(jsonl);
+  CHECK(j.kind == SourceKind::native_jsonl);
+  CHECK(j.trace.events.size() == t.events.size());
+  CHECK(load_trace(jsonl).events == j.trace.events);
+
+  write_bytes(dir.file("empty"), "");
+  REQUIRE_THROWS_WITH(load(dir.file("empty")), Catch::Matchers::Contains("the file is empty"));
+  write_bytes(dir.file("junk"), "junk junk junk");
+  REQUIRE_THROWS_WITH(load(dir.file("junk")), Catch::Matchers::Contains("junk: offset 0: not a trace"));
+  REQUIRE_THROWS_WITH(load(dir.file("absent")), Catch::Matchers::Contains("absent"));
+  // Four bytes of the magic pass detection; the binary reader then says what is wrong.
+  write_bytes(dir.file("cut.tptrace"), read_bytes(bin).substr(0, 6));
+  REQUIRE_THROWS_AS(load(dir.file("cut.tptrace")), TraceFormatError);
+}
+
+TEST_CASE("convert_to_native() streams native inputs and keeps every event", "[format][load]") {
+  TempDir dir;
+  const Trace t = every_op_trace();
+  write_trace(dir.file("in.jsonl"), t, Format::jsonl);
+  REQUIRE(convert_to_native(dir.file("in.jsonl"), dir.file("out.tptrace"), Format::binary) ==
+          SourceKind::native_jsonl);
+  const Trace back = read_trace(dir.file("out.tptrace"));
+  REQUIRE(back.events.size() == t.events.size());
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    CHECK(back.labels[back.events[i].label] == t.labels[t.events[i].label]);
+    TraceEvent a = back.events[i], b = t.events[i];
+    a.label = b.label = 0;
+    CHECK(a == b);
+  }
+  write_bytes(dir.file("junk"), "junk junk junk");
+  REQUIRE_THROWS(convert_to_native(dir.file("junk"), dir.file("never.tptrace"), Format::binary));
+  CHECK_FALSE(fs::exists(dir.file("never.tptrace")));
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tensorpool/trace/event.hpp"
 
@@ -41,6 +42,8 @@ struct GeneratorOptions {
   /// naming `origin`, the key, the value and what was expected.
   void apply(std::string_view text, std::string_view origin = "generator options");
   std::string to_string() const;
+  /// The keys apply() accepts, in to_string()'s order.
+  static const std::vector<std::string>& keys();
 };
 
 trace::Trace generate_llm_trace(const GeneratorOptions& options);

@@ -66,8 +66,13 @@ std::size_t power_of(std::size_t base, unsigned power) noexcept {
   return v;
 }
 
-Settings parse_settings(std::string_view conf) {
-  const std::string origin = std::string(kName) + " conf";
+const std::vector<std::string>& settings_keys() {
+  static const std::vector<std::string> keys = {"bin_growth", "min_bin", "max_bin",
+                                                "max_cached_bytes"};
+  return keys;
+}
+
+Settings parse_settings(std::string_view conf, std::string_view origin) {
   Settings s;
   for (const KeyValue& e : parse_key_values(conf, origin)) {
     if (e.key == "bin_growth")
@@ -79,12 +84,12 @@ Settings parse_settings(std::string_view conf) {
     else if (e.key == "max_cached_bytes")
       s.max_cached_bytes = size_or_none(origin, e).value_or(kUnlimited);
     else
-      throw_unknown_key(origin, e, cub_settings_keys());
+      throw_unknown_key(origin, e, settings_keys());
   }
-  if (s.bin_growth < 2) throw ConfigError(origin + ": bin_growth must be at least 2");
-  if (s.min_bin > s.max_bin) throw ConfigError(origin + ": min_bin must not exceed max_bin");
-  if (power_of(s.bin_growth, s.max_bin) == kUnlimited)
-    throw ConfigError(origin + ": bin_growth^max_bin does not fit in 64 bits");
+  const auto fail = [&](const char* what) { throw ConfigError(std::string(origin) + ": " + what); };
+  if (s.bin_growth < 2) fail("bin_growth must be at least 2");
+  if (s.min_bin > s.max_bin) fail("min_bin must not exceed max_bin");
+  if (power_of(s.bin_growth, s.max_bin) == kUnlimited) fail("bin_growth^max_bin does not fit in 64 bits");
   return s;
 }
 
@@ -100,7 +105,7 @@ struct Block {
 class CubModel final : public ReplayTarget {
  public:
   explicit CubModel(const TargetOptions& options)
-      : settings_(parse_settings(options.conf)),
+      : settings_(parse_settings(options.conf, std::string(kName) + " conf")),
         device_(device_options(options)),
         cache_(settings_.max_bin - settings_.min_bin + 1) {}
 
@@ -250,14 +255,14 @@ void CubModel::free_all_cached() {
 
 }  // namespace
 
-const std::vector<std::string>& cub_settings_keys() {
-  static const std::vector<std::string> keys = {"bin_growth", "min_bin", "max_bin",
-                                                "max_cached_bytes"};
-  return keys;
-}
-
 std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options) {
   return std::make_unique<CubModel>(options);
+}
+
+TargetEntry cub_entry() {
+  return {{kName, "a model of CUB's CachingDeviceAllocator", settings_keys()},
+          [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
+          make_cub_target};
 }
 
 }  // namespace tensorpool::replay

@@ -26,7 +26,7 @@ Pool seed_pool(const trace::TraceEvent& seed) noexcept {
 CachingModel::CachingModel(const TargetOptions& options, const char* name, bool expandable,
                            const SimulatedDeviceOptions& device)
     : name_(name),
-      settings_(pytorch_rules::parse_settings(options.conf, name, expandable)),
+      settings_(pytorch_rules::parse_settings(options.conf, std::string(name) + " conf", expandable)),
       device_(device) {}
 
 UpstreamCounts CachingModel::upstream() const {

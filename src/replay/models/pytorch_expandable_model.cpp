@@ -475,4 +475,12 @@ std::unique_ptr<ReplayTarget> make_pytorch_expandable_target(const TargetOptions
   return std::make_unique<ExpandableModel>(options);
 }
 
+TargetEntry pytorch_expandable_entry() {
+  return {{kName, "the pytorch model with expandable_segments:True", pytorch_rules::settings_keys()},
+          [](std::string_view conf, std::string_view origin) {
+            pytorch_rules::parse_settings(conf, origin, true);
+          },
+          make_pytorch_expandable_target};
+}
+
 }  // namespace tensorpool::replay

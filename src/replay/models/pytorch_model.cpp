@@ -251,4 +251,15 @@ std::unique_ptr<ReplayTarget> make_pytorch_target(const TargetOptions& options) 
   return std::make_unique<PyTorchModel>(options);
 }
 
+TargetEntry pytorch_entry() {
+  return {{kName,
+           "a model of PyTorch's native CUDA caching allocator, started from PyTorch's own "
+           "segments at the window start",
+           pytorch_rules::settings_keys()},
+          [](std::string_view conf, std::string_view origin) {
+            pytorch_rules::parse_settings(conf, origin, false);
+          },
+          make_pytorch_target};
+}
+
 }  // namespace tensorpool::replay

@@ -38,10 +38,10 @@ inline const std::vector<std::string>& settings_keys() {
   return keys;
 }
 
-/// Parses the conf of the model `name`. `expandable` is the mode that model implements: an
-/// expandable_segments key, when present, must agree with it (the other mode is the other model).
-inline Settings parse_settings(std::string_view conf, const char* name, bool expandable) {
-  const std::string origin = std::string(name) + " conf";
+/// Parses the conf of a model (errors name `origin`). `expandable` is the mode that model
+/// implements: an expandable_segments key, when present, must agree with it (the other mode is the
+/// other model).
+inline Settings parse_settings(std::string_view conf, std::string_view origin, bool expandable) {
   Settings s;
   for (const KeyValue& e : parse_key_values(conf, origin)) {
     if (e.key == "max_split_size") {
@@ -63,7 +63,7 @@ inline Settings parse_settings(std::string_view conf, const char* name, bool exp
   }
   // PyTorch refuses max_split_size_mb <= 20: a 20 MiB segment must stay splittable.
   if (s.max_split_size != model::kUnlimited && s.max_split_size <= kLargeBuffer)
-    throw ConfigError(origin + ": max_split_size must be above 20 MiB, got " +
+    throw ConfigError(std::string(origin) + ": max_split_size must be above 20 MiB, got " +
                       std::to_string(s.max_split_size));
   return s;
 }
