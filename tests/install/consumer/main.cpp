@@ -4,6 +4,8 @@
 
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/workload/generator.hpp"
+
+static_assert(__cplusplus >= 202002L, "the installed tensorpool targets must pass C++20 to their users");
 #include "tensorpool/tensorpool.hpp"
 
 int main() {
