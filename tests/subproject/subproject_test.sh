@@ -8,15 +8,9 @@ shift
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-step() {  # step NAME COMMAND...: runs the command, shows its log and fails if it fails
-  local name=$1
-  shift
-  if ! "$@" >"$work/$name.log" 2>&1; then
-    cat "$work/$name.log"
-    echo "subproject_test: $name failed: $*" >&2
-    exit 1
-  fi
-}
+test_name=subproject_test
+# shellcheck source=/dev/null
+source "$(dirname "$0")/../install/step.sh"
 
 step configure cmake -S "$source_dir/tests/subproject" -B "$work/build" \
   -DTENSORPOOL_SOURCE_DIR="$source_dir" -DTENSORPOOL_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug "$@"

@@ -13,14 +13,8 @@ constexpr std::uint64_t kMiB = 1024 * 1024;
 
 void add(Trace& t, Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0,
          std::uint16_t device = 0, const char* label = "") {
-  TraceEvent e;
-  e.op = op;
-  e.addr = addr;
-  e.size = size;
-  e.stream = stream;
-  e.device = device;
-  e.label = t.intern(label);
-  t.events.push_back(e);
+  t.events.push_back({.op = op, .device = device, .label = t.intern(label), .stream = stream,
+                      .addr = addr, .size = size});
 }
 
 }  // namespace
