@@ -4,6 +4,7 @@
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
 // trace stream ids are mapped to simulated streams on first use.
+#include <algorithm>
 #include <unordered_map>
 
 #include "replay/models/models.hpp"
@@ -31,7 +32,13 @@ class TensorpoolTarget final : public ReplayTarget {
         alloc_(device_, target_config(preset, o.conf, name_ + " conf")) {}
 
   std::string name() const override { return name_; }
-  void* allocate(std::size_t bytes, Stream stream) override { return alloc_.allocate(bytes, map(stream)); }
+  void* allocate(std::size_t bytes, Stream stream) override {
+    try {
+      return alloc_.allocate(bytes, map(stream));
+    } catch (const OutOfMemoryError& e) {
+      throw OutOfMemoryError(in_trace_streams(e.info()));
+    }
+  }
   void deallocate(void* ptr, std::size_t, Stream) override { alloc_.deallocate(ptr); }
   void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
   void stream_synchronized(Stream stream) override { device_->complete_stream(map(stream)); }
@@ -46,6 +53,20 @@ class TensorpoolTarget final : public ReplayTarget {
     auto [it, inserted] = streams_.try_emplace(trace_stream, 0);
     if (inserted) it->second = device_->create_stream();
     return it->second;
+  }
+
+  // The OOM report in the trace's stream ids instead of the simulated device's.
+  OutOfMemoryInfo in_trace_streams(OutOfMemoryInfo info) const {
+    auto trace_id = [&](Stream s) {
+      for (const auto& [trace_stream, sim] : streams_)
+        if (sim == s) return trace_stream;
+      return s;  // the default stream is 0 in both
+    };
+    info.stream = trace_id(info.stream);
+    for (auto& c : info.cached_per_stream) c.stream = trace_id(c.stream);
+    std::sort(info.cached_per_stream.begin(), info.cached_per_stream.end(),
+              [](const auto& a, const auto& b) { return a.stream < b.stream; });
+    return info;
   }
 
   std::string name_;
