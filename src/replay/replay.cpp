@@ -66,7 +66,7 @@ class DeviceReplay {
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
       case Op::seed_segment:
-        if (pass_ == 0) target_->seed_segment(e);
+        if (pass_ == 0) seed_segment(e);
         break;
       case Op::seed_alloc: allocate(e, true); break;
       case Op::alloc: allocate(e, false); break;
@@ -125,6 +125,21 @@ class DeviceReplay {
     }
   }
 
+  // A segment the recording allocator held at window start: a target that adopts it needs room
+  // for it, and one that has none refuses it like an allocation (an OOM of the window's start).
+  void seed_segment(const TraceEvent& e) {
+    try {
+      target_->seed_segment(e);
+    } catch (const OutOfMemoryError& oom) {
+      note_oom(e, oom);
+    }
+  }
+
+  void note_oom(const TraceEvent& e, const OutOfMemoryError& oom) {
+    if (++result_.ooms == 1)
+      result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
+  }
+
   void allocate(const TraceEvent& e, bool seed) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
@@ -134,8 +149,7 @@ class DeviceReplay {
       live_.emplace(e.addr, Live{p, e.size, e.stream});
       requested_ += e.size;
     } catch (const OutOfMemoryError& oom) {
-      if (++result_.ooms == 1)
-        result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
+      note_oom(e, oom);
       failed_.insert(e.addr);
     }
     measure();
