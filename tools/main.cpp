@@ -10,10 +10,13 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "fit.hpp"
+#include "plan.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/workload/generator.hpp"
+#include "workload_args.hpp"
 
 using namespace tensorpool;
 
@@ -92,7 +95,30 @@ int main(int argc, char** argv) {
   auto* generate = app.add_subcommand("generate", "Write a synthetic LLM-style trace");
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
   generate->add_option("--options", gen_options,
-                       "key:value,... of " + join(workload::GeneratorOptions::keys()));
+                       "key:value,... of " + join(workload::GeneratorOptions::keys()) +
+                           "; with --model: of " + join(workload::WorkloadSetup::keys()));
+  cli::WorkloadArgs gen_args;
+  cli::add_workload_flags(generate, gen_args, true);
+
+  unsigned threads = 0;
+  auto* fit_cmd = app.add_subcommand("fit", "The smallest device capacity each allocator replays a trace on without an OOM");
+  fit_cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
+  fit_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
+  fit_cmd->add_option("--conf", conf, "Allocator settings, key:value,... (as for compare)");
+  fit_cmd->add_option("--device", device, "Only this device of the trace (default: each device on its own)");
+  fit_cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass")->check(CLI::Range(0, 100));
+  fit_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
+  fit_cmd->add_flag("--json", json, "Machine-readable output");
+
+  cli::WorkloadArgs plan_args;
+  auto* plan_cmd = app.add_subcommand("plan", "The largest micro-batch each allocator fits, and the changes that fit a larger one");
+  cli::add_workload_flags(plan_cmd, plan_args, false);
+  plan_cmd->add_option("--options", plan_args.options, "key:value,... of " + join(workload::WorkloadSetup::keys()));
+  plan_cmd->add_option("--capacity", capacity, "Device memory (default 80GiB)");
+  plan_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
+  plan_cmd->add_option("--conf", conf, "Allocator settings, key:value,... (as for compare)");
+  plan_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
+  plan_cmd->add_flag("--json", json, "Machine-readable output");
 
   try {
     app.parse(argc, argv);
@@ -103,6 +129,8 @@ int main(int argc, char** argv) {
 
   cli::RunOptions run;
   workload::GeneratorOptions generator;
+  workload::WorkloadSetup workload_setup;
+  cli::PlanOptions plan;
   try {
     run.trace = trace_path;
     run.json = json;
@@ -114,7 +142,16 @@ int main(int argc, char** argv) {
                                           : split(allocators);
     check_allocators(run.allocators);
     run.confs = replay::share_conf(run.allocators, conf, "--conf");
-    generator.apply(gen_options, "--options");
+    if (generate->parsed() && gen_args.given()) {
+      gen_args.options = gen_options;
+      workload_setup = cli::workload_setup(gen_args);
+    } else {
+      generator.apply(gen_options, "--options");
+    }
+    if (plan_cmd->parsed()) {
+      plan = {cli::workload_setup(plan_args), run.allocators, run.confs, run.capacity, threads, json};
+      cli::check_plan(plan.setup);
+    }
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
@@ -130,7 +167,10 @@ int main(int argc, char** argv) {
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
-    if (generate->parsed()) return cli::cmd_generate(out_path, generator);
+    if (generate->parsed())
+      return gen_args.given() ? cli::cmd_generate_workload(out_path, workload_setup) : cli::cmd_generate(out_path, generator);
+    if (fit_cmd->parsed()) return cli::cmd_fit(run, threads);
+    if (plan_cmd->parsed()) return cli::cmd_plan(plan);
   } catch (const std::exception& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadInput;
