@@ -19,7 +19,12 @@ std::string gib(std::size_t bytes) {
 
 }  // namespace
 
-std::string fit_text(const std::vector<replay::FitResult>& results, const trace::Trace& trace) {
+std::string tolerance_text(const replay::FitOptions& options) {
+  return fmt::format("{:g}% or {}", options.relative_tolerance * 100.0, format_bytes(options.absolute_tolerance));
+}
+
+std::string fit_text(const std::vector<replay::FitResult>& results, const trace::Trace& trace,
+                     const replay::FitOptions& options) {
   std::string out = fmt::format("{:<18} {:>6} {:>12} {:>12} {:>8} {:>8} {:>8}  {}\n", "allocator", "device",
                                 "req GiB", "fits GiB", "ratio", "replays", "1% less", "checked");
   std::vector<replay::ReplayResult> below;
@@ -41,8 +46,10 @@ std::string fit_text(const std::vector<replay::FitResult>& results, const trace:
       }
     }
   }
-  out += "req: peak requested (the floor); fits: the smallest capacity without an OOM (bisection to\n"
-         "0.5% or 2 MiB); ratio = fits / req; 1% less: the replay at 99% of the fit ran out of memory.\n";
+  out += fmt::format("req: peak requested (the floor); fits: the smallest capacity without an OOM (bisection to\n"
+                     "{}, whichever is larger); ratio = fits / req; 1% less: the replay at 99% of the fit\n"
+                     "ran out of memory.\n",
+                     tolerance_text(options));
   return out + oom_breakdown(below, trace);
 }
 
@@ -71,13 +78,12 @@ nlohmann::json fit_json(const std::vector<replay::FitResult>& results, const tra
   return rows;
 }
 
-int cmd_fit(const RunOptions& run, unsigned threads) {
+int cmd_fit(const RunOptions& run, const replay::FitOptions& search) {
   const trace::Trace t = trace::load_trace(run.trace);
-  replay::FitOptions o;
+  replay::FitOptions o = search;
   o.targets = replay::fit_targets(run.allocators, run.confs);
   o.device = run.device;
   o.warmup = run.warmup;
-  o.threads = threads;
   const auto results = replay::fit(t, o);
   if (run.json) {
     const nlohmann::json j = {{"trace", run.trace},
@@ -88,7 +94,7 @@ int cmd_fit(const RunOptions& run, unsigned threads) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  fmt::print("{}\n{}", run.trace, fit_text(results, t));
+  fmt::print("{}\n{}", run.trace, fit_text(results, t, o));
   return 0;
 }
 

@@ -13,12 +13,22 @@
 
 namespace tensorpool::cli {
 
-/// fit: run.trace, run.allocators, run.confs, run.device, run.warmup, run.json; `threads` replays
-/// at once (0: one per core).
-int cmd_fit(const RunOptions& run, unsigned threads);
+/// fit: run.trace, run.allocators, run.confs, run.device, run.warmup, run.json; from `search`
+/// its threads and tolerances (--threads, --precision-pct, --precision-bytes).
+int cmd_fit(const RunOptions& run, const replay::FitOptions& search);
 
-/// The fit table (one row per allocator and device) and each first OOM just below a fit.
-std::string fit_text(const std::vector<replay::FitResult>& results, const trace::Trace& trace);
+/// The fit table (one row per allocator and device) and each first OOM just below a fit;
+/// `options`: the search's (for the tolerance the legend states).
+std::string fit_text(const std::vector<replay::FitResult>& results, const trace::Trace& trace,
+                     const replay::FitOptions& options);
+
+/// "0.5% or 2 MiB": the tolerance of a search, as the text output states it.
+std::string tolerance_text(const replay::FitOptions& options);
 nlohmann::json fit_json(const std::vector<replay::FitResult>& results, const trace::Trace& trace);
+
+/// The end of `tensorpool demo` (demo_fit.cpp): the fit of `trace` per allocator, and a plan where
+/// the pytorch model needs a smaller micro-batch than tensorpool. Returns the text; fills *json
+/// (keys fit, plan, plan_command) when not null.
+std::string demo_fit_and_plan(const trace::Trace& trace, nlohmann::json* json);
 
 }  // namespace tensorpool::cli

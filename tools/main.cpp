@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
   cli::add_workload_flags(generate, gen_args, true);
 
   unsigned threads = 0;
+  double precision_pct = 0.5;
+  std::string precision_bytes = "2MiB";
   auto* fit_cmd = app.add_subcommand("fit", "The smallest device capacity each allocator replays a trace on without an OOM");
   fit_cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
   fit_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
@@ -108,6 +110,12 @@ int main(int argc, char** argv) {
   fit_cmd->add_option("--device", device, "Only this device of the trace (default: each device on its own)");
   fit_cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass")->check(CLI::Range(0, 100));
   fit_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
+  fit_cmd->add_option("--precision-pct", precision_pct,
+                      "Bisect until the capacities with and without an OOM are this many percent of the "
+                      "answer apart (default 0.5)")
+      ->check(CLI::Range(0.001, 50.0));
+  fit_cmd->add_option("--precision-bytes", precision_bytes,
+                      "... or this many bytes, whichever is larger (default 2MiB; 0: the percentage only)");
   fit_cmd->add_flag("--json", json, "Machine-readable output");
 
   cli::WorkloadArgs plan_args;
@@ -131,6 +139,7 @@ int main(int argc, char** argv) {
   workload::GeneratorOptions generator;
   workload::WorkloadSetup workload_setup;
   cli::PlanOptions plan;
+  replay::FitOptions fit_search;
   try {
     run.trace = trace_path;
     run.json = json;
@@ -148,6 +157,10 @@ int main(int argc, char** argv) {
     } else {
       generator.apply(gen_options, "--options");
     }
+    fit_search.threads = threads;
+    fit_search.relative_tolerance = precision_pct / 100.0;
+    if (!parse_bytes(precision_bytes, fit_search.absolute_tolerance))
+      throw CLI::ValidationError("--precision-bytes", "'" + precision_bytes + "' is not a size such as 2MiB or 0");
     if (plan_cmd->parsed()) {
       plan = {cli::workload_setup(plan_args), run.allocators, run.confs, run.capacity, threads, json};
       cli::check_plan(plan.setup);
@@ -169,7 +182,7 @@ int main(int argc, char** argv) {
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
     if (generate->parsed())
       return gen_args.given() ? cli::cmd_generate_workload(out_path, workload_setup) : cli::cmd_generate(out_path, generator);
-    if (fit_cmd->parsed()) return cli::cmd_fit(run, threads);
+    if (fit_cmd->parsed()) return cli::cmd_fit(run, fit_search);
     if (plan_cmd->parsed()) return cli::cmd_plan(plan);
   } catch (const std::exception& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";

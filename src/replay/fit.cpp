@@ -128,9 +128,10 @@ class CapacitySearch {
     }
   }
 
+  // At least one byte: the bisection ends even with both tolerances 0.
   std::size_t tolerance(std::size_t hi) const {
-    return std::max(static_cast<std::size_t>(static_cast<double>(hi) * options_.relative_tolerance),
-                    options_.absolute_tolerance);
+    return std::max({static_cast<std::size_t>(static_cast<double>(hi) * options_.relative_tolerance),
+                     options_.absolute_tolerance, std::size_t{1}});
   }
 
   // Invariant: a replay at capacity_ has no OOM; one at lo_ has one (or lo_ is below the peak).

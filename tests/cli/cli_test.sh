@@ -26,6 +26,9 @@ check() {  # check NAME EXPECTED_STATUS EXPECTED_TEXT -- command...
 
 check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
 check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json
+check "demo fits the trace" 0 "Does it fit?" -- "$bin" demo
+check "demo plans a micro-batch where pytorch fits less" 0 "PyTorch's allocator (the pytorch model) fits micro-batch" -- "$bin" demo
+check "demo --json has the plan" 0 '"plan_command"' -- "$bin" demo --json
 check "generate" 0 "wrote" -- "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3
 check "info" 0 "allocation sizes" -- "$bin" info "$work/g.tptrace"
 check "info --json" 0 '"lifetime_histogram"' -- "$bin" info "$work/g.tptrace" --json
@@ -94,6 +97,10 @@ for key in capacity_bytes ratio_to_peak_requested verified monotone oom_above_by
   check "fit --json has $key" 0 "\"$key\"" -- "$bin" fit "$work/g.tptrace" --allocators raw --json
 done
 check "fit --json: the answer is verified" 0 '"verified": true' -- "$bin" fit "$work/g.tptrace" --allocators tensorpool --json
+check "fit --precision-pct" 0 "0.1% or 0 B, whichever is larger" -- "$bin" fit "$work/g.tptrace" --allocators raw --precision-pct 0.1 --precision-bytes 0
+check "fit --json states the precision" 0 '"relative_tolerance": 0.001' -- "$bin" fit "$work/g.tptrace" --allocators raw --precision-pct 0.1 --json
+check "bad --precision-pct" 2 "precision-pct" -- "$bin" fit "$work/g.tptrace" --precision-pct 0
+check "bad --precision-bytes" 2 "--precision-bytes" -- "$bin" fit "$work/g.tptrace" --precision-bytes lots
 check "bad fit --warmup" 2 "warmup" -- "$bin" fit "$work/g.tptrace" --warmup -1
 check "fit: unknown allocator" 2 "unknown allocator 'nope'" -- "$bin" fit "$work/g.tptrace" --allocators nope
 check "fit: a device the trace lacks" 1 "device 9 has no events" -- "$bin" fit "$work/g.tptrace" --device 9

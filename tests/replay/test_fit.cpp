@@ -147,6 +147,23 @@ TEST_CASE("fit: a replay that OOMs above a capacity that fits is caught and sear
   CHECK(m.verified);
   CHECK(m.capacity >= 5 * GiB);
   CHECK(m.capacity - 5 * GiB <= 5 * GiB / 200);
+  // The precision is an option: 0.1% without the 2 MiB floor takes more replays, lands closer.
+  FitOptions fine;
+  fine.relative_tolerance = 0.001;
+  fine.absolute_tolerance = 0;
+  const DeviceFit f = search_capacity([](std::size_t c) { ReplayResult r; r.ooms = c < 5 * GiB; return r; },
+                                      4 * GiB, fine);
+  CHECK(f.verified);
+  CHECK(f.capacity >= 5 * GiB);
+  CHECK(f.capacity - 5 * GiB <= 5 * GiB / 1000);
+  CHECK(f.capacity - f.below_capacity <= f.capacity / 1000);
+  CHECK(f.replays > m.replays);
+  // Both tolerances 0: bisection to the byte, and it ends.
+  fine.relative_tolerance = 0;
+  const DeviceFit exact = search_capacity([](std::size_t c) { ReplayResult r; r.ooms = c < 5 * GiB + 7; return r; },
+                                          4 * GiB, fine);
+  CHECK(exact.capacity == 5 * GiB + 7);
+  CHECK(exact.below_capacity == 5 * GiB + 6);
   // Nothing fits below 64x the floor: the search says so rather than looping.
   const DeviceFit never = search_capacity([](std::size_t) { ReplayResult r; r.ooms = 1; return r; }, GiB, FitOptions{});
   CHECK_FALSE(never.fits);

@@ -8,7 +8,8 @@
 // differently, on a larger device (a replay that OOMs at C may succeed a little below C). fit()
 // therefore checks its answer: the replay at the answer has no OOM (it is the smallest capacity
 // seen without one), and a replay at 99% of it must have one; when that replay has none, the
-// search was misled, `monotone` is set to false and the search starts again below. The same
+// search was misled, `monotone` is set to false and the search starts again below (the answer is
+// then a capacity without an OOM whose 99% has one, not necessarily the smallest). The same
 // assumption for trace families: a larger member never needs less memory (largest_fitting()
 // reports the replay of the next member, which has an OOM when the answer is right).
 //
@@ -45,7 +46,9 @@ struct FitOptions {
   int device = -1;  // search only this device of the trace; -1: every device, each on its own
   int warmup = 0;   // passes over the trace before the measured one (ReplayOptions::warmup)
   /// The bisection stops when the smallest capacity without an OOM and the largest with one are
-  /// at most max(relative_tolerance * that capacity, absolute_tolerance) apart.
+  /// at most max(relative_tolerance * that capacity, absolute_tolerance, 1 byte) apart (the
+  /// precision: `tensorpool fit --precision-pct 0.1 --precision-bytes 0` for 0.1%). The check
+  /// of the answer stays at 99% of it whatever the precision.
   double relative_tolerance = 0.005;
   std::size_t absolute_tolerance = 2 * MiB;
   /// The search gives up (fits = false) when a capacity of max_ratio x the peak requested still
