@@ -66,7 +66,7 @@ class DeviceReplay {
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
       case Op::seed_segment:
-        if (pass_ == 0) target_->seed_segment(e);
+        if (pass_ == 0) seed_segment(e);
         break;
       case Op::seed_alloc: allocate(e, true); break;
       case Op::alloc: allocate(e, false); break;
@@ -125,6 +125,22 @@ class DeviceReplay {
     }
   }
 
+  // A model adopting the recording allocator's segment can run out of device memory on a device
+  // smaller than what that allocator held: a refused request like any other.
+  void seed_segment(const TraceEvent& e) {
+    try {
+      target_->seed_segment(e);
+    } catch (const OutOfMemoryError& oom) {
+      refused(e, oom);
+    }
+    measure();
+  }
+
+  void refused(const TraceEvent& e, const OutOfMemoryError& oom) {
+    if (++result_.ooms == 1)
+      result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
+  }
+
   void allocate(const TraceEvent& e, bool seed) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
@@ -134,8 +150,7 @@ class DeviceReplay {
       live_.emplace(e.addr, Live{p, e.size, e.stream});
       requested_ += e.size;
     } catch (const OutOfMemoryError& oom) {
-      if (++result_.ooms == 1)
-        result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
+      refused(e, oom);
       failed_.insert(e.addr);
     }
     measure();
