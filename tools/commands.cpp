@@ -151,6 +151,9 @@ std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOption
     ro.warmup = o.warmup;
     ro.target.capacity = o.capacity;
     ro.target.conf = name.rfind("tensorpool", 0) == 0 ? o.conf : "";  // --conf is tensorpool's
+    if (auto it = o.allocator_conf.find(name); it != o.allocator_conf.end())
+      ro.target.conf += (ro.target.conf.empty() ? "" : ",") + it->second;
+    ro.target.cost_model = o.cost_model;
     reports.push_back(replay::replay(source, ro));
   }
   return reports;

@@ -1,8 +1,12 @@
 // commands.hpp: the subcommands of the tensorpool CLI.
 #pragma once
 
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "tensorpool/cost_model.hpp"
 
 #include "tensorpool/types.hpp"
 
@@ -14,6 +18,8 @@ struct RunOptions {
   std::vector<std::string> allocators;
   std::size_t capacity = 80 * GiB;
   std::string conf;  // tensorpool's Config for the tensorpool allocator
+  std::map<std::string, std::string> allocator_conf;  // --allocator-conf NAME=SETTINGS
+  std::shared_ptr<const CostModel> cost_model;         // --cost-model FILE (null: flat default)
   int device = -1;
   int warmup = 0;  // passes over the window before the measured one
   bool json = false;

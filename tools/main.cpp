@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <iostream>
+#include <map>
+#include <memory>
 
 #include "commands.hpp"
 #include "tensorpool/config.hpp"
@@ -44,6 +46,23 @@ void check_allocators(const std::vector<std::string>& names) {
     if (std::find(known.begin(), known.end(), n) == known.end()) replay::make_target(n, {});  // throws
 }
 
+// --allocator-conf NAME=SETTINGS, repeatable; each is checked by building the target once.
+std::map<std::string, std::string> parse_allocator_confs(const std::vector<std::string>& items) {
+  std::map<std::string, std::string> out;
+  for (const auto& item : items) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CLI::ValidationError("--allocator-conf", "'" + item + "' is not NAME=key:value,...");
+    const std::string name = item.substr(0, eq);
+    check_allocators({name});
+    replay::TargetOptions probe;
+    probe.conf = item.substr(eq + 1);
+    replay::make_target(name, probe);  // throws ConfigError for a bad setting
+    out[name] = probe.conf;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,6 +73,8 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string trace_path, out_path, allocators, capacity = "80GiB", conf, gen_options;
   std::string allocator = "tensorpool";
+  std::string cost_model_path;
+  std::vector<std::string> allocator_confs;
   int device = -1;
   int warmup = 0;
 
@@ -69,6 +90,12 @@ int main(int argc, char** argv) {
     cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
     cmd->add_option("--conf", conf, "tensorpool settings, TENSORPOOL_CONF syntax (key:value,...); "
                                     "applies to tensorpool and tensorpool-vmm");
+    cmd->add_option("--allocator-conf", allocator_confs,
+                    "NAME=key:value,... settings of one allocator (e.g. rmm-pool=initial_pool_size:0); "
+                    "repeatable");
+    cmd->add_option("--cost-model", cost_model_path,
+                    "Cost of upstream calls for the simulated devices (file format: docs/cli.md); "
+                    "default: flat 10-20 us per call");
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
@@ -76,7 +103,7 @@ int main(int argc, char** argv) {
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
   add_run_options(replay_cmd);
-  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, pytorch-expandable, cub or raw (default tensorpool)");
+  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, pytorch-expandable, cub, rmm-pool, rmm-arena or raw (default tensorpool)");
 
   auto* compare = app.add_subcommand("compare", "Replay a trace against several allocators, side by side");
   add_run_options(compare);
@@ -112,12 +139,21 @@ int main(int argc, char** argv) {
                                           : split(allocators);
     check_allocators(run.allocators);
     if (!conf.empty()) Config::parse(conf, "--conf");
+    run.allocator_conf = parse_allocator_confs(allocator_confs);
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
   } catch (const Error& e) {  // UsageError, ConfigError
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
+  }
+
+  try {  // a bad cost-model file is a bad input file
+    if (!cost_model_path.empty())
+      run.cost_model = std::make_shared<const CostModel>(load_cost_model(cost_model_path));
+  } catch (const Error& e) {
+    std::cerr << "tensorpool: error: --cost-model: " << e.what() << "\n";
+    return kBadInput;
   }
 
   try {

@@ -121,6 +121,7 @@ class CubModel final : public ReplayTarget {
     d.segment_granularity = kGranule;
     d.alignment = kGranule;
     d.supports_virtual_memory = false;
+    d.cost_model = o.cost_model;
     return d;
   }
 

@@ -68,6 +68,18 @@ check "no subcommand" 2 "" -- "$bin"
 check "unknown subcommand" 2 "" -- "$bin" frobnicate
 check "--help" 0 "compare" -- "$bin" --help
 
+# --cost-model: a file of (call, bytes, ns) points replaces the flat per-call cost.
+printf '# free calls\nsegment_alloc 0 0\nsegment_free 0 0 # none\n' >"$work/cost.txt"
+check "--cost-model is charged" 0 '"modelled_upstream_ns": 0,' -- "$bin" replay "$work/g.tptrace" --allocator raw --json --cost-model "$work/cost.txt"
+printf 'segment_alloc two 3\n' >"$work/badcost.txt"
+check "bad --cost-model names file and line" 1 "badcost.txt: line 1: expected 'CALL BYTES NANOSECONDS'" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/badcost.txt"
+check "missing --cost-model file" 1 "cannot open the cost-model file" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/none.txt"
+# --allocator-conf NAME=SETTINGS reaches that allocator only, and is checked first.
+check "--allocator-conf" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators cub,raw --allocator-conf cub=max_cached_bytes:none
+check "bad --allocator-conf value" 2 "cub conf: bin_growth must be at least 2" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub=bin_growth:1
+check "--allocator-conf without =" 2 "NAME=key:value" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub
+check "--allocator-conf unknown allocator" 2 "unknown allocator" -- "$bin" replay "$work/g.tptrace" --allocator-conf nope=a:1
+
 # A real PyTorch snapshot, when the shared traces are here.
 if [ -f "$shared/small-from-empty.pickle" ]; then
   check "info on a PyTorch snapshot" 0 "recorded allocator" -- "$bin" info "$shared/small-from-empty.pickle"

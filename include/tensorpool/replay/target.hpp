@@ -49,6 +49,8 @@ struct TargetOptions {
   std::size_t capacity = 80 * GiB;  // of the simulated device
   int device = 0;                   // ordinal of the simulated device
   std::string conf;                 // target-specific settings ("key:value,..."); tensorpool: Config
+  /// The simulated device's cost of upstream calls (null: its flat default); see cost_model.hpp.
+  std::shared_ptr<const CostModel> cost_model;
 };
 
 class ReplayTarget {
