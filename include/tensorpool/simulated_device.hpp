@@ -41,7 +41,7 @@ struct SimulatedDeviceOptions {
   std::uint64_t unmap_ns = 15'000;
   /// When set, replaces the flat costs above with one that may grow with bytes
   /// (tensorpool/cost_model.hpp; `tensorpool replay --cost-model FILE`).
-  std::shared_ptr<const CostModel> cost_model;
+  std::shared_ptr<const CostModel> cost_model = nullptr;
 };
 
 /// What the device has been asked to do.

@@ -12,9 +12,16 @@
 //    work recorded at the free (CUB records an event there; in a replay, the host synchronizing
 //    that stream after the free is what completes it).
 //  - max_cached_bytes 6 MiB - 1 B: a freed block whose caching would take the cached total above
-//    it is cudaFree'd instead ("none" in the conf: no limit).
+//    it is cudaFree'd instead ("none" in the conf: no limit). Setting any bin key models CUB's
+//    constructor that takes bins, whose limit defaults to none.
 //  - When cudaMalloc fails, every cached block of the device is cudaFree'd and cudaMalloc is
-//    retried once; a second failure is an OutOfMemoryError.
+//    retried once; a second failure is an OutOfMemoryError. A request larger than the device
+//    fails the same way (its cudaMalloc fails), so it too empties the cache first.
+//  - cudaFree waits for the device to be idle (CUDA's documented behaviour): every cudaFree is
+//    counted as a host synchronization and completes the work of every stream, so blocks cached
+//    by other streams become reusable after it. (Found by replaying the shared traces through
+//    the real CUB code on the CUDA-runtime test double: cuda/replay/cub_real_target.cpp and the
+//    test tests/cuda/test_cub_vs_model.cpp keep the two in step.)
 //
 // Device granularity: the simulated device takes segments in multiples of 512 B, not PyTorch's
 // 2 MiB: real cudaMalloc packs small allocations into shared pages, so charging each 512 B bin a
@@ -65,9 +72,15 @@ std::size_t power_of(std::size_t base, unsigned power) noexcept {
   return v;
 }
 
+// Any bin key selects CUB's constructor that takes bins, whose max_cached_bytes defaults to no
+// limit (the default constructor's is (8^7) * 3 - 1); unset bin keys keep 8, 3 and 7.
 Settings parse_settings(const std::string& conf) {
   Settings s;
+  bool bins_set = false;
+  bool limit_set = false;
   for (const model::ConfEntry& e : model::parse_conf(conf, kName)) {
+    const bool bin_key = e.key == "bin_growth" || e.key == "min_bin" || e.key == "max_bin";
+    bins_set = bins_set || bin_key;
     if (e.key == "bin_growth")
       s.bin_growth = static_cast<unsigned>(model::conf_uint(kName, e, 1U << 20));
     else if (e.key == "min_bin")
@@ -75,10 +88,11 @@ Settings parse_settings(const std::string& conf) {
     else if (e.key == "max_bin")
       s.max_bin = static_cast<unsigned>(model::conf_uint(kName, e, 64));
     else if (e.key == "max_cached_bytes")
-      s.max_cached_bytes = model::conf_size(kName, e, true);
+      s.max_cached_bytes = model::conf_size(kName, e, true), limit_set = true;
     else
       model::unknown_conf_key(kName, e, "bin_growth, min_bin, max_bin, max_cached_bytes");
   }
+  if (bins_set && !limit_set) s.max_cached_bytes = kUnlimited;
   if (s.bin_growth < 2) throw ConfigError("cub conf: bin_growth must be at least 2");
   if (s.min_bin > s.max_bin) throw ConfigError("cub conf: min_bin must not exceed max_bin");
   if (power_of(s.bin_growth, s.max_bin) == kUnlimited)
@@ -173,7 +187,10 @@ Block CubModel::bin_for(std::size_t bytes) const noexcept {
 
 void* CubModel::allocate(std::size_t bytes, Stream stream) {
   // Beyond any device: fail before the rounding arithmetic could overflow.
-  if (bytes > device_.properties().capacity) throw_oom(bytes, Block{.bytes = bytes}, stream);
+  if (bytes > device_.properties().capacity) {
+    free_all_cached();  // CUB's failed cudaMalloc empties the cache before it gives up
+    throw_oom(bytes, Block{.bytes = bytes}, stream);
+  }
   Block b = bin_for(bytes);
   b.stream = stream;
   if (b.bin == kUnbinned || !reuse_cached(b)) {
@@ -230,6 +247,8 @@ void* CubModel::device_malloc(const Block& b) {
 void CubModel::device_free(const Block& b) {
   device_.free_segment(reinterpret_cast<void*>(b.addr), b.device_bytes, b.stream);
   reserved_ -= b.device_bytes;
+  device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
+  clock_.synchronized_all();
 }
 
 void CubModel::free_all_cached() {

@@ -113,14 +113,17 @@ class StreamClock {
   /// The mark to remember when recording work on `stream` now.
   std::uint64_t mark(Stream stream) const {
     const auto it = syncs_.find(stream);
-    return it == syncs_.end() ? 0 : it->second;
+    return device_syncs_ + (it == syncs_.end() ? 0 : it->second);
   }
   void synchronized(Stream stream) { ++syncs_[stream]; }
+  /// The host waited for the whole device (cudaFree, cudaDeviceSynchronize): every stream.
+  void synchronized_all() { ++device_syncs_; }
   /// True when `stream` was synchronized after mark() returned `m`.
   bool completed(Stream stream, std::uint64_t m) const { return mark(stream) > m; }
 
  private:
   std::unordered_map<Stream, std::uint64_t> syncs_;
+  std::uint64_t device_syncs_ = 0;
 };
 
 }  // namespace tensorpool::replay::model

@@ -63,7 +63,7 @@ class DeviceReplay {
   DeviceReplay(const ReplayOptions& options, int device) {
     TargetOptions opts = options.target;
     opts.device = device;
-    target_ = make_target(options.allocator, opts);
+    target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
     result_.allocator = target_->name();
     result_.device = device;
   }

@@ -50,7 +50,7 @@ struct TargetOptions {
   int device = 0;                   // ordinal of the simulated device
   std::string conf;                 // target-specific settings ("key:value,..."); tensorpool: Config
   /// The simulated device's cost of upstream calls (null: its flat default); see cost_model.hpp.
-  std::shared_ptr<const CostModel> cost_model;
+  std::shared_ptr<const CostModel> cost_model = nullptr;
 };
 
 class ReplayTarget {
