@@ -13,5 +13,7 @@ std::unique_ptr<ReplayTarget> make_raw_target(const TargetOptions& options);    
 std::unique_ptr<ReplayTarget> make_pytorch_target(const TargetOptions& options);     // pytorch_model.cpp
 std::unique_ptr<ReplayTarget> make_pytorch_expandable_target(const TargetOptions& options);  // pytorch_expandable_model.cpp
 std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options);         // cub_model.cpp
+std::unique_ptr<ReplayTarget> make_rmm_pool_target(const TargetOptions& options);    // models/rmm_pool_model.cpp
+std::unique_ptr<ReplayTarget> make_rmm_arena_target(const TargetOptions& options);   // models/rmm_arena_model.cpp
 
 }  // namespace tensorpool::replay

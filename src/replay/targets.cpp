@@ -16,6 +16,8 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"pytorch", make_pytorch_target},
       {"pytorch-expandable", make_pytorch_expandable_target},
       {"cub", make_cub_target},
+      {"rmm-pool", make_rmm_pool_target},
+      {"rmm-arena", make_rmm_arena_target},
       {"raw", make_raw_target},
   };
   return r;

@@ -3,7 +3,8 @@
 // Every target runs on its own SimulatedDevice, so upstream calls are counted the same way for
 // all of them. Targets: "tensorpool" (the real allocator, any Config), "raw" (no caching: every
 // alloc/free goes to the device), "pytorch" (a model of PyTorch's native CUDA caching
-// allocator), "cub" (a model of CUB's CachingDeviceAllocator); see make_target().
+// allocator), "cub" (a model of CUB's CachingDeviceAllocator), "rmm-pool" and "rmm-arena"
+// (models of RMM's pool_memory_resource and arena_memory_resource); see make_target().
 #pragma once
 
 #include <cstddef>
