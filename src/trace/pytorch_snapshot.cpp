@@ -3,6 +3,8 @@
 // rules are documented in tensorpool/trace/pytorch_snapshot.hpp.
 #include "tensorpool/trace/pytorch_snapshot.hpp"
 
+#include "tensorpool/trace/empty_cache.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -621,6 +623,7 @@ Trace to_trace(const Snapshot& snapshot, std::string_view name) {
   }
   for (auto& c : converters) c.emit_seeds(trace.events);
   for (auto& c : converters) c.emit_events(trace.events);
+  mark_empty_cache_calls(trace);
   return trace;
 }
 
