@@ -234,18 +234,45 @@ def table_empty_cache(_):
 # --- the GPU run --------------------------------------------------------------------------------
 
 def table_gpu(_):
-    runs = sorted(glob.glob(os.path.join(RESULTS, "gpu", "replay-*.jsonl")))
+    gpu = os.path.join(RESULTS, "gpu")
+    runs = sorted(glob.glob(os.path.join(gpu, "replay-*.jsonl")))
     if not runs:
         return ("**Not yet run on a GPU.** `scripts/gpu-check.sh` with `scripts/gpu/run.sh` is ready and was "
                 "dry-run here (no GPU: it builds the programs and says so). Its results (OUT/gpu/) go to "
                 "docs/results/gpu/, and this script then fills these tables: per-call costs, replays on the "
                 "GPU next to the simulated figures, pinned staging.\n")
-    out = ["| trace | allocator | wall ms | host ns per op | peak reserved GiB | OOMs |", "|---|---|---|---|---|---|"]
+    out = []
+    costs = os.path.join(gpu, "call-costs.json")
+    if os.path.exists(costs):
+        calls = json.load(open(costs))["calls"]
+        sizes = sorted({p["bytes"] for v in calls.values() for p in v})
+        out += ["Per-call host cost on the GPU (median us):\n", "| call | " + " | ".join(size_text(b) for b in sizes) + " |",
+                "|---|" + "---|" * len(sizes)]
+        for call, points in sorted(calls.items()):
+            by = {p["bytes"]: p["median_ns"] for p in points}
+            out.append("| %s | %s |" % (call, " | ".join("%.1f" % (by[b] / 1000) if b in by else "-" for b in sizes)))
+        out.append("")
+    simulated_name = {"raw": "raw", "tensorpool-async": "tensorpool", "tensorpool-vmm-mode": "tensorpool-vmm",
+                      "cub": "cub", "rmm-pool": "rmm-pool"}
+    out += ["Replays on the GPU (device 0 of each trace), with the simulator's figures for the same allocator:\n",
+            "| trace | allocator | wall ms | host ns per op | peak reserved GiB | OOMs | simulated peak reserved GiB | simulated upstream ms |",
+            "|---|---|---|---|---|---|---|---|"]
     for path in runs:
+        name = os.path.basename(path)[len("replay-"):-len(".jsonl")]
+        sim_path = os.path.join(gpu, "simulated-%s.json" % name)
+        sim = {a["allocator"]: a for a in json.load(open(sim_path))["allocators"]} if os.path.exists(sim_path) else {}
         for line in open(path):
             r = json.loads(line)
-            out.append("| %s | %s | %.1f | %.0f | %.3f | %d |" % (trace_name(r["trace"]), r["allocator"], r["wall_ms"],
-                                                               r["host_ns_per_op"], r["peak_reserved_bytes"] / GIB, r["ooms"]))
+            s_row = sim.get(simulated_name.get(r["allocator"], ""), {})
+            out.append("| %s | %s | %.1f | %.0f | %.3f | %d | %s | %s |" % (
+                name, r["allocator"], r["wall_ms"], r["host_ns_per_op"], r["peak_reserved_bytes"] / GIB, r["ooms"],
+                "%.3f" % (s_row["peak_reserved_bytes"] / GIB) if s_row else "-",
+                "%.2f" % (s_row["modelled_upstream_ns"] / 1e6) if s_row else "-"))
+    pinned = os.path.join(gpu, "pinned.json")
+    if os.path.exists(pinned):
+        out += ["", "Pinned staging (medians):\n", "| size | buffer | allocate + free ns | H2D GB/s |", "|---|---|---|---|"]
+        for r in json.load(open(pinned))["rows"]:
+            out.append("| %d MiB | %s | %.0f | %.2f |" % (r["mib"], r["how"], r["alloc_free_ns"], r["h2d_gb_per_s"]))
     return "\n".join(out) + "\n"
 
 

@@ -128,15 +128,7 @@ class CubModel final : public ReplayTarget {
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
-    SimulatedDeviceOptions d;
-    d.name = "cub-model";
-    d.ordinal = o.device;
-    d.capacity = o.capacity;
-    d.segment_granularity = kGranule;
-    d.alignment = kGranule;
-    d.supports_virtual_memory = false;
-    d.cost_model = o.cost_model;
-    return d;
+    return model::malloc_device_options(o, "cub-model", kGranule);
   }
 
   Block bin_for(std::size_t bytes) const noexcept;

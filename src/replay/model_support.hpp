@@ -105,6 +105,21 @@ inline OutOfMemoryInfo oom_info(SimulatedDevice& device, std::size_t requested, 
   return info;
 }
 
+/// The simulated device of a model of a cudaMalloc-based allocator: no virtual memory, segments
+/// and addresses in multiples of `granularity`, the target's capacity, ordinal and cost model.
+inline SimulatedDeviceOptions malloc_device_options(const TargetOptions& o, const char* name,
+                                                   std::size_t granularity) {
+  SimulatedDeviceOptions d;
+  d.name = name;
+  d.ordinal = o.device;
+  d.capacity = o.capacity;
+  d.segment_granularity = granularity;
+  d.alignment = granularity;
+  d.supports_virtual_memory = false;
+  d.cost_model = o.cost_model;
+  return d;
+}
+
 /// Counts host synchronizations per stream, so that work "recorded" on a stream at some moment
 /// can later be asked whether it completed: it did once the host synchronized that stream after
 /// the moment. Replays have no device clock; stream_sync events are the only completion signal.

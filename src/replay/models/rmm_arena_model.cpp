@@ -95,15 +95,7 @@ class RmmArenaModel final : public ReplayTarget {
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
-    SimulatedDeviceOptions d;
-    d.name = "rmm-arena-model";
-    d.ordinal = o.device;
-    d.capacity = o.capacity;
-    d.segment_granularity = kAlign;
-    d.alignment = kAlign;
-    d.supports_virtual_memory = false;
-    d.cost_model = o.cost_model;
-    return d;
+    return model::malloc_device_options(o, "rmm-arena-model", kAlign);
   }
 
   bool place_large(std::size_t size, Address& out);

@@ -85,15 +85,7 @@ class RmmPoolModel final : public ReplayTarget {
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
-    SimulatedDeviceOptions d;
-    d.name = "rmm-pool-model";
-    d.ordinal = o.device;
-    d.capacity = o.capacity;
-    d.segment_granularity = kAlign;
-    d.alignment = kAlign;
-    d.supports_virtual_memory = false;
-    d.cost_model = o.cost_model;
-    return d;
+    return model::malloc_device_options(o, "rmm-pool-model", kAlign);
   }
 
   bool take_from(Stream stream, std::size_t size, Address& out);
