@@ -1,14 +1,13 @@
-// commands.hpp: the subcommands of the tensorpool CLI.
+// commands.hpp: the subcommands of the tensorpool CLI, called with arguments already checked.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tensorpool/cost_model.hpp"
-
 #include "tensorpool/types.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 namespace tensorpool::cli {
 
@@ -16,10 +15,10 @@ namespace tensorpool::cli {
 struct RunOptions {
   std::string trace;
   std::vector<std::string> allocators;
+  std::vector<std::string> confs;  // the settings of each allocator: --conf where it takes every
+                                   // key (replay::share_conf), then its --allocator-conf
   std::size_t capacity = 80 * GiB;
-  std::string conf;  // tensorpool's Config for the tensorpool allocator
-  std::map<std::string, std::string> allocator_conf;  // --allocator-conf NAME=SETTINGS
-  std::shared_ptr<const CostModel> cost_model;         // --cost-model FILE (null: flat default)
+  std::shared_ptr<const CostModel> cost_model;  // --cost-model FILE (null: flat default)
   int device = -1;
   int warmup = 0;  // passes over the window before the measured one
   bool json = false;
@@ -29,7 +28,8 @@ int cmd_info(const std::string& trace, bool json);
 int cmd_replay(const RunOptions& options);
 int cmd_compare(const RunOptions& options);
 int cmd_convert(const std::string& in, const std::string& out);
-int cmd_generate(const std::string& out, const std::string& options);
+int cmd_generate(const std::string& out, const workload::GeneratorOptions& options);
 int cmd_demo(bool json);
+int cmd_allocators(bool json);
 
 }  // namespace tensorpool::cli

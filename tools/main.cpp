@@ -1,4 +1,5 @@
-// main.cpp: the tensorpool command-line tool: argument parsing and exit codes.
+// main.cpp: the tensorpool command-line tool: argument parsing, their checks (through the
+// libraries: allocator names and settings, generator options) and exit codes.
 //
 // Exit codes: 0 success; 1 a bad or unreadable input file (the message names the file and the
 // offset or line); 2 bad arguments (unknown allocator, bad size, bad --conf, ...).
@@ -7,13 +8,13 @@
 
 #include <algorithm>
 #include <iostream>
-#include <map>
 #include <memory>
 
 #include "commands.hpp"
-#include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/replay/target.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 using namespace tensorpool;
 
@@ -41,26 +42,35 @@ std::vector<std::string> split(const std::string& list) {
 }
 
 void check_allocators(const std::vector<std::string>& names) {
-  const auto known = replay::target_names();
-  for (const auto& n : names)
-    if (std::find(known.begin(), known.end(), n) == known.end()) replay::make_target(n, {});  // throws
+  for (const auto& n : names) replay::describe_target(n);  // throws UsageError for an unknown name
 }
 
-// --allocator-conf NAME=SETTINGS, repeatable; each is checked by building the target once.
-std::map<std::string, std::string> parse_allocator_confs(const std::vector<std::string>& items) {
-  std::map<std::string, std::string> out;
+// --allocator-conf NAME=SETTINGS, repeatable: appended to NAME's settings after what --conf gave
+// it (a key set in both: the later one wins, as in any key:value list); NAME must be one of the
+// allocators run. The whole list each allocator gets is checked as it will read it.
+void add_allocator_confs(const std::vector<std::string>& items, cli::RunOptions& run) {
+  const std::vector<std::string> shared = run.confs;  // what --conf gave each
+  std::vector<bool> extended(run.allocators.size(), false);
   for (const auto& item : items) {
     const auto eq = item.find('=');
     if (eq == std::string::npos || eq == 0)
       throw CLI::ValidationError("--allocator-conf", "'" + item + "' is not NAME=key:value,...");
     const std::string name = item.substr(0, eq);
-    check_allocators({name});
-    replay::TargetOptions probe;
-    probe.conf = item.substr(eq + 1);
-    replay::make_target(name, probe);  // throws ConfigError for a bad setting
-    out[name] = probe.conf;
+    const auto at = std::find(run.allocators.begin(), run.allocators.end(), name);
+    if (at == run.allocators.end()) {
+      check_allocators({name});
+      throw CLI::ValidationError("--allocator-conf", "'" + name + "' is not one of the allocators run (" +
+                                                         join(run.allocators) + ")");
+    }
+    const auto i = static_cast<std::size_t>(at - run.allocators.begin());
+    run.confs[i] += (run.confs[i].empty() ? "" : ",") + item.substr(eq + 1);
+    extended[i] = true;
   }
-  return out;
+  for (std::size_t i = 0; i < run.allocators.size(); ++i) {
+    const std::string& name = run.allocators[i];
+    if (extended[i])
+      replay::validate_target(name, run.confs[i], (shared[i].empty() ? "--allocator-conf " : "--conf and --allocator-conf for ") + name);
+  }
 }
 
 }  // namespace
@@ -81,6 +91,9 @@ int main(int argc, char** argv) {
   auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator");
   demo->add_flag("--json", json, "Machine-readable output");
 
+  auto* allocators_cmd = app.add_subcommand("allocators", "List the allocators and the settings each takes");
+  allocators_cmd->add_flag("--json", json, "Machine-readable output");
+
   auto* info = app.add_subcommand("info", "Events, devices, streams, size and lifetime histograms of a trace");
   info->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
   info->add_flag("--json", json, "Machine-readable output");
@@ -88,11 +101,11 @@ int main(int argc, char** argv) {
   auto add_run_options = [&](CLI::App* cmd) {
     cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
     cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
-    cmd->add_option("--conf", conf, "tensorpool settings, TENSORPOOL_CONF syntax (key:value,...); "
-                                    "applies to tensorpool and tensorpool-vmm");
+    cmd->add_option("--conf", conf, "Allocator settings, key:value,...; each allocator that takes "
+                                    "every key gets them (see `tensorpool allocators`)");
     cmd->add_option("--allocator-conf", allocator_confs,
-                    "NAME=key:value,... settings of one allocator (e.g. rmm-pool=initial_pool_size:0); "
-                    "repeatable");
+                    "NAME=key:value,... settings of allocator NAME only, after --conf's "
+                    "(e.g. rmm-pool=initial_pool_size:0); repeatable");
     cmd->add_option("--cost-model", cost_model_path,
                     "Cost of upstream calls for the simulated devices (file format: docs/cli.md); "
                     "default: flat 10-20 us per call");
@@ -103,7 +116,7 @@ int main(int argc, char** argv) {
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
   add_run_options(replay_cmd);
-  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, pytorch-expandable, cub, rmm-pool, rmm-arena or raw (default tensorpool)");
+  replay_cmd->add_option("--allocator", allocator, "One of " + join(replay::target_names()) + " (default tensorpool)");
 
   auto* compare = app.add_subcommand("compare", "Replay a trace against several allocators, side by side");
   add_run_options(compare);
@@ -116,8 +129,7 @@ int main(int argc, char** argv) {
   auto* generate = app.add_subcommand("generate", "Write a synthetic LLM-style trace");
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
   generate->add_option("--options", gen_options,
-                       "key:value,... of layers, hidden, heads, ffn_multiple, vocab, batch, seq_len, "
-                       "varlen, training, iterations, comm_stream, eager_optimizer, seed");
+                       "key:value,... of " + join(workload::GeneratorOptions::keys()));
 
   try {
     app.parse(argc, argv);
@@ -127,19 +139,20 @@ int main(int argc, char** argv) {
   }
 
   cli::RunOptions run;
+  workload::GeneratorOptions generator;
   try {
     run.trace = trace_path;
     run.json = json;
     run.device = device;
     run.warmup = warmup;
-    run.conf = conf;
     run.capacity = parse_capacity(capacity);
     run.allocators = replay_cmd->parsed() ? std::vector<std::string>{allocator}
                      : allocators.empty() ? replay::target_names()
                                           : split(allocators);
     check_allocators(run.allocators);
-    if (!conf.empty()) Config::parse(conf, "--conf");
-    run.allocator_conf = parse_allocator_confs(allocator_confs);
+    run.confs = replay::share_conf(run.allocators, conf, "--conf");
+    add_allocator_confs(allocator_confs, run);
+    generator.apply(gen_options, "--options");
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
@@ -158,18 +171,15 @@ int main(int argc, char** argv) {
 
   try {
     if (demo->parsed()) return cli::cmd_demo(json);
+    if (allocators_cmd->parsed()) return cli::cmd_allocators(json);
     if (info->parsed()) return cli::cmd_info(trace_path, json);
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
-    if (generate->parsed()) {
-      try {
-        return cli::cmd_generate(out_path, gen_options);
-      } catch (const ConfigError& e) {
-        std::cerr << "tensorpool: error: --options: " << e.what() << "\n";
-        return kBadArguments;
-      }
-    }
+    if (generate->parsed()) return cli::cmd_generate(out_path, generator);
+  } catch (const ConfigError& e) {  // a setting the --capacity device cannot hold (rmm-arena's arena_size)
+    std::cerr << "tensorpool: error: " << e.what() << "\n";
+    return kBadArguments;
   } catch (const std::exception& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadInput;

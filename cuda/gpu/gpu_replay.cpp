@@ -182,7 +182,7 @@ Result run(const trace::Trace& t, const std::string& name, double scale, double 
   double host_ns = 0;
   std::int64_t last_time = -1;
   const auto start = Clock::now();
-  for (const trace::Event& e : t.events) {
+  for (const trace::TraceEvent& e : t.events) {
     if (e.device != 0) continue;
     const bool seed = e.op == trace::Op::seed_alloc;
     if (!seed && last_time >= 0 && e.time_us > last_time) {

@@ -26,7 +26,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "replay/model_support.hpp"
+#include "replay/models/cub_settings.hpp"
+#include "replay/models/model_support.hpp"
 #include "tensorpool/errors.hpp"
 
 namespace tensorpool::cuda_replay {
@@ -37,34 +38,7 @@ namespace cub = ::tensorpool_cub_unwrapped::cub;
 
 using replay::UpstreamCounts;
 constexpr const char* kName = "cub-real";
-
-// As the "cub" model reads them: any bin key selects CUB's bins constructor (all three passed,
-// unset ones 8, 3, 7; its limit defaults to none), else the default constructor.
-struct CubSettings {
-  unsigned bin_growth = 8, min_bin = 3, max_bin = 7;
-  bool bins_set = false;
-  bool limit_set = false;
-  std::size_t max_cached_bytes = 0;  // with limit_set; kUnlimited: none
-};
-
-CubSettings parse(const std::string& conf) {
-  namespace m = replay::model;
-  CubSettings s;
-  for (const m::ConfEntry& e : m::parse_conf(conf, kName)) {
-    s.bins_set = s.bins_set || e.key == "bin_growth" || e.key == "min_bin" || e.key == "max_bin";
-    if (e.key == "bin_growth") s.bin_growth = static_cast<unsigned>(m::conf_uint(kName, e, 1U << 20));
-    else if (e.key == "min_bin") s.min_bin = static_cast<unsigned>(m::conf_uint(kName, e, 64));
-    else if (e.key == "max_bin") s.max_bin = static_cast<unsigned>(m::conf_uint(kName, e, 64));
-    else if (e.key == "max_cached_bytes") {
-      s.max_cached_bytes = m::conf_size(kName, e, true);
-      s.limit_set = true;
-    } else {
-      m::unknown_conf_key(kName, e, "bin_growth, min_bin, max_bin, max_cached_bytes");
-    }
-  }
-  if (s.bin_growth < 2 || s.min_bin > s.max_bin) throw ConfigError("cub-real conf: bad bins");
-  return s;
-}
+constexpr const char* kOrigin = "cub-real conf";
 
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
@@ -75,16 +49,13 @@ class RealCubTarget final : public replay::ReplayTarget {
  public:
   RealCubTarget(const replay::TargetOptions& o, RealCubProbes probes)
       : device_(o.device), probes_(std::move(probes)) {
-    const CubSettings s = parse(o.conf);
-    const std::size_t limit = !s.limit_set || s.max_cached_bytes == replay::model::kUnlimited
+    // Settings as the "cub" model reads them; with none, they are the default constructor's
+    // (8, 3, 7, (8^7) * 3 - 1), so the bins constructor is the same allocator then.
+    const replay::model::CubSettings s = replay::model::parse_cub_settings(o.conf, kOrigin);
+    const std::size_t limit = s.max_cached_bytes == replay::model::kUnlimited
                                   ? cub::CachingDeviceAllocator::INVALID_SIZE
                                   : s.max_cached_bytes;
-    if (s.bins_set) {
-      cub_ = std::make_unique<cub::CachingDeviceAllocator>(s.bin_growth, s.min_bin, s.max_bin, limit);
-    } else {
-      cub_ = std::make_unique<cub::CachingDeviceAllocator>();
-      if (s.limit_set) cub_->SetMaxCachedBytes(limit);
-    }
+    cub_ = std::make_unique<cub::CachingDeviceAllocator>(s.bin_growth, s.min_bin, s.max_bin, limit);
   }
   ~RealCubTarget() override {
     cub_.reset();  // frees the cached blocks (the trace's live blocks stay with the runtime)

@@ -8,19 +8,11 @@
 #include <unordered_set>
 
 #include "tensorpool/errors.hpp"
-#include "tensorpool/trace/format.hpp"
 
 namespace tensorpool::replay {
 
-using trace::Event;
+using trace::TraceEvent;
 using trace::Op;
-
-// --- sources --------------------------------------------------------------------------------
-
-FileSource::FileSource(std::string path) : path_(std::move(path)), reader_(trace::TraceReader::open(path_)) {}
-FileSource::~FileSource() = default;
-bool FileSource::next(Event& out) { return reader_->next(out); }
-void FileSource::rewind() { reader_ = trace::TraceReader::open(path_); }
 
 namespace {
 
@@ -68,7 +60,7 @@ class DeviceReplay {
     result_.device = device;
   }
 
-  void apply(const Event& e) {
+  void apply(const TraceEvent& e) {
     ++result_.events;
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
@@ -133,7 +125,7 @@ class DeviceReplay {
     }
   }
 
-  void allocate(const Event& e, bool seed) {
+  void allocate(const TraceEvent& e, bool seed) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
     ++result_.allocs;
@@ -149,7 +141,7 @@ class DeviceReplay {
   }
 
   // free_requested ends a block's life; a lone free_completed (a trace without requests) too.
-  void free(const Event& e, bool requested) {
+  void free(const TraceEvent& e, bool requested) {
     auto it = live_.find(e.addr);
     if (it == live_.end()) {
       // The free of an allocation that failed (OOM) is expected; any other is the trace's.
@@ -192,7 +184,7 @@ class DeviceReplay {
 
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
   std::map<int, std::unique_ptr<DeviceReplay>> devices;
-  Event e;
+  TraceEvent e;
   auto start = std::chrono::steady_clock::now();
   for (int pass = 0; pass <= options.warmup; ++pass) {
     if (pass > 0) {
@@ -230,7 +222,7 @@ class DeviceBaseline {
     b_.result.device = device;
   }
 
-  void apply(const Event& e) {
+  void apply(const TraceEvent& e) {
     ReplayResult& r = b_.result;
     ++r.events;
     switch (e.op) {
@@ -294,7 +286,7 @@ class DeviceBaseline {
 
 BaselineReport baseline(EventSource& source, const std::string& name, int device) {
   std::map<int, std::unique_ptr<DeviceBaseline>> devices;
-  Event e;
+  TraceEvent e;
   while (source.next(e)) {
     if (device >= 0 && e.device != device) continue;
     auto& slot = devices[e.device];

@@ -14,7 +14,7 @@ namespace {
 // The live blocks of one device, by address, to tell whether a segment is wholly free.
 class LiveBlocks {
  public:
-  void apply(const Event& e) {
+  void apply(const TraceEvent& e) {
     switch (e.op) {
       case Op::alloc:
       case Op::seed_alloc: blocks_[e.addr] = e.size; break;
@@ -39,7 +39,7 @@ std::vector<std::size_t> runs_of_device(const Trace& trace, std::uint16_t device
   for (std::size_t i = 0; i < trace.events.size(); ++i)
     if (trace.events[i].device == device) idx.push_back(i);
   for (std::size_t k = 0; k < idx.size();) {
-    const Event& e = trace.events[idx[k]];
+    const TraceEvent& e = trace.events[idx[k]];
     if (e.op != Op::segment_free) {
       live.apply(e);
       ++k;
@@ -49,7 +49,7 @@ std::vector<std::size_t> runs_of_device(const Trace& trace, std::uint16_t device
     bool wholly_free = true;
     const std::size_t start = k;
     for (; k < idx.size() && trace.events[idx[k]].op == Op::segment_free; ++k) {
-      const Event& f = trace.events[idx[k]];
+      const TraceEvent& f = trace.events[idx[k]];
       wholly_free = wholly_free && !live.any_in(f.addr, f.size);
     }
     const Op after = k < idx.size() ? trace.events[idx[k]].op : Op::alloc;
@@ -64,7 +64,7 @@ std::vector<std::size_t> runs_of_device(const Trace& trace, std::uint16_t device
 
 std::size_t mark_empty_cache_calls(Trace& trace) {
   std::vector<std::uint16_t> devices;
-  for (const Event& e : trace.events) {
+  for (const TraceEvent& e : trace.events) {
     if (e.op == Op::empty_cache) return 0;
     if (std::find(devices.begin(), devices.end(), e.device) == devices.end()) devices.push_back(e.device);
   }
@@ -75,12 +75,12 @@ std::size_t mark_empty_cache_calls(Trace& trace) {
   }
   if (starts.empty()) return 0;
   std::sort(starts.begin(), starts.end());
-  std::vector<Event> out;
+  std::vector<TraceEvent> out;
   out.reserve(trace.events.size() + starts.size());
   std::size_t next = 0;
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     if (next < starts.size() && starts[next] == i) {
-      Event call;
+      TraceEvent call;
       call.op = Op::empty_cache;
       call.device = trace.events[i].device;
       call.stream = 0;

@@ -12,7 +12,7 @@
 #include <cub/util_allocator.cuh>
 
 #include "cub_vs_model.hpp"
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/trace/pytorch_snapshot.hpp"
 
 using namespace tensorpool;
@@ -34,7 +34,7 @@ struct Builder {
   }
   void sync(std::uint64_t stream, std::uint16_t device = 0) { push(Op::stream_sync, 0, 0, stream, device); }
   void push(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint16_t device) {
-    trace::Event e;
+    trace::TraceEvent e;
     e.op = op;
     e.addr = addr;
     e.size = size;
@@ -169,11 +169,11 @@ TEST_CASE("cub model = real CUB: random traffic on three streams, settings from 
 }
 
 TEST_CASE("cub model = real CUB: a generated LLM training trace", "[cuda][cub]") {
-  replay::GeneratorOptions g;
+  workload::GeneratorOptions g;
   g.layers = 4;
   g.hidden = 1024;
   g.iterations = 3;
-  require_same(cuda_replay::compare_cub_with_model(replay::generate_llm_trace(g), 80 * GiB));
+  require_same(cuda_replay::compare_cub_with_model(workload::generate_llm_trace(g), 80 * GiB));
 }
 
 TEST_CASE("cub model = real CUB on every shared PyTorch snapshot", "[cuda][cub][shared]") {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "random_workload.hpp"
-#include "replay/models.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 
 using namespace tensorpool;

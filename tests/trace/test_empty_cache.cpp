@@ -22,8 +22,8 @@ namespace pytorch = tensorpool::trace::pytorch;
 
 namespace {
 
-trace::Event ev(Op op, std::uint64_t addr = 0, std::uint64_t size = 0, std::uint16_t device = 0) {
-  trace::Event e;
+trace::TraceEvent ev(Op op, std::uint64_t addr = 0, std::uint64_t size = 0, std::uint16_t device = 0) {
+  trace::TraceEvent e;
   e.op = op;
   e.addr = addr;
   e.size = size;
@@ -33,7 +33,7 @@ trace::Event ev(Op op, std::uint64_t addr = 0, std::uint64_t size = 0, std::uint
 
 std::size_t count(const Trace& t, Op op) {
   return static_cast<std::size_t>(
-      std::count_if(t.events.begin(), t.events.end(), [&](const trace::Event& e) { return e.op == op; }));
+      std::count_if(t.events.begin(), t.events.end(), [&](const trace::TraceEvent& e) { return e.op == op; }));
 }
 
 const std::filesystem::path kFixture = std::filesystem::path(TENSORPOOL_IMPORTER_FIXTURES) / "snap_empty_cache.pickle";
@@ -86,7 +86,7 @@ TEST_CASE("empty_cache: devices are separate; a run ends where the device's free
 TEST_CASE("empty_cache: imported from a PyTorch snapshot; the oom path's free is not one", "[trace][empty_cache]") {
   const Trace t = pytorch::import_snapshot(kFixture);
   REQUIRE(count(t, Op::empty_cache) == 1);
-  const auto call = std::find_if(t.events.begin(), t.events.end(), [](const trace::Event& e) { return e.op == Op::empty_cache; });
+  const auto call = std::find_if(t.events.begin(), t.events.end(), [](const trace::TraceEvent& e) { return e.op == Op::empty_cache; });
   REQUIRE(std::next(call)->op == Op::segment_free);
   CHECK(std::next(call)->addr == 0x7F1001000000);
   CHECK(std::next(call, 2)->op == Op::segment_free);
@@ -125,7 +125,7 @@ TEST_CASE("empty_cache: replayed, the pytorch model frees what PyTorch freed for
   CHECK(model.peak_reserved == 76 * MiB);
   // Without the call the model keeps both cached segments: 98 MiB at the peak.
   Trace unmarked = t;
-  std::erase_if(unmarked.events, [](const trace::Event& e) { return e.op == Op::empty_cache; });
+  std::erase_if(unmarked.events, [](const trace::TraceEvent& e) { return e.op == Op::empty_cache; });
   replay::TraceSource plain(unmarked);
   const replay::ReplayResult without = replay::replay(plain, o).total;
   CHECK(without.upstream.frees == 0);

@@ -31,6 +31,7 @@
 //    (mark_empty_cache_calls, tensorpool/trace/empty_cache.hpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -46,6 +47,9 @@ namespace tensorpool::trace::pytorch {
 /// Errors of a pickle that parses but is not a snapshot name the path of the offending value:
 /// "FILE: segments[3].blocks[0].size: expected int, got str".
 using SnapshotError = pickle::ParseError;
+
+/// The most devices a snapshot may name (TraceEvent::device is 16-bit).
+inline constexpr std::size_t kMaxDevices = 65536;
 
 /// The "action" of a device trace event.
 enum class Action : std::uint8_t {

@@ -26,41 +26,60 @@
 // superblock's free ranges + its live blocks == its size; allocated_ == sum of live sizes.
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
 #include "replay/models/free_ranges.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 
 namespace tensorpool::replay {
 
 namespace {
 
 constexpr const char* kName = "rmm-arena";
+constexpr const char* kOrigin = "rmm-arena conf";
 constexpr std::size_t kAlign = 256;
 
+const std::vector<std::string>& settings_keys() {
+  static const std::vector<std::string> keys = {"arena_size", "superblock_size"};
+  return keys;
+}
+
 struct Settings {
-  std::size_t arena_size = 0;
+  std::optional<std::size_t> arena_size;  // unset: half the device (arena_size_on())
   std::size_t superblock_size = 256 * KiB;
 };
 
-Settings parse_settings(const TargetOptions& o) {
+// What can be checked without a device; arena_size_on() checks the arena against the device.
+Settings parse_settings(std::string_view conf, std::string_view origin) {
   Settings s;
-  s.arena_size = o.capacity / 2 / kAlign * kAlign;
-  for (const model::ConfEntry& e : model::parse_conf(o.conf, kName)) {
+  for (const KeyValue& e : parse_key_values(conf, origin)) {
     if (e.key == "arena_size")
-      s.arena_size = model::conf_size(kName, e, false);
+      s.arena_size = size_value(origin, e);
     else if (e.key == "superblock_size")
-      s.superblock_size = model::conf_size(kName, e, false);
+      s.superblock_size = size_value(origin, e);
     else
-      model::unknown_conf_key(kName, e, "arena_size, superblock_size");
+      throw_unknown_key(origin, e, settings_keys());
   }
-  if (s.arena_size == 0 || s.arena_size % kAlign != 0 || s.arena_size > o.capacity)
-    throw ConfigError("rmm-arena conf: arena_size must be a non-zero multiple of 256 B no larger than the device");
+  const auto fail = [&](const char* what) { throw ConfigError(std::string(origin) + ": " + what); };
+  if (s.arena_size && (*s.arena_size == 0 || *s.arena_size % kAlign != 0))
+    fail("arena_size must be a non-zero multiple of 256 B");
   if (s.superblock_size == 0 || s.superblock_size % kAlign != 0)
-    throw ConfigError("rmm-arena conf: superblock_size must be a non-zero multiple of 256 B");
+    fail("superblock_size must be a non-zero multiple of 256 B");
   return s;
+}
+
+std::size_t arena_size_on(const Settings& s, std::size_t capacity) {
+  const std::size_t size = s.arena_size.value_or(capacity / 2 / kAlign * kAlign);
+  if (size == 0 || size > capacity)
+    throw ConfigError(std::string(kOrigin) + ": arena_size must be a non-zero multiple of 256 B no "
+                                             "larger than the device");
+  return size;
 }
 
 struct Superblock {
@@ -79,17 +98,20 @@ struct Live {
 
 class RmmArenaModel final : public ReplayTarget {
  public:
-  explicit RmmArenaModel(const TargetOptions& o) : settings_(parse_settings(o)), device_(device_options(o)) {
-    void* base = device_.allocate_segment(settings_.arena_size, kDefaultStream);
-    if (base == nullptr) throw ConfigError("rmm-arena conf: the arena does not fit the device");
-    global_.insert(reinterpret_cast<Address>(base), settings_.arena_size);
+  explicit RmmArenaModel(const TargetOptions& o) : RmmArenaModel(o, parse_settings(o.conf, kOrigin)) {}
+  RmmArenaModel(const TargetOptions& o, const Settings& s)
+      : arena_size_(arena_size_on(s, o.capacity)), superblock_size_(s.superblock_size),
+        device_(device_options(o)) {
+    void* base = device_.allocate_segment(arena_size_, kDefaultStream);
+    if (base == nullptr) throw ConfigError(std::string(kOrigin) + ": the arena does not fit the device");
+    global_.insert(reinterpret_cast<Address>(base), arena_size_);
   }
 
   std::string name() const override { return kName; }
   void* allocate(std::size_t bytes, Stream stream) override;
   void deallocate(void* ptr, std::size_t bytes, Stream stream) override;
 
-  std::size_t reserved() const override { return settings_.arena_size; }
+  std::size_t reserved() const override { return arena_size_; }
   std::size_t allocated() const override { return allocated_; }
   UpstreamCounts upstream() const override { return upstream_of(device_); }
 
@@ -104,7 +126,8 @@ class RmmArenaModel final : public ReplayTarget {
   void defragment();
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
 
-  Settings settings_;
+  std::size_t arena_size_;       // held from the device for the model's lifetime
+  std::size_t superblock_size_;  // also the threshold above which the global arena places a request
   SimulatedDevice device_;
   model::FreeRanges global_;
   std::map<Stream, Arena> arenas_;
@@ -113,9 +136,9 @@ class RmmArenaModel final : public ReplayTarget {
 };
 
 void* RmmArenaModel::allocate(std::size_t bytes, Stream stream) {
-  if (bytes > settings_.arena_size) throw_oom(bytes, bytes, stream);
+  if (bytes > arena_size_) throw_oom(bytes, bytes, stream);
   const std::size_t size = model::round_up(std::max<std::size_t>(bytes, 1), kAlign);
-  const bool large = size > settings_.superblock_size;
+  const bool large = size > superblock_size_;
   Address addr = 0;
   auto place = [&] { return large ? place_large(size, addr) : place_small(arenas_[stream], size, addr); };
   if (!place()) {
@@ -144,11 +167,11 @@ bool RmmArenaModel::place_small(Arena& arena, std::size_t size, Address& out) {
       return true;
     }
   }
-  const auto fit = global_.first_fit(settings_.superblock_size);
+  const auto fit = global_.first_fit(superblock_size_);
   if (!fit) return false;
-  global_.take_front(*fit, settings_.superblock_size);
+  global_.take_front(*fit, superblock_size_);
   Superblock& sb = arena[fit->addr];
-  sb.size = settings_.superblock_size;
+  sb.size = superblock_size_;
   sb.free.insert(fit->addr + size, sb.size - size);
   out = fit->addr;
   return true;
@@ -179,9 +202,9 @@ void RmmArenaModel::free_small(Arena& arena, Address addr, std::size_t size) {
 void RmmArenaModel::defragment() { device_.synchronize_device(); }
 
 [[noreturn]] void RmmArenaModel::throw_oom(std::size_t bytes, std::size_t size, Stream stream) {
-  OutOfMemoryInfo info = model::oom_info(device_, bytes, size, stream, settings_.arena_size, allocated_);
+  OutOfMemoryInfo info = model::oom_info(device_, bytes, size, stream, arena_size_, allocated_);
   info.largest_free_block = global_.largest();
-  info.memory_limit = settings_.arena_size;
+  info.memory_limit = arena_size_;
   throw OutOfMemoryError(info);
 }
 
@@ -189,6 +212,15 @@ void RmmArenaModel::defragment() { device_.synchronize_device(); }
 
 std::unique_ptr<ReplayTarget> make_rmm_arena_target(const TargetOptions& options) {
   return std::make_unique<RmmArenaModel>(options);
+}
+
+TargetEntry rmm_arena_entry() {
+  return {{kName,
+           "a model of RMM's arena_memory_resource (a fixed global arena, per-stream arenas of "
+           "superblocks)",
+           settings_keys()},
+          [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
+          make_rmm_arena_target};
 }
 
 }  // namespace tensorpool::replay

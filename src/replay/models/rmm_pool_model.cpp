@@ -27,40 +27,70 @@
 // the aligned sizes of live blocks.
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
 #include "replay/models/free_ranges.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 
 namespace tensorpool::replay {
 
 namespace {
 
 constexpr const char* kName = "rmm-pool";
+constexpr const char* kOrigin = "rmm-pool conf";
 constexpr std::size_t kAlign = 256;
 
+const std::vector<std::string>& settings_keys() {
+  static const std::vector<std::string> keys = {"initial_pool_size", "maximum_pool_size"};
+  return keys;
+}
+
+// As set in the conf; unset ones take defaults that depend on the device (pool_sizes()).
 struct Settings {
-  std::size_t initial = 0;
-  std::size_t maximum = 0;
+  std::optional<std::size_t> initial;
+  std::optional<std::size_t> maximum;  // kUnlimited: "none"
 };
 
-Settings parse_settings(const TargetOptions& o) {
-  Settings s{o.capacity / 2 / kAlign * kAlign, o.capacity / kAlign * kAlign};
-  for (const model::ConfEntry& e : model::parse_conf(o.conf, kName)) {
+// What can be checked without a device: the syntax, the alignment, and the order of two sizes
+// both given.
+Settings parse_settings(std::string_view conf, std::string_view origin) {
+  Settings s;
+  for (const KeyValue& e : parse_key_values(conf, origin)) {
     if (e.key == "initial_pool_size")
-      s.initial = model::conf_size(kName, e, false);
+      s.initial = size_value(origin, e);
     else if (e.key == "maximum_pool_size")
-      s.maximum = model::conf_size(kName, e, true);
+      s.maximum = size_or_none(origin, e).value_or(model::kUnlimited);
     else
-      model::unknown_conf_key(kName, e, "initial_pool_size, maximum_pool_size");
+      throw_unknown_key(origin, e, settings_keys());
   }
-  if (s.initial % kAlign != 0 || (s.maximum != model::kUnlimited && s.maximum % kAlign != 0))
-    throw ConfigError("rmm-pool conf: pool sizes must be multiples of 256 B");
-  if (s.initial > s.maximum)
-    throw ConfigError("rmm-pool conf: initial_pool_size exceeds maximum_pool_size");
+  const auto fail = [&](const char* what) { throw ConfigError(std::string(origin) + ": " + what); };
+  if (s.initial.value_or(0) % kAlign != 0 ||
+      (s.maximum && *s.maximum != model::kUnlimited && *s.maximum % kAlign != 0))
+    fail("pool sizes must be multiples of 256 B");
+  if (s.initial && s.maximum && *s.initial > *s.maximum)
+    fail("initial_pool_size exceeds maximum_pool_size");
   return s;
+}
+
+struct PoolSizes {
+  std::size_t initial = 0;
+  std::size_t maximum = 0;  // kUnlimited: none
+};
+
+// The sizes on a device of `capacity` bytes: defaults half the device and the whole device.
+PoolSizes pool_sizes(const Settings& s, std::size_t capacity) {
+  const PoolSizes p{s.initial.value_or(capacity / 2 / kAlign * kAlign),
+                    s.maximum.value_or(capacity / kAlign * kAlign)};
+  if (p.initial > p.maximum)
+    throw ConfigError(std::string(kOrigin) + ": initial_pool_size (default: half the device) exceeds "
+                                            "maximum_pool_size");
+  return p;
 }
 
 struct Live {
@@ -70,9 +100,11 @@ struct Live {
 
 class RmmPoolModel final : public ReplayTarget {
  public:
-  explicit RmmPoolModel(const TargetOptions& o) : settings_(parse_settings(o)), device_(device_options(o)) {
-    if (settings_.initial > 0 && !grow_by(settings_.initial, kDefaultStream))
-      throw ConfigError("rmm-pool conf: the initial pool does not fit the device");
+  explicit RmmPoolModel(const TargetOptions& o)
+      : sizes_(pool_sizes(parse_settings(o.conf, kOrigin), o.capacity)),
+        device_(device_options(o)) {
+    if (sizes_.initial > 0 && !grow_by(sizes_.initial, kDefaultStream))
+      throw ConfigError(std::string(kOrigin) + ": the initial pool does not fit the device");
   }
 
   std::string name() const override { return kName; }
@@ -94,7 +126,7 @@ class RmmPoolModel final : public ReplayTarget {
   bool grow_by(std::size_t bytes, Stream stream);
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
 
-  Settings settings_;
+  PoolSizes sizes_;
   SimulatedDevice device_;
   std::map<Stream, model::FreeRanges> free_;  // per stream, ordered for deterministic stealing
   std::unordered_map<Address, Live> live_;
@@ -103,7 +135,7 @@ class RmmPoolModel final : public ReplayTarget {
 };
 
 void* RmmPoolModel::allocate(std::size_t bytes, Stream stream) {
-  if (bytes > settings_.maximum) throw_oom(bytes, bytes, stream);
+  if (bytes > sizes_.maximum) throw_oom(bytes, bytes, stream);
   const std::size_t size = model::round_up(std::max<std::size_t>(bytes, 1), kAlign);
   Address addr = 0;
   if (!take_from(stream, size, addr) && !take_from_other_stream(stream, size, addr)) {
@@ -139,10 +171,10 @@ bool RmmPoolModel::take_from_other_stream(Stream stream, std::size_t size, Addre
 // Grows by the larger of the request and the pool, within the maximum; halves the attempt down
 // to the request when upstream refuses.
 bool RmmPoolModel::grow_for(std::size_t size, Stream stream) {
-  const bool capped = settings_.maximum != model::kUnlimited;
-  if (capped && reserved_ + size > settings_.maximum) return false;
+  const bool capped = sizes_.maximum != model::kUnlimited;
+  if (capped && reserved_ + size > sizes_.maximum) return false;
   std::size_t attempt = std::max(size, reserved_);
-  if (capped) attempt = std::min(attempt, settings_.maximum - reserved_);
+  if (capped) attempt = std::min(attempt, sizes_.maximum - reserved_);
   while (true) {
     if (grow_by(attempt, stream)) return true;
     if (attempt == size) return false;
@@ -169,7 +201,7 @@ void RmmPoolModel::deallocate(void* ptr, std::size_t /*bytes*/, Stream /*stream*
 [[noreturn]] void RmmPoolModel::throw_oom(std::size_t bytes, std::size_t size, Stream stream) {
   OutOfMemoryInfo info = model::oom_info(device_, bytes, size, stream, reserved_, allocated_);
   for (const auto& [s, ranges] : free_) info.largest_free_block = std::max(info.largest_free_block, ranges.largest());
-  info.memory_limit = settings_.maximum == model::kUnlimited ? 0 : settings_.maximum;
+  info.memory_limit = sizes_.maximum == model::kUnlimited ? 0 : sizes_.maximum;
   throw OutOfMemoryError(info);
 }
 
@@ -177,6 +209,14 @@ void RmmPoolModel::deallocate(void* ptr, std::size_t /*bytes*/, Stream /*stream*
 
 std::unique_ptr<ReplayTarget> make_rmm_pool_target(const TargetOptions& options) {
   return std::make_unique<RmmPoolModel>(options);
+}
+
+TargetEntry rmm_pool_entry() {
+  return {{kName,
+           "a model of RMM's pool_memory_resource (coalescing best fit, grown from cudaMalloc)",
+           settings_keys()},
+          [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
+          make_rmm_pool_target};
 }
 
 }  // namespace tensorpool::replay

@@ -39,9 +39,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
+#include "replay/models/cub_settings.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/simulated_device.hpp"
 
 namespace tensorpool::replay {
@@ -55,13 +57,6 @@ constexpr const char* kName = "cub";
 constexpr std::size_t kGranule = 512;  // of the simulated device (see the banner)
 constexpr unsigned kUnbinned = ~0U;
 
-struct Settings {
-  unsigned bin_growth = 8;
-  unsigned min_bin = 3;
-  unsigned max_bin = 7;
-  std::size_t max_cached_bytes = 6 * MiB - 1;  // (8^7) * 3 - 1, per CUB's documentation
-};
-
 // bin_growth^power, or kUnlimited when it does not fit in size_t.
 std::size_t power_of(std::size_t base, unsigned power) noexcept {
   std::size_t v = 1;
@@ -70,34 +65,6 @@ std::size_t power_of(std::size_t base, unsigned power) noexcept {
     v *= base;
   }
   return v;
-}
-
-// Any bin key selects CUB's constructor that takes bins, whose max_cached_bytes defaults to no
-// limit (the default constructor's is (8^7) * 3 - 1); unset bin keys keep 8, 3 and 7.
-Settings parse_settings(const std::string& conf) {
-  Settings s;
-  bool bins_set = false;
-  bool limit_set = false;
-  for (const model::ConfEntry& e : model::parse_conf(conf, kName)) {
-    const bool bin_key = e.key == "bin_growth" || e.key == "min_bin" || e.key == "max_bin";
-    bins_set = bins_set || bin_key;
-    if (e.key == "bin_growth")
-      s.bin_growth = static_cast<unsigned>(model::conf_uint(kName, e, 1U << 20));
-    else if (e.key == "min_bin")
-      s.min_bin = static_cast<unsigned>(model::conf_uint(kName, e, 64));
-    else if (e.key == "max_bin")
-      s.max_bin = static_cast<unsigned>(model::conf_uint(kName, e, 64));
-    else if (e.key == "max_cached_bytes")
-      s.max_cached_bytes = model::conf_size(kName, e, true), limit_set = true;
-    else
-      model::unknown_conf_key(kName, e, "bin_growth, min_bin, max_bin, max_cached_bytes");
-  }
-  if (bins_set && !limit_set) s.max_cached_bytes = kUnlimited;
-  if (s.bin_growth < 2) throw ConfigError("cub conf: bin_growth must be at least 2");
-  if (s.min_bin > s.max_bin) throw ConfigError("cub conf: min_bin must not exceed max_bin");
-  if (power_of(s.bin_growth, s.max_bin) == kUnlimited)
-    throw ConfigError("cub conf: bin_growth^max_bin does not fit in 64 bits");
-  return s;
 }
 
 struct Block {
@@ -112,7 +79,7 @@ struct Block {
 class CubModel final : public ReplayTarget {
  public:
   explicit CubModel(const TargetOptions& options)
-      : settings_(parse_settings(options.conf)),
+      : settings_(model::parse_cub_settings(options.conf, std::string(kName) + " conf")),
         device_(device_options(options)),
         cache_(settings_.max_bin - settings_.min_bin + 1) {}
 
@@ -139,7 +106,7 @@ class CubModel final : public ReplayTarget {
   std::list<Block>& bin_list(unsigned bin) { return cache_[bin - settings_.min_bin]; }
   [[noreturn]] void throw_oom(std::size_t bytes, const Block& b, Stream stream);
 
-  Settings settings_;
+  model::CubSettings settings_;
   SimulatedDevice device_;
   model::StreamClock clock_;
   std::vector<std::list<Block>> cache_;  // per bin (min_bin..max_bin), in caching order
@@ -260,8 +227,50 @@ void CubModel::free_all_cached() {
 
 }  // namespace
 
+namespace model {
+
+const std::vector<std::string>& cub_settings_keys() {
+  static const std::vector<std::string> keys = {"bin_growth", "min_bin", "max_bin",
+                                                "max_cached_bytes"};
+  return keys;
+}
+
+// Any bin key selects CUB's constructor that takes bins (unset bin keys keep 8, 3 and 7).
+CubSettings parse_cub_settings(std::string_view conf, std::string_view origin) {
+  CubSettings s;
+  bool bins_set = false;
+  bool limit_set = false;
+  for (const KeyValue& e : parse_key_values(conf, origin)) {
+    bins_set = bins_set || e.key == "bin_growth" || e.key == "min_bin" || e.key == "max_bin";
+    if (e.key == "bin_growth")
+      s.bin_growth = static_cast<unsigned>(whole_number(origin, e, 0, 1U << 20));
+    else if (e.key == "min_bin")
+      s.min_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
+    else if (e.key == "max_bin")
+      s.max_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
+    else if (e.key == "max_cached_bytes")
+      s.max_cached_bytes = size_or_none(origin, e).value_or(kUnlimited), limit_set = true;
+    else
+      throw_unknown_key(origin, e, cub_settings_keys());
+  }
+  if (bins_set && !limit_set) s.max_cached_bytes = kUnlimited;
+  const auto fail = [&](const char* what) { throw ConfigError(std::string(origin) + ": " + what); };
+  if (s.bin_growth < 2) fail("bin_growth must be at least 2");
+  if (s.min_bin > s.max_bin) fail("min_bin must not exceed max_bin");
+  if (power_of(s.bin_growth, s.max_bin) == kUnlimited) fail("bin_growth^max_bin does not fit in 64 bits");
+  return s;
+}
+
+}  // namespace model
+
 std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options) {
   return std::make_unique<CubModel>(options);
+}
+
+TargetEntry cub_entry() {
+  return {{kName, "a model of CUB's CachingDeviceAllocator", model::cub_settings_keys()},
+          [](std::string_view conf, std::string_view origin) { model::parse_cub_settings(conf, origin); },
+          make_cub_target};
 }
 
 }  // namespace tensorpool::replay
