@@ -76,6 +76,7 @@ check "replay --help lists the allocators" 0 "pytorch-expandable" -- "$bin" repl
 # The allocators and their settings; --conf reaches each allocator that takes all its keys.
 check "allocators" 0 "max_cached_bytes" -- "$bin" allocators
 check "allocators --json" 0 '"settings"' -- "$bin" allocators --json
+check "allocators --json says which hold their memory" 0 '"holds_memory_until_destroyed": true' -- "$bin" allocators --json
 check "--conf reaches a model that takes it" 0 '"allocator": "cub"' -- "$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json
 a=$("$bin" replay "$work/g.tptrace" --allocator pytorch --json | grep peak_reserved_bytes | head -1)
 b=$("$bin" replay "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:2 --json | grep peak_reserved_bytes | head -1)

@@ -203,6 +203,9 @@ TEST_CASE("the registry describes every target and checks settings without build
   CHECK(describe_target("cub").takes("bin_growth"));
   CHECK(describe_target("rmm-pool").settings == std::vector<std::string>{"initial_pool_size", "maximum_pool_size"});
   CHECK(describe_target("rmm-arena").settings == std::vector<std::string>{"arena_size", "superblock_size"});
+  // Only RMM's resources keep what they take from the device until they are destroyed.
+  for (const auto& d : targets)
+    CHECK(d.holds_memory_until_destroyed == (d.name == "rmm-pool" || d.name == "rmm-arena"));
   REQUIRE_THROWS_WITH(describe_target("nope"), Catch::Matchers::Contains("unknown allocator 'nope'") &&
                                                    Catch::Matchers::Contains("pytorch-expandable"));
   // validate_target reads the conf as the target would, naming the origin.

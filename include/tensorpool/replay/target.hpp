@@ -95,6 +95,11 @@ struct TargetDescriptor {
   std::string name;
   std::string description;
   std::vector<std::string> settings;  // empty: the target takes no settings
+  /// True for a target that never gives memory back to its device before it is destroyed (no
+  /// device free at all; empty_cache() does nothing), as RMM's pool and arena resources; it may
+  /// also take memory when it is built (an initial pool). False: empty_cache() with nothing
+  /// allocated gives every byte back.
+  bool holds_memory_until_destroyed = false;
 
   bool takes(const std::string& key) const;
 };

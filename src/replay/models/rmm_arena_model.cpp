@@ -218,7 +218,7 @@ TargetEntry rmm_arena_entry() {
   return {{kName,
            "a model of RMM's arena_memory_resource (a fixed global arena, per-stream arenas of "
            "superblocks)",
-           settings_keys()},
+           settings_keys(), /*holds_memory_until_destroyed=*/true},
           [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
           make_rmm_arena_target};
 }

@@ -214,7 +214,7 @@ std::unique_ptr<ReplayTarget> make_rmm_pool_target(const TargetOptions& options)
 TargetEntry rmm_pool_entry() {
   return {{kName,
            "a model of RMM's pool_memory_resource (coalescing best fit, grown from cudaMalloc)",
-           settings_keys()},
+           settings_keys(), /*holds_memory_until_destroyed=*/true},
           [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
           make_rmm_pool_target};
 }
