@@ -129,6 +129,13 @@ class RealCubTarget final : public replay::ReplayTarget {
 
 }  // namespace
 
+const replay::TargetDescriptor& real_cub_descriptor() {
+  static const replay::TargetDescriptor d{
+      kName, "the real CUB CachingDeviceAllocator (CCCL) over the linked CUDA runtime",
+      replay::model::cub_settings_keys()};
+  return d;
+}
+
 std::unique_ptr<replay::ReplayTarget> make_real_cub_target(const replay::TargetOptions& options,
                                                            RealCubProbes probes) {
   return std::make_unique<RealCubTarget>(options, std::move(probes));

@@ -3,8 +3,9 @@
 // CUDA-runtime test double (tests: tests/cuda/test_cub_vs_model.cpp, which keeps the "cub" model
 // in step with it) or the real libcudart on a GPU (scripts/gpu/).
 //
-// Not in the replay registry (the core replay library has no CUDA): pass make_real_cub_target
-// as ReplayOptions::make_target.
+// Not in the replay registry (the replay library has no CUDA): pass make_real_cub_target as
+// ReplayOptions::make_target. real_cub_descriptor() says what it is and the settings it takes,
+// as the registry's descriptors do (the "cub" model's keys, read by the same reader).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +23,9 @@ struct RealCubProbes {
   std::function<std::size_t(int device)> reserved;
   std::function<replay::UpstreamCounts(int device)> upstream;
 };
+
+/// "cub-real", its description, and the "cub" model's settings keys.
+const replay::TargetDescriptor& real_cub_descriptor();
 
 /// A "cub-real" target for options.device. options.conf takes the "cub" model's keys
 /// (bin_growth, min_bin, max_bin, max_cached_bytes), so the two run with the same settings.

@@ -23,17 +23,19 @@ struct CubComparison {
   replay::ReplayReport model;  // "cub"
 };
 
-inline CubComparison compare_cub_with_model(const trace::Trace& t, std::size_t capacity,
-                                            const std::string& conf = "") {
-  int devices = 1;
-  for (const auto& e : t.events) devices = std::max(devices, int{e.device} + 1);
+/// Resets the double for replays through "cub-real": `devices` simulated devices of `capacity`
+/// bytes, cudaMalloc rounding to 512 B, stream work completing only on a synchronization.
+inline void reset_double_for_cub(int devices, std::size_t capacity) {
   cuda_double::Options o;
-  o.device_count = std::min(devices, 6);
+  o.device_count = devices;
   o.device.capacity = capacity;
   o.device.malloc_granularity = 512;
   o.event_mode = EventMode::manual;
   cuda_double::reset(o);
+}
 
+/// What "cub-real" reads from the double: the bytes held on a device, and the calls CUB made.
+inline RealCubProbes double_probes() {
   RealCubProbes probes;
   probes.reserved = [](int d) { return cuda_double::used_bytes(d); };
   probes.upstream = [](int d) {
@@ -41,6 +43,15 @@ inline CubComparison compare_cub_with_model(const trace::Trace& t, std::size_t c
     // The syncs CUB made: cudaFree's device syncs (the trace's own stream syncs are not CUB's).
     return replay::UpstreamCounts{c.segment_allocs, c.segment_frees, 0, 0, c.device_syncs, c.modelled_ns};
   };
+  return probes;
+}
+
+inline CubComparison compare_cub_with_model(const trace::Trace& t, std::size_t capacity,
+                                            const std::string& conf = "") {
+  int devices = 1;
+  for (const auto& e : t.events) devices = std::max(devices, int{e.device} + 1);
+  reset_double_for_cub(std::min(devices, 6), capacity);
+  const RealCubProbes probes = double_probes();
   CubComparison out;
   replay::ReplayOptions ro;
   ro.target.capacity = capacity;
