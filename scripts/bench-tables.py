@@ -48,7 +48,9 @@ def record(name, command):
         sys.exit("bench-tables: %s exited %d:\n%s" % (" ".join(command), out.returncode, out.stderr[-2000:]))
     json.loads(out.stdout)  # must be JSON
     os.makedirs(RESULTS, exist_ok=True)
-    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    # Uncommitted results (docs/results/, what record writes) do not make the code differ from HEAD.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results")
+    dirty = " (with uncommitted changes)" if changed else ""
     meta = {"commit": git("rev-parse", "--short", "HEAD") + dirty, "machine": machine(),
             "date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(command)}
     for path, text in ((name + ".json", out.stdout), (name + ".meta.json", json.dumps(meta, indent=2) + "\n")):
