@@ -24,11 +24,11 @@
 
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "cub_runtime_standin.hpp"
+#include "mixed_fill.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 namespace {
@@ -75,16 +75,11 @@ class CubSide {
 template <class Side>
 struct Filled {
   template <class... Args>
-  Filled(std::size_t live, Args&&... args) : side(std::forward<Args>(args)...) {
-    std::mt19937_64 rng(1);
-    for (std::size_t i = 0; i < live + live / 2; ++i) {
-      held.push_back(side.allocate(512 + rng() % (64 * KiB)));
-      if (i % 3 == 2) {
-        side.deallocate(held[held.size() - 2]);
-        held.erase(held.end() - 2);
-      }
-    }
-  }
+  Filled(std::size_t live, Args&&... args)
+      : side(std::forward<Args>(args)...),
+        held(bench::fill_mixed(
+            live, [this](std::size_t bytes) { return side.allocate(bytes); },
+            [this](void* p) { side.deallocate(p); })) {}
   ~Filled() {
     for (void* p : held) side.deallocate(p);
   }
