@@ -132,6 +132,7 @@ std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOption
     ro.warmup = o.warmup;
     ro.target.capacity = o.capacity;
     ro.target.conf = i < o.confs.size() ? o.confs[i] : "";
+    ro.target.cost_model = o.cost_model;
     reports.push_back(replay::replay(source, ro));
   }
   return reports;
@@ -235,13 +236,18 @@ int cmd_allocators(bool as_json) {
   if (as_json) {
     json rows = json::array();
     for (const auto& d : targets)
-      rows.push_back({{"name", d.name}, {"description", d.description}, {"settings", d.settings}});
+      rows.push_back({{"name", d.name},
+                      {"description", d.description},
+                      {"settings", d.settings},
+                      {"holds_memory_until_destroyed", d.holds_memory_until_destroyed}});
     std::cout << rows.dump(2) << "\n";
     return 0;
   }
   for (const auto& d : targets) {
     fmt::print("{:<20} {}\n", d.name, d.description);
     fmt::print("{:<20} settings: {}\n", "", d.settings.empty() ? "none" : fmt::format("{}", fmt::join(d.settings, ", ")));
+    if (d.holds_memory_until_destroyed)
+      fmt::print("{:<20} holds its memory until destroyed (empty_cache gives nothing back)\n", "");
   }
   return 0;
 }

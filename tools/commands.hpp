@@ -1,9 +1,11 @@
 // commands.hpp: the subcommands of the tensorpool CLI, called with arguments already checked.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tensorpool/cost_model.hpp"
 #include "tensorpool/types.hpp"
 #include "tensorpool/workload/generator.hpp"
 
@@ -13,8 +15,10 @@ namespace tensorpool::cli {
 struct RunOptions {
   std::string trace;
   std::vector<std::string> allocators;
-  std::vector<std::string> confs;  // the settings of each allocator (replay::share_conf)
+  std::vector<std::string> confs;  // the settings of each allocator: --conf where it takes every
+                                   // key (replay::share_conf), then its --allocator-conf
   std::size_t capacity = 80 * GiB;
+  std::shared_ptr<const CostModel> cost_model;  // --cost-model FILE (null: flat default)
   int device = -1;
   int warmup = 0;  // passes over the window before the measured one
   bool json = false;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "commands.hpp"
 #include "tensorpool/errors.hpp"
@@ -44,6 +45,34 @@ void check_allocators(const std::vector<std::string>& names) {
   for (const auto& n : names) replay::describe_target(n);  // throws UsageError for an unknown name
 }
 
+// --allocator-conf NAME=SETTINGS, repeatable: appended to NAME's settings after what --conf gave
+// it (a key set in both: the later one wins, as in any key:value list); NAME must be one of the
+// allocators run. The whole list each allocator gets is checked as it will read it.
+void add_allocator_confs(const std::vector<std::string>& items, cli::RunOptions& run) {
+  const std::vector<std::string> shared = run.confs;  // what --conf gave each
+  std::vector<bool> extended(run.allocators.size(), false);
+  for (const auto& item : items) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CLI::ValidationError("--allocator-conf", "'" + item + "' is not NAME=key:value,...");
+    const std::string name = item.substr(0, eq);
+    const auto at = std::find(run.allocators.begin(), run.allocators.end(), name);
+    if (at == run.allocators.end()) {
+      check_allocators({name});
+      throw CLI::ValidationError("--allocator-conf", "'" + name + "' is not one of the allocators run (" +
+                                                         join(run.allocators) + ")");
+    }
+    const auto i = static_cast<std::size_t>(at - run.allocators.begin());
+    run.confs[i] += (run.confs[i].empty() ? "" : ",") + item.substr(eq + 1);
+    extended[i] = true;
+  }
+  for (std::size_t i = 0; i < run.allocators.size(); ++i) {
+    const std::string& name = run.allocators[i];
+    if (extended[i])
+      replay::validate_target(name, run.confs[i], (shared[i].empty() ? "--allocator-conf " : "--conf and --allocator-conf for ") + name);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,6 +83,8 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string trace_path, out_path, allocators, capacity = "80GiB", conf, gen_options;
   std::string allocator = "tensorpool";
+  std::string cost_model_path;
+  std::vector<std::string> allocator_confs;
   int device = -1;
   int warmup = 0;
 
@@ -72,6 +103,12 @@ int main(int argc, char** argv) {
     cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
     cmd->add_option("--conf", conf, "Allocator settings, key:value,...; each allocator that takes "
                                     "every key gets them (see `tensorpool allocators`)");
+    cmd->add_option("--allocator-conf", allocator_confs,
+                    "NAME=key:value,... settings of allocator NAME only, after --conf's "
+                    "(e.g. rmm-pool=initial_pool_size:0); repeatable");
+    cmd->add_option("--cost-model", cost_model_path,
+                    "Cost of upstream calls for the simulated devices (file format: docs/cli.md); "
+                    "default: flat 10-20 us per call");
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
@@ -114,6 +151,7 @@ int main(int argc, char** argv) {
                                           : split(allocators);
     check_allocators(run.allocators);
     run.confs = replay::share_conf(run.allocators, conf, "--conf");
+    add_allocator_confs(allocator_confs, run);
     generator.apply(gen_options, "--options");
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
@@ -121,6 +159,14 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {  // UsageError, ConfigError
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
+  }
+
+  try {  // a bad cost-model file is a bad input file
+    if (!cost_model_path.empty())
+      run.cost_model = std::make_shared<const CostModel>(load_cost_model(cost_model_path));
+  } catch (const Error& e) {
+    std::cerr << "tensorpool: error: --cost-model: " << e.what() << "\n";
+    return kBadInput;
   }
 
   try {
@@ -131,6 +177,9 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
     if (generate->parsed()) return cli::cmd_generate(out_path, generator);
+  } catch (const ConfigError& e) {  // a setting the --capacity device cannot hold (rmm-arena's arena_size)
+    std::cerr << "tensorpool: error: " << e.what() << "\n";
+    return kBadArguments;
   } catch (const std::exception& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadInput;

@@ -56,7 +56,7 @@ class DeviceReplay {
   DeviceReplay(const ReplayOptions& options, int device) {
     TargetOptions opts = options.target;
     opts.device = device;
-    target_ = make_target(options.allocator, opts);
+    target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
     result_.allocator = target_->name();
     result_.device = device;
   }
@@ -76,6 +76,7 @@ class DeviceReplay {
         if (auto it = live_.find(e.addr); it != live_.end()) target_->record_stream(it->second.ptr, e.stream);
         break;
       case Op::stream_sync: target_->stream_synchronized(e.stream); break;
+      case Op::empty_cache: target_->empty_cache(); break;
       case Op::iteration:
         if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
         break;

@@ -11,9 +11,9 @@ namespace tensorpool::replay {
 namespace {
 
 const std::vector<TargetEntry>& registry() {
-  static const std::vector<TargetEntry> r = {tensorpool_entry(), tensorpool_vmm_entry(),
-                                             pytorch_entry(),    pytorch_expandable_entry(),
-                                             cub_entry(),        raw_entry()};
+  static const std::vector<TargetEntry> r = {
+      tensorpool_entry(), tensorpool_vmm_entry(), pytorch_entry(), pytorch_expandable_entry(),
+      cub_entry(),        rmm_pool_entry(),       rmm_arena_entry(), raw_entry()};
   return r;
 }
 

@@ -79,6 +79,7 @@ check "replay --help lists the allocators" 0 "pytorch-expandable" -- "$bin" repl
 # The allocators and their settings; --conf reaches each allocator that takes all its keys.
 check "allocators" 0 "max_cached_bytes" -- "$bin" allocators
 check "allocators --json" 0 '"settings"' -- "$bin" allocators --json
+check "allocators --json says which hold their memory" 0 '"holds_memory_until_destroyed": true' -- "$bin" allocators --json
 check "--conf reaches a model that takes it" 0 '"allocator": "cub"' -- "$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json
 a=$("$bin" replay "$work/g.tptrace" --allocator pytorch --json | grep peak_reserved_bytes | head -1)
 b=$("$bin" replay "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:2 --json | grep peak_reserved_bytes | head -1)
@@ -86,6 +87,26 @@ if [ -n "$a" ] && [ "$a" != "$b" ]; then passes=$((passes + 1)); else echo "FAIL
 a=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --json | grep -c '"maps": 0')
 b=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --conf mode:vmm --json | grep -c '"maps": 0')
 if [ "$b" -lt "$a" ]; then passes=$((passes + 1)); else echo "FAIL: compare --conf mode:vmm did not reach tensorpool ($a vs $b runs without maps)"; failures=$((failures + 1)); fi
+
+# --cost-model: a file of (call, bytes, ns) points replaces the flat per-call cost.
+printf '# free calls\nsegment_alloc 0 0\nsegment_free 0 0 # none\n' >"$work/cost.txt"
+check "--cost-model is charged" 0 '"modelled_upstream_ns": 0,' -- "$bin" replay "$work/g.tptrace" --allocator raw --json --cost-model "$work/cost.txt"
+printf 'segment_alloc two 3\n' >"$work/badcost.txt"
+check "bad --cost-model names file and line" 1 "badcost.txt: line 1: expected 'CALL BYTES NANOSECONDS'" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/badcost.txt"
+check "missing --cost-model file" 1 "cannot open the cost-model file" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/none.txt"
+# --allocator-conf NAME=SETTINGS reaches that allocator only, after --conf's settings, and is
+# checked first; NAME must be one of the allocators run.
+check "--allocator-conf" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators cub,raw --allocator-conf cub=max_cached_bytes:none
+check "bad --allocator-conf value" 2 "--allocator-conf cub: bin_growth must be at least 2" -- "$bin" replay "$work/g.tptrace" --allocator cub --allocator-conf cub=bin_growth:1
+check "--allocator-conf without =" 2 "NAME=key:value" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub
+check "--allocator-conf unknown allocator" 2 "unknown allocator" -- "$bin" replay "$work/g.tptrace" --allocator-conf nope=a:1
+check "--allocator-conf for an allocator not run" 2 "'cub' is not one of the allocators run (tensorpool)" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub=max_cached_bytes:none
+check "--conf and --allocator-conf are checked together" 2 "--conf and --allocator-conf for cub: min_bin must not exceed max_bin" -- "$bin" replay "$work/g.tptrace" --allocator cub --conf min_bin:5 --allocator-conf cub=max_bin:4
+check "a setting the device cannot hold" 2 "arena_size must be" -- "$bin" replay "$work/g.tptrace" --allocator rmm-arena --capacity 1GiB --allocator-conf rmm-arena=arena_size:2GiB
+a=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json | grep '"upstream_frees"' | head -1)
+b=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --json | grep '"upstream_frees"' | head -1)
+c=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --allocator-conf cub=max_cached_bytes:none --json | grep '"upstream_frees"' | head -1)
+if [ -n "$a" ] && [ "$a" != "$b" ] && [ "$a" = "$c" ]; then passes=$((passes + 1)); else echo "FAIL: --allocator-conf did not win over --conf: $a / $b / $c"; failures=$((failures + 1)); fi
 
 # A real PyTorch snapshot, when the shared traces are here.
 if [ -f "$shared/small-from-empty.pickle" ]; then

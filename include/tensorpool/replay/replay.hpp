@@ -18,6 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,6 +56,9 @@ class TraceSource final : public EventSource {
 
 struct ReplayOptions {
   std::string allocator = "tensorpool";
+  /// When set, builds each device's target instead of make_target(allocator): a target outside
+  /// the registry (e.g. the real CUB allocator over a CUDA runtime, cuda/replay/).
+  std::function<std::unique_ptr<ReplayTarget>(const TargetOptions&)> make_target;
   TargetOptions target;  // capacity and target-specific conf
   int device = -1;       // replay only this device of the trace; -1: every device
   /// Replays the window this many times before the measured pass, as if the program had run it

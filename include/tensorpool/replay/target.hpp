@@ -4,8 +4,9 @@
 // all of them. The registry (target_descriptors()) lists each target with what it is and the
 // settings it takes: "tensorpool" and "tensorpool-vmm" (the real allocator; Config keys),
 // "pytorch" and "pytorch-expandable" (models of PyTorch's CUDA caching allocator), "cub" (a
-// model of CUB's CachingDeviceAllocator), "raw" (no caching: every alloc/free goes to the
-// device). The implementations are in src/replay/models/.
+// model of CUB's CachingDeviceAllocator), "rmm-pool" and "rmm-arena" (models of RMM's
+// pool_memory_resource and arena_memory_resource), "raw" (no caching: every alloc/free goes to
+// the device). The implementations are in src/replay/models/.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +54,8 @@ struct TargetOptions {
   int device = 0;                   // ordinal of the simulated device
   std::string conf;                 // target-specific settings ("key:value,..."): the keys of
                                     // the target's descriptor
+  /// The simulated device's cost of upstream calls (null: its flat default); see cost_model.hpp.
+  std::shared_ptr<const CostModel> cost_model = nullptr;
 };
 
 class ReplayTarget {
@@ -92,6 +95,11 @@ struct TargetDescriptor {
   std::string name;
   std::string description;
   std::vector<std::string> settings;  // empty: the target takes no settings
+  /// True for a target that never gives memory back to its device before it is destroyed (no
+  /// device free at all; empty_cache() does nothing), as RMM's pool and arena resources; it may
+  /// also take memory when it is built (an initial pool). False: empty_cache() with nothing
+  /// allocated gives every byte back.
+  bool holds_memory_until_destroyed = false;
 
   bool takes(const std::string& key) const;
 };

@@ -16,6 +16,7 @@ SimulatedDeviceOptions device_options(const TargetOptions& o, const char* device
   d.ordinal = o.device;
   d.capacity = o.capacity;
   d.segment_granularity = pytorch_rules::kRoundLarge;  // every PyTorch segment is a multiple of 2 MiB
+  d.cost_model = o.cost_model;
   return d;
 }
 

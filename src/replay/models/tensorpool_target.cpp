@@ -28,7 +28,7 @@ class TensorpoolTarget final : public ReplayTarget {
       : name_(std::move(name)),
         device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
             .name = "sim" + std::to_string(o.device), .ordinal = o.device, .capacity = o.capacity,
-            .event_mode = EventMode::immediate})),
+            .event_mode = EventMode::immediate, .cost_model = o.cost_model})),
         alloc_(device_, target_config(preset, o.conf, name_ + " conf")) {}
 
   std::string name() const override { return name_; }
