@@ -142,6 +142,15 @@ const std::vector<KeyHandler>& handlers() {
       {"vmm_idle_divisor",
        [](Config& c, auto k, auto v) { c.vmm_idle_divisor = count_value(k, v, 1, 1u << 20); },
        [](const Config& c) { return std::to_string(c.vmm_idle_divisor); }},
+      {"backend",
+       [](Config& c, auto k, auto v) {
+         if (v == "async") c.backend = Backend::async;
+         else if (v == "malloc") c.backend = Backend::malloc;
+         else if (v == "vmm") c.backend = Backend::vmm;
+         else if (v == "simulated") c.backend = Backend::simulated;
+         else bad_value(k, v, "async, malloc, vmm or simulated");
+       },
+       [](const Config& c) { return std::string(to_string(c.backend)); }},
       {"cross_stream_reuse",
        [](Config& c, auto k, auto v) { c.cross_stream_reuse = bool_value(k, v); },
        [](const Config& c) { return std::string(c.cross_stream_reuse ? "true" : "false"); }},
@@ -156,6 +165,16 @@ std::string known_keys() {
 }
 
 }  // namespace
+
+const char* to_string(Backend backend) noexcept {
+  switch (backend) {
+    case Backend::async: return "async";
+    case Backend::malloc: return "malloc";
+    case Backend::vmm: return "vmm";
+    case Backend::simulated: return "simulated";
+  }
+  return "unknown";
+}
 
 const std::vector<std::string>& Config::keys() {
   static const std::vector<std::string> k = [] {
