@@ -1,0 +1,5 @@
+# The writers of foreign formats: plain-data pickles and PyTorch memory snapshots.
+target_sources(tensorpool_trace PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/pickle_writer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/pytorch_export.cpp
+)
