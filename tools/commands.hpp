@@ -25,5 +25,7 @@ int cmd_compare(const RunOptions& options);
 int cmd_convert(const std::string& in, const std::string& out);
 int cmd_generate(const std::string& out, const std::string& options);
 int cmd_demo(bool json);
+/// export.cpp: replays against options.allocators[0] and writes a PyTorch memory snapshot.
+int cmd_export(const RunOptions& options, const std::string& out, std::size_t max_entries);
 
 }  // namespace tensorpool::cli

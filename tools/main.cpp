@@ -82,6 +82,13 @@ int main(int argc, char** argv) {
   add_run_options(compare);
   compare->add_option("--allocators", allocators, "Comma-separated list (default: all)");
 
+  std::size_t max_entries = 1'000'000;
+  auto* export_cmd = app.add_subcommand("export", "Replay a trace and write the allocator's memory and events as a PyTorch snapshot");
+  add_run_options(export_cmd);
+  export_cmd->add_option("--allocator", allocator, "tensorpool or tensorpool-vmm (default tensorpool)");
+  export_cmd->add_option("-o,--output", out_path, "Snapshot to write (.pickle)")->required();
+  export_cmd->add_option("--max-entries", max_entries, "Keep the newest N events (default 1000000)");
+
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
   convert->add_option("in", trace_path, "Input trace (any supported kind)")->required();
   convert->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
@@ -107,7 +114,7 @@ int main(int argc, char** argv) {
     run.warmup = warmup;
     run.conf = conf;
     run.capacity = parse_capacity(capacity);
-    run.allocators = replay_cmd->parsed() ? std::vector<std::string>{allocator}
+    run.allocators = replay_cmd->parsed() || export_cmd->parsed() ? std::vector<std::string>{allocator}
                      : allocators.empty() ? replay::target_names()
                                           : split(allocators);
     check_allocators(run.allocators);
@@ -126,6 +133,7 @@ int main(int argc, char** argv) {
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
+    if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
     if (generate->parsed()) {
       try {
         return cli::cmd_generate(out_path, gen_options);

@@ -26,6 +26,14 @@ namespace {
 
 bool is_seed(Op op) { return op == Op::seed_segment || op == Op::seed_alloc; }
 
+void require_history(ReplayTarget& target, const std::string& name) {
+  if (target.record_history()) return;
+  std::string can;
+  for (const auto& n : exporting_target_names()) can += (can.empty() ? "" : ", ") + n;
+  throw UsageError("allocator '" + name + "' cannot export a snapshot (it records no history); "
+                   "allocators that can: " + can);
+}
+
 void finish(ReplayResult& r) {
   r.utilization = r.peak_reserved == 0 ? 1.0
                                        : static_cast<double>(r.peak_requested) /
@@ -66,7 +74,16 @@ class DeviceReplay {
     target_ = make_target(options.allocator, opts);
     result_.allocator = target_->name();
     result_.device = device;
+    if (options.record_history) require_history(*target_, options.allocator);
   }
+
+  // The target's memory for a snapshot export (ReplayOptions::record_history).
+  trace::pytorch::DeviceMemory memory_state() const {
+    trace::pytorch::DeviceMemory m = target_->memory_state();
+    m.device = result_.device;
+    return m;
+  }
+  std::string settings() const { return target_->settings(); }
 
   void apply(const Event& e) {
     ++result_.events;
@@ -190,6 +207,10 @@ class DeviceReplay {
 }  // namespace
 
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
+  if (options.record_history) {  // refused before any work
+    TargetOptions probe = options.target;
+    require_history(*make_target(options.allocator, probe), options.allocator);
+  }
   std::map<int, std::unique_ptr<DeviceReplay>> devices;
   Event e;
   auto start = std::chrono::steady_clock::now();
@@ -215,6 +236,10 @@ ReplayReport replay(EventSource& source, const ReplayOptions& options) {
   const auto ops = report.total.allocs + report.total.frees;
   report.total.host_ns_per_op = ops == 0 ? 0.0 : elapsed.count() / static_cast<double>(ops);
   for (auto& d : report.devices) d.host_ns_per_op = report.total.host_ns_per_op;
+  if (options.record_history) {
+    for (auto& [d, replay] : devices) report.memory.push_back(replay->memory_state());
+    if (!devices.empty()) report.settings = devices.begin()->second->settings();
+  }
   return report;
 }
 

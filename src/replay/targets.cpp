@@ -36,6 +36,13 @@ std::unique_ptr<ReplayTarget> make_target(const std::string& name, const TargetO
   throw UsageError("unknown allocator '" + name + "'; known allocators: " + known);
 }
 
+std::vector<std::string> exporting_target_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, factory] : registry())
+    if (factory(TargetOptions{})->record_history()) names.push_back(name);
+  return names;
+}
+
 UpstreamCounts upstream_of(const SimulatedDevice& device) {
   const DeviceCounters c = device.counters();
   return {c.segment_allocs + c.physical_creates, c.segment_frees + c.physical_releases,

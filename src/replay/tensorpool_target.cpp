@@ -2,7 +2,8 @@
 // "tensorpool-vmm", the same with mode:vmm preset; --conf settings apply on top).
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
-// trace stream ids are mapped to simulated streams on first use.
+// trace stream ids are mapped to simulated streams on first use. Exports snapshots: a history
+// recorder attached on record_history(), streams mapped back to the trace's ids.
 #include <unordered_map>
 
 #include "replay/models.hpp"
@@ -19,7 +20,8 @@ class TensorpoolTarget final : public ReplayTarget {
         device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
             .name = "sim" + std::to_string(o.device), .ordinal = o.device, .capacity = o.capacity,
             .event_mode = EventMode::immediate})),
-        alloc_(device_, Config::parse(preset + o.conf, "--conf")) {}
+        alloc_(device_, Config::parse(preset + o.conf, "--conf")),
+        history_entries_(o.history_entries) {}
 
   std::string name() const override { return name_; }
   void* allocate(std::size_t bytes, Stream stream) override { return alloc_.allocate(bytes, map(stream)); }
@@ -30,6 +32,32 @@ class TensorpoolTarget final : public ReplayTarget {
   std::size_t reserved() const override { return alloc_.usage().reserved; }
   std::size_t allocated() const override { return alloc_.usage().allocated; }
   UpstreamCounts upstream() const override { return upstream_of(*device_); }
+
+  bool record_history() override {
+    if (!history_) {
+      history_ = std::make_shared<trace::pytorch::HistoryRecorder>(history_entries_);
+      alloc_.add_observer(history_);
+      alloc_.add_oom_observer([h = history_](const OutOfMemoryInfo& i) { h->on_oom(i); });
+    }
+    return true;
+  }
+
+  trace::pytorch::DeviceMemory memory_state() const override {
+    trace::pytorch::DeviceMemory m;
+    m.state = alloc_.snapshot();
+    if (history_) m.history = history_->entries();
+    std::unordered_map<Stream, Stream> to_trace;
+    for (const auto& [trace_stream, sim] : streams_) to_trace.emplace(sim, trace_stream);
+    auto back = [&](Stream s) {
+      const auto it = to_trace.find(s);
+      return it == to_trace.end() ? s : it->second;
+    };
+    for (auto& seg : m.state.segments) seg.stream = back(seg.stream);
+    for (auto& h : m.history) h.event.stream = back(h.event.stream);
+    return m;
+  }
+
+  std::string settings() const override { return alloc_.config().to_string(); }
 
  private:
   Stream map(Stream trace_stream) {
@@ -43,6 +71,8 @@ class TensorpoolTarget final : public ReplayTarget {
   std::shared_ptr<SimulatedDevice> device_;
   Allocator alloc_;
   std::unordered_map<Stream, Stream> streams_;
+  std::size_t history_entries_;
+  std::shared_ptr<trace::pytorch::HistoryRecorder> history_;  // after record_history()
 };
 
 }  // namespace

@@ -283,14 +283,22 @@ void check_writable(const std::filesystem::path& path) {
     throw Error(fmt::format("cannot write snapshot '{}': it is a directory", path.string()));
   // Creating (and removing) the temporary file the real write would use proves the directory
   // exists and is writable.
-  detail::FileSink probe(path.string());
-  probe.discard();
+  try {
+    detail::FileSink probe(path.string());
+    probe.discard();
+  } catch (const Error& e) {
+    throw Error(fmt::format("cannot write snapshot '{}': {}", path.string(), e.what()));
+  }
 }
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
-  detail::FileSink sink(path.string());
-  sink.put(bytes);
-  sink.commit();
+  try {
+    detail::FileSink sink(path.string());
+    sink.put(bytes);
+    sink.commit();
+  } catch (const Error& e) {
+    throw Error(fmt::format("cannot write snapshot '{}': {}", path.string(), e.what()));
+  }
 }
 
 }  // namespace tensorpool::trace::pytorch

@@ -77,6 +77,9 @@ struct ReplayOptions {
   /// address still live frees the old block first, seed segments are adopted only once, and only
   /// the last pass is measured.
   int warmup = 0;
+  /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
+  /// UsageError, before replaying anything, for a target that cannot export.
+  bool record_history = false;
 };
 
 struct ReplayResult {
@@ -110,6 +113,10 @@ struct ReplayResult {
 struct ReplayReport {
   std::vector<ReplayResult> devices;  // one per replayed device, in device order
   ReplayResult total;                 // sums (device = -1)
+  /// With ReplayOptions::record_history: each device's final memory and recorded events, and the
+  /// target's settings, for trace::pytorch::snapshot_pickle().
+  std::vector<trace::pytorch::DeviceMemory> memory;
+  std::string settings;
 };
 
 /// Replays `source` against a fresh target per device. Throws what make_target throws.

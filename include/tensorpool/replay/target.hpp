@@ -14,6 +14,7 @@
 
 #include "tensorpool/simulated_device.hpp"
 #include "tensorpool/trace/event.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
 #include "tensorpool/types.hpp"
 
 namespace tensorpool::replay {
@@ -49,6 +50,7 @@ struct TargetOptions {
   std::size_t capacity = 80 * GiB;  // of the simulated device
   int device = 0;                   // ordinal of the simulated device
   std::string conf;                 // target-specific settings ("key:value,..."); tensorpool: Config
+  std::size_t history_entries = 1'000'000;  // record_history(): the newest events kept
 };
 
 class ReplayTarget {
@@ -80,6 +82,16 @@ class ReplayTarget {
   /// Device calls made while seeding that upstream() leaves out (models that adopt the recording
   /// allocator's segments count them here, one per segment); zero for the others.
   virtual UpstreamCounts seeding_excluded() const { return {}; }
+
+  // --- snapshot export (`tensorpool export`) ---
+  /// Starts recording the target's allocator events; called before the first event. False (the
+  /// default): the target cannot export a snapshot. "tensorpool" and "tensorpool-vmm" can.
+  virtual bool record_history() { return false; }
+  /// Its segments and blocks now and the events recorded since record_history(), with the
+  /// trace's stream ids (device left 0: the engine sets it). Only after record_history() is true.
+  virtual trace::pytorch::DeviceMemory memory_state() const { return {}; }
+  /// Its settings as "key:value,..." text (the snapshot's allocator_settings).
+  virtual std::string settings() const { return {}; }
 };
 
 /// Names accepted by make_target().
@@ -87,6 +99,9 @@ std::vector<std::string> target_names();
 /// Throws tensorpool::UsageError for an unknown name (listing the known ones) and ConfigError
 /// for a bad conf.
 std::unique_ptr<ReplayTarget> make_target(const std::string& name, const TargetOptions& options);
+
+/// Names of the targets whose record_history() is true (those that can export a snapshot).
+std::vector<std::string> exporting_target_names();
 
 /// Upstream counts of a simulated device (helper for targets).
 UpstreamCounts upstream_of(const SimulatedDevice& device);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# End-to-end tests of `tensorpool export`: the snapshot it writes is plain data (a restricted
+# unpickler loads it), `tensorpool info` re-imports it to the replay's own figures, and bad
+# requests fail before any work, leaving no file.
+# Usage: export_test.sh TENSORPOOL_BINARY
+set -u
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+pass() { passes=$((passes + 1)); }
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+expect() {  # expect NAME STATUS TEXT -- command...
+  local name=$1 want=$2 text=$3
+  shift 4
+  local out status
+  out=$("$@" 2>&1)
+  status=$?
+  if [ "$status" -ne "$want" ] || ! grep -qF -- "$text" <<<"$out"; then
+    fail "$name: status $status (want $want), output lacks '$text':"
+    head -20 <<<"$out"
+  else
+    pass
+  fi
+}
+
+json_field() {  # json_field FILE PYTHON_EXPRESSION_ON_d
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"
+}
+
+"$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3 2>/dev/null
+for alloc in tensorpool tensorpool-vmm; do
+  out="$work/$alloc.pickle"
+  expect "export $alloc" 0 "wrote $out" -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out"
+  expect "export $alloc --json" 0 '"events":' -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out" --json
+  if command -v python3 >/dev/null; then
+    python3 - "$out" <<'PY' && pass || fail "$alloc: the snapshot is not plain data with PyTorch's layout"
+import pickle, sys
+class NoGlobals(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"global {module}.{name}")
+d = NoGlobals(open(sys.argv[1], "rb")).load()
+assert set(d) == {"segments", "device_traces", "allocator_settings"}, set(d)
+assert d["segments"] and d["device_traces"][0]
+for seg in d["segments"]:
+    assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
+PY
+    "$bin" replay "$work/g.tptrace" --allocator "$alloc" --json >"$work/replay.json"
+    "$bin" info "$out" --json >"$work/info.json" || fail "$alloc: tensorpool info cannot read the export"
+    for key in peak_reserved_bytes final_reserved_bytes peak_requested_bytes; do
+      a=$(json_field "$work/replay.json" "d['$key']")
+      b=$(json_field "$work/info.json" "d['recorded']['$key']")
+      [ "$a" = "$b" ] && pass || fail "$alloc: $key of the replay ($a) and of the re-imported export ($b) differ"
+    done
+  fi
+done
+
+expect "an allocator without history is refused" 2 "cannot export a snapshot" -- \
+  "$bin" export "$work/g.tptrace" --allocator cub -o "$work/cub.pickle"
+test ! -e "$work/cub.pickle" && pass || fail "a refused export left a file"
+expect "an unwritable output is refused first" 2 "cannot write snapshot" -- \
+  "$bin" export "$work/missing.tptrace" -o "$work/no-such-dir/x.pickle"
+expect "output is required" 2 "--output" -- "$bin" export "$work/g.tptrace"
+printf 'junk' >"$work/junk.bin"
+expect "a bad trace names the file" 1 "junk.bin" -- "$bin" export "$work/junk.bin" -o "$work/j.pickle"
+test ! -e "$work/j.pickle" && pass || fail "a failed export left a file"
+
+echo "export: $passes passed, $failures failed"
+[ "$failures" -eq 0 ]

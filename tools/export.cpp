@@ -1,0 +1,56 @@
+// export.cpp: `tensorpool export TRACE --allocator NAME -o snapshot.pickle`: replays a trace
+// against one allocator while recording its events, then writes its final memory and that
+// history as a PyTorch memory snapshot (pytorch.org/memory_viz, torch.cuda._memory_viz).
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "commands.hpp"
+#include "tensorpool/errors.hpp"
+#include "tensorpool/replay/replay.hpp"
+#include "tensorpool/trace/load.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
+
+namespace tensorpool::cli {
+
+int cmd_export(const RunOptions& o, const std::string& out, std::size_t max_entries) {
+  constexpr int kBadArguments = 2;
+  const std::string& allocator = o.allocators.front();
+  replay::ReplayOptions ro;
+  ro.allocator = allocator;
+  ro.device = o.device;
+  ro.warmup = o.warmup;
+  ro.record_history = true;
+  ro.target.capacity = o.capacity;
+  ro.target.conf = o.conf;
+  ro.target.history_entries = max_entries;
+  try {  // before any work: an unwritable output, an allocator that cannot export
+    trace::pytorch::check_writable(out);
+    replay::TraceSource nothing(trace::Trace{});
+    replay::replay(nothing, ro);
+  } catch (const Error& e) {
+    std::cerr << "tensorpool: error: " << e.what() << "\n";
+    return kBadArguments;
+  }
+  const trace::Trace t = trace::load_trace(o.trace);
+  replay::TraceSource source(t);
+  const replay::ReplayReport r = replay::replay(source, ro);
+  trace::pytorch::write_file_atomically(
+      out, trace::pytorch::snapshot_pickle(r.memory, trace::pytorch::settings_from_conf(r.settings)));
+  std::size_t events = 0, segments = 0;
+  for (const auto& d : r.memory) {
+    events += d.history.size();
+    segments += d.state.segments.size();
+  }
+  if (o.json) {
+    fmt::print("{{\"output\": \"{}\", \"allocator\": \"{}\", \"devices\": {}, \"events\": {}, "
+               "\"segments\": {}}}\n",
+               out, allocator, r.memory.size(), events, segments);
+  } else {
+    fmt::print(stderr, "wrote {}: {} device(s), {} events, {} segments at the end ({} replayed)\n",
+               out, r.memory.size(), events, segments, allocator);
+  }
+  return 0;
+}
+
+}  // namespace tensorpool::cli
