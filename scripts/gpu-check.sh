@@ -8,7 +8,8 @@
 #   1. record the machine: date, git commit, nvidia-smi, driver/runtime versions, GPU name;
 #   2. configure a fresh Release build with nvcc (-DTENSORPOOL_CUDA=ON
 #      -DTENSORPOOL_CUDA_REAL_TESTS=ON, CMAKE_CUDA_ARCHITECTURES=90) and build the CUDA tests;
-#   3. run `ctest -L cuda`: the backends on the test double and on the real runtime;
+#   3. run `ctest -L cuda`: the backends on the test double and on the real runtime; then
+#      scripts/gpu/torch_check.py: PyTorch with its allocator and with tensorpool (losses agree);
 #   4. build and run every benchmark program under bench/ (or, failing that, the binaries
 #      already in build-release/bench/), each with --benchmark_out=OUT_DIR/bench-NAME.json.
 # Exit status: 0 when the build and every cuda test passed; 1 when a test failed; 2 when the
@@ -89,7 +90,7 @@ if ! step configure 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=ON; the
   step configure-without-bench 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=OFF ||
     { log "RESULT: configure failed"; exit 2; }
 fi
-CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info)
+CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info tensorpool_torch)
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" ||
   { log "RESULT: build failed"; exit 2; }
 
@@ -100,6 +101,9 @@ test_rc=0
 step ctest 240 ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 300 \
   --output-junit "$OUT/ctest-junit.xml" || test_rc=$?
 grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$SUMMARY"
+# PyTorch trained with its allocator and with tensorpool on each backend (exit 3: no torch/GPU).
+torch_rc=0; step torch 200 python3 "$ROOT/scripts/gpu/torch_check.py" --out "$OUT" --library "$BUILD/cuda/libtensorpool_torch.so" || torch_rc=$?
+grep -E "^(variant|pytorch|tensorpool-|  tensorpool-|torch_check)" "$OUT/torch.log" | tee -a "$SUMMARY"; [ "$torch_rc" -eq 1 ] && test_rc=1
 
 # --- 4. the benchmarks ----------------------------------------------------------------------
 # Every executable the build generates under bench/, as paths relative to the build directory.

@@ -12,19 +12,7 @@ passes=0
 pass() { passes=$((passes + 1)); }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-expect() {  # expect NAME STATUS TEXT -- command...
-  local name=$1 want=$2 text=$3
-  shift 4
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [ "$status" -ne "$want" ] || ! grep -qF -- "$text" <<<"$out"; then
-    fail "$name: status $status (want $want), output lacks '$text':"
-    head -20 <<<"$out"
-  else
-    pass
-  fi
-}
+source "$(dirname "$0")/check.sh"
 
 json_field() {  # json_field FILE PYTHON_EXPRESSION_ON_d
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"
@@ -33,8 +21,8 @@ json_field() {  # json_field FILE PYTHON_EXPRESSION_ON_d
 "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3 2>/dev/null
 for alloc in tensorpool tensorpool-vmm; do
   out="$work/$alloc.pickle"
-  expect "export $alloc" 0 "wrote $out" -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out"
-  expect "export $alloc --json" 0 '"events":' -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out" --json
+  check "export $alloc" 0 "wrote $out" -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out"
+  check "export $alloc --json" 0 '"events":' -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out" --json
   if command -v python3 >/dev/null; then
     python3 - "$out" <<'PY' && pass || fail "$alloc: the snapshot is not plain data with PyTorch's layout"
 import pickle, sys
@@ -57,14 +45,14 @@ PY
   fi
 done
 
-expect "an allocator without history is refused" 2 "cannot export a snapshot" -- \
+check "an allocator without history is refused" 2 "cannot export a snapshot" -- \
   "$bin" export "$work/g.tptrace" --allocator cub -o "$work/cub.pickle"
 test ! -e "$work/cub.pickle" && pass || fail "a refused export left a file"
-expect "an unwritable output is refused first" 2 "cannot write snapshot" -- \
+check "an unwritable output is refused first" 2 "cannot write snapshot" -- \
   "$bin" export "$work/missing.tptrace" -o "$work/no-such-dir/x.pickle"
-expect "output is required" 2 "--output" -- "$bin" export "$work/g.tptrace"
+check "output is required" 2 "--output" -- "$bin" export "$work/g.tptrace"
 printf 'junk' >"$work/junk.bin"
-expect "a bad trace names the file" 1 "junk.bin" -- "$bin" export "$work/junk.bin" -o "$work/j.pickle"
+check "a bad trace names the file" 1 "junk.bin" -- "$bin" export "$work/junk.bin" -o "$work/j.pickle"
 test ! -e "$work/j.pickle" && pass || fail "a failed export left a file"
 
 echo "export: $passes passed, $failures failed"
