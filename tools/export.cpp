@@ -22,7 +22,7 @@ int cmd_export(const RunOptions& o, const std::string& out, std::size_t max_entr
   ro.warmup = o.warmup;
   ro.record_history = true;
   ro.target.capacity = o.capacity;
-  ro.target.conf = o.conf;
+  ro.target.conf = allocator.rfind("tensorpool", 0) == 0 ? o.conf : "";  // --conf is tensorpool's
   ro.target.history_entries = max_entries;
   try {  // before any work: an unwritable output, an allocator that cannot export
     trace::pytorch::check_writable(out);

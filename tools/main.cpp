@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   std::size_t max_entries = 1'000'000;
   auto* export_cmd = app.add_subcommand("export", "Replay a trace and write the allocator's memory and events as a PyTorch snapshot");
   add_run_options(export_cmd);
-  export_cmd->add_option("--allocator", allocator, "tensorpool or tensorpool-vmm (default tensorpool)");
+  export_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm or pytorch (default tensorpool)");
   export_cmd->add_option("-o,--output", out_path, "Snapshot to write (.pickle)")->required();
   export_cmd->add_option("--max-entries", max_entries, "Keep the newest N events (default 1000000)");
 

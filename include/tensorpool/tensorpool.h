@@ -187,7 +187,9 @@ TENSORPOOL_API tensorpool_status tensorpool_get_stats(tensorpool_allocator* allo
 TENSORPOOL_API tensorpool_status tensorpool_stats_json(tensorpool_allocator* allocator, char* buffer,
                                                        size_t capacity, size_t* length);
 /* Starts (enabled != 0) or stops recording the allocator's events for snapshots, keeping the
- * newest max_entries (0: 100000). Stopping keeps what was recorded; starting again clears it. */
+ * newest max_entries (0: 100000). Starting again clears what was recorded. Stopping discards it:
+ * a history that ends before the state it leads to would contradict it (write the snapshot
+ * before stopping). */
 TENSORPOOL_API tensorpool_status tensorpool_record_history(tensorpool_allocator* allocator,
                                                            int enabled, size_t max_entries);
 /* A PyTorch memory snapshot (pickle) of this allocator, written through a temporary file. */

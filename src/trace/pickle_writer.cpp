@@ -39,7 +39,7 @@ constexpr std::uint8_t kTuple = 't';
 // Python's own batch size: SETITEMS/APPENDS every 1000 entries.
 constexpr std::size_t kBatchEntries = 1000;
 
-[[noreturn]] void misuse(const char* what) { throw UsageError(std::string("pickle writer: ") + what); }
+[[noreturn]] void misuse(const std::string& what) { throw UsageError("pickle writer: " + what); }
 
 void append_le(std::string& out, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -59,7 +59,8 @@ void Writer::before_value() {
     return;
   }
   Open& o = open_.back();
-  if (o.kind == Kind::dict && o.key_due) misuse("a value where a dict key is due (call key() first)");
+  if (o.kind == Kind::dict && o.key_due)
+    misuse("a value where a dict key is due (call key() first)");
   if (o.kind != Kind::tuple && o.batch == 0) op(kMark);
 }
 
@@ -101,7 +102,8 @@ void Writer::integer(std::int64_t v) {
   } else if (v >= 0 && v < 65536) {
     op(kBinInt2);
     append_le(out_, static_cast<std::uint64_t>(v), 2);
-  } else if (v >= std::numeric_limits<std::int32_t>::min() && v <= std::numeric_limits<std::int32_t>::max()) {
+  } else if (v >= std::numeric_limits<std::int32_t>::min() &&
+             v <= std::numeric_limits<std::int32_t>::max()) {
     op(kBinInt);
     append_le(out_, static_cast<std::uint64_t>(v), 4);
   } else {
@@ -111,8 +113,10 @@ void Writer::integer(std::int64_t v) {
     while (n > 1) {
       const auto top = static_cast<std::uint8_t>(bits >> (8 * (n - 1)));
       const bool next_negative = ((bits >> (8 * (n - 1) - 1)) & 1) != 0;
-      if ((top == 0x00 && !next_negative) || (top == 0xff && next_negative)) --n;
-      else break;
+      if ((top == 0x00 && !next_negative) || (top == 0xff && next_negative))
+        --n;
+      else
+        break;
     }
     op(kLong1);
     op(static_cast<std::uint8_t>(n));
@@ -171,45 +175,32 @@ void Writer::key(std::string_view utf8) {
   o.key_due = false;
 }
 
-void Writer::begin_dict() {
+void Writer::open(Kind kind) {
   before_value();
-  op(kEmptyDict);
-  open_.push_back(Open{Kind::dict});
+  op(kind == Kind::dict ? kEmptyDict : kind == Kind::list ? kEmptyList : kMark);
+  open_.push_back(Open{kind});
 }
 
-void Writer::end_dict() {
-  if (open_.empty() || open_.back().kind != Kind::dict) misuse("end_dict() without an open dict");
-  if (!open_.back().key_due) misuse("end_dict() after a key without its value");
-  close_batch(open_.back());
+void Writer::close(Kind kind, const char* call) {
+  if (open_.empty() || open_.back().kind != kind)
+    misuse(std::string(call) + " without its open container");
+  if (kind == Kind::dict && !open_.back().key_due)
+    misuse("end_dict() after a key without its value");
+  if (kind == Kind::tuple) {
+    op(kTuple);
+  } else {
+    close_batch(open_.back());
+  }
   open_.pop_back();
   after_item();
 }
 
-void Writer::begin_list() {
-  before_value();
-  op(kEmptyList);
-  open_.push_back(Open{Kind::list});
-}
-
-void Writer::end_list() {
-  if (open_.empty() || open_.back().kind != Kind::list) misuse("end_list() without an open list");
-  close_batch(open_.back());
-  open_.pop_back();
-  after_item();
-}
-
-void Writer::begin_tuple() {
-  before_value();
-  op(kMark);
-  open_.push_back(Open{Kind::tuple});
-}
-
-void Writer::end_tuple() {
-  if (open_.empty() || open_.back().kind != Kind::tuple) misuse("end_tuple() without an open tuple");
-  op(kTuple);
-  open_.pop_back();
-  after_item();
-}
+void Writer::begin_dict() { open(Kind::dict); }
+void Writer::end_dict() { close(Kind::dict, "end_dict()"); }
+void Writer::begin_list() { open(Kind::list); }
+void Writer::end_list() { close(Kind::list, "end_list()"); }
+void Writer::begin_tuple() { open(Kind::tuple); }
+void Writer::end_tuple() { close(Kind::tuple, "end_tuple()"); }
 
 std::string Writer::finish() {
   if (finished_) misuse("finish() called twice");

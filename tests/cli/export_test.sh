@@ -19,7 +19,7 @@ json_field() {  # json_field FILE PYTHON_EXPRESSION_ON_d
 }
 
 "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3 2>/dev/null
-for alloc in tensorpool tensorpool-vmm; do
+for alloc in tensorpool tensorpool-vmm pytorch; do
   out="$work/$alloc.pickle"
   check "export $alloc" 0 "wrote $out" -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out"
   check "export $alloc --json" 0 '"events":' -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out" --json

@@ -85,7 +85,8 @@ class ReplayTarget {
 
   // --- snapshot export (`tensorpool export`) ---
   /// Starts recording the target's allocator events; called before the first event. False (the
-  /// default): the target cannot export a snapshot. "tensorpool" and "tensorpool-vmm" can.
+  /// default): the target cannot export a snapshot. "tensorpool", "tensorpool-vmm" and
+  /// "pytorch" can.
   virtual bool record_history() { return false; }
   /// Its segments and blocks now and the events recorded since record_history(), with the
   /// trace's stream ids (device left 0: the engine sets it). Only after record_history() is true.

@@ -55,6 +55,8 @@ class Writer {
     std::size_t batch = 0;   // items since the last MARK (dict: keys and values both count)
     bool key_due = true;     // dict: the next item is a key
   };
+  void open(Kind kind);                    // begin_dict / begin_list / begin_tuple
+  void close(Kind kind, const char* call);  // end_dict / end_list / end_tuple
   void before_value();
   void after_item();
   void close_batch(Open& o);
