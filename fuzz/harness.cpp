@@ -107,7 +107,7 @@ std::string memfd_path(const std::uint8_t* data, std::size_t size) {
 
 struct ReadTrace {
   trace::TraceInfo info;
-  std::vector<trace::Event> events;  // label ids replaced by 0
+  std::vector<trace::TraceEvent> events;  // label ids replaced by 0
   std::vector<std::string> labels;   // the label text of each event
 };
 
@@ -117,7 +117,7 @@ constexpr std::size_t kMaxEvents = 1 << 14;
 ReadTrace read_all(const std::string& path) {
   auto reader = trace::TraceReader::open(path);
   ReadTrace out;
-  trace::Event e;
+  trace::TraceEvent e;
   while (out.events.size() < kMaxEvents && reader->next(e)) {
     out.labels.push_back(reader->label(e.label));
     e.label = 0;

@@ -1,12 +1,11 @@
 // export.cpp: `tensorpool export TRACE --allocator NAME -o snapshot.pickle`: replays a trace
 // against one allocator while recording its events, then writes its final memory and that
 // history as a PyTorch memory snapshot (pytorch.org/memory_viz, torch.cuda._memory_viz).
+// main.cpp has checked, before the trace is read, that the allocator exports and the output can
+// be written.
 #include <fmt/format.h>
 
-#include <iostream>
-
 #include "commands.hpp"
-#include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
 #include "tensorpool/trace/pytorch_export.hpp"
@@ -14,24 +13,9 @@
 namespace tensorpool::cli {
 
 int cmd_export(const RunOptions& o, const std::string& out, std::size_t max_entries) {
-  constexpr int kBadArguments = 2;
-  const std::string& allocator = o.allocators.front();
-  replay::ReplayOptions ro;
-  ro.allocator = allocator;
-  ro.device = o.device;
-  ro.warmup = o.warmup;
+  replay::ReplayOptions ro = replay_options(o, 0);
   ro.record_history = true;
-  ro.target.capacity = o.capacity;
-  ro.target.conf = allocator.rfind("tensorpool", 0) == 0 ? o.conf : "";  // --conf is tensorpool's
   ro.target.history_entries = max_entries;
-  try {  // before any work: an unwritable output, an allocator that cannot export
-    trace::pytorch::check_writable(out);
-    replay::TraceSource nothing(trace::Trace{});
-    replay::replay(nothing, ro);
-  } catch (const Error& e) {
-    std::cerr << "tensorpool: error: " << e.what() << "\n";
-    return kBadArguments;
-  }
   const trace::Trace t = trace::load_trace(o.trace);
   replay::TraceSource source(t);
   const replay::ReplayReport r = replay::replay(source, ro);
@@ -45,10 +29,10 @@ int cmd_export(const RunOptions& o, const std::string& out, std::size_t max_entr
   if (o.json) {
     fmt::print("{{\"output\": \"{}\", \"allocator\": \"{}\", \"devices\": {}, \"events\": {}, "
                "\"segments\": {}}}\n",
-               out, allocator, r.memory.size(), events, segments);
+               out, ro.allocator, r.memory.size(), events, segments);
   } else {
     fmt::print(stderr, "wrote {}: {} device(s), {} events, {} segments at the end ({} replayed)\n",
-               out, r.memory.size(), events, segments, allocator);
+               out, r.memory.size(), events, segments, ro.allocator);
   }
   return 0;
 }

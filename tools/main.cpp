@@ -1,4 +1,6 @@
-// main.cpp: the tensorpool command-line tool: argument parsing and exit codes.
+// main.cpp: the tensorpool command-line tool: argument parsing, their checks (through the
+// libraries: allocator names and settings, generator options, what export can write) and exit
+// codes.
 //
 // Exit codes: 0 success; 1 a bad or unreadable input file (the message names the file and the
 // offset or line); 2 bad arguments (unknown allocator, bad size, bad --conf, ...).
@@ -9,9 +11,11 @@
 #include <iostream>
 
 #include "commands.hpp"
-#include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/replay/target.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 using namespace tensorpool;
 
@@ -39,9 +43,7 @@ std::vector<std::string> split(const std::string& list) {
 }
 
 void check_allocators(const std::vector<std::string>& names) {
-  const auto known = replay::target_names();
-  for (const auto& n : names)
-    if (std::find(known.begin(), known.end(), n) == known.end()) replay::make_target(n, {});  // throws
+  for (const auto& n : names) replay::describe_target(n);  // throws UsageError for an unknown name
 }
 
 }  // namespace
@@ -60,6 +62,9 @@ int main(int argc, char** argv) {
   auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator");
   demo->add_flag("--json", json, "Machine-readable output");
 
+  auto* allocators_cmd = app.add_subcommand("allocators", "List the allocators and the settings each takes");
+  allocators_cmd->add_flag("--json", json, "Machine-readable output");
+
   auto* info = app.add_subcommand("info", "Events, devices, streams, size and lifetime histograms of a trace");
   info->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
   info->add_flag("--json", json, "Machine-readable output");
@@ -67,8 +72,8 @@ int main(int argc, char** argv) {
   auto add_run_options = [&](CLI::App* cmd) {
     cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
     cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
-    cmd->add_option("--conf", conf, "tensorpool settings, TENSORPOOL_CONF syntax (key:value,...); "
-                                    "applies to tensorpool and tensorpool-vmm");
+    cmd->add_option("--conf", conf, "Allocator settings, key:value,...; each allocator that takes "
+                                    "every key gets them (see `tensorpool allocators`)");
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
@@ -76,7 +81,7 @@ int main(int argc, char** argv) {
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
   add_run_options(replay_cmd);
-  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, pytorch-expandable, cub or raw (default tensorpool)");
+  replay_cmd->add_option("--allocator", allocator, "One of " + join(replay::target_names()) + " (default tensorpool)");
 
   auto* compare = app.add_subcommand("compare", "Replay a trace against several allocators, side by side");
   add_run_options(compare);
@@ -85,7 +90,8 @@ int main(int argc, char** argv) {
   std::size_t max_entries = 1'000'000;
   auto* export_cmd = app.add_subcommand("export", "Replay a trace and write the allocator's memory and events as a PyTorch snapshot");
   add_run_options(export_cmd);
-  export_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm or pytorch (default tensorpool)");
+  export_cmd->add_option("--allocator", allocator,
+                         "One of " + join(replay::exporting_target_names()) + " (default tensorpool)");
   export_cmd->add_option("-o,--output", out_path, "Snapshot to write (.pickle)")->required();
   export_cmd->add_option("--max-entries", max_entries, "Keep the newest N events (default 1000000)");
 
@@ -96,8 +102,7 @@ int main(int argc, char** argv) {
   auto* generate = app.add_subcommand("generate", "Write a synthetic LLM-style trace");
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
   generate->add_option("--options", gen_options,
-                       "key:value,... of layers, hidden, heads, ffn_multiple, vocab, batch, seq_len, "
-                       "varlen, training, iterations, comm_stream, eager_optimizer, seed");
+                       "key:value,... of " + join(workload::GeneratorOptions::keys()));
 
   try {
     app.parse(argc, argv);
@@ -107,18 +112,23 @@ int main(int argc, char** argv) {
   }
 
   cli::RunOptions run;
+  workload::GeneratorOptions generator;
   try {
     run.trace = trace_path;
     run.json = json;
     run.device = device;
     run.warmup = warmup;
-    run.conf = conf;
     run.capacity = parse_capacity(capacity);
     run.allocators = replay_cmd->parsed() || export_cmd->parsed() ? std::vector<std::string>{allocator}
                      : allocators.empty() ? replay::target_names()
                                           : split(allocators);
     check_allocators(run.allocators);
-    if (!conf.empty()) Config::parse(conf, "--conf");
+    run.confs = replay::share_conf(run.allocators, conf, "--conf");
+    if (export_cmd->parsed()) {  // refused before the trace is read:
+      replay::require_export(allocator);         // an allocator that cannot export
+      trace::pytorch::check_writable(out_path);  // an output that cannot be written
+    }
+    generator.apply(gen_options, "--options");
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
@@ -129,19 +139,13 @@ int main(int argc, char** argv) {
 
   try {
     if (demo->parsed()) return cli::cmd_demo(json);
+    if (allocators_cmd->parsed()) return cli::cmd_allocators(json);
     if (info->parsed()) return cli::cmd_info(trace_path, json);
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
     if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
-    if (generate->parsed()) {
-      try {
-        return cli::cmd_generate(out_path, gen_options);
-      } catch (const ConfigError& e) {
-        std::cerr << "tensorpool: error: --options: " << e.what() << "\n";
-        return kBadArguments;
-      }
-    }
+    if (generate->parsed()) return cli::cmd_generate(out_path, generator);
   } catch (const std::exception& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadInput;

@@ -27,7 +27,9 @@ function(tensorpool_torch_library name cuda_library)
 endfunction()
 
 tensorpool_torch_library(tensorpool_torch tensorpool_cuda)
-install(TARGETS tensorpool_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-# The Python module beside it (PYTHONPATH=PREFIX/share/tensorpool/python).
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/tensorpool DESTINATION ${CMAKE_INSTALL_DATADIR}/tensorpool/python
-  PATTERN __pycache__ EXCLUDE)
+if(TENSORPOOL_INSTALL)
+  install(TARGETS tensorpool_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  # The Python module beside it (PYTHONPATH=PREFIX/share/tensorpool/python).
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/tensorpool
+    DESTINATION ${CMAKE_INSTALL_DATADIR}/tensorpool/python PATTERN __pycache__ EXCLUDE)
+endif()

@@ -78,8 +78,9 @@ struct Config {
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);
-  /// Applies "key:value,key:value"; `origin` names the source in error messages.
-  void apply(std::string_view text, std::string_view origin = "config");
+  /// Applies "key:value,key:value" (tensorpool/key_values.hpp); `origin` names the source in
+  /// error messages ("TENSORPOOL_CONF: bad value ...").
+  void apply(std::string_view text, std::string_view origin = "tensorpool config");
   /// Throws ConfigError when the settings contradict each other.
   void validate() const;
   /// The settings in TENSORPOOL_CONF syntax (every key).
@@ -87,7 +88,7 @@ struct Config {
 
   /// Defaults overridden by TENSORPOOL_CONF when set.
   static Config from_env();
-  static Config parse(std::string_view text, std::string_view origin = "config");
+  static Config parse(std::string_view text, std::string_view origin = "tensorpool config");
   static const std::vector<std::string>& keys();
 
   /// The memory limit in bytes for a device of `capacity` bytes (0: none).

@@ -19,21 +19,11 @@ namespace tensorpool {
 
 using detail::hex;
 
-// --- default implementations of the optional virtual-memory flavour -------------------------
-
 namespace {
-[[noreturn]] void no_vm(const DeviceBackend& d, const char* what) {
-  throw DeviceError(std::string("device ") + d.properties().name + " does not support virtual memory (" +
-                    what + ")");
+[[noreturn]] void no_vm(const DeviceProperties& props, const char* what) {
+  throw DeviceError("SimulatedDevice " + props.name + " has no virtual memory (" + what + ")");
 }
 }  // namespace
-
-Address DeviceBackend::reserve_address_range(std::size_t, std::size_t) { no_vm(*this, "reserve"); }
-void DeviceBackend::release_address_range(Address, std::size_t) { no_vm(*this, "release"); }
-PhysicalHandle DeviceBackend::create_physical(std::size_t) { no_vm(*this, "create"); }
-void DeviceBackend::release_physical(PhysicalHandle) { no_vm(*this, "release physical"); }
-void DeviceBackend::map(Address, std::size_t, PhysicalHandle) { no_vm(*this, "map"); }
-void DeviceBackend::unmap(Address, std::size_t) { no_vm(*this, "unmap"); }
 
 // --- SimulatedDevice ------------------------------------------------------------------------
 
@@ -43,9 +33,7 @@ SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options) : options_(std:
   props_.capacity = options_.capacity;
   props_.segment_granularity = options_.segment_granularity;
   props_.alignment = options_.alignment;
-  props_.supports_virtual_memory = options_.supports_virtual_memory;
-  props_.vm_page_size = options_.vm_page_size;
-  if (props_.segment_granularity == 0 || props_.alignment == 0 || props_.vm_page_size == 0)
+  if (props_.segment_granularity == 0 || props_.alignment == 0 || options_.vm_page_size == 0)
     throw DeviceError("SimulatedDevice: granularity, alignment and page size must be non-zero");
   // A distinctive, never-dereferenced base per device ordinal.
   next_address_ = (Address{0x7e00} + static_cast<Address>(options_.ordinal)) << 32;
@@ -129,7 +117,7 @@ SimulatedDevice::StreamState& SimulatedDevice::stream_state(Stream stream) {
   return it->second;
 }
 
-SimulatedDevice::EventState& SimulatedDevice::event_state(Event event, const char* what) {
+SimulatedDevice::EventState& SimulatedDevice::event_state(DeviceEvent event, const char* what) {
   auto it = events_.find(event);
   if (it == events_.end())
     throw DeviceError(std::string("SimulatedDevice: ") + what + " on unknown event " +
@@ -153,24 +141,24 @@ void SimulatedDevice::complete_to(Stream stream, std::uint64_t seq) {
   std::erase_if(s.waits, [&](const StreamState::Wait& w) { return w.at < s.completed; });
 }
 
-Event SimulatedDevice::create_event() {
+DeviceEvent SimulatedDevice::create_event() {
   std::lock_guard lock(mutex_);
   if (take_fault(FaultSite::event_create, 0))
     throw DeviceError("SimulatedDevice: event creation failed (injected fault)");
-  const Event e = next_event_++;
+  const DeviceEvent e = next_event_++;
   events_[e];
   ++counters_.events_created;
   return e;
 }
 
-void SimulatedDevice::destroy_event(Event event) {
+void SimulatedDevice::destroy_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   event_state(event, "destroy_event");
   events_.erase(event);
   ++counters_.events_destroyed;
 }
 
-void SimulatedDevice::record_event(Event event, Stream stream) {
+void SimulatedDevice::record_event(DeviceEvent event, Stream stream) {
   std::lock_guard lock(mutex_);
   EventState& e = event_state(event, "record_event");
   StreamState& s = stream_state(stream);
@@ -180,20 +168,20 @@ void SimulatedDevice::record_event(Event event, Stream stream) {
   if (options_.event_mode == EventMode::immediate) complete_to(stream, e.seq);
 }
 
-bool SimulatedDevice::query_event(Event event) {
+bool SimulatedDevice::query_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   ++counters_.event_queries;
   return event_done(event_state(event, "query_event"));
 }
 
-void SimulatedDevice::synchronize_event(Event event) {
+void SimulatedDevice::synchronize_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   ++counters_.event_syncs;
   const EventState e = event_state(event, "synchronize_event");
   if (e.seq != 0) complete_to(e.stream, e.seq);
 }
 
-void SimulatedDevice::stream_wait_event(Stream stream, Event event) {
+void SimulatedDevice::stream_wait_event(Stream stream, DeviceEvent event) {
   std::lock_guard lock(mutex_);
   ++counters_.stream_waits;
   const EventState e = event_state(event, "stream_wait_event");
@@ -215,7 +203,7 @@ void SimulatedDevice::synchronize_device() {
   for (auto& [id, s] : streams_) complete_to(id, s.submitted);
 }
 
-void SimulatedDevice::complete_event(Event event) {
+void SimulatedDevice::complete_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   const EventState e = event_state(event, "complete_event");
   if (e.seq != 0) complete_to(e.stream, e.seq);
@@ -247,13 +235,17 @@ void SimulatedDevice::set_event_mode(EventMode mode) {
 
 // --- virtual memory -------------------------------------------------------------------------
 
+VirtualMemory* SimulatedDevice::virtual_memory() noexcept {
+  return options_.supports_virtual_memory ? this : nullptr;
+}
+
 Address SimulatedDevice::reserve_address_range(std::size_t bytes, std::size_t alignment) {
   std::lock_guard lock(mutex_);
-  if (!props_.supports_virtual_memory) no_vm(*this, "reserve");
-  if (bytes == 0 || bytes % props_.vm_page_size != 0)
+  if (!options_.supports_virtual_memory) no_vm(props_, "reserve");
+  if (bytes == 0 || bytes % options_.vm_page_size != 0)
     throw DeviceError("SimulatedDevice: address range size " + std::to_string(bytes) +
                       " is not a positive multiple of the page size");
-  const Address a = bump(bytes, std::max(alignment, props_.vm_page_size));
+  const Address a = bump(bytes, std::max(alignment, options_.vm_page_size));
   ranges_.emplace(a, bytes);
   ++counters_.address_reserves;
   return a;
@@ -273,8 +265,8 @@ void SimulatedDevice::release_address_range(Address base, std::size_t bytes) {
 
 PhysicalHandle SimulatedDevice::create_physical(std::size_t bytes) {
   std::lock_guard lock(mutex_);
-  if (!props_.supports_virtual_memory) no_vm(*this, "create");
-  if (bytes == 0 || bytes % props_.vm_page_size != 0)
+  if (!options_.supports_virtual_memory) no_vm(props_, "create");
+  if (bytes == 0 || bytes % options_.vm_page_size != 0)
     throw DeviceError("SimulatedDevice: physical size " + std::to_string(bytes) +
                       " is not a positive multiple of the page size");
   counters_.modelled_ns += options_.physical_create_ns;

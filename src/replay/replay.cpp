@@ -4,35 +4,20 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "tensorpool/errors.hpp"
-#include "tensorpool/trace/format.hpp"
 
 namespace tensorpool::replay {
 
-using trace::Event;
+using trace::TraceEvent;
 using trace::Op;
-
-// --- sources --------------------------------------------------------------------------------
-
-FileSource::FileSource(std::string path) : path_(std::move(path)), reader_(trace::TraceReader::open(path_)) {}
-FileSource::~FileSource() = default;
-bool FileSource::next(Event& out) { return reader_->next(out); }
-void FileSource::rewind() { reader_ = trace::TraceReader::open(path_); }
 
 namespace {
 
 bool is_seed(Op op) { return op == Op::seed_segment || op == Op::seed_alloc; }
-
-void require_history(ReplayTarget& target, const std::string& name) {
-  if (target.record_history()) return;
-  std::string can;
-  for (const auto& n : exporting_target_names()) can += (can.empty() ? "" : ", ") + n;
-  throw UsageError("allocator '" + name + "' cannot export a snapshot (it records no history); "
-                   "allocators that can: " + can);
-}
 
 void finish(ReplayResult& r) {
   r.utilization = r.peak_reserved == 0 ? 1.0
@@ -74,7 +59,10 @@ class DeviceReplay {
     target_ = make_target(options.allocator, opts);
     result_.allocator = target_->name();
     result_.device = device;
-    if (options.record_history) require_history(*target_, options.allocator);
+    // require_export() let only a target whose descriptor says `exports` this far.
+    if (options.record_history && !target_->record_history())
+      throw std::logic_error("replay target '" + options.allocator +
+                             "' exports by its descriptor but records no history");
   }
 
   // The target's memory for a snapshot export (ReplayOptions::record_history).
@@ -85,7 +73,7 @@ class DeviceReplay {
   }
   std::string settings() const { return target_->settings(); }
 
-  void apply(const Event& e) {
+  void apply(const TraceEvent& e) {
     ++result_.events;
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
@@ -149,7 +137,7 @@ class DeviceReplay {
     }
   }
 
-  void allocate(const Event& e, bool seed) {
+  void allocate(const TraceEvent& e, bool seed) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
     ++result_.allocs;
@@ -165,7 +153,7 @@ class DeviceReplay {
   }
 
   // free_requested ends a block's life; a lone free_completed (a trace without requests) too.
-  void free(const Event& e, bool requested) {
+  void free(const TraceEvent& e, bool requested) {
     auto it = live_.find(e.addr);
     if (it == live_.end()) {
       // The free of an allocation that failed (OOM) is expected; any other is the trace's.
@@ -207,12 +195,9 @@ class DeviceReplay {
 }  // namespace
 
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
-  if (options.record_history) {  // refused before any work
-    TargetOptions probe = options.target;
-    require_history(*make_target(options.allocator, probe), options.allocator);
-  }
+  if (options.record_history) require_export(options.allocator);  // refused before any work
   std::map<int, std::unique_ptr<DeviceReplay>> devices;
-  Event e;
+  TraceEvent e;
   auto start = std::chrono::steady_clock::now();
   for (int pass = 0; pass <= options.warmup; ++pass) {
     if (pass > 0) {
@@ -254,7 +239,7 @@ class DeviceBaseline {
     b_.result.device = device;
   }
 
-  void apply(const Event& e) {
+  void apply(const TraceEvent& e) {
     ReplayResult& r = b_.result;
     ++r.events;
     switch (e.op) {
@@ -318,7 +303,7 @@ class DeviceBaseline {
 
 BaselineReport baseline(EventSource& source, const std::string& name, int device) {
   std::map<int, std::unique_ptr<DeviceBaseline>> devices;
-  Event e;
+  TraceEvent e;
   while (source.next(e)) {
     if (device >= 0 && e.device != device) continue;
     auto& slot = devices[e.device];

@@ -67,7 +67,7 @@ class BinaryReader final : public TraceReader {
     std::uint8_t byte() { return reader->get_byte(what); }
   };
 
-  bool read_next(Event& out) override;
+  bool read_next(TraceEvent& out) override;
 
   void read_header();
   void read_label();
@@ -76,7 +76,7 @@ class BinaryReader final : public TraceReader {
   std::string read_string(const char* what, const char* field);
 
   template <class Cursor>
-  void decode_event(Cursor& c, std::uint8_t tag, Event& e);
+  void decode_event(Cursor& c, std::uint8_t tag, TraceEvent& e);
   template <class Cursor>
   std::uint64_t varint(Cursor& c, const char* field);
   template <class Cursor>
@@ -126,7 +126,7 @@ std::uint64_t BinaryReader::varint_tail(Cursor& c, std::uint8_t first, const cha
 }
 
 template <class Cursor>
-TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, Event& e) {
+TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, TraceEvent& e) {
   const unsigned op = tag & kTagOpMask;
   if (op >= static_cast<unsigned>(kNumOps)) {
     fail(fmt::format("unknown op {} in event record (tag 0x{:02X}); known ops are 0..{}", op, tag,
@@ -162,7 +162,7 @@ TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, Ev
   e.size = varint(c, "size");
 }
 
-bool BinaryReader::read_next(Event& out) {
+bool BinaryReader::read_next(TraceEvent& out) {
   for (;;) {
     record_start_ = source_->offset();
     if (!source_->has_more()) {
@@ -287,7 +287,7 @@ class BinaryWriter final : public TraceWriter {
   void write_header(const TraceInfo& info);
   void put_string(std::string_view s, const char* field);
   void on_label(std::uint32_t id, std::string_view text) override;
-  void on_event(const Event& e) override;
+  void on_event(const TraceEvent& e) override;
   void on_finish() override;
 
   // The previous event's fields (see BinaryReader).
@@ -320,7 +320,7 @@ void BinaryWriter::on_label(std::uint32_t /*id: implied by the order of definiti
   put_string(text, "label");
 }
 
-void BinaryWriter::on_event(const Event& e) {
+void BinaryWriter::on_event(const TraceEvent& e) {
   std::uint8_t* const start = sink_->reserve(kMaxEventBytes);
   std::uint8_t ctx = 0;
   if (e.flags != 0) ctx |= kCtxFlags;

@@ -150,6 +150,13 @@ std::unique_ptr<TraceReader> open_binary_reader(std::unique_ptr<FileSource> sour
 /// `source` is positioned at offset 0.
 std::unique_ptr<TraceReader> open_jsonl_reader(std::unique_ptr<FileSource> source);
 
+/// TraceReader::open on a source already opened (and possibly refilled, nothing consumed).
+std::unique_ptr<TraceReader> open_reader(std::unique_ptr<FileSource> source);
+/// The rest of `reader`'s events in memory (read_trace's body).
+Trace read_all(TraceReader& reader);
+/// The rest of `reader`'s events written to `out` (convert_trace's body).
+void copy_trace(TraceReader& reader, const std::string& out, Format out_format);
+
 std::unique_ptr<TraceWriter> open_binary_writer(std::unique_ptr<FileSink> sink, const TraceInfo& info);
 std::unique_ptr<TraceWriter> open_jsonl_writer(std::unique_ptr<FileSink> sink, const TraceInfo& info);
 

@@ -1,6 +1,7 @@
 # The pickle reader and the importers of foreign traces (PyTorch memory snapshots, RMM logs).
 target_sources(tensorpool_trace PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/pickle.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/pytorch_snapshot.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/pytorch_snapshot_reader.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/pytorch_snapshot_convert.cpp
   ${CMAKE_CURRENT_LIST_DIR}/rmm_log.cpp
 )

@@ -155,15 +155,15 @@ class JsonlReader final : public TraceReader {
   std::uint64_t line() const noexcept override { return line_no_; }
 
  private:
-  bool read_next(Event& out) override;
+  bool read_next(TraceEvent& out) override;
 
   bool read_line();
   bool next_nonblank_line();
   json parse_line() const;
   void read_header();
   void read_end_line(const json& j) const;
-  void parse_event(const json& j, Event& e);
-  void set_field(const std::string& key, const json& v, Event& e, unsigned& seen);
+  void parse_event(const json& j, TraceEvent& e);
+  void set_field(const std::string& key, const json& v, TraceEvent& e, unsigned& seen);
 
   std::uint64_t get_uint(const char* key, const json& v, std::uint64_t max) const;
   std::uint64_t get_uint_or_hex(const char* key, const json& v) const;
@@ -253,7 +253,7 @@ void JsonlReader::read_header() {
   }
 }
 
-bool JsonlReader::read_next(Event& out) {
+bool JsonlReader::read_next(TraceEvent& out) {
   while (next_nonblank_line()) {
     if (ended_) fail("unexpected data after the end object");
     const json j = parse_line();
@@ -281,8 +281,8 @@ void JsonlReader::read_end_line(const json& j) const {
   if (j.size() != 2) fail("unknown key in the end object (known: end, events)");
 }
 
-void JsonlReader::parse_event(const json& j, Event& e) {
-  e = Event{};
+void JsonlReader::parse_event(const json& j, TraceEvent& e) {
+  e = TraceEvent{};
   unsigned seen = 0;
   bool has_op = false;
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -304,7 +304,7 @@ void JsonlReader::parse_event(const json& j, Event& e) {
   }
 }
 
-void JsonlReader::set_field(const std::string& key, const json& v, Event& e, unsigned& seen) {
+void JsonlReader::set_field(const std::string& key, const json& v, TraceEvent& e, unsigned& seen) {
   if (key == "addr") {
     e.addr = get_uint_or_hex("addr", v);
     seen |= kAddr;
@@ -401,7 +401,7 @@ class JsonlWriter final : public TraceWriter {
   void write_header(const TraceInfo& info);
   void append_string(std::string_view s, const char* what);
   void on_label(std::uint32_t id, std::string_view text) override;
-  void on_event(const Event& e) override;
+  void on_event(const TraceEvent& e) override;
   void on_finish() override;
 
   std::string line_;  // reused for every line
@@ -435,7 +435,7 @@ void JsonlWriter::on_label(std::uint32_t /*id*/, std::string_view text) {
   }
 }
 
-void JsonlWriter::on_event(const Event& e) {
+void JsonlWriter::on_event(const TraceEvent& e) {
   line_.clear();
   auto out = std::back_inserter(line_);
   fmt::format_to(out, "{{\"op\":\"{}\",\"device\":{},\"stream\":{},\"addr\":\"{:#x}\",\"size\":{},\"time_us\":{}",

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/trace/pickle_writer.hpp"
 #include "trace/format_io.hpp"
 
@@ -266,14 +268,8 @@ std::string snapshot_pickle(const std::vector<DeviceMemory>& devices,
 
 std::vector<std::pair<std::string, std::string>> settings_from_conf(std::string_view conf) {
   std::vector<std::pair<std::string, std::string>> out;
-  while (!conf.empty()) {
-    const std::size_t comma = conf.find(',');
-    const std::string_view item = conf.substr(0, comma);
-    conf = comma == std::string_view::npos ? std::string_view{} : conf.substr(comma + 1);
-    const std::size_t colon = item.find(':');
-    if (colon == std::string_view::npos) continue;
-    out.emplace_back(std::string(item.substr(0, colon)), std::string(item.substr(colon + 1)));
-  }
+  for (KeyValue& item : parse_key_values(conf, "allocator settings"))
+    out.emplace_back(std::move(item.key), std::move(item.value));
   return out;
 }
 

@@ -50,10 +50,26 @@ check "unknown allocator" 2 "unknown allocator 'nope'" -- "$bin" replay "$work/g
 check "bad capacity" 2 "--capacity" -- "$bin" compare "$work/g.tptrace" --capacity lots
 check "bad --conf" 2 "max_split_size" -- "$bin" replay "$work/g.tptrace" --conf max_split_size:huge
 check "unknown --conf key" 2 "unknown key" -- "$bin" replay "$work/g.tptrace" --conf bogus:1
-check "bad generator option" 2 "layerz" -- "$bin" generate "$work/x.tptrace" --options layerz:3
+check "bad generator option" 2 "--options: unknown key 'layerz'" -- "$bin" generate "$work/x.tptrace" --options layerz:3
+test ! -e "$work/x.tptrace" && passes=$((passes + 1)) || { echo "FAIL: a refused generate wrote a file"; failures=$((failures + 1)); }
+check "--conf names the allocator that refuses a value" 2 "--conf for tensorpool: bad value 'huge' for key 'max_split_size'" -- "$bin" replay "$work/g.tptrace" --conf max_split_size:huge
+check "--conf no selected allocator takes" 2 "unknown key 'mode' for raw" -- "$bin" replay "$work/g.tptrace" --allocator raw --conf mode:vmm
+check "malformed --conf" 2 "--conf: item 'mode' at character 1" -- "$bin" replay "$work/g.tptrace" --conf mode
 check "no subcommand" 2 "" -- "$bin"
 check "unknown subcommand" 2 "" -- "$bin" frobnicate
 check "--help" 0 "compare" -- "$bin" --help
+check "replay --help lists the allocators" 0 "pytorch-expandable" -- "$bin" replay --help
+
+# The allocators and their settings; --conf reaches each allocator that takes all its keys.
+check "allocators" 0 "max_cached_bytes" -- "$bin" allocators
+check "allocators --json" 0 '"settings"' -- "$bin" allocators --json
+check "--conf reaches a model that takes it" 0 '"allocator": "cub"' -- "$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json
+a=$("$bin" replay "$work/g.tptrace" --allocator pytorch --json | grep peak_reserved_bytes | head -1)
+b=$("$bin" replay "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:2 --json | grep peak_reserved_bytes | head -1)
+if [ -n "$a" ] && [ "$a" != "$b" ]; then passes=$((passes + 1)); else echo "FAIL: --conf did not reach the pytorch model: $a vs $b"; failures=$((failures + 1)); fi
+a=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --json | grep -c '"maps": 0')
+b=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --conf mode:vmm --json | grep -c '"maps": 0')
+if [ "$b" -lt "$a" ]; then passes=$((passes + 1)); else echo "FAIL: compare --conf mode:vmm did not reach tensorpool ($a vs $b runs without maps)"; failures=$((failures + 1)); fi
 
 # A real PyTorch snapshot, when the shared traces are here.
 if [ -f "$shared/small-from-empty.pickle" ]; then

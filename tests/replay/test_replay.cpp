@@ -3,23 +3,27 @@
 
 #include <filesystem>
 
+#include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
+#include "tensorpool/trace/summary.hpp"
 #include "tensorpool/types.hpp"
 
 using namespace tensorpool::replay;
+using tensorpool::workload::generate_llm_trace;
+using tensorpool::workload::GeneratorOptions;
 using tensorpool::GiB;
 using tensorpool::MiB;
-using tensorpool::trace::Event;
+using tensorpool::trace::TraceEvent;
 using tensorpool::trace::Op;
 namespace trace = tensorpool::trace;
 
 namespace {
 
-Event ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
-  Event e;
+TraceEvent ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
+  TraceEvent e;
   e.op = op;
   e.addr = addr;
   e.size = size;
@@ -178,6 +182,76 @@ TEST_CASE("unknown allocators and bad settings are errors", "[replay]") {
                                           Catch::Matchers::Contains("tensorpool"));
   REQUIRE_THROWS_AS(run(t, "tensorpool", 80 * GiB, "max_split_size:huge"), tensorpool::ConfigError);
   REQUIRE_THROWS_AS(run(t, "raw", 80 * GiB, "x:1"), tensorpool::ConfigError);
+}
+
+TEST_CASE("the registry describes every target and checks settings without building one", "[replay][registry]") {
+  const auto& targets = target_descriptors();
+  REQUIRE(targets.size() == target_names().size());
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    INFO(targets[i].name);
+    CHECK(targets[i].name == target_names()[i]);
+    CHECK_FALSE(targets[i].description.empty());
+    CHECK(describe_target(targets[i].name).settings == targets[i].settings);
+    CHECK(make_target(targets[i].name, {})->name() == targets[i].name);
+    CHECK_NOTHROW(validate_target(targets[i].name, ""));
+    for (const auto& key : targets[i].settings) CHECK(targets[i].takes(key));
+    CHECK_FALSE(targets[i].takes("no_such_key"));
+  }
+  CHECK(describe_target("tensorpool").settings == tensorpool::Config::keys());
+  CHECK(describe_target("raw").settings.empty());
+  CHECK(describe_target("pytorch").takes("max_split_size_mb"));
+  CHECK(describe_target("cub").takes("bin_growth"));
+  REQUIRE_THROWS_WITH(describe_target("nope"), Catch::Matchers::Contains("unknown allocator 'nope'") &&
+                                                   Catch::Matchers::Contains("pytorch-expandable"));
+  // validate_target reads the conf as the target would, naming the origin.
+  CHECK_NOTHROW(validate_target("tensorpool-vmm", "vmm_max_chunk:64MiB"));
+  REQUIRE_THROWS_WITH(validate_target("tensorpool", "max_split_size:huge"),
+                      Catch::Matchers::StartsWith("tensorpool conf: bad value 'huge' for key 'max_split_size'"));
+  REQUIRE_THROWS_WITH(validate_target("pytorch", "max_split_size:20MiB", "--conf for pytorch"),
+                      Catch::Matchers::StartsWith("--conf for pytorch: max_split_size must be above 20 MiB"));
+  REQUIRE_THROWS_WITH(validate_target("cub", "bin_growth:1"), Catch::Matchers::Contains("cub conf: bin_growth"));
+  REQUIRE_THROWS_WITH(validate_target("raw", "x:1"), Catch::Matchers::Contains("raw conf: unknown key 'x'"));
+  REQUIRE_THROWS_AS(validate_target("pytorch", "expandable_segments:true"), tensorpool::ConfigError);
+  REQUIRE_THROWS_AS(validate_target("pytorch-expandable", "expandable_segments:false"), tensorpool::ConfigError);
+}
+
+TEST_CASE("share_conf gives one settings list to the targets that take all of its keys", "[replay][registry]") {
+  const std::vector<std::string> all = target_names();
+  const auto confs = share_conf(all, "max_split_size:64MiB", "--conf");
+  REQUIRE(confs.size() == all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    INFO(all[i]);
+    CHECK(confs[i] == (describe_target(all[i]).takes("max_split_size") ? "max_split_size:64MiB" : ""));
+  }
+  CHECK(share_conf({"tensorpool", "pytorch"}, "mode:vmm") == std::vector<std::string>{"mode:vmm", ""});
+  CHECK(share_conf({"cub", "raw"}, "") == std::vector<std::string>{"", ""});
+  REQUIRE_THROWS_WITH(share_conf({"raw", "cub"}, "mode:vmm", "--conf"),
+                      Catch::Matchers::StartsWith("--conf: unknown key 'mode' for raw, cub") &&
+                          Catch::Matchers::Contains("cub: bin_growth"));
+  // Each key taken by someone, but no target takes both: refused, not silently dropped.
+  REQUIRE_THROWS_WITH(share_conf({"tensorpool", "cub"}, "mode:vmm,bin_growth:4"),
+                      Catch::Matchers::Contains("no allocator of tensorpool, cub takes every key"));
+  // A value refused by a target that takes the key names it.
+  REQUIRE_THROWS_WITH(share_conf({"tensorpool", "pytorch"}, "max_split_size:20MiB", "--conf"),
+                      Catch::Matchers::StartsWith("--conf for pytorch: max_split_size must be above 20 MiB"));
+  REQUIRE_THROWS_AS(share_conf({"nope"}, ""), tensorpool::UsageError);
+  REQUIRE_THROWS_WITH(share_conf({"tensorpool"}, "mode", "--conf"), Catch::Matchers::Contains("--conf: item 'mode'"));
+}
+
+TEST_CASE("trace::summarize's requested peak is the replay engine's", "[replay][summary]") {
+  GeneratorOptions g;
+  g.layers = 3;
+  g.hidden = 512;
+  g.vocab = 4000;
+  g.iterations = 3;
+  trace::Trace t = generate_llm_trace(g);
+  for (auto e : std::vector<TraceEvent>(t.events.begin(), t.events.begin() + 40)) {
+    e.device = 1;  // a second device, with a different peak
+    t.events.push_back(e);
+  }
+  TraceSource source(t);
+  CHECK(tensorpool::trace::summarize(t).peak_requested == baseline(source).total.result.peak_requested);
+  CHECK(tensorpool::trace::summarize(t).peak_requested == run(t, "raw").total.peak_requested);
 }
 
 TEST_CASE("a steady training loop stops growing after its warm-up iterations", "[replay]") {

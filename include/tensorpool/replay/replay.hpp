@@ -1,8 +1,8 @@
 // tensorpool/replay/replay.hpp: drives an allocator under test through a trace and measures it.
 //
-// The engine streams events (from memory or a trace file), keeps one target per device, maps
-// the trace's addresses to live pointers, honours streams (record_stream, stream syncs), and
-// measures over the window:
+// The engine reads events from an EventSource (an in-memory trace, or any source that can
+// rewind), keeps one target per device, maps the trace's addresses to live pointers, honours
+// streams (record_stream, stream syncs), and measures over the window:
 //   peak requested     max over time of the bytes the trace's live blocks asked for;
 //   peak allocated     max of the target's live bytes after its rounding;
 //   peak reserved      max of the bytes the target held from its device;
@@ -18,16 +18,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/trace/event.hpp"
-
-namespace tensorpool::trace {
-class TraceReader;
-}
 
 namespace tensorpool::replay {
 
@@ -35,7 +30,7 @@ namespace tensorpool::replay {
 class EventSource {
  public:
   virtual ~EventSource() = default;
-  virtual bool next(trace::Event& out) = 0;
+  virtual bool next(trace::TraceEvent& out) = 0;
   virtual void rewind() = 0;
 };
 
@@ -43,7 +38,7 @@ class EventSource {
 class TraceSource final : public EventSource {
  public:
   explicit TraceSource(const trace::Trace& trace) : trace_(trace) {}
-  bool next(trace::Event& out) override {
+  bool next(trace::TraceEvent& out) override {
     if (index_ >= trace_.events.size()) return false;
     out = trace_.events[index_++];
     return true;
@@ -53,19 +48,6 @@ class TraceSource final : public EventSource {
  private:
   const trace::Trace& trace_;
   std::size_t index_ = 0;
-};
-
-/// Events streamed from a trace file (native binary or JSON lines); memory independent of length.
-class FileSource final : public EventSource {
- public:
-  explicit FileSource(std::string path);
-  ~FileSource() override;
-  bool next(trace::Event& out) override;
-  void rewind() override;
-
- private:
-  std::string path_;
-  std::unique_ptr<trace::TraceReader> reader_;
 };
 
 struct ReplayOptions {

@@ -79,7 +79,7 @@ class TraceReader {
   /// Reads the next event into `out`; false at the clean end of the trace (and on every later
   /// call). `out.label` is always a defined label id. Throws TraceFormatError on a malformed file
   /// (Error on a read error); after an exception every later call throws the same exception.
-  bool next(Event& out);
+  bool next(TraceEvent& out);
 
   Format format() const noexcept { return format_; }
   const std::string& path() const noexcept { return path_; }
@@ -102,7 +102,7 @@ class TraceReader {
 
   /// The format's next(): the next event, or false at the end (checked). Called until it returns
   /// false or throws, never after.
-  virtual bool read_next(Event& out) = 0;
+  virtual bool read_next(TraceEvent& out) = 0;
 
   std::unique_ptr<detail::FileSource> source_;  // never null
   std::string path_;
@@ -136,9 +136,9 @@ class TraceWriter {
 
   /// Appends `event`, whose `label` must be 0 or an id returned by intern(). Throws Error for an
   /// undefined label id or an op outside Op; the writer is then unusable (finish() throws).
-  void write(const Event& event);
+  void write(const TraceEvent& event);
   /// Appends `event` with its label given as text (interned; "" = no label).
-  void write(Event event, std::string_view label_text);
+  void write(TraceEvent event, std::string_view label_text);
 
   /// Writes the end of the trace, flushes and syncs the file and renames it to path(). Throws
   /// Error on failure, after removing the temporary file.
@@ -155,7 +155,7 @@ class TraceWriter {
   /// Format hooks, each appending to sink_: a new label, a (validated) event, the end of the
   /// trace. A hook that throws leaves the writer failed.
   virtual void on_label(std::uint32_t id, std::string_view text) = 0;
-  virtual void on_event(const Event& event) = 0;
+  virtual void on_event(const TraceEvent& event) = 0;
   virtual void on_finish() = 0;
 
   /// Owns the temporary file: its destructor removes it unless committed. Never null.

@@ -91,7 +91,8 @@ struct DeviceMemory {
 std::string snapshot_pickle(const std::vector<DeviceMemory>& devices,
                             const std::vector<std::pair<std::string, std::string>>& settings = {});
 
-/// Config::to_string() text ("key:value,...") as settings pairs.
+/// Config::to_string() text ("key:value,...") as settings pairs; throws ConfigError for a
+/// malformed list (tensorpool/key_values.hpp).
 std::vector<std::pair<std::string, std::string>> settings_from_conf(std::string_view conf);
 
 /// Throws Error naming `path` when it cannot be written: its directory is missing or not

@@ -28,6 +28,7 @@
 //  - Labels: "name (filename:line)" of one frame of the event's stack (see FrameChoice).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -43,6 +44,9 @@ namespace tensorpool::trace::pytorch {
 /// Errors of a pickle that parses but is not a snapshot name the path of the offending value:
 /// "FILE: segments[3].blocks[0].size: expected int, got str".
 using SnapshotError = pickle::ParseError;
+
+/// The most devices a snapshot may name (TraceEvent::device is 16-bit).
+inline constexpr std::size_t kMaxDevices = 65536;
 
 /// The "action" of a device trace event.
 enum class Action : std::uint8_t {

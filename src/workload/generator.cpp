@@ -1,16 +1,18 @@
 // generator.cpp: the synthetic LLM trace (see generator.hpp for the pattern it follows).
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 
-namespace tensorpool::replay {
+namespace tensorpool::workload {
 
-using trace::Event;
+using trace::TraceEvent;
 using trace::Op;
 
 namespace {
@@ -38,7 +40,7 @@ class Builder {
 
  private:
   void push(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream, const char* label) {
-    Event e;
+    TraceEvent e;
     e.op = op;
     e.addr = addr;
     e.size = size;
@@ -218,56 +220,36 @@ class LlmTrace {
   std::vector<std::uint64_t> adam_;
 };
 
-bool parse_uint(const std::string& v, std::uint64_t& out) {
-  if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 18) return false;
-  out = std::stoull(v);
-  return true;
-}
-
 }  // namespace
 
-void GeneratorOptions::apply(const std::string& text) {
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t end = text.find(',', pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(pos, end - pos);
-    pos = end + 1;
-    if (item.empty()) continue;
-    const auto colon = item.find(':');
-    if (colon == std::string::npos)
-      throw ConfigError("generator option '" + item + "' is not of the form key:value");
-    const std::string key = item.substr(0, colon);
-    const std::string value = item.substr(colon + 1);
-    std::uint64_t n = 0;
-    const bool is_bool = value == "true" || value == "false";
-    auto need_uint = [&](std::uint64_t min) {
-      if (!parse_uint(value, n) || n < min)
-        throw ConfigError("generator option '" + key + "': bad value '" + value +
-                          "', expected an integer >= " + std::to_string(min));
-      return n;
+const std::vector<std::string>& GeneratorOptions::keys() {
+  static const std::vector<std::string> k = {
+      "layers", "hidden",     "heads",      "ffn_multiple", "vocab",           "batch", "seq_len",
+      "varlen", "training",   "iterations", "comm_stream",  "eager_optimizer", "seed"};
+  return k;
+}
+
+void GeneratorOptions::apply(std::string_view text, std::string_view origin) {
+  constexpr std::uint64_t kMaxInt = std::numeric_limits<int>::max();
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  for (const KeyValue& e : parse_key_values(text, origin)) {
+    const auto number = [&](std::uint64_t min, std::uint64_t max) {
+      return whole_number(origin, e, min, max);
     };
-    auto need_bool = [&] {
-      if (!is_bool) throw ConfigError("generator option '" + key + "': bad value '" + value + "', expected true or false");
-      return value == "true";
-    };
-    if (key == "layers") layers = static_cast<int>(need_uint(1));
-    else if (key == "hidden") hidden = need_uint(64);
-    else if (key == "heads") heads = static_cast<int>(need_uint(1));
-    else if (key == "ffn_multiple") ffn_multiple = need_uint(1);
-    else if (key == "vocab") vocab = need_uint(1);
-    else if (key == "batch") batch = need_uint(1);
-    else if (key == "seq_len") seq_len = need_uint(64);
-    else if (key == "iterations") iterations = static_cast<int>(need_uint(1));
-    else if (key == "seed") seed = need_uint(0);
-    else if (key == "varlen") varlen = need_bool();
-    else if (key == "training") training = need_bool();
-    else if (key == "comm_stream") comm_stream = need_bool();
-    else if (key == "eager_optimizer") eager_optimizer = need_bool();
-    else
-      throw ConfigError("unknown generator option '" + key +
-                        "'; known: layers, hidden, heads, ffn_multiple, vocab, batch, seq_len, varlen, "
-                        "training, iterations, comm_stream, eager_optimizer, seed");
+    if (e.key == "layers") layers = static_cast<int>(number(1, kMaxInt));
+    else if (e.key == "hidden") hidden = number(64, kMax);
+    else if (e.key == "heads") heads = static_cast<int>(number(1, kMaxInt));
+    else if (e.key == "ffn_multiple") ffn_multiple = number(1, kMax);
+    else if (e.key == "vocab") vocab = number(1, kMax);
+    else if (e.key == "batch") batch = number(1, kMax);
+    else if (e.key == "seq_len") seq_len = number(64, kMax);
+    else if (e.key == "iterations") iterations = static_cast<int>(number(1, kMaxInt));
+    else if (e.key == "seed") seed = number(0, kMax);
+    else if (e.key == "varlen") varlen = bool_value(origin, e);
+    else if (e.key == "training") training = bool_value(origin, e);
+    else if (e.key == "comm_stream") comm_stream = bool_value(origin, e);
+    else if (e.key == "eager_optimizer") eager_optimizer = bool_value(origin, e);
+    else throw_unknown_key(origin, e, keys());
   }
 }
 
@@ -290,4 +272,4 @@ trace::Trace generate_llm_trace(const GeneratorOptions& options) {
   return t;
 }
 
-}  // namespace tensorpool::replay
+}  // namespace tensorpool::workload

@@ -52,10 +52,10 @@
 #include <string>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
-#include "replay/pytorch_common.hpp"
-#include "replay/pytorch_rules.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
+#include "replay/models/pytorch_common.hpp"
+#include "replay/models/pytorch_rules.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/simulated_device.hpp"
 
@@ -81,8 +81,8 @@ class PyTorchModel final : public pytorch_common::CachingModel {
   explicit PyTorchModel(const TargetOptions& options)
       : CachingModel(options, kName, false, device_options(options)) {}
 
-  void seed_segment(const trace::Event& seed) override;
-  void* seed_alloc(const trace::Event& seed) override;
+  void seed_segment(const trace::TraceEvent& seed) override;
+  void* seed_alloc(const trace::TraceEvent& seed) override;
   bool record_history() override {
     start_history();
     return true;
@@ -100,7 +100,7 @@ class PyTorchModel final : public pytorch_common::CachingModel {
 
   Block* grow(Pool pool, Stream stream, std::size_t size) override;
   Block* new_segment(Pool pool, Stream stream, std::size_t segment);
-  Block* seeded_free_block(const trace::Event& seed);
+  Block* seeded_free_block(const trace::TraceEvent& seed);
   void give_gap_to_prev(Block* gap);
   bool release_oversize(Pool pool, Stream stream, std::size_t size);
   void release_cached() override;
@@ -199,7 +199,7 @@ void PyTorchModel::release_segment(Block* b) {
 
 // --- seeding ------------------------------------------------------------------------------
 
-void PyTorchModel::seed_segment(const trace::Event& seed) {
+void PyTorchModel::seed_segment(const trace::TraceEvent& seed) {
   const Pool pool = pytorch_common::seed_pool(seed);
   // PyTorch's segments are multiples of 2 MiB; an expandable-segment range need not be.
   const std::size_t size = round_up(std::max<std::size_t>(seed.size, 1), kRoundLarge);
@@ -214,7 +214,7 @@ void PyTorchModel::seed_segment(const trace::Event& seed) {
 
 // Places a block live at window start where it was in the recording: at its offset in its seeded
 // segment. Falls back to allocate() when it lies in no seeded segment or its place is not free.
-void* PyTorchModel::seed_alloc(const trace::Event& seed) {
+void* PyTorchModel::seed_alloc(const trace::TraceEvent& seed) {
   Block* f = seeded_free_block(seed);
   if (f == nullptr) return allocate(seed.size, seed.stream);
   // f is out of its free set and starts at the recorded place; what precedes it is a gap.
@@ -229,7 +229,7 @@ void* PyTorchModel::seed_alloc(const trace::Event& seed) {
 
 // The free block at the recorded address of `seed`, split there and taken out of its free set;
 // nullptr when the address is in no seeded segment or [addr, addr + size) is not free there.
-Block* PyTorchModel::seeded_free_block(const trace::Event& seed) {
+Block* PyTorchModel::seeded_free_block(const trace::TraceEvent& seed) {
   const auto place = seeded_place(seed.addr);
   const std::size_t size = round_size(seed.size);
   if (!place || size > place->length - place->offset) return nullptr;
@@ -260,6 +260,17 @@ void PyTorchModel::give_gap_to_prev(Block* gap) {
 
 std::unique_ptr<ReplayTarget> make_pytorch_target(const TargetOptions& options) {
   return std::make_unique<PyTorchModel>(options);
+}
+
+TargetEntry pytorch_entry() {
+  return {{kName,
+           "a model of PyTorch's native CUDA caching allocator, started from PyTorch's own "
+           "segments at the window start",
+           pytorch_rules::settings_keys(), /*exports=*/true},
+          [](std::string_view conf, std::string_view origin) {
+            pytorch_rules::parse_settings(conf, origin, false);
+          },
+          make_pytorch_target};
 }
 
 }  // namespace tensorpool::replay

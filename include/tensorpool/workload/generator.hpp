@@ -1,4 +1,4 @@
-// tensorpool/replay/generator.hpp: synthetic LLM-style allocation traces.
+// tensorpool/workload/generator.hpp: synthetic LLM-style allocation traces.
 //
 // The allocation pattern of a decoder-only transformer as PyTorch produces it: bf16 weights at
 // start, then per iteration a forward pass that keeps activations for backward (with flash
@@ -15,10 +15,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "tensorpool/trace/event.hpp"
 
-namespace tensorpool::replay {
+namespace tensorpool::workload {
 
 struct GeneratorOptions {
   int layers = 16;
@@ -36,11 +38,14 @@ struct GeneratorOptions {
                                   // style) instead of at the first step (PyTorch's default)
   std::uint64_t seed = 1;
 
-  /// "key:value,..." with the field names above; throws ConfigError naming a bad key or value.
-  void apply(const std::string& text);
+  /// "key:value,..." with the field names above (tensorpool/key_values.hpp); throws ConfigError
+  /// naming `origin`, the key, the value and what was expected.
+  void apply(std::string_view text, std::string_view origin = "generator options");
   std::string to_string() const;
+  /// The keys apply() accepts, in to_string()'s order.
+  static const std::vector<std::string>& keys();
 };
 
 trace::Trace generate_llm_trace(const GeneratorOptions& options);
 
-}  // namespace tensorpool::replay
+}  // namespace tensorpool::workload

@@ -4,9 +4,10 @@
 // Rounding follows what the CUDA driver does with cudaMalloc: requests of 2 MiB and more take
 // whole 2 MiB pages; smaller ones are packed into shared pages, modelled as 512-byte rounding.
 // The simulated device therefore has a 512-byte granularity.
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/size_classes.hpp"
 
 namespace tensorpool::replay {
@@ -18,13 +19,18 @@ std::size_t raw_rounding(std::size_t bytes) {
   return bytes >= page ? (bytes + page - 1) / page * page : round_size(bytes);
 }
 
+// raw takes no settings: any key is unknown.
+void check_settings(std::string_view conf, std::string_view origin) {
+  for (const KeyValue& item : parse_key_values(conf, origin)) throw_unknown_key(origin, item, {});
+}
+
 class RawTarget final : public ReplayTarget {
  public:
   explicit RawTarget(const TargetOptions& o)
       : device_(SimulatedDeviceOptions{.name = "raw" + std::to_string(o.device), .ordinal = o.device,
                                        .capacity = o.capacity, .segment_granularity = 512,
                                        .event_mode = EventMode::immediate}) {
-    if (!o.conf.empty()) throw ConfigError("allocator 'raw' takes no --conf settings (got '" + o.conf + "')");
+    check_settings(o.conf, "raw conf");
   }
 
   std::string name() const override { return "raw"; }
@@ -61,6 +67,11 @@ class RawTarget final : public ReplayTarget {
 
 std::unique_ptr<ReplayTarget> make_raw_target(const TargetOptions& options) {
   return std::make_unique<RawTarget>(options);
+}
+
+TargetEntry raw_entry() {
+  return {{"raw", "no caching: every allocation and free goes to the device", {}},
+          check_settings, make_raw_target};
 }
 
 }  // namespace tensorpool::replay

@@ -5,10 +5,10 @@
 #include <set>
 
 #include "tensorpool/errors.hpp"
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 using namespace tensorpool;
-using namespace tensorpool::replay;
+using namespace tensorpool::workload;
 using trace::Op;
 
 namespace {
@@ -74,7 +74,12 @@ TEST_CASE("generator options parse and reject bad input", "[generator]") {
   GeneratorOptions again;
   again.apply(g.to_string());
   REQUIRE(again.to_string() == g.to_string());
-  REQUIRE_THROWS_WITH(g.apply("layerz:2"), Catch::Matchers::Contains("unknown generator option 'layerz'"));
-  REQUIRE_THROWS_WITH(g.apply("layers:-2"), Catch::Matchers::Contains("expected an integer"));
-  REQUIRE_THROWS_WITH(g.apply("varlen:maybe"), Catch::Matchers::Contains("true or false"));
+  using Catch::Matchers::Contains;
+  REQUIRE_THROWS_WITH(g.apply("layerz:2"), Contains("generator options: unknown key 'layerz'") &&
+                                               Contains("known keys: layers, hidden"));
+  REQUIRE_THROWS_WITH(g.apply("layers:-2", "--options"),
+                      Contains("--options: bad value '-2' for key 'layers': expected a whole number"));
+  REQUIRE_THROWS_WITH(g.apply("hidden:32"), Contains("'hidden'") && Contains("at least 64"));
+  REQUIRE_THROWS_WITH(g.apply("varlen:maybe"), Contains("'varlen'") && Contains("true or false"));
+  REQUIRE_THROWS_WITH(g.apply("layers:2,seed"), Contains("item 'seed' at character 10"));
 }

@@ -32,9 +32,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/simulated_device.hpp"
 
 namespace tensorpool::replay {
@@ -65,24 +66,30 @@ std::size_t power_of(std::size_t base, unsigned power) noexcept {
   return v;
 }
 
-Settings parse_settings(const std::string& conf) {
+const std::vector<std::string>& settings_keys() {
+  static const std::vector<std::string> keys = {"bin_growth", "min_bin", "max_bin",
+                                                "max_cached_bytes"};
+  return keys;
+}
+
+Settings parse_settings(std::string_view conf, std::string_view origin) {
   Settings s;
-  for (const model::ConfEntry& e : model::parse_conf(conf, kName)) {
+  for (const KeyValue& e : parse_key_values(conf, origin)) {
     if (e.key == "bin_growth")
-      s.bin_growth = static_cast<unsigned>(model::conf_uint(kName, e, 1U << 20));
+      s.bin_growth = static_cast<unsigned>(whole_number(origin, e, 0, 1U << 20));
     else if (e.key == "min_bin")
-      s.min_bin = static_cast<unsigned>(model::conf_uint(kName, e, 64));
+      s.min_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
     else if (e.key == "max_bin")
-      s.max_bin = static_cast<unsigned>(model::conf_uint(kName, e, 64));
+      s.max_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
     else if (e.key == "max_cached_bytes")
-      s.max_cached_bytes = model::conf_size(kName, e, true);
+      s.max_cached_bytes = size_or_none(origin, e).value_or(kUnlimited);
     else
-      model::unknown_conf_key(kName, e, "bin_growth, min_bin, max_bin, max_cached_bytes");
+      throw_unknown_key(origin, e, settings_keys());
   }
-  if (s.bin_growth < 2) throw ConfigError("cub conf: bin_growth must be at least 2");
-  if (s.min_bin > s.max_bin) throw ConfigError("cub conf: min_bin must not exceed max_bin");
-  if (power_of(s.bin_growth, s.max_bin) == kUnlimited)
-    throw ConfigError("cub conf: bin_growth^max_bin does not fit in 64 bits");
+  const auto fail = [&](const char* what) { throw ConfigError(std::string(origin) + ": " + what); };
+  if (s.bin_growth < 2) fail("bin_growth must be at least 2");
+  if (s.min_bin > s.max_bin) fail("min_bin must not exceed max_bin");
+  if (power_of(s.bin_growth, s.max_bin) == kUnlimited) fail("bin_growth^max_bin does not fit in 64 bits");
   return s;
 }
 
@@ -98,7 +105,7 @@ struct Block {
 class CubModel final : public ReplayTarget {
  public:
   explicit CubModel(const TargetOptions& options)
-      : settings_(parse_settings(options.conf)),
+      : settings_(parse_settings(options.conf, std::string(kName) + " conf")),
         device_(device_options(options)),
         cache_(settings_.max_bin - settings_.min_bin + 1) {}
 
@@ -250,6 +257,12 @@ void CubModel::free_all_cached() {
 
 std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options) {
   return std::make_unique<CubModel>(options);
+}
+
+TargetEntry cub_entry() {
+  return {{kName, "a model of CUB's CachingDeviceAllocator", settings_keys()},
+          [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
+          make_cub_target};
 }
 
 }  // namespace tensorpool::replay

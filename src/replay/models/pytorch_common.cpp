@@ -1,7 +1,7 @@
 // pytorch_common.cpp: the machinery shared by the two models of PyTorch's CUDA caching allocator
 // (see pytorch_common.hpp).
 
-#include "replay/pytorch_common.hpp"
+#include "replay/models/pytorch_common.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +20,7 @@ SimulatedDeviceOptions device_options(const TargetOptions& o, const char* device
   return d;
 }
 
-Pool seed_pool(const trace::Event& seed) noexcept {
+Pool seed_pool(const trace::TraceEvent& seed) noexcept {
   return (seed.flags & trace::kFlagSmallPool) != 0 ? Pool::small : Pool::large;
 }
 
@@ -29,7 +29,7 @@ CachingModel::CachingModel(const TargetOptions& options, const char* name, bool 
     : name_(name),
       conf_(options.conf),
       history_entries_(options.history_entries),
-      settings_(pytorch_rules::parse_settings(options.conf, name, expandable)),
+      settings_(pytorch_rules::parse_settings(options.conf, std::string(name) + " conf", expandable)),
       device_(device) {}
 
 UpstreamCounts CachingModel::upstream() const {

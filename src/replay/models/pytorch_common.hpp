@@ -24,8 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/pytorch_rules.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/pytorch_rules.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/simulated_device.hpp"
 
@@ -73,7 +73,7 @@ struct BySize {
 SimulatedDeviceOptions device_options(const TargetOptions& o, const char* device_name);
 
 /// The pool a seed's flags name.
-Pool seed_pool(const trace::Event& seed) noexcept;
+Pool seed_pool(const trace::TraceEvent& seed) noexcept;
 
 class CachingModel : public ReplayTarget {
  public:

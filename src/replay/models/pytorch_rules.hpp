@@ -8,9 +8,12 @@
 #include <bit>
 #include <cstddef>
 #include <string>
+#include <string_view>
+#include <vector>
 
-#include "replay/model_support.hpp"
+#include "replay/models/model_support.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/types.hpp"
 
 namespace tensorpool::replay::pytorch_rules {
@@ -28,35 +31,39 @@ struct Settings {
   std::size_t divisions = 0;                       // roundup_power2_divisions; 0 or 1: off
 };
 
-/// Parses the conf of the model `name`. `expandable` is the mode that model implements: an
-/// expandable_segments key, when present, must agree with it (the other mode is the other model).
-inline Settings parse_settings(const std::string& conf, const char* name, bool expandable) {
+/// The settings keys both models accept (PyTorch's PYTORCH_CUDA_ALLOC_CONF names).
+inline const std::vector<std::string>& settings_keys() {
+  static const std::vector<std::string> keys = {"max_split_size", "max_split_size_mb",
+                                                "roundup_power2_divisions", "expandable_segments"};
+  return keys;
+}
+
+/// Parses the conf of a model (errors name `origin`). `expandable` is the mode that model
+/// implements: an expandable_segments key, when present, must agree with it (the other mode is the
+/// other model).
+inline Settings parse_settings(std::string_view conf, std::string_view origin, bool expandable) {
   Settings s;
-  for (const model::ConfEntry& e : model::parse_conf(conf, name)) {
+  for (const KeyValue& e : parse_key_values(conf, origin)) {
     if (e.key == "max_split_size") {
-      s.max_split_size = model::conf_size(name, e, true);
+      s.max_split_size = size_or_none(origin, e).value_or(model::kUnlimited);
     } else if (e.key == "max_split_size_mb") {
-      s.max_split_size = static_cast<std::size_t>(model::conf_uint(name, e, 1ULL << 40)) * MiB;
+      s.max_split_size = static_cast<std::size_t>(whole_number(origin, e, 0, 1ULL << 40)) * MiB;
     } else if (e.key == "roundup_power2_divisions") {
-      s.divisions = static_cast<std::size_t>(model::conf_uint(name, e, 1ULL << 20));
+      s.divisions = static_cast<std::size_t>(whole_number(origin, e, 0, 1ULL << 20));
       if (s.divisions > 1 && !std::has_single_bit(s.divisions))
-        model::bad_conf_value(name, e, "a power of two");
+        throw_bad_value(origin, e, "a power of two");
     } else if (e.key == "expandable_segments") {
-      const bool on = e.value == "true" || e.value == "True" || e.value == "1";
-      const bool off = e.value == "false" || e.value == "False" || e.value == "0";
-      if (expandable && !on)
-        model::bad_conf_value(name, e, "true (for native segments use the pytorch model)");
-      if (!expandable && !off)
-        model::bad_conf_value(name, e, "false (for expandable segments use pytorch-expandable)");
+      if (bool_value(origin, e) != expandable)
+        throw_bad_value(origin, e, expandable
+                                       ? "true (for native segments use the pytorch model)"
+                                       : "false (for expandable segments use pytorch-expandable)");
     } else {
-      model::unknown_conf_key(name, e,
-                              "max_split_size, max_split_size_mb, roundup_power2_divisions, "
-                              "expandable_segments");
+      throw_unknown_key(origin, e, settings_keys());
     }
   }
   // PyTorch refuses max_split_size_mb <= 20: a 20 MiB segment must stay splittable.
   if (s.max_split_size != model::kUnlimited && s.max_split_size <= kLargeBuffer)
-    throw ConfigError(std::string(name) + " conf: max_split_size must be above 20 MiB, got " +
+    throw ConfigError(std::string(origin) + ": max_split_size must be above 20 MiB, got " +
                       std::to_string(s.max_split_size));
   return s;
 }

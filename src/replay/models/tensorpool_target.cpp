@@ -1,26 +1,35 @@
 // tensorpool_target.cpp: the real tensorpool Allocator as a replay target ("tensorpool", and
-// "tensorpool-vmm", the same with mode:vmm preset; --conf settings apply on top).
+// "tensorpool-vmm", the same with mode:vmm preset; the target's conf, Config keys, applies on
+// top).
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
 // trace stream ids are mapped to simulated streams on first use. Exports snapshots: a history
 // recorder attached on record_history(), streams mapped back to the trace's ids.
 #include <unordered_map>
 
-#include "replay/models.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/allocator.hpp"
 
 namespace tensorpool::replay {
 
 namespace {
 
+// The preset of the target's name, then `conf` on top (errors name `origin`).
+Config target_config(Mode preset, std::string_view conf, std::string_view origin) {
+  Config c;
+  c.mode = preset;
+  c.apply(conf, origin);
+  return c;
+}
+
 class TensorpoolTarget final : public ReplayTarget {
  public:
-  TensorpoolTarget(const TargetOptions& o, std::string name, const std::string& preset)
+  TensorpoolTarget(const TargetOptions& o, std::string name, Mode preset)
       : name_(std::move(name)),
         device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
             .name = "sim" + std::to_string(o.device), .ordinal = o.device, .capacity = o.capacity,
             .event_mode = EventMode::immediate})),
-        alloc_(device_, Config::parse(preset + o.conf, "--conf")),
+        alloc_(device_, target_config(preset, o.conf, name_ + " conf")),
         history_entries_(o.history_entries) {}
 
   std::string name() const override { return name_; }
@@ -78,11 +87,30 @@ class TensorpoolTarget final : public ReplayTarget {
 }  // namespace
 
 std::unique_ptr<ReplayTarget> make_tensorpool_target(const TargetOptions& options) {
-  return std::make_unique<TensorpoolTarget>(options, "tensorpool", "");
+  return std::make_unique<TensorpoolTarget>(options, "tensorpool", Mode::fixed);
 }
 
 std::unique_ptr<ReplayTarget> make_tensorpool_vmm_target(const TargetOptions& options) {
-  return std::make_unique<TensorpoolTarget>(options, "tensorpool-vmm", "mode:vmm,");
+  return std::make_unique<TensorpoolTarget>(options, "tensorpool-vmm", Mode::vmm);
+}
+
+TargetEntry tensorpool_entry() {
+  return {{"tensorpool",
+           "tensorpool's allocator with fixed segments (settings: include/tensorpool/config.hpp)",
+           Config::keys(), /*exports=*/true},
+          [](std::string_view conf, std::string_view origin) {
+            target_config(Mode::fixed, conf, origin);
+          },
+          make_tensorpool_target};
+}
+
+TargetEntry tensorpool_vmm_entry() {
+  return {{"tensorpool-vmm", "tensorpool's allocator in virtual-memory mode (mode:vmm preset)",
+           Config::keys(), /*exports=*/true},
+          [](std::string_view conf, std::string_view origin) {
+            target_config(Mode::vmm, conf, origin);
+          },
+          make_tensorpool_vmm_target};
 }
 
 }  // namespace tensorpool::replay

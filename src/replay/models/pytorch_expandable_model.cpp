@@ -75,10 +75,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "replay/model_support.hpp"
-#include "replay/models.hpp"
-#include "replay/pytorch_common.hpp"
-#include "replay/pytorch_rules.hpp"
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
+#include "replay/models/pytorch_common.hpp"
+#include "replay/models/pytorch_rules.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/simulated_device.hpp"
 
@@ -134,8 +134,8 @@ class ExpandableModel final : public pytorch_common::CachingModel {
         address_space_(round_up(std::max(options.capacity + options.capacity / 8, kLargeBuffer),
                                 kLargeBuffer)) {}
 
-  void seed_segment(const trace::Event& seed) override;
-  void* seed_alloc(const trace::Event& seed) override;
+  void seed_segment(const trace::TraceEvent& seed) override;
+  void* seed_alloc(const trace::TraceEvent& seed) override;
 
   UpstreamCounts upstream() const override {
     UpstreamCounts u = CachingModel::upstream();  // syncs: with the pending events completed
@@ -168,12 +168,12 @@ class ExpandableModel final : public pytorch_common::CachingModel {
   void unmap_pages(Block* b);
   void join_unmapped(Block* u);
   void release_segment(Block* b);
-  void seed_mapped_range(const trace::Event& seed, Pool pool);
-  void seed_native_segment(const trace::Event& seed, Pool pool);
-  Segment* seed_segment_for(const trace::Event& seed, Pool pool);
+  void seed_mapped_range(const trace::TraceEvent& seed, Pool pool);
+  void seed_native_segment(const trace::TraceEvent& seed, Pool pool);
+  Segment* seed_segment_for(const trace::TraceEvent& seed, Pool pool);
   Block* carve_unmapped(Segment& segment, Address at, std::size_t size);
   Block* block_at(Address x);
-  Block* seeded_free_block(const trace::Event& seed);
+  Block* seeded_free_block(const trace::TraceEvent& seed);
 
   std::size_t address_space_;    // reserved per expandable segment
   std::uint64_t map_ops_ = 0;    // map operations of the window
@@ -361,7 +361,7 @@ void ExpandableModel::release_segment(Block* b) {
 
 // --- seeding ------------------------------------------------------------------------------
 
-void ExpandableModel::seed_segment(const trace::Event& seed) {
+void ExpandableModel::seed_segment(const trace::TraceEvent& seed) {
   const Pool pool = pytorch_common::seed_pool(seed);
   const UpstreamCounts before = upstream_of(device_);
   if ((seed.flags & trace::kFlagExpandable) != 0)
@@ -372,7 +372,7 @@ void ExpandableModel::seed_segment(const trace::Event& seed) {
 }
 
 // Maps the pages of a seeded range as one free block of its stream's segment in `pool`.
-void ExpandableModel::seed_mapped_range(const trace::Event& seed, Pool pool) {
+void ExpandableModel::seed_mapped_range(const trace::TraceEvent& seed, Pool pool) {
   const std::size_t page = page_size(pool);
   Segment* s = seed_segment_for(seed, pool);
   const std::size_t offset = seed.addr - s->trace_base;
@@ -393,7 +393,7 @@ void ExpandableModel::seed_mapped_range(const trace::Event& seed, Pool pool) {
 
 // The expandable segment of the seed's stream and pool whose address space holds the seed at its
 // distance from the segment's first seed; a new one, starting at this seed, if none does.
-Segment* ExpandableModel::seed_segment_for(const trace::Event& seed, Pool pool) {
+Segment* ExpandableModel::seed_segment_for(const trace::TraceEvent& seed, Pool pool) {
   for (const auto& [base, owned] : segments_) {
     Segment* s = owned.get();
     if (!s->seeded || s->stream != seed.stream || s->pool != pool || seed.addr < s->trace_base)
@@ -435,7 +435,7 @@ Block* ExpandableModel::block_at(Address x) {
 }
 
 // A cudaMalloc segment held at window start, adopted whole as one free block.
-void ExpandableModel::seed_native_segment(const trace::Event& seed, Pool pool) {
+void ExpandableModel::seed_native_segment(const trace::TraceEvent& seed, Pool pool) {
   const std::size_t size = round_up(std::max<std::size_t>(seed.size, 1), kRoundLarge);
   void* p = device_.allocate_segment(size, seed.stream);
   if (p == nullptr) throw_oom(seed.size, size, seed.stream);
@@ -454,7 +454,7 @@ void ExpandableModel::seed_native_segment(const trace::Event& seed, Pool pool) {
 
 // Places a block live at window start where it was in the recording: at its offset in its seeded
 // range. Falls back to allocate() when it lies in no seeded range or its place is not free.
-void* ExpandableModel::seed_alloc(const trace::Event& seed) {
+void* ExpandableModel::seed_alloc(const trace::TraceEvent& seed) {
   Block* f = seeded_free_block(seed);
   if (f == nullptr) return allocate(seed.size, seed.stream);
   Block* b = take(f, round_size(seed.size));
@@ -464,7 +464,7 @@ void* ExpandableModel::seed_alloc(const trace::Event& seed) {
 
 // The free block at the recorded address of `seed`, split there and out of its free set; nullptr
 // when the address is in no seeded range or [addr, addr + size) is not free there.
-Block* ExpandableModel::seeded_free_block(const trace::Event& seed) {
+Block* ExpandableModel::seeded_free_block(const trace::TraceEvent& seed) {
   const auto place = seeded_place(seed.addr);
   if (!place) return nullptr;
   const Address x = place->start + place->offset;
@@ -475,6 +475,14 @@ Block* ExpandableModel::seeded_free_block(const trace::Event& seed) {
 
 std::unique_ptr<ReplayTarget> make_pytorch_expandable_target(const TargetOptions& options) {
   return std::make_unique<ExpandableModel>(options);
+}
+
+TargetEntry pytorch_expandable_entry() {
+  return {{kName, "the pytorch model with expandable_segments:True", pytorch_rules::settings_keys()},
+          [](std::string_view conf, std::string_view origin) {
+            pytorch_rules::parse_settings(conf, origin, true);
+          },
+          make_pytorch_expandable_target};
 }
 
 }  // namespace tensorpool::replay
