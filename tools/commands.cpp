@@ -141,10 +141,10 @@ std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOption
   return reports;
 }
 
-json report_json(const replay::ReplayReport& r) {
+json report_json(const replay::ReplayReport& r, const trace::Trace& t) {
   json devices = json::array();
-  for (const auto& d : r.devices) devices.push_back(to_json(d));
-  json j = to_json(r.total);
+  for (const auto& d : r.devices) devices.push_back(to_json(d, &t));
+  json j = to_json(r.total, &t);
   j["devices"] = devices;
   return j;
 }
@@ -156,7 +156,7 @@ int cmd_replay(const RunOptions& o) {
   const auto reports = run_all(t, o);
   const auto& r = reports.front();
   if (o.json) {
-    std::cout << report_json(r).dump(2) << "\n";
+    std::cout << report_json(r, t).dump(2) << "\n";
     return 0;
   }
   std::vector<replay::ReplayResult> rows = {r.total};
@@ -164,7 +164,7 @@ int cmd_replay(const RunOptions& o) {
     rows = r.devices;
     rows.push_back(r.total);
   }
-  fmt::print("{}\n{}", o.trace, comparison_table(rows));
+  fmt::print("{}\n{}{}", o.trace, comparison_table(rows), oom_breakdown(rows, t));
   return 0;
 }
 
@@ -177,7 +177,7 @@ int cmd_compare(const RunOptions& o) {
     json j = {{"trace", o.trace}, {"capacity_bytes", o.capacity}, {"warmup", o.warmup}};
     j["recorded"] = recorded.total.present ? to_json(recorded.total.result) : json(nullptr);
     json rows = json::array();
-    for (const auto& r : reports) rows.push_back(report_json(r));
+    for (const auto& r : reports) rows.push_back(report_json(r, t));
     j["allocators"] = rows;
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -185,7 +185,8 @@ int cmd_compare(const RunOptions& o) {
   std::vector<replay::ReplayResult> rows;
   if (recorded.total.present) rows.push_back(recorded.total.result);
   for (const auto& r : reports) rows.push_back(r.total);
-  fmt::print("{} (capacity {})\n{}", o.trace, format_bytes(o.capacity), comparison_table(rows));
+  fmt::print("{} (capacity {})\n{}{}", o.trace, format_bytes(o.capacity), comparison_table(rows),
+             oom_breakdown(rows, t));
   return 0;
 }
 
@@ -213,7 +214,7 @@ int cmd_demo(bool as_json) {
   const auto reports = run_all(t, o);
   if (as_json) {
     json rows = json::array();
-    for (const auto& r : reports) rows.push_back(report_json(r));
+    for (const auto& r : reports) rows.push_back(report_json(r, t));
     std::cout << json{{"trace", g.to_string()}, {"events", t.events.size()}, {"allocators", rows}}.dump(2)
               << "\n";
     return 0;

@@ -85,6 +85,7 @@ class Allocator::Impl : private detail::AllocatorState {
   bool run_free_memory_callbacks(std::size_t size, Lock& lock);
   [[noreturn]] void throw_oom(Stream stream, std::size_t bytes, std::size_t size, Lock& lock);
   std::size_t largest_free_block() const noexcept;
+  std::vector<StreamCachedBytes> cached_per_stream() const;
 
   // --- stream events (stream_events.cpp) ---
   void add_use(Block* b, Stream stream);

@@ -95,6 +95,19 @@ std::size_t Allocator::Impl::largest_free_block() const noexcept {
   return largest;
 }
 
+// Free bytes in each stream's indexes (mapped free blocks only: unmapped address space is not
+// cached memory), in ascending stream order.
+std::vector<StreamCachedBytes> Allocator::Impl::cached_per_stream() const {
+  std::vector<StreamCachedBytes> out;
+  for (const auto& [stream, ss] : streams) {
+    std::size_t bytes = 0;
+    for (const auto& index : ss->index) bytes += index.bytes();
+    if (bytes != 0) out.push_back({stream, bytes});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.stream < b.stream; });
+  return out;
+}
+
 void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t size, Lock& lock) {
   OutOfMemoryInfo info;
   info.requested = bytes;
@@ -108,6 +121,7 @@ void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t si
   info.reserved_unallocated = info.reserved - info.allocated;
   info.largest_free_block = largest_free_block();
   info.memory_limit = limit;
+  info.cached_per_stream = cached_per_stream();
   counters.count(&Stats::ooms);
   if (hooks.observed()) hooks.notify(EventType::oom, 0, bytes, size, stream);
   const OutOfMemoryError error(info);

@@ -45,6 +45,7 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
     t.upstream += d.upstream;
     t.seeding += d.seeding;
     t.upstream_after_first_iteration += d.upstream_after_first_iteration;
+    if (d.first_oom && (!t.first_oom || d.first_oom->time_us < t.first_oom->time_us)) t.first_oom = d.first_oom;
   }
   finish(t);
   return t;
@@ -145,8 +146,9 @@ class DeviceReplay {
       void* p = seed ? target_->seed_alloc(e) : target_->allocate(e.size, e.stream);
       live_.emplace(e.addr, Live{p, e.size, e.stream});
       requested_ += e.size;
-    } catch (const OutOfMemoryError&) {
-      ++result_.ooms;
+    } catch (const OutOfMemoryError& oom) {
+      if (++result_.ooms == 1)
+        result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
       failed_.insert(e.addr);
     }
     measure();

@@ -23,6 +23,9 @@ for key in peak_requested_bytes peak_reserved_bytes utilization upstream_allocs 
 done
 check "compare --warmup" 0 '"warmup": 1' -- "$bin" compare "$work/g.tptrace" --warmup 1 --json
 check "bad --warmup" 2 "warmup" -- "$bin" replay "$work/g.tptrace" --warmup -3
+check "replay explains its first OOM" 0 "first OOM of tensorpool" -- "$bin" replay "$work/g.tptrace" --capacity 64MiB
+check "compare explains the first OOMs" 0 "cached free per stream" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 64MiB
+check "replay --json first_oom" 0 '"largest_free_block_bytes"' -- "$bin" replay "$work/g.tptrace" --capacity 64MiB --json
 check "compare subset" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 1GiB
 check "convert to jsonl" 0 "wrote" -- "$bin" convert "$work/g.tptrace" "$work/g.jsonl"
 check "jsonl replays the same" 0 "tensorpool" -- "$bin" replay "$work/g.jsonl"

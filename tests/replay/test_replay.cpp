@@ -94,6 +94,59 @@ TEST_CASE("replay counts OOMs against the capacity and skips their frees", "[rep
   }
 }
 
+TEST_CASE("the first OOM is explained by every target, in the trace's terms", "[replay][oom]") {
+  // Live blocks pin free memory in their segments on two streams (a small block on stream 5, a
+  // 4 MiB block in a 20 MiB segment on stream 0), then a request that fits neither the cache nor
+  // the device.
+  trace::Trace t;
+  t.labels.push_back("big_tensor");
+  t.events = {ev(Op::alloc, 1, 30 * MiB), ev(Op::alloc, 2, 1024, 5), ev(Op::alloc, 3, 4 * MiB),
+              ev(Op::alloc, 4, 90 * MiB), ev(Op::alloc, 5, 95 * MiB), ev(Op::free_requested, 3, 4 * MiB),
+              ev(Op::free_requested, 2, 1024), ev(Op::free_requested, 1, 30 * MiB)};
+  t.events[3].label = 1;
+  t.events[3].time_us = 1234;
+  for (const auto& name : target_names()) {
+    INFO(name);
+    const ReplayReport report = run(t, name, 100 * MiB);
+    const ReplayResult& r = report.total;
+    REQUIRE(r.ooms >= 1);
+    REQUIRE(r.first_oom.has_value());
+    const OomReport& o = *r.first_oom;
+    REQUIRE(o.event == 3);  // the 90 MiB request: the first one refused
+    REQUIRE(o.addr == 4);
+    REQUIRE(o.label == 1);
+    REQUIRE(o.time_us == 1234);
+    REQUIRE(o.info.requested == 90 * MiB);
+    REQUIRE(o.info.capacity == 100 * MiB);
+    REQUIRE(o.info.allocated >= 34 * MiB);
+    REQUIRE(o.info.reserved >= o.info.allocated);
+    REQUIRE(o.info.reserved + o.info.device_free <= 100 * MiB);
+    REQUIRE(o.info.reserved_unallocated == o.info.reserved - o.info.allocated);
+    std::size_t cached = 0;
+    tensorpool::Stream previous = 0;
+    for (const auto& c : o.info.cached_per_stream) {
+      REQUIRE(c.bytes > 0);
+      REQUIRE((cached == 0 || c.stream > previous));  // ascending, one entry per stream
+      REQUIRE((c.stream == 0 || c.stream == 5));      // the trace's stream ids
+      previous = c.stream;
+      cached += c.bytes;
+    }
+    REQUIRE(cached <= o.info.reserved_unallocated);
+    REQUIRE(o.info.largest_free_block <= cached);
+    REQUIRE(report.devices.size() == 1);
+    REQUIRE(report.devices[0].first_oom.has_value());
+  }
+  // The real allocator's cache at that moment is exactly its reserved-but-unallocated bytes (its
+  // ladder returned every free segment first), on the two streams whose segments pin them.
+  const ReplayResult tp = run(t, "tensorpool", 100 * MiB).total;
+  std::size_t cached = 0;
+  for (const auto& c : tp.first_oom->info.cached_per_stream) cached += c.bytes;
+  REQUIRE(cached == tp.first_oom->info.reserved_unallocated);
+  REQUIRE(tp.first_oom->info.cached_per_stream.size() == 2);
+  // No OOM, no report.
+  REQUIRE_FALSE(run(t, "tensorpool", 1 * GiB).total.first_oom.has_value());
+}
+
 TEST_CASE("seed events come before the window and are not counted as its upstream calls", "[replay]") {
   trace::Trace t;
   t.events = {ev(Op::seed_segment, 0x100000, 20 * MiB), ev(Op::seed_alloc, 0x100000, 5 * MiB),

@@ -18,9 +18,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tensorpool/errors.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/trace/event.hpp"
 
@@ -64,6 +66,19 @@ struct ReplayOptions {
   bool record_history = false;
 };
 
+/// The first allocation a target refused in the measured pass: where in the trace, and the
+/// target's own account of its memory at that moment (request, reserved, allocated, device free,
+/// largest free block, free cached bytes per stream, in the trace's stream ids).
+struct OomReport {
+  int device = 0;
+  std::uint64_t event = 0;   // 0-based index of the refused alloc among the device's events
+                             // of the measured pass
+  std::int64_t time_us = 0;  // the event's trace time
+  std::uint64_t addr = 0;    // the trace's address of the refused block
+  std::uint32_t label = 0;   // the trace's label of the allocation (index into Trace::labels)
+  OutOfMemoryInfo info;
+};
+
 struct ReplayResult {
   std::string allocator;
   int device = -1;  // -1: the sum over devices (peaks are per-device peaks added up)
@@ -90,6 +105,8 @@ struct ReplayResult {
   std::uint64_t iterations = 0;
   UpstreamCounts upstream_after_first_iteration;
   double host_ns_per_op = 0.0;
+  /// Set when ooms > 0. In a sum over devices: the earliest in trace time (ties: lowest device).
+  std::optional<OomReport> first_oom;
 };
 
 struct ReplayReport {

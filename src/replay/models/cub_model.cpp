@@ -249,7 +249,7 @@ void CubModel::free_all_cached() {
 [[noreturn]] void CubModel::throw_oom(std::size_t bytes, const Block& b, Stream stream) {
   OutOfMemoryInfo info = model::oom_info(device_, bytes, b.bytes, stream, reserved_, allocated_);
   for (const auto& list : cache_)
-    for (const Block& c : list) info.largest_free_block = std::max(info.largest_free_block, c.bytes);
+    for (const Block& c : list) model::add_cached(info, c.stream, c.bytes, c.bytes);
   throw OutOfMemoryError(info);
 }
 

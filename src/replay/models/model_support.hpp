@@ -4,6 +4,7 @@
 // the core's key:value reader (tensorpool/key_values.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -38,6 +39,17 @@ inline OutOfMemoryInfo oom_info(SimulatedDevice& device, std::size_t requested, 
   info.allocated = allocated;
   info.reserved_unallocated = reserved - allocated;
   return info;
+}
+
+/// Adds `bytes` of free cached memory on `stream` to info.cached_per_stream (kept in ascending
+/// stream order) and raises largest_free_block to `block` if larger.
+inline void add_cached(OutOfMemoryInfo& info, Stream stream, std::size_t bytes, std::size_t block) {
+  info.largest_free_block = std::max(info.largest_free_block, block);
+  auto& v = info.cached_per_stream;
+  auto it = std::lower_bound(v.begin(), v.end(), stream,
+                             [](const StreamCachedBytes& c, Stream s) { return c.stream < s; });
+  if (it == v.end() || it->stream != stream) it = v.insert(it, StreamCachedBytes{stream, 0});
+  it->bytes += bytes;
 }
 
 /// Counts host synchronizations per stream, so that work "recorded" on a stream at some moment

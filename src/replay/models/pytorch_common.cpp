@@ -115,7 +115,7 @@ Block* CachingModel::split_at(Block* b, std::size_t offset) {
 [[noreturn]] void CachingModel::throw_oom(std::size_t bytes, std::size_t size, Stream stream) {
   OutOfMemoryInfo info = model::oom_info(device_, bytes, size, stream, reserved_, allocated_);
   for (const auto& set : free_)
-    for (const Block* b : set) info.largest_free_block = std::max(info.largest_free_block, b->size);
+    for (const Block* b : set) model::add_cached(info, b->stream, b->size, b->size);
   note(EventType::oom, 0, bytes, size, stream);
   if (history_) history_->on_oom(info);
   throw OutOfMemoryError(info);

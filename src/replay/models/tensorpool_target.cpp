@@ -3,8 +3,9 @@
 // top).
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
-// trace stream ids are mapped to simulated streams on first use. Exports snapshots: a history
-// recorder attached on record_history(), streams mapped back to the trace's ids.
+// trace stream ids are mapped to simulated streams on first use, and back in OOM reports and
+// exported snapshots (the history recorder is attached on record_history()).
+#include <algorithm>
 #include <unordered_map>
 
 #include "replay/models/models.hpp"
@@ -33,7 +34,13 @@ class TensorpoolTarget final : public ReplayTarget {
         history_entries_(o.history_entries) {}
 
   std::string name() const override { return name_; }
-  void* allocate(std::size_t bytes, Stream stream) override { return alloc_.allocate(bytes, map(stream)); }
+  void* allocate(std::size_t bytes, Stream stream) override {
+    try {
+      return alloc_.allocate(bytes, map(stream));
+    } catch (const OutOfMemoryError& e) {
+      throw OutOfMemoryError(in_trace_streams(e.info()));
+    }
+  }
   void deallocate(void* ptr, std::size_t, Stream) override { alloc_.deallocate(ptr); }
   void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
   void stream_synchronized(Stream stream) override { device_->complete_stream(map(stream)); }
@@ -55,14 +62,8 @@ class TensorpoolTarget final : public ReplayTarget {
     trace::pytorch::DeviceMemory m;
     m.state = alloc_.snapshot();
     if (history_) m.history = history_->entries();
-    std::unordered_map<Stream, Stream> to_trace;
-    for (const auto& [trace_stream, sim] : streams_) to_trace.emplace(sim, trace_stream);
-    auto back = [&](Stream s) {
-      const auto it = to_trace.find(s);
-      return it == to_trace.end() ? s : it->second;
-    };
-    for (auto& seg : m.state.segments) seg.stream = back(seg.stream);
-    for (auto& h : m.history) h.event.stream = back(h.event.stream);
+    for (auto& seg : m.state.segments) seg.stream = trace_id(seg.stream);
+    for (auto& h : m.history) h.event.stream = trace_id(h.event.stream);
     return m;
   }
 
@@ -74,6 +75,22 @@ class TensorpoolTarget final : public ReplayTarget {
     auto [it, inserted] = streams_.try_emplace(trace_stream, 0);
     if (inserted) it->second = device_->create_stream();
     return it->second;
+  }
+
+  // The trace's id of simulated stream `sim` (a trace uses a handful of streams).
+  Stream trace_id(Stream sim) const {
+    for (const auto& [trace_stream, s] : streams_)
+      if (s == sim) return trace_stream;
+    return sim;  // the default stream is 0 in both
+  }
+
+  // The OOM report in the trace's stream ids instead of the simulated device's.
+  OutOfMemoryInfo in_trace_streams(OutOfMemoryInfo info) const {
+    info.stream = trace_id(info.stream);
+    for (auto& c : info.cached_per_stream) c.stream = trace_id(c.stream);
+    std::sort(info.cached_per_stream.begin(), info.cached_per_stream.end(),
+              [](const auto& a, const auto& b) { return a.stream < b.stream; });
+    return info;
   }
 
   std::string name_;
