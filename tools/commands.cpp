@@ -239,13 +239,15 @@ int cmd_allocators(bool as_json) {
   if (as_json) {
     json rows = json::array();
     for (const auto& d : targets)
-      rows.push_back({{"name", d.name}, {"description", d.description}, {"settings", d.settings}});
+      rows.push_back({{"name", d.name}, {"description", d.description}, {"settings", d.settings},
+                      {"exports", d.exports}});
     std::cout << rows.dump(2) << "\n";
     return 0;
   }
   for (const auto& d : targets) {
     fmt::print("{:<20} {}\n", d.name, d.description);
     fmt::print("{:<20} settings: {}\n", "", d.settings.empty() ? "none" : fmt::format("{}", fmt::join(d.settings, ", ")));
+    if (d.exports) fmt::print("{:<20} exports a snapshot (tensorpool export)\n", "");
   }
   return 0;
 }

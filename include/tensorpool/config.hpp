@@ -40,7 +40,8 @@
 //                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
 //                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
 //                                  (driver virtual memory) or simulated (a simulated 80 GiB
-//                                  device, no GPU). The Allocator itself ignores it
+//                                  device, no GPU). The Allocator itself ignores it, and
+//                                  the replay targets refuse it (they run on a simulated device)
 #pragma once
 
 #include <cstddef>

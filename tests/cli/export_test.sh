@@ -48,6 +48,26 @@ done
 check "an allocator without history is refused" 2 "cannot export a snapshot" -- \
   "$bin" export "$work/g.tptrace" --allocator cub -o "$work/cub.pickle"
 test ! -e "$work/cub.pickle" && pass || fail "a refused export left a file"
+check "the allocator is refused before the trace is read" 2 "allocators that can: tensorpool, tensorpool-vmm, pytorch" -- \
+  "$bin" export "$work/missing.tptrace" --allocator raw -o "$work/raw.pickle"
+check "export --help lists the allocators that can" 0 "tensorpool, tensorpool-vmm, pytorch" -- "$bin" export --help
+if command -v python3 >/dev/null; then
+  "$bin" allocators --json >"$work/allocators.json"
+  can=$(json_field "$work/allocators.json" "','.join(a['name'] for a in d if a['exports'])")
+  [ "$can" = "tensorpool,tensorpool-vmm,pytorch" ] && pass || fail "allocators --json: exports of $can"
+  # --conf reaches the exported allocator as it does a replay's, and its settings are in the file.
+  "$bin" export "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:2 -o "$work/p2.pickle" 2>/dev/null
+  s=$(python3 -c "import pickle,sys; d=pickle.load(open(sys.argv[1],'rb'))['allocator_settings']; print(d['model'], d['roundup_power2_divisions'])" "$work/p2.pickle")
+  [ "$s" = "pytorch 2" ] && pass || fail "pytorch --conf not in the settings: $s"
+  "$bin" export "$work/g.tptrace" --conf mode:vmm,vmm_max_chunk:64MiB -o "$work/v.pickle" 2>/dev/null
+  s=$(python3 -c "import pickle,sys; d=pickle.load(open(sys.argv[1],'rb'))['allocator_settings']; print(d['mode'], d['vmm_max_chunk'])" "$work/v.pickle")
+  [ "$s" = "vmm $((64 * 1024 * 1024))" ] && pass || fail "tensorpool --conf not in the settings: $s"
+fi
+check "a --conf the allocator does not take is refused" 2 "unknown key 'bin_growth' for pytorch" -- \
+  "$bin" export "$work/g.tptrace" --allocator pytorch --conf bin_growth:4 -o "$work/b.pickle"
+check "backend is not a replay setting" 2 "unknown key 'backend'" -- \
+  "$bin" export "$work/g.tptrace" --conf backend:vmm -o "$work/b.pickle"
+test ! -e "$work/b.pickle" && pass || fail "a refused export left a file"
 check "an unwritable output is refused first" 2 "cannot write snapshot" -- \
   "$bin" export "$work/missing.tptrace" -o "$work/no-such-dir/x.pickle"
 check "output is required" 2 "--output" -- "$bin" export "$work/g.tptrace"

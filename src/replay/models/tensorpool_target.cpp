@@ -1,6 +1,6 @@
 // tensorpool_target.cpp: the real tensorpool Allocator as a replay target ("tensorpool", and
-// "tensorpool-vmm", the same with mode:vmm preset; the target's conf, Config keys, applies on
-// top).
+// "tensorpool-vmm", the same with mode:vmm preset; the target's conf, Config keys but
+// `backend`, applies on top).
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
 // trace stream ids are mapped to simulated streams on first use, and back in OOM reports and
@@ -10,13 +10,28 @@
 
 #include "replay/models/models.hpp"
 #include "tensorpool/allocator.hpp"
+#include "tensorpool/key_values.hpp"
 
 namespace tensorpool::replay {
 
 namespace {
 
+// The Config keys a replay takes: all but `backend`, the per-device registry's choice of device
+// (a replay always runs on a SimulatedDevice).
+const std::vector<std::string>& replay_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    for (const std::string& k : Config::keys())
+      if (k != "backend") out.push_back(k);
+    return out;
+  }();
+  return keys;
+}
+
 // The preset of the target's name, then `conf` on top (errors name `origin`).
 Config target_config(Mode preset, std::string_view conf, std::string_view origin) {
+  for (const KeyValue& item : parse_key_values(conf, origin))
+    if (item.key == "backend") throw_unknown_key(origin, item, replay_keys());
   Config c;
   c.mode = preset;
   c.apply(conf, origin);
@@ -114,7 +129,7 @@ std::unique_ptr<ReplayTarget> make_tensorpool_vmm_target(const TargetOptions& op
 TargetEntry tensorpool_entry() {
   return {{"tensorpool",
            "tensorpool's allocator with fixed segments (settings: include/tensorpool/config.hpp)",
-           Config::keys(), /*exports=*/true},
+           replay_keys(), /*exports=*/true},
           [](std::string_view conf, std::string_view origin) {
             target_config(Mode::fixed, conf, origin);
           },
@@ -123,7 +138,7 @@ TargetEntry tensorpool_entry() {
 
 TargetEntry tensorpool_vmm_entry() {
   return {{"tensorpool-vmm", "tensorpool's allocator in virtual-memory mode (mode:vmm preset)",
-           Config::keys(), /*exports=*/true},
+           replay_keys(), /*exports=*/true},
           [](std::string_view conf, std::string_view origin) {
             target_config(Mode::vmm, conf, origin);
           },
