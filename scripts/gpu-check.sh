@@ -8,7 +8,8 @@
 #   1. record the machine: date, git commit, nvidia-smi, driver/runtime versions, GPU name;
 #   2. configure a fresh Release build with nvcc (-DTENSORPOOL_CUDA=ON
 #      -DTENSORPOOL_CUDA_REAL_TESTS=ON, CMAKE_CUDA_ARCHITECTURES=90) and build the CUDA tests;
-#   3. run `ctest -L cuda`: the backends on the test double and on the real runtime;
+#   3. run `ctest -L cuda`: the backends on the test double and on the real runtime; then
+#      scripts/gpu/torch_check.py: PyTorch with its allocator and with tensorpool (losses agree);
 #   4. the GPU measurements of scripts/gpu/run.sh (call costs -> OUT_DIR/gpu/cost-model.txt,
 #      trace replays on the GPU, pinned staging), each part under its own timeout; RMM's pool
 #      too when the librmm-cu13 and rapids-logger wheels are in .whl/ (carried to the GPU host);
@@ -101,7 +102,8 @@ if ! step configure 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=ON; the
     { log "RESULT: configure failed"; exit 2; }
 fi
 CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info
-  tensorpool_test_cub_vs_model tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned tensorpool_cli)
+  tensorpool_test_cub_vs_model tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned tensorpool_cli
+  tensorpool_torch)
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" ||
   { log "RESULT: build failed"; exit 2; }
 
@@ -112,6 +114,9 @@ test_rc=0
 step ctest 240 ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 300 \
   --output-junit "$OUT/ctest-junit.xml" || test_rc=$?
 grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$SUMMARY"
+# PyTorch trained with its allocator and with tensorpool on each backend (exit 3: no torch/GPU).
+torch_rc=0; step torch 200 python3 "$ROOT/scripts/gpu/torch_check.py" --out "$OUT" --library "$BUILD/cuda/libtensorpool_torch.so" || torch_rc=$?
+grep -E "^(variant|pytorch|tensorpool-|  tensorpool-|torch_check)" "$OUT/torch.log" | tee -a "$SUMMARY"; [ "$torch_rc" -eq 1 ] && test_rc=1
 
 # --- 4. the GPU measurements (scripts/gpu/run.sh; at most 300 s, a minute kept for step 5) ----
 gpu_budget=$(( $(left) - 60 ))

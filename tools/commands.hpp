@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tensorpool/cost_model.hpp"
+#include "tensorpool/replay/replay.hpp"
 #include "tensorpool/types.hpp"
 #include "tensorpool/workload/generator.hpp"
 
@@ -24,6 +25,9 @@ struct RunOptions {
   bool json = false;
 };
 
+/// The replay of options.allocators[i] with its settings (options.confs[i]).
+replay::ReplayOptions replay_options(const RunOptions& options, std::size_t i);
+
 int cmd_info(const std::string& trace, bool json);
 int cmd_replay(const RunOptions& options);
 int cmd_compare(const RunOptions& options);
@@ -31,5 +35,7 @@ int cmd_convert(const std::string& in, const std::string& out);
 int cmd_generate(const std::string& out, const workload::GeneratorOptions& options);
 int cmd_demo(bool json);
 int cmd_allocators(bool json);
+/// export.cpp: replays against options.allocators[0] and writes a PyTorch memory snapshot.
+int cmd_export(const RunOptions& options, const std::string& out, std::size_t max_entries);
 
 }  // namespace tensorpool::cli

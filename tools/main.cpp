@@ -1,5 +1,6 @@
 // main.cpp: the tensorpool command-line tool: argument parsing, their checks (through the
-// libraries: allocator names and settings, generator options) and exit codes.
+// libraries: allocator names and settings, generator options, what export can write) and exit
+// codes.
 //
 // Exit codes: 0 success; 1 a bad or unreadable input file (the message names the file and the
 // offset or line); 2 bad arguments (unknown allocator, bad size, bad --conf, ...).
@@ -14,6 +15,7 @@
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
 #include "tensorpool/replay/target.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
 #include "tensorpool/workload/generator.hpp"
 
 using namespace tensorpool;
@@ -122,6 +124,14 @@ int main(int argc, char** argv) {
   add_run_options(compare);
   compare->add_option("--allocators", allocators, "Comma-separated list (default: all)");
 
+  std::size_t max_entries = 1'000'000;
+  auto* export_cmd = app.add_subcommand("export", "Replay a trace and write the allocator's memory and events as a PyTorch snapshot");
+  add_run_options(export_cmd);
+  export_cmd->add_option("--allocator", allocator,
+                         "One of " + join(replay::exporting_target_names()) + " (default tensorpool)");
+  export_cmd->add_option("-o,--output", out_path, "Snapshot to write (.pickle)")->required();
+  export_cmd->add_option("--max-entries", max_entries, "Keep the newest N events (default 1000000)");
+
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
   convert->add_option("in", trace_path, "Input trace (any supported kind)")->required();
   convert->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
@@ -146,12 +156,16 @@ int main(int argc, char** argv) {
     run.device = device;
     run.warmup = warmup;
     run.capacity = parse_capacity(capacity);
-    run.allocators = replay_cmd->parsed() ? std::vector<std::string>{allocator}
+    run.allocators = replay_cmd->parsed() || export_cmd->parsed() ? std::vector<std::string>{allocator}
                      : allocators.empty() ? replay::target_names()
                                           : split(allocators);
     check_allocators(run.allocators);
     run.confs = replay::share_conf(run.allocators, conf, "--conf");
     add_allocator_confs(allocator_confs, run);
+    if (export_cmd->parsed()) {  // refused before the trace is read:
+      replay::require_export(allocator);         // an allocator that cannot export
+      trace::pytorch::check_writable(out_path);  // an output that cannot be written
+    }
     generator.apply(gen_options, "--options");
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
@@ -176,6 +190,7 @@ int main(int argc, char** argv) {
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
+    if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
     if (generate->parsed()) return cli::cmd_generate(out_path, generator);
   } catch (const ConfigError& e) {  // a setting the --capacity device cannot hold (rmm-arena's arena_size)
     std::cerr << "tensorpool: error: " << e.what() << "\n";

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -59,7 +60,23 @@ class DeviceReplay {
     target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
     result_.allocator = target_->name();
     result_.device = device;
+    // require_export() let only a registered target whose descriptor says `exports` this far;
+    // a target built by options.make_target has no descriptor here and is asked itself.
+    if (options.record_history && !target_->record_history()) {
+      if (options.make_target)
+        throw UsageError("allocator '" + options.allocator + "' cannot export a snapshot (it records no history)");
+      throw std::logic_error("replay target '" + options.allocator +
+                             "' exports by its descriptor but records no history");
+    }
   }
+
+  // The target's memory for a snapshot export (ReplayOptions::record_history).
+  trace::pytorch::DeviceMemory memory_state() const {
+    trace::pytorch::DeviceMemory m = target_->memory_state();
+    m.device = result_.device;
+    return m;
+  }
+  std::string settings() const { return target_->settings(); }
 
   void apply(const TraceEvent& e) {
     ++result_.events;
@@ -200,6 +217,7 @@ class DeviceReplay {
 }  // namespace
 
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
+  if (options.record_history && !options.make_target) require_export(options.allocator);  // before any work
   std::map<int, std::unique_ptr<DeviceReplay>> devices;
   TraceEvent e;
   auto start = std::chrono::steady_clock::now();
@@ -225,6 +243,10 @@ ReplayReport replay(EventSource& source, const ReplayOptions& options) {
   const auto ops = report.total.allocs + report.total.frees;
   report.total.host_ns_per_op = ops == 0 ? 0.0 : elapsed.count() / static_cast<double>(ops);
   for (auto& d : report.devices) d.host_ns_per_op = report.total.host_ns_per_op;
+  if (options.record_history) {
+    for (auto& [d, replay] : devices) report.memory.push_back(replay->memory_state());
+    if (!devices.empty()) report.settings = devices.begin()->second->settings();
+  }
   return report;
 }
 

@@ -95,6 +95,19 @@ std::vector<std::string> share_conf(const std::vector<std::string>& names, std::
                     settings_of(names));
 }
 
+std::vector<std::string> exporting_target_names() {
+  std::vector<std::string> names;
+  for (const TargetEntry& e : registry())
+    if (e.descriptor.exports) names.push_back(e.descriptor.name);
+  return names;
+}
+
+void require_export(const std::string& name) {
+  if (describe_target(name).exports) return;
+  throw UsageError("allocator '" + name + "' cannot export a snapshot (it records no history); "
+                   "allocators that can: " + join(exporting_target_names()));
+}
+
 UpstreamCounts upstream_of(const SimulatedDevice& device) {
   const DeviceCounters c = device.counters();
   return {c.segment_allocs + c.physical_creates, c.segment_frees + c.physical_releases,

@@ -9,20 +9,7 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 passes=0
 
-check() {  # check NAME EXPECTED_STATUS EXPECTED_TEXT -- command...
-  local name=$1 want=$2 text=$3
-  shift 4
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [ "$status" -ne "$want" ] || ! grep -qF -- "$text" <<<"$out"; then
-    echo "FAIL: $name: status $status (want $want), output lacks '$text':"
-    head -20 <<<"$out"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+source "$(dirname "$0")/check.sh"
 
 check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
 check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json

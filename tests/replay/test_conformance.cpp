@@ -325,3 +325,47 @@ TEST_CASE("conformance: the shared traces replay with consistent, deterministic 
     }
   }
 }
+
+TEST_CASE("conformance: a target exports a snapshot iff its descriptor says so, and the snapshot "
+          "is its memory", "[conformance][export]") {
+  const trace::Trace seeded = seeded_trace();
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const TargetDescriptor& d = target.descriptor;
+    DYNAMIC_SECTION(d.name) {
+      REQUIRE(make(target, GiB)->record_history() == d.exports);
+      TraceSource source(seeded);
+      ReplayOptions o = replay_options(target, GiB);
+      o.record_history = true;
+      if (!d.exports) {
+        CHECK_THROWS_WITH(tensorpool::replay::replay(source, o), Catch::Matchers::Contains("cannot export"));
+        CHECK_THROWS_AS(tensorpool::replay::replay(source, o), UsageError);
+        continue;
+      }
+      const ReplayReport r = tensorpool::replay::replay(source, o);
+      REQUIRE(r.memory.size() == 1);
+      const trace::pytorch::DeviceMemory& m = r.memory.front();
+      CHECK(m.device == r.devices.front().device);
+      std::size_t live_requested = 0, mapped_bytes = 0;
+      bool on_stream_7 = false;
+      for (const SegmentInfo& s : m.state.segments) {
+        on_stream_7 = on_stream_7 || s.stream == 7;  // the trace's stream id, not the device's
+        for (const BlockInfo& b : s.blocks) {
+          if (b.mapped) mapped_bytes += b.size;
+          if (b.state == BlockState::allocated) live_requested += b.requested;
+        }
+      }
+      CHECK(live_requested == 4096 + 3 * MiB);  // the blocks live at the end, as asked for
+      CHECK(mapped_bytes <= r.total.final_reserved);  // vmm: pages cached unmapped are not shown
+      CHECK(mapped_bytes >= 4096 + 3 * MiB);
+      CHECK(on_stream_7);
+      std::size_t allocs = 0, frees = 0;
+      for (const trace::pytorch::HistoryEntry& h : m.history) {
+        allocs += h.event.type == EventType::alloc;
+        frees += h.event.type == EventType::free_requested;
+      }
+      CHECK(allocs >= 3);  // the window's three allocations at least (seeds may add theirs)
+      CHECK(frees == 3);
+      CHECK(!r.settings.empty());
+    }
+  }
+}

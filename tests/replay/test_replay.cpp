@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <vector>
 
 #include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
@@ -253,7 +254,15 @@ TEST_CASE("the registry describes every target and checks settings without build
     for (const auto& key : targets[i].settings) CHECK(targets[i].takes(key));
     CHECK_FALSE(targets[i].takes("no_such_key"));
   }
-  CHECK(describe_target("tensorpool").settings == tensorpool::Config::keys());
+  // The Config keys but `backend` (the per-device registry's choice of device; a replay always
+  // runs on a simulated one), which validate_target refuses as an unknown key.
+  std::vector<std::string> replay_keys = tensorpool::Config::keys();
+  std::erase(replay_keys, "backend");
+  REQUIRE(replay_keys.size() + 1 == tensorpool::Config::keys().size());
+  CHECK(describe_target("tensorpool").settings == replay_keys);
+  CHECK(describe_target("tensorpool-vmm").settings == replay_keys);
+  REQUIRE_THROWS_WITH(validate_target("tensorpool", "mode:vmm,backend:vmm"),
+                      Catch::Matchers::StartsWith("tensorpool conf: unknown key 'backend'"));
   CHECK(describe_target("raw").settings.empty());
   CHECK(describe_target("pytorch").takes("max_split_size_mb"));
   CHECK(describe_target("cub").takes("bin_growth"));

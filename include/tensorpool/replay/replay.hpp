@@ -66,6 +66,10 @@ struct ReplayOptions {
   /// address still live frees the old block first, seed segments are adopted only once, and only
   /// the last pass is measured.
   int warmup = 0;
+  /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
+  /// UsageError for a target that cannot export: before replaying anything for a registered
+  /// one, when the first device's target is built for one from make_target.
+  bool record_history = false;
 };
 
 /// The first allocation a target refused in the measured pass: where in the trace, and the
@@ -114,6 +118,10 @@ struct ReplayResult {
 struct ReplayReport {
   std::vector<ReplayResult> devices;  // one per replayed device, in device order
   ReplayResult total;                 // sums (device = -1)
+  /// With ReplayOptions::record_history: each device's final memory and recorded events, and the
+  /// target's settings, for trace::pytorch::snapshot_pickle().
+  std::vector<trace::pytorch::DeviceMemory> memory;
+  std::string settings;
 };
 
 /// Replays `source` against a fresh target per device. Throws what make_target throws.
