@@ -121,19 +121,24 @@ int cmd_info(const std::string& path, bool as_json) {
 
 // --- replay and compare ---------------------------------------------------------------------
 
+replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
+  replay::ReplayOptions ro;
+  ro.allocator = o.allocators.at(i);
+  ro.device = o.device;
+  ro.warmup = o.warmup;
+  ro.target.capacity = o.capacity;
+  ro.target.conf = i < o.confs.size() ? o.confs[i] : "";
+  ro.target.cost_model = o.cost_model;
+  return ro;
+}
+
 namespace {
 
 std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOptions& o) {
   std::vector<replay::ReplayReport> reports;
   for (std::size_t i = 0; i < o.allocators.size(); ++i) {
     replay::TraceSource source(t);
-    replay::ReplayOptions ro;
-    ro.allocator = o.allocators[i];
-    ro.device = o.device;
-    ro.warmup = o.warmup;
-    ro.target.capacity = o.capacity;
-    ro.target.conf = i < o.confs.size() ? o.confs[i] : "";
-    reports.push_back(replay::replay(source, ro));
+    reports.push_back(replay::replay(source, replay_options(o, i)));
   }
   return reports;
 }
@@ -239,13 +244,20 @@ int cmd_allocators(bool as_json) {
   if (as_json) {
     json rows = json::array();
     for (const auto& d : targets)
-      rows.push_back({{"name", d.name}, {"description", d.description}, {"settings", d.settings}});
+      rows.push_back({{"name", d.name},
+                      {"description", d.description},
+                      {"settings", d.settings},
+                      {"holds_memory_until_destroyed", d.holds_memory_until_destroyed},
+                      {"exports", d.exports}});
     std::cout << rows.dump(2) << "\n";
     return 0;
   }
   for (const auto& d : targets) {
     fmt::print("{:<20} {}\n", d.name, d.description);
     fmt::print("{:<20} settings: {}\n", "", d.settings.empty() ? "none" : fmt::format("{}", fmt::join(d.settings, ", ")));
+    if (d.holds_memory_until_destroyed)
+      fmt::print("{:<20} holds its memory until destroyed (empty_cache gives nothing back)\n", "");
+    if (d.exports) fmt::print("{:<20} exports a snapshot (tensorpool export)\n", "");
   }
   return 0;
 }

@@ -21,7 +21,7 @@ PlanOptions demo_plan_options() {
   o.setup = workload::WorkloadSetup::for_model("gpt2-xl");
   o.setup.apply("seq_dist:uniform,global_batch:60", "demo");
   o.setup.validate();
-  o.allocators = replay::target_names();
+  o.targets = replay::fit_targets(replay::target_names(), {});
   o.capacity = 34 * GiB;
   return o;
 }
@@ -72,12 +72,15 @@ std::string demo_fit_and_plan(const trace::Trace& trace, nlohmann::json* json) {
   for (const auto& r : fits)
     out += fmt::format("  {:<18} {:>10.3f} {:>18.4f}\n", r.allocator, static_cast<double>(r.capacity) / static_cast<double>(GiB),
                        r.devices.empty() ? 0.0 : r.devices[0].ratio);
+  out += "(rmm-pool and rmm-arena at their defaults, sized by the device: an initial pool, an arena, of half\n"
+         " of it; the arena must hold the peak, so its device is twice that.)\n";
   out += fmt::format("\nWhich micro-batch fits? {}\n({}):\n\n", kPlanCommand, plan.options.setup.describe());
   out += fmt::format("  {:<18} {:>11} {:>12} {:>14}\n", "allocator", "micro-batch", "accumulation", "peak reserved");
   for (const auto& f : plan.fits)
     out += fmt::format("  {:<18} {:>11} {:>12} {:>14}\n", f.allocator, f.micro_batch ? std::to_string(*f.micro_batch) : "none",
                        f.micro_batch ? std::to_string(f.accumulation) : "-",
-                       fmt::format("{:.2f} GiB", static_cast<double>(f.peak_reserved) / static_cast<double>(GiB)));
+                       f.micro_batch ? fmt::format("{:.2f} GiB", static_cast<double>(f.peak_reserved) / static_cast<double>(GiB))
+                                     : std::string("-"));
   out += "\n" + verdict(plan);
   for (const auto& c : plan.changes) {
     if (!c.helps) continue;

@@ -39,7 +39,10 @@ std::string fit_text(const std::vector<replay::FitResult>& results, const trace:
                         : fmt::format("yes; not monotone: runs out at {} GiB, above the fit", gib(d.oom_above));
       out += fmt::format("{:<18} {:>6} {:>12} {:>12} {:>8} {:>8} {:>8}  {}\n", r.allocator, d.device,
                          gib(d.peak_requested), fits, ratio, d.replays, d.verified ? "OOM" : "-", checked);
-      if (d.below) {
+      if (!d.below_refused.empty()) {
+        out += fmt::format("  {} at {} GiB (just below the fit): not built there: {}\n", r.allocator,
+                           gib(d.below_capacity), d.below_refused);
+      } else if (d.below) {
         replay::ReplayResult b = *d.below;
         b.allocator = fmt::format("{} at {} GiB (just below the fit)", r.allocator, gib(d.below_capacity));
         below.push_back(std::move(b));
@@ -71,6 +74,7 @@ nlohmann::json fit_json(const std::vector<replay::FitResult>& results, const tra
                          {"replays", d.replays},
                          {"below_capacity_bytes", d.below_capacity},
                          {"first_oom_below", below},
+                         {"refused_below", d.below_refused},
                          {"at_capacity", to_json(d.at_capacity, &trace)}});
     }
     rows.push_back({{"allocator", r.allocator}, {"fits", r.fits}, {"capacity_bytes", r.capacity}, {"devices", devices}});
@@ -78,10 +82,19 @@ nlohmann::json fit_json(const std::vector<replay::FitResult>& results, const tra
   return rows;
 }
 
+std::vector<replay::FitTarget> fit_targets(const RunOptions& run) {
+  std::vector<replay::FitTarget> targets;
+  for (std::size_t i = 0; i < run.allocators.size(); ++i) {
+    const replay::ReplayOptions ro = replay_options(run, i);
+    targets.push_back({ro.allocator, ro.target.conf, ro.target.cost_model});
+  }
+  return targets;
+}
+
 int cmd_fit(const RunOptions& run, const replay::FitOptions& search) {
   const trace::Trace t = trace::load_trace(run.trace);
   replay::FitOptions o = search;
-  o.targets = replay::fit_targets(run.allocators, run.confs);
+  o.targets = fit_targets(run);
   o.device = run.device;
   o.warmup = run.warmup;
   const auto results = replay::fit(t, o);

@@ -13,6 +13,10 @@
 
 namespace tensorpool::cli {
 
+/// The targets of a search, one per run.allocators, each as replay_options() gives it to replay
+/// and compare (its --conf and --allocator-conf settings, the --cost-model).
+std::vector<replay::FitTarget> fit_targets(const RunOptions& run);
+
 /// fit: run.trace, run.allocators, run.confs, run.device, run.warmup, run.json; from `search`
 /// its threads and tolerances (--threads, --precision-pct, --precision-bytes).
 int cmd_fit(const RunOptions& run, const replay::FitOptions& search);

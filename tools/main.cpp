@@ -1,5 +1,6 @@
 // main.cpp: the tensorpool command-line tool: argument parsing, their checks (through the
-// libraries: allocator names and settings, generator options) and exit codes.
+// libraries: allocator names and settings, generator options, what export can write) and exit
+// codes.
 //
 // Exit codes: 0 success; 1 a bad or unreadable input file (the message names the file and the
 // offset or line); 2 bad arguments (unknown allocator, bad size, bad --conf, ...).
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "commands.hpp"
 #include "fit.hpp"
@@ -15,6 +17,7 @@
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
 #include "tensorpool/replay/target.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
 #include "tensorpool/workload/generator.hpp"
 #include "workload_args.hpp"
 
@@ -47,6 +50,34 @@ void check_allocators(const std::vector<std::string>& names) {
   for (const auto& n : names) replay::describe_target(n);  // throws UsageError for an unknown name
 }
 
+// --allocator-conf NAME=SETTINGS, repeatable: appended to NAME's settings after what --conf gave
+// it (a key set in both: the later one wins, as in any key:value list); NAME must be one of the
+// allocators run. The whole list each allocator gets is checked as it will read it.
+void add_allocator_confs(const std::vector<std::string>& items, cli::RunOptions& run) {
+  const std::vector<std::string> shared = run.confs;  // what --conf gave each
+  std::vector<bool> extended(run.allocators.size(), false);
+  for (const auto& item : items) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CLI::ValidationError("--allocator-conf", "'" + item + "' is not NAME=key:value,...");
+    const std::string name = item.substr(0, eq);
+    const auto at = std::find(run.allocators.begin(), run.allocators.end(), name);
+    if (at == run.allocators.end()) {
+      check_allocators({name});
+      throw CLI::ValidationError("--allocator-conf", "'" + name + "' is not one of the allocators run (" +
+                                                         join(run.allocators) + ")");
+    }
+    const auto i = static_cast<std::size_t>(at - run.allocators.begin());
+    run.confs[i] += (run.confs[i].empty() ? "" : ",") + item.substr(eq + 1);
+    extended[i] = true;
+  }
+  for (std::size_t i = 0; i < run.allocators.size(); ++i) {
+    const std::string& name = run.allocators[i];
+    if (extended[i])
+      replay::validate_target(name, run.confs[i], (shared[i].empty() ? "--allocator-conf " : "--conf and --allocator-conf for ") + name);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,6 +88,8 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string trace_path, out_path, allocators, capacity = "80GiB", conf, gen_options;
   std::string allocator = "tensorpool";
+  std::string cost_model_path;
+  std::vector<std::string> allocator_confs;
   int device = -1;
   int warmup = 0;
 
@@ -70,11 +103,21 @@ int main(int argc, char** argv) {
   info->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
   info->add_flag("--json", json, "Machine-readable output");
 
+  // The allocators' settings and the simulated device's costs: replay, compare, export, fit, plan.
+  auto add_target_options = [&](CLI::App* cmd) {
+    cmd->add_option("--conf", conf, "Allocator settings, key:value,...; each allocator that takes "
+                                    "every key gets them (see `tensorpool allocators`)");
+    cmd->add_option("--allocator-conf", allocator_confs,
+                    "NAME=key:value,... settings of allocator NAME only, after --conf's "
+                    "(e.g. rmm-pool=initial_pool_size:0); repeatable");
+    cmd->add_option("--cost-model", cost_model_path,
+                    "Cost of upstream calls for the simulated devices (file format: docs/cli.md); "
+                    "default: flat 10-20 us per call");
+  };
   auto add_run_options = [&](CLI::App* cmd) {
     cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
     cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
-    cmd->add_option("--conf", conf, "Allocator settings, key:value,...; each allocator that takes "
-                                    "every key gets them (see `tensorpool allocators`)");
+    add_target_options(cmd);
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
@@ -87,6 +130,14 @@ int main(int argc, char** argv) {
   auto* compare = app.add_subcommand("compare", "Replay a trace against several allocators, side by side");
   add_run_options(compare);
   compare->add_option("--allocators", allocators, "Comma-separated list (default: all)");
+
+  std::size_t max_entries = 1'000'000;
+  auto* export_cmd = app.add_subcommand("export", "Replay a trace and write the allocator's memory and events as a PyTorch snapshot");
+  add_run_options(export_cmd);
+  export_cmd->add_option("--allocator", allocator,
+                         "One of " + join(replay::exporting_target_names()) + " (default tensorpool)");
+  export_cmd->add_option("-o,--output", out_path, "Snapshot to write (.pickle)")->required();
+  export_cmd->add_option("--max-entries", max_entries, "Keep the newest N events (default 1000000)");
 
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
   convert->add_option("in", trace_path, "Input trace (any supported kind)")->required();
@@ -106,7 +157,7 @@ int main(int argc, char** argv) {
   auto* fit_cmd = app.add_subcommand("fit", "The smallest device capacity each allocator replays a trace on without an OOM");
   fit_cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
   fit_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
-  fit_cmd->add_option("--conf", conf, "Allocator settings, key:value,... (as for compare)");
+  add_target_options(fit_cmd);
   fit_cmd->add_option("--device", device, "Only this device of the trace (default: each device on its own)");
   fit_cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass")->check(CLI::Range(0, 100));
   fit_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
@@ -124,7 +175,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--options", plan_args.options, "key:value,... of " + join(workload::WorkloadSetup::keys()));
   plan_cmd->add_option("--capacity", capacity, "Device memory (default 80GiB)");
   plan_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
-  plan_cmd->add_option("--conf", conf, "Allocator settings, key:value,... (as for compare)");
+  add_target_options(plan_cmd);
   plan_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
   plan_cmd->add_flag("--json", json, "Machine-readable output");
 
@@ -146,11 +197,16 @@ int main(int argc, char** argv) {
     run.device = device;
     run.warmup = warmup;
     run.capacity = parse_capacity(capacity);
-    run.allocators = replay_cmd->parsed() ? std::vector<std::string>{allocator}
+    run.allocators = replay_cmd->parsed() || export_cmd->parsed() ? std::vector<std::string>{allocator}
                      : allocators.empty() ? replay::target_names()
                                           : split(allocators);
     check_allocators(run.allocators);
     run.confs = replay::share_conf(run.allocators, conf, "--conf");
+    add_allocator_confs(allocator_confs, run);
+    if (export_cmd->parsed()) {  // refused before the trace is read:
+      replay::require_export(allocator);         // an allocator that cannot export
+      trace::pytorch::check_writable(out_path);  // an output that cannot be written
+    }
     if (generate->parsed() && gen_args.given()) {
       gen_args.options = gen_options;
       workload_setup = cli::workload_setup(gen_args);
@@ -162,7 +218,7 @@ int main(int argc, char** argv) {
     if (!parse_bytes(precision_bytes, fit_search.absolute_tolerance))
       throw CLI::ValidationError("--precision-bytes", "'" + precision_bytes + "' is not a size such as 2MiB or 0");
     if (plan_cmd->parsed()) {
-      plan = {cli::workload_setup(plan_args), run.allocators, run.confs, run.capacity, threads, json};
+      plan = {cli::workload_setup(plan_args), {}, run.capacity, threads, json};
       cli::check_plan(plan.setup);
     }
   } catch (const CLI::ValidationError& e) {
@@ -173,6 +229,15 @@ int main(int argc, char** argv) {
     return kBadArguments;
   }
 
+  try {  // a bad cost-model file is a bad input file
+    if (!cost_model_path.empty())
+      run.cost_model = std::make_shared<const CostModel>(load_cost_model(cost_model_path));
+  } catch (const Error& e) {
+    std::cerr << "tensorpool: error: --cost-model: " << e.what() << "\n";
+    return kBadInput;
+  }
+  plan.targets = cli::fit_targets(run);
+
   try {
     if (demo->parsed()) return cli::cmd_demo(json);
     if (allocators_cmd->parsed()) return cli::cmd_allocators(json);
@@ -180,10 +245,14 @@ int main(int argc, char** argv) {
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
+    if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
     if (generate->parsed())
       return gen_args.given() ? cli::cmd_generate_workload(out_path, workload_setup) : cli::cmd_generate(out_path, generator);
     if (fit_cmd->parsed()) return cli::cmd_fit(run, fit_search);
     if (plan_cmd->parsed()) return cli::cmd_plan(plan);
+  } catch (const ConfigError& e) {  // a setting the --capacity device cannot hold (rmm-arena's arena_size)
+    std::cerr << "tensorpool: error: " << e.what() << "\n";
+    return kBadArguments;
   } catch (const std::exception& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadInput;

@@ -69,7 +69,7 @@ std::size_t peak_requested_at(const WorkloadSetup& s, std::uint64_t mb) {
 
 std::vector<PlanFit> search(const WorkloadSetup& s, const PlanOptions& o, const std::vector<std::uint64_t>& candidates,
                             unsigned threads) {
-  const auto targets = replay::fit_targets(o.allocators, o.confs);
+  const auto& targets = o.targets;
   const auto found = replay::largest_fitting(candidates, family_of(s), targets, o.capacity, threads);
   std::vector<PlanFit> fits;
   for (const auto& f : found) {

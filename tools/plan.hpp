@@ -18,8 +18,7 @@ namespace tensorpool::cli {
 
 struct PlanOptions {
   workload::WorkloadSetup setup;  // validated; plan searches its micro_batch
-  std::vector<std::string> allocators;
-  std::vector<std::string> confs;
+  std::vector<replay::FitTarget> targets;  // the allocators (fit_targets(): as replay gets them)
   std::size_t capacity = 0;
   unsigned threads = 0;  // 0: one per core
   bool json = false;

@@ -36,6 +36,12 @@
 //                                  Chunks unmap only whole: smaller chunks let free pages beside
 //                                  live blocks be reclaimed near capacity, larger ones cost fewer
 //                                  calls for large tensors
+//   backend              async     the device backend of the per-device registry
+//                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
+//                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
+//                                  (driver virtual memory) or simulated (a simulated 80 GiB
+//                                  device, no GPU). The Allocator itself ignores it, and
+//                                  the replay targets refuse it (they run on a simulated device)
 #pragma once
 
 #include <cstddef>
@@ -48,6 +54,9 @@
 namespace tensorpool {
 
 enum class Mode : std::uint8_t { fixed, vmm };
+/// Which DeviceBackend the per-device registry makes (see tensorpool/registry.hpp).
+enum class Backend : std::uint8_t { async, malloc, vmm, simulated };
+const char* to_string(Backend backend) noexcept;
 
 struct Config {
   std::size_t memory_limit_bytes = 0;       // 0: none
@@ -66,6 +75,7 @@ struct Config {
   std::size_t vmm_growth_divisor = 128;
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
   std::size_t vmm_idle_divisor = 16;
+  Backend backend = Backend::async;  // read by the registry only
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensorpool/cost_model.hpp"
 #include "tensorpool/device.hpp"
 
 namespace tensorpool {
@@ -38,6 +39,9 @@ struct SimulatedDeviceOptions {
   std::uint64_t physical_create_ns = 15'000;
   std::uint64_t map_ns = 20'000;  // map + set access
   std::uint64_t unmap_ns = 15'000;
+  /// When set, replaces the flat costs above with one that may grow with bytes
+  /// (tensorpool/cost_model.hpp; `tensorpool replay --cost-model FILE`).
+  std::shared_ptr<const CostModel> cost_model = nullptr;
 };
 
 /// What the device has been asked to do.
@@ -146,6 +150,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   };
 
   bool take_fault(FaultSite site, std::size_t bytes);
+  void charge(CostedCall call, std::size_t bytes, std::uint64_t flat_ns);
   StreamState& stream_state(Stream stream);
   void complete_to(Stream stream, std::uint64_t seq);
   bool event_done(const EventState& e) const;

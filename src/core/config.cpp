@@ -108,6 +108,15 @@ const std::vector<KeyHandler>& handlers() {
       {"vmm_idle_divisor",
        [](Config& c, auto o, const auto& kv) { c.vmm_idle_divisor = whole_number(o, kv, 1, 1u << 20); },
        [](const Config& c) { return std::to_string(c.vmm_idle_divisor); }},
+      {"backend",
+       [](Config& c, auto o, const auto& kv) {
+         if (kv.value == "async") c.backend = Backend::async;
+         else if (kv.value == "malloc") c.backend = Backend::malloc;
+         else if (kv.value == "vmm") c.backend = Backend::vmm;
+         else if (kv.value == "simulated") c.backend = Backend::simulated;
+         else throw_bad_value(o, kv, "async, malloc, vmm or simulated");
+       },
+       [](const Config& c) { return std::string(to_string(c.backend)); }},
       {"cross_stream_reuse",
        [](Config& c, auto o, const auto& kv) { c.cross_stream_reuse = bool_value(o, kv); },
        [](const Config& c) { return std::string(c.cross_stream_reuse ? "true" : "false"); }},
@@ -116,6 +125,16 @@ const std::vector<KeyHandler>& handlers() {
 }
 
 }  // namespace
+
+const char* to_string(Backend backend) noexcept {
+  switch (backend) {
+    case Backend::async: return "async";
+    case Backend::malloc: return "malloc";
+    case Backend::vmm: return "vmm";
+    case Backend::simulated: return "simulated";
+  }
+  return "unknown";
+}
 
 const std::vector<std::string>& Config::keys() {
   static const std::vector<std::string> k = [] {

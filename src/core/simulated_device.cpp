@@ -63,6 +63,11 @@ bool SimulatedDevice::take_fault(FaultSite site, std::size_t bytes) {
   return fail;
 }
 
+// The modelled cost of one call: the cost model's when one is set, else the flat option.
+void SimulatedDevice::charge(CostedCall call, std::size_t bytes, std::uint64_t flat_ns) {
+  counters_.modelled_ns += options_.cost_model ? options_.cost_model->cost(call, bytes) : flat_ns;
+}
+
 Address SimulatedDevice::bump(std::size_t bytes, std::size_t alignment) {
   const std::size_t align = std::max(alignment, props_.segment_granularity);
   const Address base = (next_address_ + align - 1) / align * align;
@@ -76,7 +81,7 @@ void* SimulatedDevice::allocate_segment(std::size_t bytes, Stream) {
   if (bytes == 0 || bytes % props_.segment_granularity != 0)
     throw DeviceError("SimulatedDevice: segment size " + std::to_string(bytes) +
                       " is not a positive multiple of the granularity");
-  counters_.modelled_ns += options_.segment_alloc_ns;
+  charge(CostedCall::segment_alloc, bytes, options_.segment_alloc_ns);
   if (take_fault(FaultSite::segment_alloc, bytes) || bytes > available()) {
     ++counters_.segment_alloc_failures;
     return nullptr;
@@ -98,7 +103,7 @@ void SimulatedDevice::free_segment(void* ptr, std::size_t bytes, Stream) {
   used_ -= bytes;
   segments_.erase(it);
   ++counters_.segment_frees;
-  counters_.modelled_ns += options_.segment_free_ns;
+  charge(CostedCall::segment_free, bytes, options_.segment_free_ns);
 }
 
 // --- streams and events ---------------------------------------------------------------------
@@ -269,7 +274,7 @@ PhysicalHandle SimulatedDevice::create_physical(std::size_t bytes) {
   if (bytes == 0 || bytes % options_.vm_page_size != 0)
     throw DeviceError("SimulatedDevice: physical size " + std::to_string(bytes) +
                       " is not a positive multiple of the page size");
-  counters_.modelled_ns += options_.physical_create_ns;
+  charge(CostedCall::physical_create, bytes, options_.physical_create_ns);
   if (take_fault(FaultSite::physical_create, bytes) || bytes > available()) {
     ++counters_.segment_alloc_failures;
     return 0;
@@ -290,6 +295,7 @@ void SimulatedDevice::release_physical(PhysicalHandle handle) {
     throw DeviceError("SimulatedDevice: releasing physical handle " + std::to_string(handle) +
                       " that is still mapped at " + hex(m->second));
   used_ -= it->second;
+  if (options_.cost_model) counters_.modelled_ns += options_.cost_model->cost(CostedCall::physical_release, it->second);
   physical_.erase(it);
   ++counters_.physical_releases;
 }
@@ -312,7 +318,7 @@ void SimulatedDevice::map(Address addr, std::size_t bytes, PhysicalHandle handle
   if (auto m = mapped_handles_.find(handle); m != mapped_handles_.end())
     throw DeviceError("SimulatedDevice: physical handle " + std::to_string(handle) +
                       " is already mapped at " + hex(m->second));
-  counters_.modelled_ns += options_.map_ns;
+  charge(CostedCall::map, bytes, options_.map_ns);
   if (take_fault(FaultSite::map, bytes))
     throw DeviceError("SimulatedDevice: map failed (injected fault)");
   mappings_.emplace(addr, Mapping{bytes, handle});
@@ -331,7 +337,7 @@ void SimulatedDevice::unmap(Address addr, std::size_t bytes) {
   mappings_.erase(it);
   mapped_ -= bytes;
   ++counters_.unmaps;
-  counters_.modelled_ns += options_.unmap_ns;
+  charge(CostedCall::unmap, bytes, options_.unmap_ns);
 }
 
 // --- controls and inspection ----------------------------------------------------------------

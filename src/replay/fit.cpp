@@ -56,6 +56,7 @@ ReplayReport replay_at(const trace::Trace& trace, const FitTarget& target, std::
   o.allocator = target.allocator;
   o.target.capacity = capacity;
   o.target.conf = target.conf;
+  o.target.cost_model = target.cost_model;
   o.device = device;
   o.warmup = warmup;
   return replay(source, o);
@@ -187,6 +188,15 @@ std::map<int, std::size_t> device_floors(const trace::Trace& t, int only) {
   return floors;
 }
 
+// The result of a capacity the target's settings do not fit: not fitting, with no OOM to explain.
+ReplayResult refused_result(const std::string& allocator, int device) {
+  ReplayResult r;
+  r.allocator = allocator;
+  r.device = device;
+  r.ooms = 1;
+  return r;
+}
+
 }  // namespace
 
 DeviceFit search_capacity(const std::function<ReplayResult(std::size_t capacity)>& replay_at_capacity,
@@ -195,6 +205,8 @@ DeviceFit search_capacity(const std::function<ReplayResult(std::size_t capacity)
 }
 
 std::vector<FitResult> fit(const trace::Trace& trace, const FitOptions& options) {
+  // A conf no device fits is an error here; what is left to refuse depends on the capacity.
+  for (const FitTarget& t : options.targets) validate_target(t.allocator, t.conf);
   const std::map<int, std::size_t> floors = device_floors(trace, options.device);
   std::vector<std::pair<int, std::size_t>> devices(floors.begin(), floors.end());
   std::vector<FitResult> results(options.targets.size());
@@ -207,9 +219,18 @@ std::vector<FitResult> fit(const trace::Trace& trace, const FitOptions& options)
     const std::size_t t = task / per_target;
     const auto& [device, floor] = devices[task % per_target];
     const FitTarget& target = options.targets[t];
+    std::map<std::size_t, std::string> refused;  // capacities the target could not be built on
     DeviceFit d = search_capacity(
-        [&](std::size_t capacity) { return replay_at(trace, target, capacity, device, options.warmup).total; },
+        [&](std::size_t capacity) {
+          try {
+            return replay_at(trace, target, capacity, device, options.warmup).total;
+          } catch (const ConfigError& e) {
+            refused[capacity] = e.what();
+            return refused_result(target.allocator, device);
+          }
+        },
         floor, options);
+    if (d.below && refused.count(d.below_capacity) != 0) d.below_refused = refused[d.below_capacity];
     d.allocator = target.allocator;
     d.device = device;
     results[t].devices[task % per_target] = std::move(d);

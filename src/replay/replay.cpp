@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -56,10 +57,26 @@ class DeviceReplay {
   DeviceReplay(const ReplayOptions& options, int device) {
     TargetOptions opts = options.target;
     opts.device = device;
-    target_ = make_target(options.allocator, opts);
+    target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
     result_.allocator = target_->name();
     result_.device = device;
+    // require_export() let only a registered target whose descriptor says `exports` this far;
+    // a target built by options.make_target has no descriptor here and is asked itself.
+    if (options.record_history && !target_->record_history()) {
+      if (options.make_target)
+        throw UsageError("allocator '" + options.allocator + "' cannot export a snapshot (it records no history)");
+      throw std::logic_error("replay target '" + options.allocator +
+                             "' exports by its descriptor but records no history");
+    }
   }
+
+  // The target's memory for a snapshot export (ReplayOptions::record_history).
+  trace::pytorch::DeviceMemory memory_state() const {
+    trace::pytorch::DeviceMemory m = target_->memory_state();
+    m.device = result_.device;
+    return m;
+  }
+  std::string settings() const { return target_->settings(); }
 
   void apply(const TraceEvent& e) {
     ++result_.events;
@@ -76,6 +93,7 @@ class DeviceReplay {
         if (auto it = live_.find(e.addr); it != live_.end()) target_->record_stream(it->second.ptr, e.stream);
         break;
       case Op::stream_sync: target_->stream_synchronized(e.stream); break;
+      case Op::empty_cache: target_->empty_cache(); break;
       case Op::iteration:
         if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
         break;
@@ -125,17 +143,18 @@ class DeviceReplay {
     }
   }
 
-  // A segment the recording allocator held at window start: a target that adopts it needs room
-  // for it, and one that has none refuses it like an allocation (an OOM of the window's start).
+  // A model adopting the recording allocator's segment can run out of device memory on a device
+  // smaller than what that allocator held: a refused request like any other.
   void seed_segment(const TraceEvent& e) {
     try {
       target_->seed_segment(e);
     } catch (const OutOfMemoryError& oom) {
-      note_oom(e, oom);
+      refused(e, oom);
     }
+    measure();
   }
 
-  void note_oom(const TraceEvent& e, const OutOfMemoryError& oom) {
+  void refused(const TraceEvent& e, const OutOfMemoryError& oom) {
     if (++result_.ooms == 1)
       result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
   }
@@ -149,7 +168,7 @@ class DeviceReplay {
       live_.emplace(e.addr, Live{p, e.size, e.stream});
       requested_ += e.size;
     } catch (const OutOfMemoryError& oom) {
-      note_oom(e, oom);
+      refused(e, oom);
       failed_.insert(e.addr);
     }
     measure();
@@ -198,6 +217,7 @@ class DeviceReplay {
 }  // namespace
 
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
+  if (options.record_history && !options.make_target) require_export(options.allocator);  // before any work
   std::map<int, std::unique_ptr<DeviceReplay>> devices;
   TraceEvent e;
   auto start = std::chrono::steady_clock::now();
@@ -223,6 +243,10 @@ ReplayReport replay(EventSource& source, const ReplayOptions& options) {
   const auto ops = report.total.allocs + report.total.frees;
   report.total.host_ns_per_op = ops == 0 ? 0.0 : elapsed.count() / static_cast<double>(ops);
   for (auto& d : report.devices) d.host_ns_per_op = report.total.host_ns_per_op;
+  if (options.record_history) {
+    for (auto& [d, replay] : devices) report.memory.push_back(replay->memory_state());
+    if (!devices.empty()) report.settings = devices.begin()->second->settings();
+  }
   return report;
 }
 

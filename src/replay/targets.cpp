@@ -11,9 +11,9 @@ namespace tensorpool::replay {
 namespace {
 
 const std::vector<TargetEntry>& registry() {
-  static const std::vector<TargetEntry> r = {tensorpool_entry(), tensorpool_vmm_entry(),
-                                             pytorch_entry(),    pytorch_expandable_entry(),
-                                             cub_entry(),        raw_entry()};
+  static const std::vector<TargetEntry> r = {
+      tensorpool_entry(), tensorpool_vmm_entry(), pytorch_entry(), pytorch_expandable_entry(),
+      cub_entry(),        rmm_pool_entry(),       rmm_arena_entry(), raw_entry()};
   return r;
 }
 
@@ -93,6 +93,19 @@ std::vector<std::string> share_conf(const std::vector<std::string>& names, std::
   throw ConfigError(std::string(origin) + ": no allocator of " + join(names) +
                     " takes every key of '" + std::string(conf) + "'; settings they take: " +
                     settings_of(names));
+}
+
+std::vector<std::string> exporting_target_names() {
+  std::vector<std::string> names;
+  for (const TargetEntry& e : registry())
+    if (e.descriptor.exports) names.push_back(e.descriptor.name);
+  return names;
+}
+
+void require_export(const std::string& name) {
+  if (describe_target(name).exports) return;
+  throw UsageError("allocator '" + name + "' cannot export a snapshot (it records no history); "
+                   "allocators that can: " + join(exporting_target_names()));
 }
 
 UpstreamCounts upstream_of(const SimulatedDevice& device) {

@@ -71,6 +71,7 @@ class BinaryReader final : public TraceReader {
 
   void read_header();
   void read_label();
+  std::uint32_t version_ = kBinaryFormatVersion;  // of the file, from its header
   void read_end();
   void skip_extension(std::uint8_t tag);
   std::string read_string(const char* what, const char* field);
@@ -128,9 +129,10 @@ std::uint64_t BinaryReader::varint_tail(Cursor& c, std::uint8_t first, const cha
 template <class Cursor>
 TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, TraceEvent& e) {
   const unsigned op = tag & kTagOpMask;
-  if (op >= static_cast<unsigned>(kNumOps)) {
-    fail(fmt::format("unknown op {} in event record (tag 0x{:02X}); known ops are 0..{}", op, tag,
-                     kNumOps - 1));
+  const unsigned known = version_ >= 2 ? kNumOps : kOpsInVersion1;
+  if (op >= known) {
+    fail(fmt::format("unknown op {} in event record (tag 0x{:02X}); known ops are 0..{} in version {}",
+                     op, tag, known - 1, version_));
   }
   const std::uint8_t ctx = (tag & kTagContext) ? c.byte() : 0;
   if (ctx & kCtxReserved) fail(fmt::format("reserved bits set in event context byte 0x{:02X}", ctx));
@@ -222,10 +224,11 @@ void BinaryReader::read_header() {
   record_start_ = source_->offset();
   std::uint32_t version = 0;
   for (int i = 0; i < 4; ++i) version |= std::uint32_t{get_byte("header (format version)")} << (8 * i);
-  if (version != kBinaryFormatVersion) {
-    fail(fmt::format("unsupported .tptrace format version {} (this reader supports version {}; "
+  if (version < 1 || version > kBinaryFormatVersion) {
+    fail(fmt::format("unsupported .tptrace format version {} (this reader supports versions 1 to {}; "
                      "a newer tensorpool may read it)", version, kBinaryFormatVersion));
   }
+  version_ = version;
   record_start_ = source_->offset();
   info_.source = read_string("header", "source");
   record_start_ = source_->offset();

@@ -44,6 +44,7 @@ constexpr std::array<unsigned, kNumOps> kRequiredFields = {
     kSize,            // oom
     kAddr | kSize,    // seed_segment
     kAddr | kSize,    // seed_alloc
+    0,                // empty_cache
 };
 
 /// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF), as JSON requires.
@@ -158,6 +159,7 @@ class JsonlReader final : public TraceReader {
   bool read_next(TraceEvent& out) override;
 
   bool read_line();
+  std::uint32_t version_ = kJsonlFormatVersion;  // of the file, from its header
   bool next_nonblank_line();
   json parse_line() const;
   void read_header();
@@ -230,10 +232,12 @@ void JsonlReader::read_header() {
   }
   const auto version = h.find("version");
   if (version == h.end()) fail("missing key \"version\" in the header");
-  if (get_uint("version", *version, std::numeric_limits<std::uint64_t>::max()) != kJsonlFormatVersion) {
+  const std::uint64_t number = get_uint("version", *version, std::numeric_limits<std::uint64_t>::max());
+  if (number < 1 || number > kJsonlFormatVersion) {
     fail(fmt::format("unsupported tensorpool-trace JSON-lines version {} (this reader supports "
-                     "version {}; a newer tensorpool may read it)", version->dump(), kJsonlFormatVersion));
+                     "versions 1 to {}; a newer tensorpool may read it)", version->dump(), kJsonlFormatVersion));
   }
+  version_ = static_cast<std::uint32_t>(number);
   for (auto it = h.begin(); it != h.end(); ++it) {
     const json& v = it.value();
     if (it.key() == "format" || it.key() == "version") continue;
@@ -288,8 +292,10 @@ void JsonlReader::parse_event(const json& j, TraceEvent& e) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "op") {
       if (!it->is_string()) fail("key \"op\" must be a string, found " + describe(*it));
-      if (!parse_op(it->get_ref<const std::string&>(), e.op)) {
-        fail(fmt::format("unknown op {}", it->dump(-1, ' ', false, json::error_handler_t::replace)));
+      if (!parse_op(it->get_ref<const std::string&>(), e.op) ||
+          (version_ < 2 && static_cast<int>(e.op) >= kOpsInVersion1)) {
+        fail(fmt::format("unknown op {}{}", it->dump(-1, ' ', false, json::error_handler_t::replace),
+                         version_ < 2 ? " in version 1" : ""));
       }
       has_op = true;
     } else {

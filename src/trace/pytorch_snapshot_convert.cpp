@@ -9,6 +9,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "tensorpool/trace/empty_cache.hpp"
 #include "tensorpool/trace/pytorch_snapshot.hpp"
 
 namespace tensorpool::trace::pytorch {
@@ -364,6 +365,7 @@ Trace to_trace(const Snapshot& snapshot, std::string_view name) {
   }
   for (auto& c : converters) c.emit_seeds(trace.events);
   for (auto& c : converters) c.emit_events(trace.events);
+  mark_empty_cache_calls(trace);
   return trace;
 }
 

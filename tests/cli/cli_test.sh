@@ -9,20 +9,7 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 passes=0
 
-check() {  # check NAME EXPECTED_STATUS EXPECTED_TEXT -- command...
-  local name=$1 want=$2 text=$3
-  shift 4
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [ "$status" -ne "$want" ] || ! grep -qF -- "$text" <<<"$out"; then
-    echo "FAIL: $name: status $status (want $want), output lacks '$text':"
-    head -20 <<<"$out"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+source "$(dirname "$0")/check.sh"
 
 check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
 check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json
@@ -82,6 +69,7 @@ check "replay --help lists the allocators" 0 "pytorch-expandable" -- "$bin" repl
 # The allocators and their settings; --conf reaches each allocator that takes all its keys.
 check "allocators" 0 "max_cached_bytes" -- "$bin" allocators
 check "allocators --json" 0 '"settings"' -- "$bin" allocators --json
+check "allocators --json says which hold their memory" 0 '"holds_memory_until_destroyed": true' -- "$bin" allocators --json
 check "--conf reaches a model that takes it" 0 '"allocator": "cub"' -- "$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json
 a=$("$bin" replay "$work/g.tptrace" --allocator pytorch --json | grep peak_reserved_bytes | head -1)
 b=$("$bin" replay "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:2 --json | grep peak_reserved_bytes | head -1)
@@ -89,6 +77,26 @@ if [ -n "$a" ] && [ "$a" != "$b" ]; then passes=$((passes + 1)); else echo "FAIL
 a=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --json | grep -c '"maps": 0')
 b=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --conf mode:vmm --json | grep -c '"maps": 0')
 if [ "$b" -lt "$a" ]; then passes=$((passes + 1)); else echo "FAIL: compare --conf mode:vmm did not reach tensorpool ($a vs $b runs without maps)"; failures=$((failures + 1)); fi
+
+# --cost-model: a file of (call, bytes, ns) points replaces the flat per-call cost.
+printf '# free calls\nsegment_alloc 0 0\nsegment_free 0 0 # none\n' >"$work/cost.txt"
+check "--cost-model is charged" 0 '"modelled_upstream_ns": 0,' -- "$bin" replay "$work/g.tptrace" --allocator raw --json --cost-model "$work/cost.txt"
+printf 'segment_alloc two 3\n' >"$work/badcost.txt"
+check "bad --cost-model names file and line" 1 "badcost.txt: line 1: expected 'CALL BYTES NANOSECONDS'" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/badcost.txt"
+check "missing --cost-model file" 1 "cannot open the cost-model file" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/none.txt"
+# --allocator-conf NAME=SETTINGS reaches that allocator only, after --conf's settings, and is
+# checked first; NAME must be one of the allocators run.
+check "--allocator-conf" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators cub,raw --allocator-conf cub=max_cached_bytes:none
+check "bad --allocator-conf value" 2 "--allocator-conf cub: bin_growth must be at least 2" -- "$bin" replay "$work/g.tptrace" --allocator cub --allocator-conf cub=bin_growth:1
+check "--allocator-conf without =" 2 "NAME=key:value" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub
+check "--allocator-conf unknown allocator" 2 "unknown allocator" -- "$bin" replay "$work/g.tptrace" --allocator-conf nope=a:1
+check "--allocator-conf for an allocator not run" 2 "'cub' is not one of the allocators run (tensorpool)" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub=max_cached_bytes:none
+check "--conf and --allocator-conf are checked together" 2 "--conf and --allocator-conf for cub: min_bin must not exceed max_bin" -- "$bin" replay "$work/g.tptrace" --allocator cub --conf min_bin:5 --allocator-conf cub=max_bin:4
+check "a setting the device cannot hold" 2 "arena_size must be" -- "$bin" replay "$work/g.tptrace" --allocator rmm-arena --capacity 1GiB --allocator-conf rmm-arena=arena_size:2GiB
+a=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json | grep '"upstream_frees"' | head -1)
+b=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --json | grep '"upstream_frees"' | head -1)
+c=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --allocator-conf cub=max_cached_bytes:none --json | grep '"upstream_frees"' | head -1)
+if [ -n "$a" ] && [ "$a" != "$b" ] && [ "$a" = "$c" ]; then passes=$((passes + 1)); else echo "FAIL: --allocator-conf did not win over --conf: $a / $b / $c"; failures=$((failures + 1)); fi
 
 # fit: the smallest capacity per allocator, checked 1% below; per device; JSON keys.
 check "fit" 0 "1% less" -- "$bin" fit "$work/g.tptrace" --allocators tensorpool,pytorch --threads 2
@@ -136,14 +144,27 @@ for a in json.load(open(sys.argv[1]))["allocators"]:
     print(a["allocator"], a["micro_batch"], a["trace_options"], a["next_trace_options"], sep="\t")
 PY
 while IFS=$'\t' read -r alloc mb opts next_opts; do
+  [ "$mb" == None ] && opts=$next_opts
   "$bin" generate "$work/best.tptrace" --model custom --options "$opts" 2>/dev/null
   "$bin" generate "$work/next.tptrace" --model custom --options "$next_opts" 2>/dev/null
   best=$("$bin" replay "$work/best.tptrace" --allocator "$alloc" --capacity 3GiB --json | grep -m1 '"ooms"')
   next=$("$bin" replay "$work/next.tptrace" --allocator "$alloc" --capacity 3GiB --json | grep -m1 '"ooms"')
-  if [[ "$best" == *'"ooms": 0,'* && "$next" != *'"ooms": 0,'* ]]; then passes=$((passes + 1));
+  # None: not even the smallest micro-batch fits (rmm-arena holds half of the 3 GiB device).
+  if [[ ( "$mb" == None || "$best" == *'"ooms": 0,'* ) && "$next" != *'"ooms": 0,'* ]]; then passes=$((passes + 1));
   else echo "FAIL: plan's micro-batch $mb for $alloc: $best; the next: $next"; failures=$((failures + 1)); fi
 done <"$work/plan.tsv"
-[ "$(wc -l <"$work/plan.tsv")" -eq 6 ] && passes=$((passes + 1)) || { echo "FAIL: plan --json lists $(wc -l <"$work/plan.tsv") allocators"; failures=$((failures + 1)); }
+n_allocators=$("$bin" allocators --json | grep -c '"name"')
+[ "$(wc -l <"$work/plan.tsv")" -eq "$n_allocators" ] && passes=$((passes + 1)) || { echo "FAIL: plan --json lists $(wc -l <"$work/plan.tsv") allocators, not $n_allocators"; failures=$((failures + 1)); }
+# fit and plan take the allocators' settings and the cost model as replay does: an rmm-arena of a
+# fixed 1 GiB does not fit a smaller device, whatever the trace needs.
+check "fit --allocator-conf: a fixed arena sets the fit" 0 "not built there" -- "$bin" fit "$work/g.tptrace" --allocators rmm-arena --allocator-conf rmm-arena=arena_size:1GiB
+"$bin" fit "$work/g.tptrace" --allocators rmm-arena --allocator-conf rmm-arena=arena_size:1GiB --json >"$work/arena.json"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["allocators"][0]["devices"][0]; sys.exit(0 if d["capacity_bytes"] >= 2**30 and d["capacity_bytes"] <= 2**30 + 8*2**20 and d["refused_below"] else 1)' "$work/arena.json" \
+  && passes=$((passes + 1)) || { echo "FAIL: fit of a 1 GiB arena is not just above 1 GiB: $(grep -m1 capacity_bytes "$work/arena.json")"; failures=$((failures + 1)); }
+check "fit --allocator-conf is checked" 2 "--allocator-conf cub: bin_growth must be at least 2" -- "$bin" fit "$work/g.tptrace" --allocators cub --allocator-conf cub=bin_growth:1
+check "fit --cost-model" 0 '"modelled_upstream_ns": 0,' -- "$bin" fit "$work/g.tptrace" --allocators raw --cost-model "$work/cost.txt" --json
+check "plan --allocator-conf: an arena above the device" 2 "arena_size must be" -- "$bin" plan --model custom --options "$small" --global-batch 8 --capacity 3GiB --allocators rmm-arena --allocator-conf rmm-arena=arena_size:4GiB
+check "plan --allocator-conf" 0 "rmm-pool" -- "$bin" plan --model custom --options "$small" --global-batch 8 --capacity 3GiB --allocators rmm-pool --allocator-conf rmm-pool=initial_pool_size:0
 
 # A real PyTorch snapshot, when the shared traces are here.
 if [ -f "$shared/small-from-empty.pickle" ]; then

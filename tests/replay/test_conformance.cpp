@@ -1,6 +1,7 @@
-// The replay-target conformance suite: every name in target_names() must keep its books, report
-// consistent peaks, fail an impossible request cleanly and stay usable, respect its capacity, and
-// replay deterministically. A new model or allocator gets the whole suite by being listed in the
+// The replay-target conformance suite: every target of conformance_targets() (every name in
+// target_names(); in tests/cuda, the real CUB allocator) must keep its books, report consistent
+// peaks, fail an impossible request cleanly and stay usable, respect its capacity, and replay
+// deterministically. A new model or allocator gets the whole suite by being listed in the
 // registry; the rules peculiar to one target are tested in its own file (test_models.cpp, ...).
 #include <catch2/catch.hpp>
 
@@ -11,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "conformance.hpp"
 #include "random_workload.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
@@ -25,19 +27,46 @@ using trace::TraceEvent;
 
 namespace {
 
-std::unique_ptr<ReplayTarget> make(const std::string& name, std::size_t capacity) {
+using testing::ConformanceTarget;
+
+std::unique_ptr<ReplayTarget> make(const ConformanceTarget& target, std::size_t capacity) {
+  if (target.prepare) target.prepare(capacity);
   TargetOptions o;
   o.capacity = capacity;
-  return make_target(name, o);
+  return target.make(o);
 }
 
-ReplayResult replay_total(const trace::Trace& t, const std::string& name,
+ReplayOptions replay_options(const ConformanceTarget& target, std::size_t capacity) {
+  if (target.prepare) target.prepare(capacity);
+  ReplayOptions o;
+  o.allocator = target.descriptor.name;
+  o.make_target = target.make;
+  o.target.capacity = capacity;
+  return o;
+}
+
+ReplayResult replay_total(const trace::Trace& t, const ConformanceTarget& target,
                           std::size_t capacity = 80 * GiB) {
   TraceSource source(t);
-  ReplayOptions o;
-  o.allocator = name;
-  o.target.capacity = capacity;
-  return tensorpool::replay::replay(source, o).total;
+  return tensorpool::replay::replay(source, replay_options(target, capacity)).total;
+}
+
+// After everything is freed: empty_cache() gives every byte back, or, for a target that holds its
+// memory until destroyed (RMM's resources: a pool never shrinks, the arena is fixed), nothing.
+void check_empty_cache_when_all_freed(ReplayTarget& t, const TargetDescriptor& d) {
+  REQUIRE(t.allocated() == 0);
+  const std::size_t reserved = t.reserved();
+  const UpstreamCounts upstream = t.upstream();
+  t.empty_cache();
+  if (d.holds_memory_until_destroyed) {
+    REQUIRE(t.reserved() == reserved);
+    REQUIRE(t.upstream().total() == upstream.total());
+    REQUIRE(t.upstream().frees == 0);
+  } else {
+    REQUIRE(t.reserved() == 0);
+    REQUIRE(t.upstream().allocs == t.upstream().frees);  // (maps and unmaps count operations
+                                                        // on ranges: they need not pair up)
+  }
 }
 
 // Every measured field but the host time, for comparing two replays.
@@ -118,22 +147,27 @@ const std::map<std::string, trace::Trace>& shared_traces() {
 
 TEST_CASE("conformance: the books balance under a random workload", "[conformance]") {
   const std::size_t capacity = 1 * GiB;
-  for (const std::string& name : target_names()) {
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const std::string& name = target.descriptor.name;
     DYNAMIC_SECTION(name) {
-      auto t = make(name, capacity);
+      auto t = make(target, capacity);
       REQUIRE(t->name() == name);
+      const bool holds = target.descriptor.holds_memory_until_destroyed;
       REQUIRE(t->allocated() == 0);
-      REQUIRE(t->reserved() == 0);
+      if (!holds) REQUIRE(t->reserved() == 0);  // (the others may take an initial pool)
       std::size_t reserved_before = t->reserved();
       UpstreamCounts upstream_before = t->upstream();
-      // Held memory changes only with a device call, and is held iff more was taken than given.
-      const auto consistent = [&](const ReplayTarget& target) {
-        const UpstreamCounts u = target.upstream();
-        if (u.total() == upstream_before.total()) REQUIRE(target.reserved() == reserved_before);
-        REQUIRE((target.reserved() > 0) == (u.allocs > u.frees));
-        reserved_before = target.reserved();
+      // Held memory changes only with a device call, and is held iff more was taken than given;
+      // a target that holds its memory until destroyed never frees any.
+      const auto consistent = [&](const ReplayTarget& now) {
+        const UpstreamCounts u = now.upstream();
+        if (u.total() == upstream_before.total()) REQUIRE(now.reserved() == reserved_before);
+        REQUIRE((now.reserved() > 0) == (u.allocs > u.frees));
+        if (holds) REQUIRE(u.frees == 0);
+        reserved_before = now.reserved();
         upstream_before = u;
       };
+      consistent(*t);
       const testing::WorkloadResult w =
           testing::run_random_workload(*t, capacity, /*with_empty_cache=*/true, consistent);
       WARN(name << ": " << w.ooms << " OOMs, " << t->upstream().allocs << " upstream allocs, "
@@ -145,19 +179,17 @@ TEST_CASE("conformance: the books balance under a random workload", "[conformanc
       }
       for (Stream s = 0; s < 3; ++s) t->stream_synchronized(s);
       REQUIRE(t->allocated() == 0);  // every allocation freed
-      t->empty_cache();
-      REQUIRE(t->reserved() == 0);
-      REQUIRE(t->upstream().allocs == t->upstream().frees);  // (maps and unmaps count operations
-                                                            // on ranges: they need not pair up)
+      check_empty_cache_when_all_freed(*t, target.descriptor);
     }
   }
 }
 
 TEST_CASE("conformance: an allocation grows allocated by at least its size, within reserved",
           "[conformance]") {
-  for (const std::string& name : target_names()) {
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const std::string& name = target.descriptor.name;
     DYNAMIC_SECTION(name) {
-      auto t = make(name, 8 * GiB);
+      auto t = make(target, 8 * GiB);
       std::vector<std::pair<void*, std::size_t>> live;
       for (std::size_t bytes : {std::size_t{1}, std::size_t{511}, std::size_t{4097}, 1 * MiB,
                                 1 * MiB + 1, 11 * MiB, 300 * MiB}) {
@@ -179,9 +211,10 @@ TEST_CASE("conformance: an allocation grows allocated by at least its size, with
 TEST_CASE("conformance: a request above the capacity throws OutOfMemoryError and changes nothing",
           "[conformance]") {
   const std::size_t capacity = 256 * MiB;
-  for (const std::string& name : target_names()) {
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const std::string& name = target.descriptor.name;
     DYNAMIC_SECTION(name) {
-      auto t = make(name, capacity);
+      auto t = make(target, capacity);
       void* kept = t->allocate(10 * MiB, 0);
       const std::size_t allocated = t->allocated();
       const std::size_t reserved = t->reserved();
@@ -201,9 +234,7 @@ TEST_CASE("conformance: a request above the capacity throws OutOfMemoryError and
       REQUIRE(p != nullptr);
       t->deallocate(p, 100 * MiB, 0);
       t->deallocate(kept, 10 * MiB, 0);
-      REQUIRE(t->allocated() == 0);
-      t->empty_cache();
-      REQUIRE(t->reserved() == 0);
+      check_empty_cache_when_all_freed(*t, target.descriptor);
     }
   }
 }
@@ -211,9 +242,10 @@ TEST_CASE("conformance: a request above the capacity throws OutOfMemoryError and
 TEST_CASE("conformance: filling the device ends in OutOfMemoryError within the capacity",
           "[conformance]") {
   const std::size_t capacity = 256 * MiB;
-  for (const std::string& name : target_names()) {
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const std::string& name = target.descriptor.name;
     DYNAMIC_SECTION(name) {
-      auto t = make(name, capacity);
+      auto t = make(target, capacity);
       std::vector<void*> live;
       bool refused = false;
       for (int i = 0; i < 64 && !refused; ++i) {
@@ -238,21 +270,22 @@ TEST_CASE("conformance: filling the device ends in OutOfMemoryError within the c
 TEST_CASE("conformance: replayed traces give consistent peaks, within the capacity", "[conformance]") {
   const trace::Trace generated = generated_trace();
   const trace::Trace seeded = seeded_trace();
-  for (const std::string& name : target_names()) {
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const std::string& name = target.descriptor.name;
     DYNAMIC_SECTION(name) {
-      const ReplayResult g = replay_total(generated, name);
+      const ReplayResult g = replay_total(generated, target);
       check_peaks(g, 80 * GiB);
       CHECK(g.ooms == 0);
       CHECK(g.unmatched_frees == 0);
       CHECK(g.iterations == 4);
-      const ReplayResult s = replay_total(seeded, name);
+      const ReplayResult s = replay_total(seeded, target);
       check_peaks(s, 80 * GiB);
       CHECK(s.unmatched_frees == 0);
       CHECK(s.allocs == 5);
       CHECK(s.peak_requested == 6 * MiB + 4096 + 48 * MiB + 700 * KiB);
       // On a device too small for the generated trace: refusals, and never more than it holds.
       const std::size_t small = 1 * GiB;
-      const ReplayResult tight = replay_total(generated, name, small);
+      const ReplayResult tight = replay_total(generated, target, small);
       CHECK(tight.peak_reserved <= small);
       CHECK(tight.ooms > 0);
       CHECK(tight.unmatched_frees == 0);  // the frees of refused allocations are skipped
@@ -263,11 +296,12 @@ TEST_CASE("conformance: replayed traces give consistent peaks, within the capaci
 TEST_CASE("conformance: the same trace replays to the same figures", "[conformance]") {
   const trace::Trace generated = generated_trace();
   const trace::Trace seeded = seeded_trace();
-  for (const std::string& name : target_names()) {
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const std::string& name = target.descriptor.name;
     DYNAMIC_SECTION(name) {
-      CHECK(figures(replay_total(generated, name)) == figures(replay_total(generated, name)));
-      CHECK(figures(replay_total(seeded, name)) == figures(replay_total(seeded, name)));
-      CHECK(figures(replay_total(generated, name, GiB)) == figures(replay_total(generated, name, GiB)));
+      CHECK(figures(replay_total(generated, target)) == figures(replay_total(generated, target)));
+      CHECK(figures(replay_total(seeded, target)) == figures(replay_total(seeded, target)));
+      CHECK(figures(replay_total(generated, target, GiB)) == figures(replay_total(generated, target, GiB)));
     }
   }
 }
@@ -279,16 +313,59 @@ TEST_CASE("conformance: the shared traces replay with consistent, deterministic 
     return;
   }
   for (const auto& [file, t] : shared_traces()) {
-    for (const std::string& name : target_names()) {
-      INFO(file << ", " << name);
+    for (const ConformanceTarget& target : testing::conformance_targets()) {
+      INFO(file << ", " << target.descriptor.name);
       TraceSource source(t);
-      ReplayOptions o;
-      o.allocator = name;
+      const ReplayOptions o = replay_options(target, 80 * GiB);
       const ReplayReport r = tensorpool::replay::replay(source, o);
       for (const ReplayResult& d : r.devices) check_peaks(d, o.target.capacity);  // per device
       check_peaks(r.total, o.target.capacity * r.devices.size());  // separate memories add up
       CHECK(r.total.unmatched_frees == 0);
-      CHECK(figures(r.total) == figures(replay_total(t, name)));
+      CHECK(figures(r.total) == figures(replay_total(t, target)));
+    }
+  }
+}
+
+TEST_CASE("conformance: a target exports a snapshot iff its descriptor says so, and the snapshot "
+          "is its memory", "[conformance][export]") {
+  const trace::Trace seeded = seeded_trace();
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const TargetDescriptor& d = target.descriptor;
+    DYNAMIC_SECTION(d.name) {
+      REQUIRE(make(target, GiB)->record_history() == d.exports);
+      TraceSource source(seeded);
+      ReplayOptions o = replay_options(target, GiB);
+      o.record_history = true;
+      if (!d.exports) {
+        CHECK_THROWS_WITH(tensorpool::replay::replay(source, o), Catch::Matchers::Contains("cannot export"));
+        CHECK_THROWS_AS(tensorpool::replay::replay(source, o), UsageError);
+        continue;
+      }
+      const ReplayReport r = tensorpool::replay::replay(source, o);
+      REQUIRE(r.memory.size() == 1);
+      const trace::pytorch::DeviceMemory& m = r.memory.front();
+      CHECK(m.device == r.devices.front().device);
+      std::size_t live_requested = 0, mapped_bytes = 0;
+      bool on_stream_7 = false;
+      for (const SegmentInfo& s : m.state.segments) {
+        on_stream_7 = on_stream_7 || s.stream == 7;  // the trace's stream id, not the device's
+        for (const BlockInfo& b : s.blocks) {
+          if (b.mapped) mapped_bytes += b.size;
+          if (b.state == BlockState::allocated) live_requested += b.requested;
+        }
+      }
+      CHECK(live_requested == 4096 + 3 * MiB);  // the blocks live at the end, as asked for
+      CHECK(mapped_bytes <= r.total.final_reserved);  // vmm: pages cached unmapped are not shown
+      CHECK(mapped_bytes >= 4096 + 3 * MiB);
+      CHECK(on_stream_7);
+      std::size_t allocs = 0, frees = 0;
+      for (const trace::pytorch::HistoryEntry& h : m.history) {
+        allocs += h.event.type == EventType::alloc;
+        frees += h.event.type == EventType::free_requested;
+      }
+      CHECK(allocs >= 3);  // the window's three allocations at least (seeds may add theirs)
+      CHECK(frees == 3);
+      CHECK(!r.settings.empty());
     }
   }
 }

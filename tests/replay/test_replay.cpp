@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <vector>
 
 #include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
@@ -132,7 +133,10 @@ TEST_CASE("the first OOM is explained by every target, in the trace's terms", "[
       cached += c.bytes;
     }
     REQUIRE(cached <= o.info.reserved_unallocated);
-    REQUIRE(o.info.largest_free_block <= cached);
+    REQUIRE(o.info.largest_free_block <= o.info.reserved_unallocated);
+    // RMM's arena keeps its global free space outside any stream's arena; everywhere else every
+    // free block is cached on some stream.
+    if (name != "rmm-arena") REQUIRE(o.info.largest_free_block <= cached);
     REQUIRE(report.devices.size() == 1);
     REQUIRE(report.devices[0].first_oom.has_value());
   }
@@ -250,10 +254,23 @@ TEST_CASE("the registry describes every target and checks settings without build
     for (const auto& key : targets[i].settings) CHECK(targets[i].takes(key));
     CHECK_FALSE(targets[i].takes("no_such_key"));
   }
-  CHECK(describe_target("tensorpool").settings == tensorpool::Config::keys());
+  // The Config keys but `backend` (the per-device registry's choice of device; a replay always
+  // runs on a simulated one), which validate_target refuses as an unknown key.
+  std::vector<std::string> replay_keys = tensorpool::Config::keys();
+  std::erase(replay_keys, "backend");
+  REQUIRE(replay_keys.size() + 1 == tensorpool::Config::keys().size());
+  CHECK(describe_target("tensorpool").settings == replay_keys);
+  CHECK(describe_target("tensorpool-vmm").settings == replay_keys);
+  REQUIRE_THROWS_WITH(validate_target("tensorpool", "mode:vmm,backend:vmm"),
+                      Catch::Matchers::StartsWith("tensorpool conf: unknown key 'backend'"));
   CHECK(describe_target("raw").settings.empty());
   CHECK(describe_target("pytorch").takes("max_split_size_mb"));
   CHECK(describe_target("cub").takes("bin_growth"));
+  CHECK(describe_target("rmm-pool").settings == std::vector<std::string>{"initial_pool_size", "maximum_pool_size"});
+  CHECK(describe_target("rmm-arena").settings == std::vector<std::string>{"arena_size", "superblock_size"});
+  // Only RMM's resources keep what they take from the device until they are destroyed.
+  for (const auto& d : targets)
+    CHECK(d.holds_memory_until_destroyed == (d.name == "rmm-pool" || d.name == "rmm-arena"));
   REQUIRE_THROWS_WITH(describe_target("nope"), Catch::Matchers::Contains("unknown allocator 'nope'") &&
                                                    Catch::Matchers::Contains("pytorch-expandable"));
   // validate_target reads the conf as the target would, naming the origin.
@@ -264,6 +281,15 @@ TEST_CASE("the registry describes every target and checks settings without build
                       Catch::Matchers::StartsWith("--conf for pytorch: max_split_size must be above 20 MiB"));
   REQUIRE_THROWS_WITH(validate_target("cub", "bin_growth:1"), Catch::Matchers::Contains("cub conf: bin_growth"));
   REQUIRE_THROWS_WITH(validate_target("raw", "x:1"), Catch::Matchers::Contains("raw conf: unknown key 'x'"));
+  // The RMM models: what can be checked without a device (a size beyond it fails when built).
+  CHECK_NOTHROW(validate_target("rmm-pool", "initial_pool_size:0,maximum_pool_size:none"));
+  CHECK_NOTHROW(validate_target("rmm-arena", "arena_size:1000GiB"));
+  REQUIRE_THROWS_WITH(validate_target("rmm-pool", "initial_pool_size:2GiB,maximum_pool_size:1GiB"),
+                      Catch::Matchers::StartsWith("rmm-pool conf: initial_pool_size exceeds maximum_pool_size"));
+  REQUIRE_THROWS_WITH(validate_target("rmm-pool", "initial_pool_size:none"),
+                      Catch::Matchers::StartsWith("rmm-pool conf: bad value 'none' for key 'initial_pool_size'"));
+  REQUIRE_THROWS_WITH(validate_target("rmm-arena", "superblock_size:1000", "--conf for rmm-arena"),
+                      Catch::Matchers::StartsWith("--conf for rmm-arena: superblock_size must be"));
   REQUIRE_THROWS_AS(validate_target("pytorch", "expandable_segments:true"), tensorpool::ConfigError);
   REQUIRE_THROWS_AS(validate_target("pytorch-expandable", "expandable_segments:false"), tensorpool::ConfigError);
 }

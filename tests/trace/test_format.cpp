@@ -117,6 +117,7 @@ Trace every_op_trace() {
   add(t, ev(Op::segment_free, seg + (32u << 20), 2u << 20, 7, 18));
   add(t, ev(Op::iteration, 0, 1, 0, 19), "step");
   add(t, ev(Op::oom, 0, 80ull << 30, 0, 20), "optimizer.step");
+  add(t, ev(Op::empty_cache, 0, 0, 0, 21));
   return t;
 }
 
@@ -500,7 +501,7 @@ TEST_CASE("binary format errors say what was expected", "[format]") {
   SECTION("unsupported version") {
     const auto e = error_of(BinaryBuilder().header(7).end(0));
     CHECK(contains(e.what(), "unsupported .tptrace format version 7"));
-    CHECK(contains(e.what(), "supports version 1"));
+    CHECK(contains(e.what(), "supports versions 1 to 2"));
     CHECK(e.position() == 8);
   }
   SECTION("unknown record type") {
@@ -509,8 +510,11 @@ TEST_CASE("binary format errors say what was expected", "[format]") {
     CHECK(e.position() == header_end);
   }
   SECTION("unknown op") {
-    const auto e = error_of(BinaryBuilder().header().event(13).end(1));
+    const auto e = error_of(BinaryBuilder().header().event(13).end(1));  // empty_cache: version 2 only
     CHECK(contains(e.what(), "unknown op 13"));
+    CHECK(contains(e.what(), "known ops are 0..12 in version 1"));
+    const auto e2 = error_of(BinaryBuilder().header(2).event(14).end(1));
+    CHECK(contains(e2.what(), "known ops are 0..13 in version 2"));
   }
   SECTION("varint overflow") {
     BinaryBuilder b;
@@ -624,7 +628,7 @@ TEST_CASE("JSON lines: the writer's layout", "[format]") {
   std::istringstream lines(read_bytes(dir.file("t.jsonl")));
   std::string line;
   std::getline(lines, line);
-  CHECK(line == R"({"format":"tensorpool-trace","version":1,"source":"s","metadata":[]})");
+  CHECK(line == R"({"format":"tensorpool-trace","version":2,"source":"s","metadata":[]})");
   std::getline(lines, line);
   CHECK(line == R"({"op":"alloc","device":0,"stream":0,"addr":"0x7f0000001000","size":1024,"time_us":5,"label":"text"})");
   std::getline(lines, line);
@@ -688,7 +692,8 @@ TEST_CASE("JSON lines: malformed lines are reported with their line number", "[f
       {"blank lines count", {kJsonHeader, "", ok_event, "   ", R"({"op":"alloc"})"}, 5, "missing key"},
       {"no header", {ok_event}, 1, "expected the header object"},
       {"wrong format name", {R"({"format":"other","version":1})"}, 1, "expected the header object"},
-      {"unsupported version", {R"({"format":"tensorpool-trace","version":2})", ok_event}, 1, "unsupported tensorpool-trace JSON-lines version 2 (this reader supports version 1"},
+      {"unsupported version", {R"({"format":"tensorpool-trace","version":3})", ok_event}, 1, "unsupported tensorpool-trace JSON-lines version 3 (this reader supports versions 1 to 2"},
+      {"empty_cache in version 1", {R"({"format":"tensorpool-trace","version":1})", R"({"op":"empty_cache"})"}, 2, "unknown op \"empty_cache\" in version 1"},
       {"missing version", {R"({"format":"tensorpool-trace"})"}, 1, "missing key \"version\""},
       {"metadata not strings", {R"({"format":"tensorpool-trace","version":1,"metadata":[1]})"}, 1, "array of strings"},
       {"unknown header key", {R"({"format":"tensorpool-trace","version":1,"sauce":"x"})"}, 1, "unknown key \"sauce\" in the header"},

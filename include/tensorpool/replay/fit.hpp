@@ -23,18 +23,26 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "tensorpool/cost_model.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/event.hpp"
 #include "tensorpool/types.hpp"
 
 namespace tensorpool::replay {
 
-/// An allocator to search with and its settings (a conf its descriptor takes).
+/// An allocator to search with: what ReplayOptions gives replay() but the capacity and device,
+/// which the search sets (the CLI builds it from the same options as replay and compare).
 struct FitTarget {
+  FitTarget() = default;
+  FitTarget(std::string name, std::string settings = {}, std::shared_ptr<const CostModel> costs = nullptr)
+      : allocator(std::move(name)), conf(std::move(settings)), cost_model(std::move(costs)) {}
+
   std::string allocator;
-  std::string conf;
+  std::string conf;                             // settings its descriptor takes
+  std::shared_ptr<const CostModel> cost_model;  // of the simulated device; null: flat default
 };
 
 /// `targets` with the confs replay::share_conf() gave them (confs may be shorter: "" for the rest).
@@ -70,6 +78,10 @@ struct DeviceFit {
   /// it); absent only when the trace has no allocation.
   std::optional<ReplayResult> below;
   std::size_t below_capacity = 0;
+  /// Non-empty when the target could not even be built on a device of below_capacity (its
+  /// ConfigError: settings sized above that device, e.g. an rmm-arena arena_size; counted as not
+  /// fitting there, and `below` then has no first_oom).
+  std::string below_refused;
   /// The replay at 99% of `capacity` had an OOM (the answer is not an artefact of the bisection).
   bool verified = false;
   /// False when a capacity below one with an OOM replayed without one (the search restarted);
@@ -88,8 +100,9 @@ struct FitResult {
                                    // size fits every device of the trace
 };
 
-/// One FitResult per target, in the order of options.targets. Throws what replay() throws
-/// (UsageError for an unknown allocator, ConfigError for a bad conf).
+/// One FitResult per target, in the order of options.targets. A capacity the target's settings
+/// do not fit (a ConfigError when it is built there) counts as one that does not fit; other
+/// errors are thrown as replay() throws them (UsageError for an unknown allocator).
 std::vector<FitResult> fit(const trace::Trace& trace, const FitOptions& options);
 
 /// The capacity search behind fit(), over any replay: `replay_at_capacity(c)` replays at capacity

@@ -19,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,6 +57,9 @@ class TraceSource final : public EventSource {
 
 struct ReplayOptions {
   std::string allocator = "tensorpool";
+  /// When set, builds each device's target instead of make_target(allocator): a target outside
+  /// the registry (e.g. the real CUB allocator over a CUDA runtime, cuda/replay/).
+  std::function<std::unique_ptr<ReplayTarget>(const TargetOptions&)> make_target;
   TargetOptions target;  // capacity and target-specific conf
   int device = -1;       // replay only this device of the trace; -1: every device
   /// Replays the window this many times before the measured pass, as if the program had run it
@@ -62,6 +67,10 @@ struct ReplayOptions {
   /// address still live frees the old block first, seed segments are adopted only once, and only
   /// the last pass is measured.
   int warmup = 0;
+  /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
+  /// UsageError for a target that cannot export: before replaying anything for a registered
+  /// one, when the first device's target is built for one from make_target.
+  bool record_history = false;
 };
 
 /// The first allocation a target refused in the measured pass: where in the trace, and the
@@ -110,6 +119,10 @@ struct ReplayResult {
 struct ReplayReport {
   std::vector<ReplayResult> devices;  // one per replayed device, in device order
   ReplayResult total;                 // sums (device = -1)
+  /// With ReplayOptions::record_history: each device's final memory and recorded events, and the
+  /// target's settings, for trace::pytorch::snapshot_pickle().
+  std::vector<trace::pytorch::DeviceMemory> memory;
+  std::string settings;
 };
 
 /// Replays `source` against a fresh target per device. Throws what make_target throws.

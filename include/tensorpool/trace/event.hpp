@@ -29,8 +29,10 @@ enum class Op : std::uint8_t {
   oom = 10,            // size: the request that failed in the recording run
   seed_segment = 11,   // a segment held at window start: addr, size, stream; flags: kFlagSmallPool
   seed_alloc = 12,     // a block live at window start: addr, size, stream
+  empty_cache = 13,    // the program called empty_cache(): the recording allocator returned its
+                       // free cached segments (the segment_free events right after this one)
 };
-inline constexpr int kNumOps = 13;
+inline constexpr int kNumOps = 14;
 
 const char* to_string(Op op) noexcept;
 /// Parses the names printed by to_string(); false if unknown.

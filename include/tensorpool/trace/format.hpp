@@ -40,8 +40,10 @@ const char* to_string(Format format) noexcept;
 Format format_from_extension(const std::string& path);
 
 /// The version of each format this library writes, and the newest it reads.
-inline constexpr std::uint32_t kBinaryFormatVersion = 1;
-inline constexpr std::uint32_t kJsonlFormatVersion = 1;
+/// Version 2 added the op empty_cache; version-1 files are read as well (ops 0..12 only).
+inline constexpr std::uint32_t kBinaryFormatVersion = 2;
+inline constexpr std::uint32_t kJsonlFormatVersion = 2;
+inline constexpr int kOpsInVersion1 = 13;
 
 /// A trace file that is not what its format says: the message names the file, where (byte offset
 /// for binary files, line number for JSON lines) and what was expected there.

@@ -26,6 +26,9 @@
 //  - A free_completed whose free_requested fell before the window gets a free_requested
 //    synthesized just before it, so that every free is requested before it completes.
 //  - Labels: "name (filename:line)" of one frame of the event's stack (see FrameChoice).
+//  - The program's empty_cache() calls, seen as runs of segment_free events of wholly free
+//    segments with no oom around them, get an empty_cache event before each run
+//    (mark_empty_cache_calls, tensorpool/trace/empty_cache.hpp).
 #pragma once
 
 #include <cstddef>

@@ -12,9 +12,16 @@
 //    work recorded at the free (CUB records an event there; in a replay, the host synchronizing
 //    that stream after the free is what completes it).
 //  - max_cached_bytes 6 MiB - 1 B: a freed block whose caching would take the cached total above
-//    it is cudaFree'd instead ("none" in the conf: no limit).
+//    it is cudaFree'd instead ("none" in the conf: no limit). Setting any bin key models CUB's
+//    constructor that takes bins, whose limit defaults to none.
 //  - When cudaMalloc fails, every cached block of the device is cudaFree'd and cudaMalloc is
-//    retried once; a second failure is an OutOfMemoryError.
+//    retried once; a second failure is an OutOfMemoryError. A request larger than the device
+//    fails the same way (its cudaMalloc fails), so it too empties the cache first.
+//  - cudaFree waits for the device to be idle (CUDA's documented behaviour): every cudaFree is
+//    counted as a host synchronization and completes the work of every stream, so blocks cached
+//    by other streams become reusable after it. (Found by replaying the shared traces through
+//    the real CUB code on the CUDA-runtime test double: cuda/replay/cub_real_target.cpp and the
+//    test tests/cuda/test_cub_vs_model.cpp keep the two in step.)
 //
 // Device granularity: the simulated device takes segments in multiples of 512 B, not PyTorch's
 // 2 MiB: real cudaMalloc packs small allocations into shared pages, so charging each 512 B bin a
@@ -32,6 +39,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "replay/models/cub_settings.hpp"
 #include "replay/models/model_support.hpp"
 #include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
@@ -49,13 +57,6 @@ constexpr const char* kName = "cub";
 constexpr std::size_t kGranule = 512;  // of the simulated device (see the banner)
 constexpr unsigned kUnbinned = ~0U;
 
-struct Settings {
-  unsigned bin_growth = 8;
-  unsigned min_bin = 3;
-  unsigned max_bin = 7;
-  std::size_t max_cached_bytes = 6 * MiB - 1;  // (8^7) * 3 - 1, per CUB's documentation
-};
-
 // bin_growth^power, or kUnlimited when it does not fit in size_t.
 std::size_t power_of(std::size_t base, unsigned power) noexcept {
   std::size_t v = 1;
@@ -64,33 +65,6 @@ std::size_t power_of(std::size_t base, unsigned power) noexcept {
     v *= base;
   }
   return v;
-}
-
-const std::vector<std::string>& settings_keys() {
-  static const std::vector<std::string> keys = {"bin_growth", "min_bin", "max_bin",
-                                                "max_cached_bytes"};
-  return keys;
-}
-
-Settings parse_settings(std::string_view conf, std::string_view origin) {
-  Settings s;
-  for (const KeyValue& e : parse_key_values(conf, origin)) {
-    if (e.key == "bin_growth")
-      s.bin_growth = static_cast<unsigned>(whole_number(origin, e, 0, 1U << 20));
-    else if (e.key == "min_bin")
-      s.min_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
-    else if (e.key == "max_bin")
-      s.max_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
-    else if (e.key == "max_cached_bytes")
-      s.max_cached_bytes = size_or_none(origin, e).value_or(kUnlimited);
-    else
-      throw_unknown_key(origin, e, settings_keys());
-  }
-  const auto fail = [&](const char* what) { throw ConfigError(std::string(origin) + ": " + what); };
-  if (s.bin_growth < 2) fail("bin_growth must be at least 2");
-  if (s.min_bin > s.max_bin) fail("min_bin must not exceed max_bin");
-  if (power_of(s.bin_growth, s.max_bin) == kUnlimited) fail("bin_growth^max_bin does not fit in 64 bits");
-  return s;
 }
 
 struct Block {
@@ -105,7 +79,7 @@ struct Block {
 class CubModel final : public ReplayTarget {
  public:
   explicit CubModel(const TargetOptions& options)
-      : settings_(parse_settings(options.conf, std::string(kName) + " conf")),
+      : settings_(model::parse_cub_settings(options.conf, std::string(kName) + " conf")),
         device_(device_options(options)),
         cache_(settings_.max_bin - settings_.min_bin + 1) {}
 
@@ -121,14 +95,7 @@ class CubModel final : public ReplayTarget {
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
-    SimulatedDeviceOptions d;
-    d.name = "cub-model";
-    d.ordinal = o.device;
-    d.capacity = o.capacity;
-    d.segment_granularity = kGranule;
-    d.alignment = kGranule;
-    d.supports_virtual_memory = false;
-    return d;
+    return model::malloc_device_options(o, "cub-model", kGranule);
   }
 
   Block bin_for(std::size_t bytes) const noexcept;
@@ -139,7 +106,7 @@ class CubModel final : public ReplayTarget {
   std::list<Block>& bin_list(unsigned bin) { return cache_[bin - settings_.min_bin]; }
   [[noreturn]] void throw_oom(std::size_t bytes, const Block& b, Stream stream);
 
-  Settings settings_;
+  model::CubSettings settings_;
   SimulatedDevice device_;
   model::StreamClock clock_;
   std::vector<std::list<Block>> cache_;  // per bin (min_bin..max_bin), in caching order
@@ -179,7 +146,10 @@ Block CubModel::bin_for(std::size_t bytes) const noexcept {
 
 void* CubModel::allocate(std::size_t bytes, Stream stream) {
   // Beyond any device: fail before the rounding arithmetic could overflow.
-  if (bytes > device_.properties().capacity) throw_oom(bytes, Block{.bytes = bytes}, stream);
+  if (bytes > device_.properties().capacity) {
+    free_all_cached();  // CUB's failed cudaMalloc empties the cache before it gives up
+    throw_oom(bytes, Block{.bytes = bytes}, stream);
+  }
   Block b = bin_for(bytes);
   b.stream = stream;
   if (b.bin == kUnbinned || !reuse_cached(b)) {
@@ -236,6 +206,8 @@ void* CubModel::device_malloc(const Block& b) {
 void CubModel::device_free(const Block& b) {
   device_.free_segment(reinterpret_cast<void*>(b.addr), b.device_bytes, b.stream);
   reserved_ -= b.device_bytes;
+  device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
+  clock_.synchronized_all();
 }
 
 void CubModel::free_all_cached() {
@@ -255,13 +227,49 @@ void CubModel::free_all_cached() {
 
 }  // namespace
 
+namespace model {
+
+const std::vector<std::string>& cub_settings_keys() {
+  static const std::vector<std::string> keys = {"bin_growth", "min_bin", "max_bin",
+                                                "max_cached_bytes"};
+  return keys;
+}
+
+// Any bin key selects CUB's constructor that takes bins (unset bin keys keep 8, 3 and 7).
+CubSettings parse_cub_settings(std::string_view conf, std::string_view origin) {
+  CubSettings s;
+  bool bins_set = false;
+  bool limit_set = false;
+  for (const KeyValue& e : parse_key_values(conf, origin)) {
+    bins_set = bins_set || e.key == "bin_growth" || e.key == "min_bin" || e.key == "max_bin";
+    if (e.key == "bin_growth")
+      s.bin_growth = static_cast<unsigned>(whole_number(origin, e, 0, 1U << 20));
+    else if (e.key == "min_bin")
+      s.min_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
+    else if (e.key == "max_bin")
+      s.max_bin = static_cast<unsigned>(whole_number(origin, e, 0, 64));
+    else if (e.key == "max_cached_bytes")
+      s.max_cached_bytes = size_or_none(origin, e).value_or(kUnlimited), limit_set = true;
+    else
+      throw_unknown_key(origin, e, cub_settings_keys());
+  }
+  if (bins_set && !limit_set) s.max_cached_bytes = kUnlimited;
+  const auto fail = [&](const char* what) { throw ConfigError(std::string(origin) + ": " + what); };
+  if (s.bin_growth < 2) fail("bin_growth must be at least 2");
+  if (s.min_bin > s.max_bin) fail("min_bin must not exceed max_bin");
+  if (power_of(s.bin_growth, s.max_bin) == kUnlimited) fail("bin_growth^max_bin does not fit in 64 bits");
+  return s;
+}
+
+}  // namespace model
+
 std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options) {
   return std::make_unique<CubModel>(options);
 }
 
 TargetEntry cub_entry() {
-  return {{kName, "a model of CUB's CachingDeviceAllocator", settings_keys()},
-          [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
+  return {{kName, "a model of CUB's CachingDeviceAllocator", model::cub_settings_keys()},
+          [](std::string_view conf, std::string_view origin) { model::parse_cub_settings(conf, origin); },
           make_cub_target};
 }
 

@@ -1,6 +1,7 @@
-// model_support.hpp: small helpers shared by the models of foreign allocators ("pytorch", "cub"):
-// rounding, the description of an out-of-memory failure and a per-stream record of host
-// synchronizations (internal to tensorpool::replay, header-only). Their settings are read with
+// model_support.hpp: small helpers shared by the models of foreign allocators ("pytorch", "cub",
+// "rmm-pool", "rmm-arena"): rounding, the simulated device of a cudaMalloc-based model, the
+// description of an out-of-memory failure and a per-stream record of host synchronizations
+// (internal to tensorpool::replay, header-only). Their settings are read with
 // the core's key:value reader (tensorpool/key_values.hpp).
 #pragma once
 
@@ -45,11 +46,27 @@ inline OutOfMemoryInfo oom_info(SimulatedDevice& device, std::size_t requested, 
 /// stream order) and raises largest_free_block to `block` if larger.
 inline void add_cached(OutOfMemoryInfo& info, Stream stream, std::size_t bytes, std::size_t block) {
   info.largest_free_block = std::max(info.largest_free_block, block);
+  if (bytes == 0) return;
   auto& v = info.cached_per_stream;
   auto it = std::lower_bound(v.begin(), v.end(), stream,
                              [](const StreamCachedBytes& c, Stream s) { return c.stream < s; });
   if (it == v.end() || it->stream != stream) it = v.insert(it, StreamCachedBytes{stream, 0});
   it->bytes += bytes;
+}
+
+/// The simulated device of a model of a cudaMalloc-based allocator: no virtual memory, segments
+/// and addresses in multiples of `granularity`, the target's capacity, ordinal and cost model.
+inline SimulatedDeviceOptions malloc_device_options(const TargetOptions& o, const char* name,
+                                                   std::size_t granularity) {
+  SimulatedDeviceOptions d;
+  d.name = name;
+  d.ordinal = o.device;
+  d.capacity = o.capacity;
+  d.segment_granularity = granularity;
+  d.alignment = granularity;
+  d.supports_virtual_memory = false;
+  d.cost_model = o.cost_model;
+  return d;
 }
 
 /// Counts host synchronizations per stream, so that work "recorded" on a stream at some moment
@@ -60,14 +77,17 @@ class StreamClock {
   /// The mark to remember when recording work on `stream` now.
   std::uint64_t mark(Stream stream) const {
     const auto it = syncs_.find(stream);
-    return it == syncs_.end() ? 0 : it->second;
+    return device_syncs_ + (it == syncs_.end() ? 0 : it->second);
   }
   void synchronized(Stream stream) { ++syncs_[stream]; }
+  /// The host waited for the whole device (cudaFree, cudaDeviceSynchronize): every stream.
+  void synchronized_all() { ++device_syncs_; }
   /// True when `stream` was synchronized after mark() returned `m`.
   bool completed(Stream stream, std::uint64_t m) const { return mark(stream) > m; }
 
  private:
   std::unordered_map<Stream, std::uint64_t> syncs_;
+  std::uint64_t device_syncs_ = 0;
 };
 
 }  // namespace tensorpool::replay::model

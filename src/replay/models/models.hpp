@@ -23,6 +23,8 @@ TargetEntry tensorpool_vmm_entry();      // tensorpool_target.cpp
 TargetEntry pytorch_entry();             // pytorch_model.cpp
 TargetEntry pytorch_expandable_entry();  // pytorch_expandable_model.cpp
 TargetEntry cub_entry();                 // cub_model.cpp
+TargetEntry rmm_pool_entry();            // rmm_pool_model.cpp
+TargetEntry rmm_arena_entry();           // rmm_arena_model.cpp
 TargetEntry raw_entry();                 // raw_target.cpp
 
 std::unique_ptr<ReplayTarget> make_tensorpool_target(const TargetOptions& options);
@@ -30,6 +32,8 @@ std::unique_ptr<ReplayTarget> make_tensorpool_vmm_target(const TargetOptions& op
 std::unique_ptr<ReplayTarget> make_pytorch_target(const TargetOptions& options);
 std::unique_ptr<ReplayTarget> make_pytorch_expandable_target(const TargetOptions& options);
 std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options);
+std::unique_ptr<ReplayTarget> make_rmm_pool_target(const TargetOptions& options);
+std::unique_ptr<ReplayTarget> make_rmm_arena_target(const TargetOptions& options);
 std::unique_ptr<ReplayTarget> make_raw_target(const TargetOptions& options);
 
 }  // namespace tensorpool::replay

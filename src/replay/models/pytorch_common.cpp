@@ -4,6 +4,7 @@
 #include "replay/models/pytorch_common.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 
 #include "tensorpool/errors.hpp"
@@ -16,6 +17,7 @@ SimulatedDeviceOptions device_options(const TargetOptions& o, const char* device
   d.ordinal = o.device;
   d.capacity = o.capacity;
   d.segment_granularity = pytorch_rules::kRoundLarge;  // every PyTorch segment is a multiple of 2 MiB
+  d.cost_model = o.cost_model;
   return d;
 }
 
@@ -26,6 +28,8 @@ Pool seed_pool(const trace::TraceEvent& seed) noexcept {
 CachingModel::CachingModel(const TargetOptions& options, const char* name, bool expandable,
                            const SimulatedDeviceOptions& device)
     : name_(name),
+      conf_(options.conf),
+      history_entries_(options.history_entries),
       settings_(pytorch_rules::parse_settings(options.conf, std::string(name) + " conf", expandable)),
       device_(device) {}
 
@@ -46,7 +50,9 @@ void* CachingModel::allocate(std::size_t bytes, Stream stream) {
   Block* b = find_free(pool, stream, size);
   if (b == nullptr) b = grow(pool, stream, size);
   if (b == nullptr) throw_oom(bytes, size, stream);
-  return reinterpret_cast<void*>(take(b, size)->addr);
+  take(b, size)->requested = bytes;
+  note(EventType::alloc, b->addr, bytes, b->size, stream);
+  return reinterpret_cast<void*>(b->addr);
 }
 
 // The best-fit candidate, removed from the free set; nullptr when it is missing or ruled out by
@@ -111,6 +117,8 @@ Block* CachingModel::split_at(Block* b, std::size_t offset) {
   OutOfMemoryInfo info = model::oom_info(device_, bytes, size, stream, reserved_, allocated_);
   for (const auto& set : free_)
     for (const Block* b : set) model::add_cached(info, b->stream, b->size, b->size);
+  note(EventType::oom, 0, bytes, size, stream);
+  if (history_) history_->on_oom(info);
   throw OutOfMemoryError(info);
 }
 
@@ -123,8 +131,9 @@ void CachingModel::deallocate(void* ptr, std::size_t /*bytes*/, Stream /*stream*
   Block* b = it->second.get();
   b->allocated = false;
   allocated_ -= b->size;
+  note(EventType::free_requested, b->addr, b->requested, b->size, b->stream);
   if (b->uses.empty()) {
-    free_block(b);
+    complete_free(b);
     return;
   }
   // PyTorch records an event on each stream that used the block; the block is reusable once
@@ -180,7 +189,7 @@ void CachingModel::process_pending() {
     b->pending = false;
     b->uses.clear();
     b->marks.clear();
-    free_block(b);
+    complete_free(b);
   }
   pending_.swap(still);
 }
@@ -194,8 +203,59 @@ void CachingModel::complete_all_pending() {
     b->pending = false;
     b->uses.clear();
     b->marks.clear();
-    free_block(b);
+    complete_free(b);
   }
+}
+
+Block* CachingModel::complete_free(Block* b) {
+  note(EventType::free_completed, b->addr, b->requested, b->size, b->stream);
+  b->requested = 0;
+  return free_block(b);
+}
+
+// --- snapshot export ----------------------------------------------------------------------
+
+void CachingModel::start_history() {
+  if (!history_) history_ = std::make_shared<trace::pytorch::HistoryRecorder>(history_entries_);
+}
+
+void CachingModel::note(EventType type, Address addr, std::size_t requested, std::size_t size,
+                        Stream stream) {
+  if (!history_) return;
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  history_->on_event(AllocatorEvent{type, addr, requested, size, stream,
+                                    static_cast<std::uint64_t>(
+                                        std::chrono::duration_cast<std::chrono::nanoseconds>(now).count())});
+}
+
+trace::pytorch::DeviceMemory CachingModel::memory_state() const {
+  trace::pytorch::DeviceMemory m;
+  for (const auto& [addr, owned] : blocks_) {
+    const Block* head = owned.get();
+    if (head->prev != nullptr) continue;  // segments are chains of address neighbours
+    SegmentInfo s;
+    s.address = head->addr;
+    s.stream = head->stream;
+    s.pool = head->pool;
+    s.heap = head->segment != nullptr;  // "pytorch-expandable": mapped runs are what shows
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      BlockInfo info;
+      info.address = b->addr;
+      info.size = b->size;
+      info.mapped = b->mapped;
+      info.state = b->allocated ? BlockState::allocated
+                   : b->pending ? BlockState::pending_free
+                                : BlockState::free;
+      info.requested = info.state == BlockState::free ? 0 : b->requested;
+      s.size += b->size;
+      s.blocks.push_back(info);
+    }
+    m.state.segments.push_back(std::move(s));
+  }
+  std::sort(m.state.segments.begin(), m.state.segments.end(),
+            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
+  if (history_) m.history = history_->entries();
+  return m;
 }
 
 // --- seeding ------------------------------------------------------------------------------

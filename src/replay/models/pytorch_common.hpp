@@ -44,6 +44,7 @@ struct Block {
   bool mapped = true;  // false: address space of an expandable segment with no pages behind it
   bool allocated = false;
   bool pending = false;  // freed, waiting for the streams in `uses` to pass `marks`
+  std::size_t requested = 0;  // bytes asked for, while allocated or pending (snapshot export)
   std::vector<Stream> uses;          // other streams it was used on (record_stream)
   std::vector<std::uint64_t> marks;  // StreamClock marks taken when it was freed
 
@@ -87,6 +88,9 @@ class CachingModel : public ReplayTarget {
   std::size_t allocated() const override { return allocated_; }
   UpstreamCounts upstream() const override;
   UpstreamCounts seeding_excluded() const override { return baseline_; }
+  /// The blocks as segments (chains of address neighbours) and the history, if recorded.
+  trace::pytorch::DeviceMemory memory_state() const override;
+  std::string settings() const override { return std::string("model:") + name_ + "," + conf_; }
 
  protected:
   /// `name` is the target's (a static string); `expandable` the mode it models (for its conf).
@@ -130,8 +134,17 @@ class CachingModel : public ReplayTarget {
   std::optional<SeededPlace> seeded_place(std::uint64_t addr) const;
   void exclude_from_window(const UpstreamCounts& before);
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
+  /// Snapshot export: attaches the history recorder (record_history() of a model that exports).
+  void start_history();
+  /// Records an event in the history, when there is one.
+  void note(EventType type, Address addr, std::size_t requested, std::size_t size, Stream stream);
+  /// `b` (pending or just freed) becomes reusable: free_completed, then free_block().
+  Block* complete_free(Block* b);
 
   const char* name_;
+  std::string conf_;
+  std::size_t history_entries_;
+  std::shared_ptr<trace::pytorch::HistoryRecorder> history_;  // after start_history()
   pytorch_rules::Settings settings_;
   SimulatedDevice device_;
   UpstreamCounts baseline_;        // the device calls of seeding, not part of the window

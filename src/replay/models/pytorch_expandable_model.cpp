@@ -457,7 +457,9 @@ void ExpandableModel::seed_native_segment(const trace::TraceEvent& seed, Pool po
 void* ExpandableModel::seed_alloc(const trace::TraceEvent& seed) {
   Block* f = seeded_free_block(seed);
   if (f == nullptr) return allocate(seed.size, seed.stream);
-  return reinterpret_cast<void*>(take(f, round_size(seed.size))->addr);
+  Block* b = take(f, round_size(seed.size));
+  b->requested = seed.size;
+  return reinterpret_cast<void*>(b->addr);
 }
 
 // The free block at the recorded address of `seed`, split there and out of its free set; nullptr

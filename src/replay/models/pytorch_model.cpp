@@ -26,6 +26,8 @@
 //    first release cached oversize segments of the stream (the smallest one big enough, else the
 //    largest ones until enough is freed) and retry; then wait for pending frees, release every
 //    fully free segment of both pools and retry; then throw OutOfMemoryError.
+//  - Snapshot export: record_history() records alloc, free and segment events; the blocks give
+//    the segments (chains of neighbours).
 //  - seed_segment() adopts a segment PyTorch held at window start as a free segment (its pool from
 //    kFlagSmallPool); its cudaMalloc is not one of the window's upstream calls. Blocks live at
 //    window start come as allocate() calls (best fit, which packs them at the front of the seeded
@@ -81,6 +83,10 @@ class PyTorchModel final : public pytorch_common::CachingModel {
 
   void seed_segment(const trace::TraceEvent& seed) override;
   void* seed_alloc(const trace::TraceEvent& seed) override;
+  bool record_history() override {
+    start_history();
+    return true;
+  }
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
@@ -132,6 +138,7 @@ Block* PyTorchModel::new_segment(Pool pool, Stream stream, std::size_t segment) 
   if (p == nullptr) return nullptr;
   Block* b = new_block(reinterpret_cast<Address>(p), segment, stream, pool, nullptr, true);
   reserved_ += segment;
+  note(EventType::segment_alloc, b->addr, 0, segment, stream);
   return b;
 }
 
@@ -185,6 +192,7 @@ void PyTorchModel::release_cached() {
 void PyTorchModel::release_segment(Block* b) {
   const std::size_t size = b->size;
   device_.free_segment(reinterpret_cast<void*>(b->addr), size, b->stream);
+  note(EventType::segment_free, b->addr, 0, size, b->stream);
   reserved_ -= size;
   blocks_.erase(b->addr);
 }
@@ -213,7 +221,10 @@ void* PyTorchModel::seed_alloc(const trace::TraceEvent& seed) {
   if (f->prev != nullptr && !f->prev->allocated) give_gap_to_prev(f->prev);
   // The tail follows PyTorch's split rule: in the large pool a remainder of 1 MiB or less was
   // never split off (and no later seed can start in it: large-pool blocks are above 1 MiB).
-  return reinterpret_cast<void*>(take(f, round_size(seed.size))->addr);
+  Block* b = take(f, round_size(seed.size));
+  b->requested = seed.size;
+  note(EventType::alloc, b->addr, seed.size, b->size, seed.stream);
+  return reinterpret_cast<void*>(b->addr);
 }
 
 // The free block at the recorded address of `seed`, split there and taken out of its free set;
@@ -255,7 +266,8 @@ TargetEntry pytorch_entry() {
   return {{kName,
            "a model of PyTorch's native CUDA caching allocator, started from PyTorch's own "
            "segments at the window start",
-           pytorch_rules::settings_keys()},
+           pytorch_rules::settings_keys(), /*holds_memory_until_destroyed=*/false,
+           /*exports=*/true},
           [](std::string_view conf, std::string_view origin) {
             pytorch_rules::parse_settings(conf, origin, false);
           },

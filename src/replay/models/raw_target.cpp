@@ -29,7 +29,8 @@ class RawTarget final : public ReplayTarget {
   explicit RawTarget(const TargetOptions& o)
       : device_(SimulatedDeviceOptions{.name = "raw" + std::to_string(o.device), .ordinal = o.device,
                                        .capacity = o.capacity, .segment_granularity = 512,
-                                       .event_mode = EventMode::immediate}) {
+                                       .event_mode = EventMode::immediate,
+                                       .cost_model = o.cost_model}) {
     check_settings(o.conf, "raw conf");
   }
 
