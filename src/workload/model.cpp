@@ -8,25 +8,6 @@ namespace tensorpool::workload {
 
 namespace {
 
-ModelShape gpt2(std::string name, int layers, std::uint64_t hidden, int heads) {
-  ModelShape m;
-  m.name = std::move(name);
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.kv_heads = heads;
-  m.ffn = 4 * hidden;
-  m.vocab = 50257;
-  m.mlp = MlpKind::gelu;
-  m.norm = NormKind::layernorm;
-  m.biases = true;
-  m.dropout = true;
-  m.tied_embeddings = true;
-  m.positions = 1024;
-  m.context = 1024;
-  return m;
-}
-
 ModelShape llama(std::string name, int layers, std::uint64_t hidden, int heads, int kv_heads,
                  std::uint64_t ffn, std::uint64_t vocab, std::uint64_t context) {
   ModelShape m;
@@ -39,6 +20,17 @@ ModelShape llama(std::string name, int layers, std::uint64_t hidden, int heads, 
   m.vocab = vocab;
   m.context = context;
   return m;  // the defaults are the Llama block: SwiGLU, RMSNorm, rotary, no biases, untied
+}
+
+ModelShape gpt2(std::string name, int layers, std::uint64_t hidden, int heads) {
+  ModelShape m = llama(std::move(name), layers, hidden, heads, heads, 4 * hidden, 50257, 1024);
+  m.mlp = MlpKind::gelu;
+  m.norm = NormKind::layernorm;
+  m.biases = true;
+  m.dropout = true;
+  m.tied_embeddings = true;
+  m.positions = 1024;
+  return m;
 }
 
 ModelShape mixtral() {
