@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   int device = -1;
   int warmup = 0;
 
-  auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator");
+  auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator, fit it, plan a micro-batch");
   demo->add_flag("--json", json, "Machine-readable output");
 
   auto* allocators_cmd = app.add_subcommand("allocators", "List the allocators and the settings each takes");
