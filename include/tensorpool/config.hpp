@@ -36,6 +36,11 @@
 //                                  Chunks unmap only whole: smaller chunks let free pages beside
 //                                  live blocks be reclaimed near capacity, larger ones cost fewer
 //                                  calls for large tensors
+//   nvtx                 false     NVTX ranges and marks in a "tensorpool" domain (segment
+//                                  allocation and free, map and unmap, OOM, empty_cache)
+//   nvtx_mem             false     the NVTX memory API: a heap per segment or mapping, a region
+//                                  per block, for Compute Sanitizer and Nsight. The core ignores
+//                                  both nvtx keys; tensorpool/cuda/nvtx.hpp acts on them
 #pragma once
 
 #include <cstddef>
@@ -66,6 +71,8 @@ struct Config {
   std::size_t vmm_growth_divisor = 128;
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
   std::size_t vmm_idle_divisor = 16;
+  bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
+  bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);

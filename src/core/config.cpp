@@ -145,6 +145,10 @@ const std::vector<KeyHandler>& handlers() {
       {"cross_stream_reuse",
        [](Config& c, auto k, auto v) { c.cross_stream_reuse = bool_value(k, v); },
        [](const Config& c) { return std::string(c.cross_stream_reuse ? "true" : "false"); }},
+      {"nvtx", [](Config& c, auto k, auto v) { c.nvtx = bool_value(k, v); },
+       [](const Config& c) { return std::string(c.nvtx ? "true" : "false"); }},
+      {"nvtx_mem", [](Config& c, auto k, auto v) { c.nvtx_mem = bool_value(k, v); },
+       [](const Config& c) { return std::string(c.nvtx_mem ? "true" : "false"); }},
   };
   return h;
 }
