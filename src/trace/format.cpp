@@ -100,10 +100,17 @@ TraceReader::TraceReader(std::unique_ptr<detail::FileSource> source, Format form
 TraceReader::~TraceReader() = default;
 
 std::unique_ptr<TraceReader> TraceReader::open(const std::string& path) {
+  return open(path, ReadOptions{});
+}
+
+std::unique_ptr<TraceReader> TraceReader::open(const std::string& path, const ReadOptions& options) {
   auto source = std::make_unique<detail::FileSource>(path);
   source->refill();
-  if (detect_format(*source) == Format::binary) return detail::open_binary_reader(std::move(source));
-  return detail::open_jsonl_reader(std::move(source));
+  std::unique_ptr<TraceReader> reader = detect_format(*source) == Format::binary
+                                            ? detail::open_binary_reader(std::move(source))
+                                            : detail::open_jsonl_reader(std::move(source));
+  reader->options_ = options;
+  return reader;
 }
 
 const std::string& TraceReader::label(std::uint32_t id) const {
@@ -126,10 +133,22 @@ bool TraceReader::next(Event& out) {
     }
     done_ = true;
     return false;
+  } catch (const TraceFormatError& e) {
+    if (end_at_cut(e)) return false;
+    error_ = std::current_exception();
+    throw;
   } catch (...) {
     error_ = std::current_exception();
     throw;
   }
+}
+
+bool TraceReader::end_at_cut(const TraceFormatError& error) {
+  if (!cut_ || !options_.allow_truncated) return false;
+  done_ = true;
+  truncation_ = Truncation{error.position(), source_->offset(), events_read_, verified_events_,
+                           verified_bytes_, error.what()};
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,7 +175,12 @@ TraceWriter::~TraceWriter() = default;  // ~FileSink removes the temporary unles
 
 std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, Format format,
                                                const TraceInfo& info) {
-  auto sink = std::make_unique<detail::FileSink>(path);
+  return open(path, format, info, WriteOptions{});
+}
+
+std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, Format format,
+                                               const TraceInfo& info, const WriteOptions& options) {
+  auto sink = std::make_unique<detail::FileSink>(path, options.temp_path);
   if (format == Format::binary) return detail::open_binary_writer(std::move(sink), info);
   return detail::open_jsonl_writer(std::move(sink), info);
 }
@@ -216,6 +240,15 @@ void TraceWriter::write(Event event, std::string_view label_text) {
   write(event);
 }
 
+void TraceWriter::checkpoint() {
+  guarded([&] {
+    on_checkpoint();
+    sink_->flush_to_os();
+  });
+}
+
+const std::string& TraceWriter::temp_path() const noexcept { return sink_->temp_path(); }
+
 void TraceWriter::finish() {
   guarded([&] {
     on_finish();
@@ -258,7 +291,12 @@ void write_trace(const std::string& path, const Trace& trace, Format format) {
 }
 
 void convert_trace(const std::string& in, const std::string& out, Format out_format) {
-  auto reader = TraceReader::open(in);
+  convert_trace(in, out, out_format, ReadOptions{});
+}
+
+std::optional<Truncation> convert_trace(const std::string& in, const std::string& out,
+                                        Format out_format, const ReadOptions& options) {
+  auto reader = TraceReader::open(in, options);
   auto writer = TraceWriter::open(out, out_format, reader->info());
   std::vector<std::uint32_t> ids{0};  // reader's id -> writer's id, grown as labels appear
   Event e;
@@ -268,6 +306,7 @@ void convert_trace(const std::string& in, const std::string& out, Format out_for
     writer->write(e);
   }
   writer->finish();
+  return reader->truncation();
 }
 
 }  // namespace tensorpool::trace

@@ -87,19 +87,23 @@ class FileSource {
 
 /// Buffered writing to a temporary file next to a target path; commit() syncs it and renames it
 /// to the target, the destructor (or discard()) removes it otherwise. Keeps the CRC-32 of every
-/// byte written.
+/// byte written. A target that exists and is not a regular file (a device such as /dev/null or
+/// /dev/full, a FIFO) is written in place: there is no file to replace, and nothing is removed.
 class FileSink {
  public:
   /// The largest reserve() request.
   static constexpr std::size_t kBufferBytes = std::size_t{1} << 16;
 
   /// Creates the temporary file exclusively (never reusing an existing file); throws Error.
-  explicit FileSink(std::string target);
+  /// `temp` names it; "" picks a fresh TARGET.tmp-<random>.
+  explicit FileSink(std::string target, std::string temp = {});
   ~FileSink();
   FileSink(const FileSink&) = delete;
   FileSink& operator=(const FileSink&) = delete;
 
   const std::string& target() const noexcept { return target_; }
+  /// Where the bytes go until commit(): the temporary file, or the target written in place.
+  const std::string& temp_path() const noexcept { return temp_; }
 
   /// Room for `n` <= kBufferBytes bytes: write them at the returned pointer, then call
   /// commit_reserved() with the end of what was written.
@@ -115,6 +119,9 @@ class FileSink {
   std::uint32_t crc() noexcept;
   std::uint64_t bytes_written() const noexcept { return flushed_ + used_; }
 
+  /// Hands the buffered bytes to the OS: a process killed afterwards leaves them in the file.
+  /// Throws Error.
+  void flush_to_os();
   /// Flushes, syncs and closes the temporary file, then renames it to the target. Throws Error
   /// (the temporary file is then removed).
   void commit();
@@ -123,6 +130,8 @@ class FileSink {
 
  private:
   void flush();
+  /// The file for error messages: "'TARGET' (temporary 'TEMP')", or "'TARGET'" in place.
+  std::string describe() const;
 
   std::string target_;
   std::string temp_;
@@ -133,6 +142,7 @@ class FileSink {
   std::uint32_t crc_ = 0;
   std::uint64_t flushed_ = 0;
   bool committed_ = false;
+  bool in_place_ = false;  // the target is not a regular file: written directly, never removed
 };
 
 // -----------------------------------------------------------------------------------------------
