@@ -149,6 +149,7 @@ std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOption
     ro.allocator = name;
     ro.device = o.device;
     ro.warmup = o.warmup;
+    ro.attempt_ooms = o.attempt_ooms;
     ro.target.capacity = o.capacity;
     ro.target.conf = name.rfind("tensorpool", 0) == 0 ? o.conf : "";  // --conf is tensorpool's
     reports.push_back(replay::replay(source, ro));
@@ -206,11 +207,24 @@ int cmd_compare(const RunOptions& o) {
 
 // --- convert, generate, demo ------------------------------------------------------------------
 
-int cmd_convert(const std::string& in, const std::string& out) {
+int cmd_convert(const std::string& in, const std::string& out, bool allow_truncated) {
   const trace::Format format = trace::format_from_extension(out);
   const trace::SourceKind kind = trace::detect_source(in);
   if (kind == trace::SourceKind::native_binary || kind == trace::SourceKind::native_jsonl) {
-    trace::convert_trace(in, out, format);  // streamed: memory independent of the length
+    // Streamed: memory independent of the length.
+    const auto cut = trace::convert_trace(in, out, format, {.allow_truncated = allow_truncated});
+    if (cut) {
+      const std::string verified =
+          cut->verified_bytes == 0 ? "no checkpoint"
+                                   : fmt::format("{} verified by the last checkpoint, in the first {} "
+                                                 "bytes of {}", cut->verified_events, cut->verified_bytes,
+                                                 cut->file_bytes);
+      fmt::print(stderr, "{}: cut short: kept the {} events before the cut ({}); the reader says: {}\n",
+                 in, cut->events, verified, cut->problem);
+    }
+  } else if (allow_truncated) {
+    throw UsageError(fmt::format("{}: --allow-truncated applies to tensorpool traces (.tptrace or "
+                                 ".jsonl), not to a {}", in, trace::to_string(kind)));
   } else {
     trace::write_trace(out, trace::load_trace(in), format);
   }

@@ -16,13 +16,14 @@ struct RunOptions {
   std::string conf;  // tensorpool's Config for the tensorpool allocator
   int device = -1;
   int warmup = 0;  // passes over the window before the measured one
+  bool attempt_ooms = false;  // ReplayOptions::attempt_ooms
   bool json = false;
 };
 
 int cmd_info(const std::string& trace, bool json);
 int cmd_replay(const RunOptions& options);
 int cmd_compare(const RunOptions& options);
-int cmd_convert(const std::string& in, const std::string& out);
+int cmd_convert(const std::string& in, const std::string& out, bool allow_truncated);
 int cmd_generate(const std::string& out, const std::string& options);
 int cmd_demo(bool json);
 

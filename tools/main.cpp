@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   std::string allocator = "tensorpool";
   int device = -1;
   int warmup = 0;
+  bool attempt_ooms = false;
 
   auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator");
   demo->add_flag("--json", json, "Machine-readable output");
@@ -72,6 +73,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
+    cmd->add_flag("--attempt-ooms", attempt_ooms,
+                  "Present the requests that failed in the recording (oom events) to the allocator "
+                  "too, as a live recording of it saw them");
     cmd->add_flag("--json", json, "Machine-readable output");
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
@@ -85,6 +89,10 @@ int main(int argc, char** argv) {
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
   convert->add_option("in", trace_path, "Input trace (any supported kind)")->required();
   convert->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
+  bool allow_truncated = false;
+  convert->add_flag("--allow-truncated", allow_truncated,
+                    "Salvage a tensorpool trace that ends early (a killed recording): convert it up "
+                    "to the cut and say where it was cut");
 
   auto* generate = app.add_subcommand("generate", "Write a synthetic LLM-style trace");
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
@@ -105,6 +113,7 @@ int main(int argc, char** argv) {
     run.json = json;
     run.device = device;
     run.warmup = warmup;
+    run.attempt_ooms = attempt_ooms;
     run.conf = conf;
     run.capacity = parse_capacity(capacity);
     run.allocators = replay_cmd->parsed() ? std::vector<std::string>{allocator}
@@ -125,7 +134,7 @@ int main(int argc, char** argv) {
     if (info->parsed()) return cli::cmd_info(trace_path, json);
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
-    if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
+    if (convert->parsed()) return cli::cmd_convert(trace_path, out_path, allow_truncated);
     if (generate->parsed()) {
       try {
         return cli::cmd_generate(out_path, gen_options);

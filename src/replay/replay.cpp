@@ -60,7 +60,7 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
 // The replay of one device of the trace.
 class DeviceReplay {
  public:
-  DeviceReplay(const ReplayOptions& options, int device) {
+  DeviceReplay(const ReplayOptions& options, int device) : attempt_ooms_(options.attempt_ooms) {
     TargetOptions opts = options.target;
     opts.device = device;
     target_ = make_target(options.allocator, opts);
@@ -83,6 +83,9 @@ class DeviceReplay {
         if (auto it = live_.find(e.addr); it != live_.end()) target_->record_stream(it->second.ptr, e.stream);
         break;
       case Op::stream_sync: target_->stream_synchronized(e.stream); break;
+      case Op::oom:
+        if (attempt_ooms_) attempt_failed(e);
+        break;
       case Op::iteration:
         if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
         break;
@@ -147,6 +150,17 @@ class DeviceReplay {
     measure();
   }
 
+  // A request that failed in the recording run (ReplayOptions::attempt_ooms).
+  void attempt_failed(const Event& e) {
+    if (e.size == 0) return;
+    try {
+      target_->deallocate(target_->allocate(e.size, e.stream), e.size, e.stream);
+    } catch (const OutOfMemoryError&) {
+      ++result_.ooms;
+    }
+    measure();
+  }
+
   // free_requested ends a block's life; a lone free_completed (a trace without requests) too.
   void free(const Event& e, bool requested) {
     auto it = live_.find(e.addr);
@@ -176,6 +190,7 @@ class DeviceReplay {
     }
   }
 
+  const bool attempt_ooms_;
   std::unique_ptr<ReplayTarget> target_;
   ReplayResult result_;
   std::unordered_map<std::uint64_t, Live> live_;
