@@ -25,16 +25,17 @@ test: build
 
 bench: deps
 	@cmake --preset release >/dev/null
-	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay
+	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay tensorpool_bench_annotations
 	@build-release/bench/tensorpool_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 	@build-release/bench/tensorpool_bench_replay --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+	@build-release/bench/tensorpool_bench_annotations --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 
 clean:
 	@rm -rf build build-*
 
 # --- reliability (docs/reliability.md): sanitizers and fuzzing ------------------------------
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := pickle pytorch_snapshot trace rmm_log config
+FUZZ_TARGETS := pickle pytorch_snapshot trace recording rmm_log config
 
 .PHONY: test-asan test-tsan fuzz
 
