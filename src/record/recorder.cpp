@@ -60,31 +60,31 @@ trace::TraceInfo header(const Allocator& first) {
        fmt::format("config={}", first.config().to_string())}};
 }
 
+trace::Event seed(trace::Op op, std::uint16_t device, Stream stream, Address addr, std::size_t size,
+                  std::uint8_t flags = 0) {
+  trace::Event e;
+  e.op = op;
+  e.flags = flags;
+  e.device = device;
+  e.stream = stream;
+  e.addr = addr;
+  e.size = size;
+  return e;
+}
+
 /// The allocator's live state as seed events: its segments, then its allocated blocks.
 std::vector<trace::Event> seed_events(const Allocator& alloc, std::uint16_t device) {
   const Snapshot snap = alloc.snapshot();
   std::vector<trace::Event> seeds;
   for (const SegmentInfo& seg : snap.segments) {
-    trace::Event e;
-    e.op = trace::Op::seed_segment;
-    e.device = device;
-    e.stream = seg.stream;
-    e.addr = seg.address;
-    e.size = seg.size;
-    e.flags = static_cast<std::uint8_t>((seg.pool == Pool::small ? trace::kFlagSmallPool : 0) |
-                                        (seg.heap ? trace::kFlagExpandable : 0));
-    seeds.push_back(e);
+    const auto flags = static_cast<std::uint8_t>((seg.pool == Pool::small ? trace::kFlagSmallPool : 0) |
+                                                 (seg.heap ? trace::kFlagExpandable : 0));
+    seeds.push_back(seed(trace::Op::seed_segment, device, seg.stream, seg.address, seg.size, flags));
   }
   for (const SegmentInfo& seg : snap.segments) {
     for (const BlockInfo& b : seg.blocks) {
-      if (b.state != BlockState::allocated) continue;
-      trace::Event e;
-      e.op = trace::Op::seed_alloc;
-      e.device = device;
-      e.stream = seg.stream;
-      e.addr = b.address;
-      e.size = b.requested;
-      seeds.push_back(e);
+      if (b.state == BlockState::allocated)
+        seeds.push_back(seed(trace::Op::seed_alloc, device, seg.stream, b.address, b.requested));
     }
   }
   return seeds;

@@ -193,13 +193,7 @@ void TraceWriter::throw_unusable() const {
 template <class Step>
 void TraceWriter::guarded(Step&& step) {
   check_usable();
-  try {
-    step();
-  } catch (...) {
-    failed_ = true;
-    sink_->discard();
-    throw;
-  }
+  detail::write_or_discard(*sink_, failed_, std::forward<Step>(step));
 }
 
 std::uint32_t TraceWriter::intern(std::string_view text) {

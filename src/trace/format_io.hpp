@@ -145,6 +145,19 @@ class FileSink {
   bool in_place_ = false;  // the target is not a regular file: written directly, never removed
 };
 
+/// Runs `step`, a write to `sink`; if it throws, sets `failed` and discards the sink (removing its
+/// temporary file) before the exception goes on: a writer is unusable after an error.
+template <class Step>
+void write_or_discard(FileSink& sink, bool& failed, Step&& step) {
+  try {
+    step();
+  } catch (...) {
+    failed = true;
+    sink.discard();
+    throw;
+  }
+}
+
 // -----------------------------------------------------------------------------------------------
 // The two formats (binary_format.cpp, jsonl_format.cpp), created by TraceReader::open and
 // TraceWriter::open once the format is known.

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <iterator>
+#include <utility>
 
 #include "trace/format_io.hpp"
 
@@ -56,13 +57,7 @@ void LogWriter::guarded(Step&& step) {
     throw Error(fmt::format("RMM log writer for '{}': {}", sink_->target(),
                             finished_ ? "already finished" : "unusable after an error"));
   }
-  try {
-    step();
-  } catch (...) {
-    failed_ = true;
-    sink_->discard();
-    throw;
-  }
+  detail::write_or_discard(*sink_, failed_, std::forward<Step>(step));
 }
 
 void LogWriter::write(const LogEntry& entry) {
