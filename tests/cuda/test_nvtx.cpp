@@ -24,6 +24,7 @@ const bool g_tool_requested = [] { return setenv("NVTX_INJECTION64_PATH", TP_NVT
 
 /// The calls the fake tool saw since the last call, one per line.
 std::vector<std::string> tool_calls() {
+  REQUIRE(nvtx_tool_attached());  // makes NVTX load the tool if no call has yet
   void* lib = dlopen(TP_NVTX_FAKE_TOOL, RTLD_NOW | RTLD_NOLOAD);  // the copy NVTX loaded
   REQUIRE(lib != nullptr);
   const auto log = reinterpret_cast<const char* (*)(int)>(dlsym(lib, "tp_fake_nvtx_log"));
