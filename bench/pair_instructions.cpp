@@ -30,7 +30,9 @@ struct NoOp final : Observer {
   void on_event(const AllocatorEvent& e) noexcept override { asm volatile("" : : "r"(e.address)); }
 };
 
+#if !defined(TP_CORE_ONLY) && TP_BENCH_NVTX
 bool is_nvtx(const std::string& v) { return v.rfind("nvtx", 0) == 0; }
+#endif
 
 }  // namespace
 
