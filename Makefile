@@ -23,12 +23,20 @@ demo: build
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# Each benchmark also writes Google Benchmark JSON to build-release/bench-NAME.json, which
+# scripts/bench-tables.py turns into the tables of docs/benchmarks.md. tensorpool_bench_cub
+# (side by side with CUB) exists when the CUDA Toolkit's headers were found.
+BENCH_ARGS := --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out_format=json
 bench: deps
 	@cmake --preset release >/dev/null
 	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay tensorpool_bench_annotations
-	@build-release/bench/tensorpool_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-	@build-release/bench/tensorpool_bench_replay --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-	@build-release/bench/tensorpool_bench_annotations --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+	@if grep -q 'build bench/tensorpool_bench_cub:' build-release/build.ninja; then \
+	  cmake --build build-release -j $(JOBS) --target tensorpool_bench_cub; fi
+	@build-release/bench/tensorpool_bench $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench.json
+	@build-release/bench/tensorpool_bench_replay $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_replay.json
+	@build-release/bench/tensorpool_bench_annotations $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_annotations.json
+	@if [ -x build-release/bench/tensorpool_bench_cub ]; then \
+	  build-release/bench/tensorpool_bench_cub $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_cub.json; fi
 
 clean:
 	@rm -rf build build-*

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "mixed_fill.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
@@ -19,16 +20,10 @@ namespace {
 struct Populated {
   explicit Populated(std::size_t live)
       : device(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB})),
-        alloc(device, Config{}) {
-    std::mt19937_64 rng(1);
-    for (std::size_t i = 0; i < live + live / 2; ++i) {
-      held.push_back(alloc.allocate(512 + rng() % (64 * KiB)));
-      if (i % 3 == 2) {
-        alloc.deallocate(held[held.size() - 2]);
-        held.erase(held.end() - 2);
-      }
-    }
-  }
+        alloc(device, Config{}),
+        held(bench::fill_mixed(
+            live, [this](std::size_t bytes) { return alloc.allocate(bytes); },
+            [this](void* p) { alloc.deallocate(p); })) {}
   ~Populated() {
     for (void* p : held) alloc.deallocate(p);
   }

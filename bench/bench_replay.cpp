@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
 
@@ -18,9 +18,9 @@ namespace {
 
 const trace::Trace& generated() {
   static const trace::Trace t = [] {
-    replay::GeneratorOptions g;
+    workload::GeneratorOptions g;
     g.iterations = 200;
-    return replay::generate_llm_trace(g);
+    return workload::generate_llm_trace(g);
   }();
   return t;
 }

@@ -108,7 +108,7 @@ std::string memfd_path(const std::uint8_t* data, std::size_t size) {
 
 struct ReadTrace {
   trace::TraceInfo info;
-  std::vector<trace::Event> events;  // label ids replaced by 0
+  std::vector<trace::TraceEvent> events;  // label ids replaced by 0
   std::vector<std::string> labels;   // the label text of each event
 };
 
@@ -118,7 +118,7 @@ constexpr std::size_t kMaxEvents = 1 << 14;
 ReadTrace read_all(const std::string& path) {
   auto reader = trace::TraceReader::open(path);
   ReadTrace out;
-  trace::Event e;
+  trace::TraceEvent e;
   while (out.events.size() < kMaxEvents && reader->next(e)) {
     out.labels.push_back(reader->label(e.label));
     e.label = 0;
@@ -145,7 +145,7 @@ PartialRead read_until_error(const std::string& path, const trace::ReadOptions& 
   PartialRead out;
   auto reader = trace::TraceReader::open(path, options);
   out.trace.info = reader->info();
-  trace::Event e;
+  trace::TraceEvent e;
   try {
     while (out.trace.events.size() < kMaxEvents && reader->next(e)) {
       out.trace.labels.push_back(reader->label(e.label));

@@ -22,8 +22,8 @@ void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-Event event(int i) {
-  Event e;
+TraceEvent event(int i) {
+  TraceEvent e;
   e.op = i % 3 == 0 ? Op::alloc : i % 3 == 1 ? Op::record_stream : Op::free_requested;
   e.device = static_cast<std::uint16_t>(i % 2);
   e.stream = static_cast<std::uint64_t>(i % 4);

@@ -13,7 +13,7 @@ import sys
 
 binary = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tensorpool"
 traces = sys.argv[2] if len(sys.argv) > 2 else "../shared/traces"
-allocators = "tensorpool,tensorpool-vmm,pytorch,pytorch-expandable,cub,raw"
+allocators = "tensorpool,tensorpool-vmm,pytorch,pytorch-expandable,cub,rmm-pool,rmm-arena,raw"
 
 
 def gib(n):

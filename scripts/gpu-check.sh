@@ -8,8 +8,12 @@
 #   1. record the machine: date, git commit, nvidia-smi, driver/runtime versions, GPU name;
 #   2. configure a fresh Release build with nvcc (-DTENSORPOOL_CUDA=ON
 #      -DTENSORPOOL_CUDA_REAL_TESTS=ON, CMAKE_CUDA_ARCHITECTURES=90) and build the CUDA tests;
-#   3. run `ctest -L cuda`: the backends on the test double and on the real runtime;
-#   4. build and run every benchmark program under bench/ (or, failing that, the binaries
+#   3. run `ctest -L cuda`: the backends on the test double and on the real runtime; then
+#      scripts/gpu/torch_check.py: PyTorch with its allocator and with tensorpool (losses agree);
+#   4. the GPU measurements of scripts/gpu/run.sh (call costs -> OUT_DIR/gpu/cost-model.txt,
+#      trace replays on the GPU, pinned staging), each part under its own timeout; RMM's pool
+#      too when the librmm-cu13 and rapids-logger wheels are in .whl/ (carried to the GPU host);
+#   5. build and run every benchmark program under bench/ (or, failing that, the binaries
 #      already in build-release/bench/), each with --benchmark_out=OUT_DIR/bench-NAME.json.
 # Exit status: 0 when the build and every cuda test passed; 1 when a test failed; 2 when the
 # configure or build failed. Benchmark failures are reported in summary.txt only.
@@ -81,15 +85,25 @@ log "$(grep -E '^(commit|gpu):' "$OUT/environment.txt" | tr '\n' ' ')"
 # --- 2. configure and build -----------------------------------------------------------------
 CMAKE_ARGS=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
   -DTENSORPOOL_CUDA=ON -DTENSORPOOL_CUDA_REAL_TESTS=ON -DTENSORPOOL_BUILD_TESTS=ON
-  -DTENSORPOOL_BUILD_TOOLS=OFF -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCHS")
+  -DTENSORPOOL_BUILD_TOOLS=ON -DTENSORPOOL_GPU_BENCH=ON
+  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCHS")
 rm -rf "$BUILD"
+# RMM's pool for the GPU replay: the wheels in .whl/ (pip download librmm-cu13 rapids-logger).
+if ls "$ROOT"/.whl/librmm_cu13-*.whl "$ROOT"/.whl/rapids_logger-*.whl >/dev/null 2>&1; then
+  mkdir -p "$BUILD-rmm"
+  for w in "$ROOT"/.whl/librmm_cu13-*.whl "$ROOT"/.whl/rapids_logger-*.whl; do python3 -m zipfile -e "$w" "$BUILD-rmm"; done
+  CMAKE_ARGS+=(-DTENSORPOOL_RMM_ROOT="$BUILD-rmm")
+  export LD_LIBRARY_PATH="$BUILD-rmm/librmm/lib64:$BUILD-rmm/rapids_logger/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 # Benchmarks need Google Benchmark; without it, configure again without them.
 if ! step configure 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=ON; then
   rm -rf "$BUILD"
   step configure-without-bench 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=OFF ||
     { log "RESULT: configure failed"; exit 2; }
 fi
-CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info)
+CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info
+  tensorpool_test_cub_vs_model tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned tensorpool_cli
+  tensorpool_torch)
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" ||
   { log "RESULT: build failed"; exit 2; }
 
@@ -100,8 +114,17 @@ test_rc=0
 step ctest 240 ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 300 \
   --output-junit "$OUT/ctest-junit.xml" || test_rc=$?
 grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$SUMMARY"
+# PyTorch trained with its allocator and with tensorpool on each backend (exit 3: no torch/GPU).
+torch_rc=0; step torch 200 python3 "$ROOT/scripts/gpu/torch_check.py" --out "$OUT" --library "$BUILD/cuda/libtensorpool_torch.so" || torch_rc=$?
+grep -E "^(variant|pytorch|tensorpool-|  tensorpool-|torch_check)" "$OUT/torch.log" | tee -a "$SUMMARY"; [ "$torch_rc" -eq 1 ] && test_rc=1
 
-# --- 4. the benchmarks ----------------------------------------------------------------------
+# --- 4. the GPU measurements (scripts/gpu/run.sh; at most 300 s, a minute kept for step 5) ----
+gpu_budget=$(( $(left) - 60 ))
+[ "$gpu_budget" -gt 300 ] && gpu_budget=300
+step gpu-run $((gpu_budget + 10)) bash "$ROOT/scripts/gpu/run.sh" "$OUT" "$BUILD" "$gpu_budget" ||
+  log "gpu-run: failed or timed out (partial results in $OUT/gpu)"
+
+# --- 5. the benchmarks ----------------------------------------------------------------------
 # Every executable the build generates under bench/, as paths relative to the build directory.
 bench_outputs() {
   [ -f "$BUILD/build.ninja" ] || return

@@ -1,20 +1,21 @@
-// commands.cpp: what each subcommand does.
+// commands.cpp: what each subcommand does: calls into the libraries, and the printing of their
+// results (text and JSON).
 #include "commands.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <set>
-#include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "report.hpp"
-#include "tensorpool/replay/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/format.hpp"
 #include "tensorpool/trace/load.hpp"
+#include "tensorpool/trace/summary.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 namespace tensorpool::cli {
 
@@ -25,23 +26,11 @@ namespace {
 
 // --- info -----------------------------------------------------------------------------------
 
-struct Histogram {
-  std::vector<std::uint64_t> bounds;  // upper bounds (inclusive); the last bucket is open
-  std::vector<std::uint64_t> counts;
-  std::vector<std::uint64_t> bytes;
-  explicit Histogram(std::vector<std::uint64_t> b) : bounds(std::move(b)), counts(bounds.size() + 1), bytes(bounds.size() + 1) {}
-  void add(std::uint64_t value, std::uint64_t weight) {
-    const auto i = static_cast<std::size_t>(std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin());
-    ++counts[i];
-    bytes[i] += weight;
-  }
-};
-
 std::string bound_text(std::uint64_t b, bool is_bytes) {
   return is_bytes ? format_bytes(b) : std::to_string(b);
 }
 
-json histogram_json(const Histogram& h, const char* key) {
+json histogram_json(const trace::Histogram& h, const char* key) {
   json out = json::array();
   for (std::size_t i = 0; i < h.counts.size(); ++i) {
     json row = {{"count", h.counts[i]}, {"bytes", h.bytes[i]}};
@@ -51,7 +40,7 @@ json histogram_json(const Histogram& h, const char* key) {
   return out;
 }
 
-void print_histogram(const Histogram& h, const char* title, bool is_bytes) {
+void print_histogram(const trace::Histogram& h, const char* title, bool is_bytes) {
   fmt::print("{}\n", title);
   for (std::size_t i = 0; i < h.counts.size(); ++i) {
     if (h.counts[i] == 0) continue;
@@ -61,106 +50,103 @@ void print_histogram(const Histogram& h, const char* title, bool is_bytes) {
   }
 }
 
-}  // namespace
-
-int cmd_info(const std::string& path, bool as_json) {
-  const trace::SourceKind kind = trace::detect_source(path);
-  const trace::Trace t = trace::load_trace(path);
+// Events per operation name, for the operations present (alphabetical, as JSON objects are).
+std::map<std::string, std::uint64_t> ops_by_name(const trace::TraceSummary& s) {
   std::map<std::string, std::uint64_t> ops;
-  std::set<int> devices;
-  std::set<std::pair<int, std::uint64_t>> streams;
-  Histogram sizes({512, 4 * KiB, 64 * KiB, MiB, 10 * MiB, 100 * MiB, GiB});
-  Histogram lifetimes({1, 10, 100, 1000, 10000, 100000});
-  std::unordered_map<std::uint64_t, std::pair<std::size_t, std::uint64_t>> born;  // addr -> (index, size)
-  std::map<std::string, std::uint64_t> label_bytes;
-  for (std::size_t i = 0; i < t.events.size(); ++i) {
-    const auto& e = t.events[i];
-    ++ops[trace::to_string(e.op)];
-    devices.insert(e.device);
-    if (e.op == Op::alloc || e.op == Op::seed_alloc) {
-      streams.insert({e.device, e.stream});
-      sizes.add(e.size, e.size);
-      born[e.addr ^ (std::uint64_t{e.device} << 56)] = {i, e.size};
-      if (e.label != 0) label_bytes[t.labels[e.label]] += e.size;
-    } else if (e.op == Op::free_requested) {
-      auto it = born.find(e.addr ^ (std::uint64_t{e.device} << 56));
-      if (it != born.end()) {
-        lifetimes.add(i - it->second.first, it->second.second);
-        born.erase(it);
-      }
-    }
-  }
-  replay::TraceSource source(t);
-  const replay::BaselineReport recorded = replay::baseline(source);
-  std::vector<std::pair<std::uint64_t, std::string>> top;
-  for (const auto& [label, bytes] : label_bytes) top.emplace_back(bytes, label);
-  std::sort(top.rbegin(), top.rend());
-  top.resize(std::min<std::size_t>(top.size(), 8));
+  for (int op = 0; op < trace::kNumOps; ++op)
+    if (s.ops[static_cast<std::size_t>(op)] != 0)
+      ops[trace::to_string(static_cast<Op>(op))] = s.ops[static_cast<std::size_t>(op)];
+  return ops;
+}
 
-  if (as_json) {
-    json j = {{"trace", path}, {"kind", trace::to_string(kind)}, {"source", t.info.source},
-              {"metadata", t.info.metadata}, {"events", t.events.size()}, {"ops", ops},
-              {"devices", devices}, {"streams", streams.size()},
-              {"size_histogram", histogram_json(sizes, "le_bytes")},
-              {"lifetime_histogram", histogram_json(lifetimes, "le_events")},
-              {"never_freed", born.size()},
-              {"peak_requested_bytes", recorded.total.result.peak_requested}};
-    json rec = {{"present", recorded.total.present}};
-    if (recorded.total.present) rec.update(to_json(recorded.total.result));
-    j["recorded"] = rec;
-    json labels = json::array();
-    for (const auto& [bytes, label] : top) labels.push_back({{"label", label}, {"bytes", bytes}});
-    j["top_labels"] = labels;
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-  fmt::print("{}: {} ({})\n", path, trace::to_string(kind), t.info.source);
-  fmt::print("events: {}\n", t.events.size());
-  for (const auto& [op, n] : ops) fmt::print("  {:<16} {:>9}\n", op, n);
-  fmt::print("devices: {}   allocating streams: {}\n", devices.size(), streams.size());
-  print_histogram(sizes, "allocation sizes:", true);
-  print_histogram(lifetimes, "lifetimes (events from alloc to free):", false);
-  fmt::print("  never freed in the window: {}\n", born.size());
-  fmt::print("peak requested: {}\n", format_bytes(recorded.total.result.peak_requested));
-  if (recorded.total.present) {
-    const auto& r = recorded.total.result;
+void print_info_json(const std::string& path, const trace::LoadedTrace& loaded,
+                     const trace::TraceSummary& s, const replay::Baseline& recorded) {
+  const trace::Trace& t = loaded.trace;
+  json j = {{"trace", path}, {"kind", trace::to_string(loaded.kind)}, {"source", t.info.source},
+            {"metadata", t.info.metadata}, {"events", s.events}, {"ops", ops_by_name(s)},
+            {"devices", s.devices}, {"streams", s.streams},
+            {"size_histogram", histogram_json(s.sizes, "le_bytes")},
+            {"lifetime_histogram", histogram_json(s.lifetimes, "le_events")},
+            {"never_freed", s.never_freed},
+            {"peak_requested_bytes", s.peak_requested}};
+  json rec = {{"present", recorded.present}};
+  if (recorded.present) rec.update(to_json(recorded.result));
+  j["recorded"] = rec;
+  json labels = json::array();
+  for (const auto& l : s.top_labels) labels.push_back({{"label", l.label}, {"bytes", l.bytes}});
+  j["top_labels"] = labels;
+  std::cout << j.dump(2) << "\n";
+}
+
+void print_info_text(const std::string& path, const trace::LoadedTrace& loaded,
+                     const trace::TraceSummary& s, const replay::Baseline& recorded) {
+  const trace::Trace& t = loaded.trace;
+  fmt::print("{}: {} ({})\n", path, trace::to_string(loaded.kind), t.info.source);
+  fmt::print("events: {}\n", s.events);
+  for (const auto& [op, n] : ops_by_name(s)) fmt::print("  {:<16} {:>9}\n", op, n);
+  fmt::print("devices: {}   allocating streams: {}\n", s.devices.size(), s.streams);
+  print_histogram(s.sizes, "allocation sizes:", true);
+  print_histogram(s.lifetimes, "lifetimes (events from alloc to free):", false);
+  fmt::print("  never freed in the window: {}\n", s.never_freed);
+  fmt::print("peak requested: {}\n", format_bytes(s.peak_requested));
+  if (recorded.present) {
+    const auto& r = recorded.result;
     fmt::print("recorded allocator: peak reserved {}, utilization {:.4f}, {} segment allocs, {} frees, "
                "{} maps, {} unmaps, {} OOMs\n",
                format_bytes(r.peak_reserved), r.utilization, r.upstream.allocs, r.upstream.frees,
                r.upstream.maps, r.upstream.unmaps, r.ooms);
   }
-  if (!top.empty()) {
+  if (!s.top_labels.empty()) {
     fmt::print("top allocation sites by bytes:\n");
-    for (const auto& [bytes, label] : top) fmt::print("  {:>12}  {}\n", format_bytes(bytes), label);
+    for (const auto& l : s.top_labels) fmt::print("  {:>12}  {}\n", format_bytes(l.bytes), l.label);
   }
   for (const auto& m : t.info.metadata) fmt::print("metadata: {}\n", m);
+}
+
+}  // namespace
+
+int cmd_info(const std::string& path, bool as_json) {
+  const trace::LoadedTrace loaded = trace::load(path);
+  const trace::TraceSummary summary = trace::summarize(loaded.trace);
+  replay::TraceSource source(loaded.trace);
+  const replay::Baseline recorded = replay::baseline(source).total;
+  if (as_json) {
+    print_info_json(path, loaded, summary, recorded);
+  } else {
+    print_info_text(path, loaded, summary, recorded);
+  }
   return 0;
 }
 
 // --- replay and compare ---------------------------------------------------------------------
 
+replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
+  replay::ReplayOptions ro;
+  ro.allocator = o.allocators.at(i);
+  ro.device = o.device;
+  ro.warmup = o.warmup;
+  ro.attempt_ooms = o.attempt_ooms;
+  ro.target.capacity = o.capacity;
+  ro.target.conf = i < o.confs.size() ? o.confs[i] : "";
+  ro.target.cost_model = o.cost_model;
+  return ro;
+}
+
 namespace {
 
 std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOptions& o) {
   std::vector<replay::ReplayReport> reports;
-  for (const auto& name : o.allocators) {
+  for (std::size_t i = 0; i < o.allocators.size(); ++i) {
     replay::TraceSource source(t);
-    replay::ReplayOptions ro;
-    ro.allocator = name;
-    ro.device = o.device;
-    ro.warmup = o.warmup;
-    ro.attempt_ooms = o.attempt_ooms;
-    ro.target.capacity = o.capacity;
-    ro.target.conf = name.rfind("tensorpool", 0) == 0 ? o.conf : "";  // --conf is tensorpool's
-    reports.push_back(replay::replay(source, ro));
+    reports.push_back(replay::replay(source, replay_options(o, i)));
   }
   return reports;
 }
 
-json report_json(const replay::ReplayReport& r) {
+json report_json(const replay::ReplayReport& r, const trace::Trace& t) {
   json devices = json::array();
-  for (const auto& d : r.devices) devices.push_back(to_json(d));
-  json j = to_json(r.total);
+  for (const auto& d : r.devices) devices.push_back(to_json(d, &t));
+  json j = to_json(r.total, &t);
   j["devices"] = devices;
   return j;
 }
@@ -172,7 +158,7 @@ int cmd_replay(const RunOptions& o) {
   const auto reports = run_all(t, o);
   const auto& r = reports.front();
   if (o.json) {
-    std::cout << report_json(r).dump(2) << "\n";
+    std::cout << report_json(r, t).dump(2) << "\n";
     return 0;
   }
   std::vector<replay::ReplayResult> rows = {r.total};
@@ -180,7 +166,7 @@ int cmd_replay(const RunOptions& o) {
     rows = r.devices;
     rows.push_back(r.total);
   }
-  fmt::print("{}\n{}", o.trace, comparison_table(rows));
+  fmt::print("{}\n{}{}", o.trace, comparison_table(rows), oom_breakdown(rows, t));
   return 0;
 }
 
@@ -193,7 +179,7 @@ int cmd_compare(const RunOptions& o) {
     json j = {{"trace", o.trace}, {"capacity_bytes", o.capacity}, {"warmup", o.warmup}};
     j["recorded"] = recorded.total.present ? to_json(recorded.total.result) : json(nullptr);
     json rows = json::array();
-    for (const auto& r : reports) rows.push_back(report_json(r));
+    for (const auto& r : reports) rows.push_back(report_json(r, t));
     j["allocators"] = rows;
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -201,7 +187,8 @@ int cmd_compare(const RunOptions& o) {
   std::vector<replay::ReplayResult> rows;
   if (recorded.total.present) rows.push_back(recorded.total.result);
   for (const auto& r : reports) rows.push_back(r.total);
-  fmt::print("{} (capacity {})\n{}", o.trace, format_bytes(o.capacity), comparison_table(rows));
+  fmt::print("{} (capacity {})\n{}{}", o.trace, format_bytes(o.capacity), comparison_table(rows),
+             oom_breakdown(rows, t));
   return 0;
 }
 
@@ -209,47 +196,37 @@ int cmd_compare(const RunOptions& o) {
 
 int cmd_convert(const std::string& in, const std::string& out, bool allow_truncated) {
   const trace::Format format = trace::format_from_extension(out);
-  const trace::SourceKind kind = trace::detect_source(in);
-  if (kind == trace::SourceKind::native_binary || kind == trace::SourceKind::native_jsonl) {
-    // Streamed: memory independent of the length.
-    const auto cut = trace::convert_trace(in, out, format, {.allow_truncated = allow_truncated});
-    if (cut) {
-      const std::string verified =
-          cut->verified_bytes == 0 ? "no checkpoint"
-                                   : fmt::format("{} verified by the last checkpoint, in the first {} "
-                                                 "bytes of {}", cut->verified_events, cut->verified_bytes,
-                                                 cut->file_bytes);
-      fmt::print(stderr, "{}: cut short: kept the {} events before the cut ({}); the reader says: {}\n",
-                 in, cut->events, verified, cut->problem);
-    }
-  } else if (allow_truncated) {
-    throw UsageError(fmt::format("{}: --allow-truncated applies to tensorpool traces (.tptrace or "
-                                 ".jsonl), not to a {}", in, trace::to_string(kind)));
-  } else {
-    trace::write_trace(out, trace::load_trace(in), format);
+  // Native inputs streamed, the others imported.
+  const auto converted = trace::convert_to_native(in, out, format, {.allow_truncated = allow_truncated});
+  if (const auto& cut = converted.truncation) {
+    const std::string verified =
+        cut->verified_bytes == 0 ? "no checkpoint"
+                                 : fmt::format("{} verified by the last checkpoint, in the first {} "
+                                               "bytes of {}", cut->verified_events, cut->verified_bytes,
+                                               cut->file_bytes);
+    fmt::print(stderr, "{}: cut short: kept the {} events before the cut ({}); the reader says: {}\n",
+               in, cut->events, verified, cut->problem);
   }
   fmt::print(stderr, "wrote {} ({})\n", out, trace::to_string(format));
   return 0;
 }
 
-int cmd_generate(const std::string& out, const std::string& options) {
-  replay::GeneratorOptions g;
-  g.apply(options);
-  const trace::Trace t = replay::generate_llm_trace(g);
+int cmd_generate(const std::string& out, const workload::GeneratorOptions& g) {
+  const trace::Trace t = workload::generate_llm_trace(g);
   trace::write_trace(out, t, trace::format_from_extension(out));
   fmt::print(stderr, "wrote {}: {} events ({})\n", out, t.events.size(), g.to_string());
   return 0;
 }
 
 int cmd_demo(bool as_json) {
-  replay::GeneratorOptions g;  // a 1.0B-parameter decoder, varlen batches, 6 training steps
-  const trace::Trace t = replay::generate_llm_trace(g);
+  workload::GeneratorOptions g;  // a 1.0B-parameter decoder, varlen batches, 6 training steps
+  const trace::Trace t = workload::generate_llm_trace(g);
   RunOptions o;
   o.allocators = replay::target_names();
   const auto reports = run_all(t, o);
   if (as_json) {
     json rows = json::array();
-    for (const auto& r : reports) rows.push_back(report_json(r));
+    for (const auto& r : reports) rows.push_back(report_json(r, t));
     std::cout << json{{"trace", g.to_string()}, {"events", t.events.size()}, {"allocators", rows}}.dump(2)
               << "\n";
     return 0;
@@ -264,6 +241,31 @@ int cmd_demo(bool as_json) {
              "seg+/seg-: device allocations/frees during the trace (start: calls made for the blocks\n"
              "live when a trace begins mid-run); ns/op: host time per alloc or free.\n"
              "Try: tensorpool compare <your PyTorch snapshot.pickle>\n");
+  return 0;
+}
+
+// --- allocators ---------------------------------------------------------------------------------
+
+int cmd_allocators(bool as_json) {
+  const auto& targets = replay::target_descriptors();
+  if (as_json) {
+    json rows = json::array();
+    for (const auto& d : targets)
+      rows.push_back({{"name", d.name},
+                      {"description", d.description},
+                      {"settings", d.settings},
+                      {"holds_memory_until_destroyed", d.holds_memory_until_destroyed},
+                      {"exports", d.exports}});
+    std::cout << rows.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& d : targets) {
+    fmt::print("{:<20} {}\n", d.name, d.description);
+    fmt::print("{:<20} settings: {}\n", "", d.settings.empty() ? "none" : fmt::format("{}", fmt::join(d.settings, ", ")));
+    if (d.holds_memory_until_destroyed)
+      fmt::print("{:<20} holds its memory until destroyed (empty_cache gives nothing back)\n", "");
+    if (d.exports) fmt::print("{:<20} exports a snapshot (tensorpool export)\n", "");
+  }
   return 0;
 }
 

@@ -1,10 +1,14 @@
-// commands.hpp: the subcommands of the tensorpool CLI.
+// commands.hpp: the subcommands of the tensorpool CLI, called with arguments already checked.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "tensorpool/cost_model.hpp"
+#include "tensorpool/replay/replay.hpp"
 #include "tensorpool/types.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 namespace tensorpool::cli {
 
@@ -12,19 +16,27 @@ namespace tensorpool::cli {
 struct RunOptions {
   std::string trace;
   std::vector<std::string> allocators;
+  std::vector<std::string> confs;  // the settings of each allocator: --conf where it takes every
+                                   // key (replay::share_conf), then its --allocator-conf
   std::size_t capacity = 80 * GiB;
-  std::string conf;  // tensorpool's Config for the tensorpool allocator
+  std::shared_ptr<const CostModel> cost_model;  // --cost-model FILE (null: flat default)
   int device = -1;
   int warmup = 0;  // passes over the window before the measured one
   bool attempt_ooms = false;  // ReplayOptions::attempt_ooms
   bool json = false;
 };
 
+/// The replay of options.allocators[i] with its settings (options.confs[i]).
+replay::ReplayOptions replay_options(const RunOptions& options, std::size_t i);
+
 int cmd_info(const std::string& trace, bool json);
 int cmd_replay(const RunOptions& options);
 int cmd_compare(const RunOptions& options);
 int cmd_convert(const std::string& in, const std::string& out, bool allow_truncated);
-int cmd_generate(const std::string& out, const std::string& options);
+int cmd_generate(const std::string& out, const workload::GeneratorOptions& options);
 int cmd_demo(bool json);
+int cmd_allocators(bool json);
+/// export.cpp: replays against options.allocators[0] and writes a PyTorch memory snapshot.
+int cmd_export(const RunOptions& options, const std::string& out, std::size_t max_entries);
 
 }  // namespace tensorpool::cli

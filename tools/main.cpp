@@ -1,4 +1,6 @@
-// main.cpp: the tensorpool command-line tool: argument parsing and exit codes.
+// main.cpp: the tensorpool command-line tool: argument parsing, their checks (through the
+// libraries: allocator names and settings, generator options, what export can write) and exit
+// codes.
 //
 // Exit codes: 0 success; 1 a bad or unreadable input file (the message names the file and the
 // offset or line); 2 bad arguments (unknown allocator, bad size, bad --conf, ...).
@@ -7,11 +9,14 @@
 
 #include <algorithm>
 #include <iostream>
+#include <memory>
 
 #include "commands.hpp"
-#include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
 #include "tensorpool/replay/target.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
+#include "tensorpool/workload/generator.hpp"
 
 using namespace tensorpool;
 
@@ -39,9 +44,35 @@ std::vector<std::string> split(const std::string& list) {
 }
 
 void check_allocators(const std::vector<std::string>& names) {
-  const auto known = replay::target_names();
-  for (const auto& n : names)
-    if (std::find(known.begin(), known.end(), n) == known.end()) replay::make_target(n, {});  // throws
+  for (const auto& n : names) replay::describe_target(n);  // throws UsageError for an unknown name
+}
+
+// --allocator-conf NAME=SETTINGS, repeatable: appended to NAME's settings after what --conf gave
+// it (a key set in both: the later one wins, as in any key:value list); NAME must be one of the
+// allocators run. The whole list each allocator gets is checked as it will read it.
+void add_allocator_confs(const std::vector<std::string>& items, cli::RunOptions& run) {
+  const std::vector<std::string> shared = run.confs;  // what --conf gave each
+  std::vector<bool> extended(run.allocators.size(), false);
+  for (const auto& item : items) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CLI::ValidationError("--allocator-conf", "'" + item + "' is not NAME=key:value,...");
+    const std::string name = item.substr(0, eq);
+    const auto at = std::find(run.allocators.begin(), run.allocators.end(), name);
+    if (at == run.allocators.end()) {
+      check_allocators({name});
+      throw CLI::ValidationError("--allocator-conf", "'" + name + "' is not one of the allocators run (" +
+                                                         join(run.allocators) + ")");
+    }
+    const auto i = static_cast<std::size_t>(at - run.allocators.begin());
+    run.confs[i] += (run.confs[i].empty() ? "" : ",") + item.substr(eq + 1);
+    extended[i] = true;
+  }
+  for (std::size_t i = 0; i < run.allocators.size(); ++i) {
+    const std::string& name = run.allocators[i];
+    if (extended[i])
+      replay::validate_target(name, run.confs[i], (shared[i].empty() ? "--allocator-conf " : "--conf and --allocator-conf for ") + name);
+  }
 }
 
 }  // namespace
@@ -54,12 +85,17 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string trace_path, out_path, allocators, capacity = "80GiB", conf, gen_options;
   std::string allocator = "tensorpool";
+  std::string cost_model_path;
+  std::vector<std::string> allocator_confs;
   int device = -1;
   int warmup = 0;
   bool attempt_ooms = false;
 
   auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator");
   demo->add_flag("--json", json, "Machine-readable output");
+
+  auto* allocators_cmd = app.add_subcommand("allocators", "List the allocators and the settings each takes");
+  allocators_cmd->add_flag("--json", json, "Machine-readable output");
 
   auto* info = app.add_subcommand("info", "Events, devices, streams, size and lifetime histograms of a trace");
   info->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
@@ -68,8 +104,14 @@ int main(int argc, char** argv) {
   auto add_run_options = [&](CLI::App* cmd) {
     cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
     cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
-    cmd->add_option("--conf", conf, "tensorpool settings, TENSORPOOL_CONF syntax (key:value,...); "
-                                    "applies to tensorpool and tensorpool-vmm");
+    cmd->add_option("--conf", conf, "Allocator settings, key:value,...; each allocator that takes "
+                                    "every key gets them (see `tensorpool allocators`)");
+    cmd->add_option("--allocator-conf", allocator_confs,
+                    "NAME=key:value,... settings of allocator NAME only, after --conf's "
+                    "(e.g. rmm-pool=initial_pool_size:0); repeatable");
+    cmd->add_option("--cost-model", cost_model_path,
+                    "Cost of upstream calls for the simulated devices (file format: docs/cli.md); "
+                    "default: flat 10-20 us per call");
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
@@ -80,11 +122,19 @@ int main(int argc, char** argv) {
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
   add_run_options(replay_cmd);
-  replay_cmd->add_option("--allocator", allocator, "tensorpool, tensorpool-vmm, pytorch, pytorch-expandable, cub or raw (default tensorpool)");
+  replay_cmd->add_option("--allocator", allocator, "One of " + join(replay::target_names()) + " (default tensorpool)");
 
   auto* compare = app.add_subcommand("compare", "Replay a trace against several allocators, side by side");
   add_run_options(compare);
   compare->add_option("--allocators", allocators, "Comma-separated list (default: all)");
+
+  std::size_t max_entries = 1'000'000;
+  auto* export_cmd = app.add_subcommand("export", "Replay a trace and write the allocator's memory and events as a PyTorch snapshot");
+  add_run_options(export_cmd);
+  export_cmd->add_option("--allocator", allocator,
+                         "One of " + join(replay::exporting_target_names()) + " (default tensorpool)");
+  export_cmd->add_option("-o,--output", out_path, "Snapshot to write (.pickle)")->required();
+  export_cmd->add_option("--max-entries", max_entries, "Keep the newest N events (default 1000000)");
 
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
   convert->add_option("in", trace_path, "Input trace (any supported kind)")->required();
@@ -97,8 +147,7 @@ int main(int argc, char** argv) {
   auto* generate = app.add_subcommand("generate", "Write a synthetic LLM-style trace");
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
   generate->add_option("--options", gen_options,
-                       "key:value,... of layers, hidden, heads, ffn_multiple, vocab, batch, seq_len, "
-                       "varlen, training, iterations, comm_stream, eager_optimizer, seed");
+                       "key:value,... of " + join(workload::GeneratorOptions::keys()));
 
   try {
     app.parse(argc, argv);
@@ -108,19 +157,25 @@ int main(int argc, char** argv) {
   }
 
   cli::RunOptions run;
+  workload::GeneratorOptions generator;
   try {
     run.trace = trace_path;
     run.json = json;
     run.device = device;
     run.warmup = warmup;
     run.attempt_ooms = attempt_ooms;
-    run.conf = conf;
     run.capacity = parse_capacity(capacity);
-    run.allocators = replay_cmd->parsed() ? std::vector<std::string>{allocator}
+    run.allocators = replay_cmd->parsed() || export_cmd->parsed() ? std::vector<std::string>{allocator}
                      : allocators.empty() ? replay::target_names()
                                           : split(allocators);
     check_allocators(run.allocators);
-    if (!conf.empty()) Config::parse(conf, "--conf");
+    run.confs = replay::share_conf(run.allocators, conf, "--conf");
+    add_allocator_confs(allocator_confs, run);
+    if (export_cmd->parsed()) {  // refused before the trace is read:
+      replay::require_export(allocator);         // an allocator that cannot export
+      trace::pytorch::check_writable(out_path);  // an output that cannot be written
+    }
+    generator.apply(gen_options, "--options");
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
@@ -129,20 +184,26 @@ int main(int argc, char** argv) {
     return kBadArguments;
   }
 
+  try {  // a bad cost-model file is a bad input file
+    if (!cost_model_path.empty())
+      run.cost_model = std::make_shared<const CostModel>(load_cost_model(cost_model_path));
+  } catch (const Error& e) {
+    std::cerr << "tensorpool: error: --cost-model: " << e.what() << "\n";
+    return kBadInput;
+  }
+
   try {
     if (demo->parsed()) return cli::cmd_demo(json);
+    if (allocators_cmd->parsed()) return cli::cmd_allocators(json);
     if (info->parsed()) return cli::cmd_info(trace_path, json);
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path, allow_truncated);
-    if (generate->parsed()) {
-      try {
-        return cli::cmd_generate(out_path, gen_options);
-      } catch (const ConfigError& e) {
-        std::cerr << "tensorpool: error: --options: " << e.what() << "\n";
-        return kBadArguments;
-      }
-    }
+    if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
+    if (generate->parsed()) return cli::cmd_generate(out_path, generator);
+  } catch (const ConfigError& e) {  // a setting the --capacity device cannot hold (rmm-arena's arena_size)
+    std::cerr << "tensorpool: error: " << e.what() << "\n";
+    return kBadArguments;
   } catch (const std::exception& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadInput;

@@ -7,7 +7,36 @@
 
 namespace tensorpool::cli {
 
-nlohmann::json to_json(const replay::ReplayResult& r) {
+namespace {
+
+std::string label_of(const replay::OomReport& o, const trace::Trace* t) {
+  return t != nullptr && o.label < t->labels.size() ? t->labels[o.label] : std::string();
+}
+
+nlohmann::json oom_json(const replay::OomReport& o, const trace::Trace* t) {
+  const OutOfMemoryInfo& i = o.info;
+  nlohmann::json cached = nlohmann::json::array();
+  for (const auto& c : i.cached_per_stream) cached.push_back({{"stream", c.stream}, {"bytes", c.bytes}});
+  return {{"device", o.device},
+          {"event", o.event},
+          {"time_us", o.time_us},
+          {"label", label_of(o, t)},
+          {"requested_bytes", i.requested},
+          {"rounded_bytes", i.rounded},
+          {"stream", i.stream},
+          {"capacity_bytes", i.capacity},
+          {"device_free_bytes", i.device_free},
+          {"reserved_bytes", i.reserved},
+          {"allocated_bytes", i.allocated},
+          {"reserved_unallocated_bytes", i.reserved_unallocated},
+          {"largest_free_block_bytes", i.largest_free_block},
+          {"memory_limit_bytes", i.memory_limit},
+          {"cached_per_stream", cached}};
+}
+
+}  // namespace
+
+nlohmann::json to_json(const replay::ReplayResult& r, const trace::Trace* trace) {
   const auto upstream = [](const replay::UpstreamCounts& u) {
     return nlohmann::json{{"allocs", u.allocs}, {"frees", u.frees}, {"maps", u.maps},
                           {"unmaps", u.unmaps}, {"syncs", u.syncs}, {"modelled_ns", u.modelled_ns}};
@@ -40,7 +69,32 @@ nlohmann::json to_json(const replay::ReplayResult& r) {
       {"iterations", r.iterations},
   };
   if (r.iterations >= 2) j["upstream_after_first_iteration"] = upstream(r.upstream_after_first_iteration);
+  j["first_oom"] = r.first_oom ? oom_json(*r.first_oom, trace) : nlohmann::json(nullptr);
   return j;
+}
+
+std::string oom_breakdown(const std::vector<replay::ReplayResult>& rows, const trace::Trace& trace) {
+  std::string out;
+  for (const auto& r : rows) {
+    if (!r.first_oom) continue;
+    const replay::OomReport& o = *r.first_oom;
+    const OutOfMemoryInfo& i = o.info;
+    const std::string label = label_of(o, &trace);
+    out += fmt::format("\nfirst OOM of {} ({} refused): {} ({} bytes) on device {}, stream {}, event {} (t={} us){}\n",
+                       r.allocator, r.ooms, format_bytes(i.requested), i.requested, o.device, i.stream,
+                       o.event, o.time_us, label.empty() ? "" : ", allocated by " + label);
+    out += fmt::format("  capacity {}, device free {}, reserved {}, allocated {}, reserved but unallocated {},\n"
+                       "  largest free block {}",
+                       format_bytes(i.capacity), format_bytes(i.device_free), format_bytes(i.reserved),
+                       format_bytes(i.allocated), format_bytes(i.reserved_unallocated),
+                       format_bytes(i.largest_free_block));
+    if (i.memory_limit != 0) out += fmt::format(", memory limit {}", format_bytes(i.memory_limit));
+    out += "\n  cached free per stream:";
+    if (i.cached_per_stream.empty()) out += " none";
+    for (const auto& c : i.cached_per_stream) out += fmt::format(" {}={}", c.stream, format_bytes(c.bytes));
+    out += "\n";
+  }
+  return out;
 }
 
 namespace {

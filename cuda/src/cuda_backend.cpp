@@ -48,7 +48,6 @@ CudaBackend::CudaBackend(int device, const char* kind) : device_(device) {
   props_.capacity = prop.totalGlobalMem;
   props_.segment_granularity = 2 * MiB;
   props_.alignment = 256;  // what cudaMalloc and the memory pools guarantee
-  props_.supports_virtual_memory = false;
   cuda_detail::register_exit_hook();  // after CUDA initialised: see register_exit_hook()
 }
 
@@ -56,7 +55,7 @@ CudaBackend::~CudaBackend() {
   if (!alive()) return;  // process teardown: the driver reclaims the events
   try {
     DeviceGuard guard(device_);
-    for (const Event e : event_pool_) (void)cudaEventDestroy(as_event(e));
+    for (const DeviceEvent e : event_pool_) (void)cudaEventDestroy(as_event(e));
   } catch (...) {  // a destructor cannot report; the events die with the context
   }
   (void)cudaGetLastError();
@@ -77,11 +76,11 @@ std::size_t CudaBackend::pooled_events() const {
   return event_pool_.size();
 }
 
-Event CudaBackend::create_event() {
+DeviceEvent CudaBackend::create_event() {
   {
     std::lock_guard lock(events_mutex_);
     if (!event_pool_.empty()) {
-      const Event e = event_pool_.back();
+      const DeviceEvent e = event_pool_.back();
       event_pool_.pop_back();
       return e;
     }
@@ -92,18 +91,18 @@ Event CudaBackend::create_event() {
   return to_event(e);
 }
 
-void CudaBackend::destroy_event(Event event) {
+void CudaBackend::destroy_event(DeviceEvent event) {
   if (!alive()) return;
   std::lock_guard lock(events_mutex_);
   event_pool_.push_back(event);
 }
 
-void CudaBackend::record_event(Event event, Stream stream) {
+void CudaBackend::record_event(DeviceEvent event, Stream stream) {
   DeviceGuard guard(device_);
   check(cudaEventRecord(as_event(event), as_stream(stream)), "cudaEventRecord", device_);
 }
 
-bool CudaBackend::query_event(Event event) {
+bool CudaBackend::query_event(DeviceEvent event) {
   DeviceGuard guard(device_);
   const cudaError_t err = cudaEventQuery(as_event(event));
   if (err == cudaSuccess) return true;
@@ -114,12 +113,12 @@ bool CudaBackend::query_event(Event event) {
   cuda_detail::throw_runtime_error(err, "cudaEventQuery", device_, 0);
 }
 
-void CudaBackend::synchronize_event(Event event) {
+void CudaBackend::synchronize_event(DeviceEvent event) {
   DeviceGuard guard(device_);
   check(cudaEventSynchronize(as_event(event)), "cudaEventSynchronize", device_);
 }
 
-void CudaBackend::stream_wait_event(Stream stream, Event event) {
+void CudaBackend::stream_wait_event(Stream stream, DeviceEvent event) {
   DeviceGuard guard(device_);
   check(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0), "cudaStreamWaitEvent", device_);
 }

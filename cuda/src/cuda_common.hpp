@@ -13,6 +13,7 @@
 
 #include <cstddef>
 
+#include "cuda_shutdown.hpp"
 #include "tensorpool/cuda/backends.hpp"
 #include "tensorpool/cuda/interop.hpp"
 #include "tensorpool/errors.hpp"
@@ -71,6 +72,6 @@ void ignoring_shutdown(F&& f) {
 void register_exit_hook();
 
 inline cudaStream_t as_stream(Stream s) noexcept { return to_cuda_stream(s); }
-inline cudaEvent_t as_event(Event e) noexcept { return to_cuda_event(e); }
+inline cudaEvent_t as_event(DeviceEvent e) noexcept { return to_cuda_event(e); }
 
 }  // namespace tensorpool::cuda_detail

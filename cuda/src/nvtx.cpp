@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "tensorpool/errors.hpp"
@@ -158,10 +159,54 @@ class Heaps {
 
 // --- the backend wrapper ---------------------------------------------------------------------
 
+/// The virtual-memory calls of a wrapped backend, with their ranges; reserved ranges are heaps.
+class NvtxVirtualMemory final : public VirtualMemory {
+ public:
+  NvtxVirtualMemory(VirtualMemory& inner, bool ranges, Heaps* heaps)
+      : inner_(inner), ranges_(ranges), heaps_(heaps) {}
+
+  std::size_t page_size() const noexcept override { return inner_.page_size(); }
+  Address reserve_address_range(std::size_t bytes, std::size_t alignment) override {
+    const Range r(ranges_, kReserve, bytes);
+    const Address base = inner_.reserve_address_range(bytes, alignment);
+    if (base != 0 && heaps_ != nullptr) heaps_->add(base, bytes);
+    return base;
+  }
+  void release_address_range(Address base, std::size_t bytes) override {
+    const Range r(ranges_, kRelease, bytes);
+    if (heaps_ != nullptr) heaps_->remove(base);
+    inner_.release_address_range(base, bytes);
+  }
+  PhysicalHandle create_physical(std::size_t bytes) override {
+    const Range r(ranges_, kCreatePhysical, bytes);
+    return inner_.create_physical(bytes);
+  }
+  void release_physical(PhysicalHandle handle) override {
+    const Range r(ranges_, kReleasePhysical, 0);
+    inner_.release_physical(handle);
+  }
+  void map(Address addr, std::size_t bytes, PhysicalHandle handle) override {
+    const Range r(ranges_, kMap, bytes);
+    inner_.map(addr, bytes, handle);
+  }
+  void unmap(Address addr, std::size_t bytes) override {
+    const Range r(ranges_, kUnmap, bytes);
+    inner_.unmap(addr, bytes);
+  }
+
+ private:
+  VirtualMemory& inner_;  // the wrapped backend's, alive as long as it is
+  const bool ranges_;
+  Heaps* const heaps_;    // null unless nvtx_mem
+};
+
 class NvtxBackend final : public DeviceBackend {
  public:
   NvtxBackend(std::shared_ptr<DeviceBackend> inner, bool ranges, bool memory)
-      : inner_(std::move(inner)), ranges_(ranges), memory_(memory) {}
+      : inner_(std::move(inner)), ranges_(ranges), memory_(memory) {
+    if (VirtualMemory* vm = inner_->virtual_memory())
+      vm_.emplace(*vm, ranges_, memory_ ? &heaps_ : nullptr);
+  }
 
   Heaps* heaps() noexcept { return memory_ ? &heaps_ : nullptr; }
 
@@ -180,42 +225,16 @@ class NvtxBackend final : public DeviceBackend {
     inner_->free_segment(ptr, bytes, stream);
   }
 
-  Event create_event() override { return inner_->create_event(); }
-  void destroy_event(Event event) override { inner_->destroy_event(event); }
-  void record_event(Event event, Stream stream) override { inner_->record_event(event, stream); }
-  bool query_event(Event event) override { return inner_->query_event(event); }
-  void synchronize_event(Event event) override { inner_->synchronize_event(event); }
-  void stream_wait_event(Stream stream, Event event) override { inner_->stream_wait_event(stream, event); }
+  DeviceEvent create_event() override { return inner_->create_event(); }
+  void destroy_event(DeviceEvent event) override { inner_->destroy_event(event); }
+  void record_event(DeviceEvent event, Stream stream) override { inner_->record_event(event, stream); }
+  bool query_event(DeviceEvent event) override { return inner_->query_event(event); }
+  void synchronize_event(DeviceEvent event) override { inner_->synchronize_event(event); }
+  void stream_wait_event(Stream stream, DeviceEvent event) override { inner_->stream_wait_event(stream, event); }
   void synchronize_stream(Stream stream) override { inner_->synchronize_stream(stream); }
   void synchronize_device() override { inner_->synchronize_device(); }
 
-  Address reserve_address_range(std::size_t bytes, std::size_t alignment) override {
-    const Range r(ranges_, kReserve, bytes);
-    const Address base = inner_->reserve_address_range(bytes, alignment);
-    if (base != 0 && memory_) heaps_.add(base, bytes);
-    return base;
-  }
-  void release_address_range(Address base, std::size_t bytes) override {
-    const Range r(ranges_, kRelease, bytes);
-    if (memory_) heaps_.remove(base);
-    inner_->release_address_range(base, bytes);
-  }
-  PhysicalHandle create_physical(std::size_t bytes) override {
-    const Range r(ranges_, kCreatePhysical, bytes);
-    return inner_->create_physical(bytes);
-  }
-  void release_physical(PhysicalHandle handle) override {
-    const Range r(ranges_, kReleasePhysical, 0);
-    inner_->release_physical(handle);
-  }
-  void map(Address addr, std::size_t bytes, PhysicalHandle handle) override {
-    const Range r(ranges_, kMap, bytes);
-    inner_->map(addr, bytes, handle);
-  }
-  void unmap(Address addr, std::size_t bytes) override {
-    const Range r(ranges_, kUnmap, bytes);
-    inner_->unmap(addr, bytes);
-  }
+  VirtualMemory* virtual_memory() noexcept override { return vm_ ? &*vm_ : nullptr; }
 
   bool alive() const noexcept override { return inner_->alive(); }
 
@@ -224,6 +243,7 @@ class NvtxBackend final : public DeviceBackend {
   const bool ranges_;
   const bool memory_;
   Heaps heaps_;
+  std::optional<NvtxVirtualMemory> vm_;  // set when inner_ has virtual memory
 };
 
 // --- the observer ----------------------------------------------------------------------------

@@ -53,8 +53,7 @@ CudaVmmBackend::CudaVmmBackend(int device) : CudaBackend(device, "cuMemMap") {
   check_driver(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                "cuMemGetAllocationGranularity", device_);
   if (page == 0) throw DeviceError("cuMemGetAllocationGranularity returned 0");
-  props_.supports_virtual_memory = true;
-  props_.vm_page_size = page;
+  page_ = page;
   props_.segment_granularity = round_up(2 * MiB, page);  // a segment is whole pages
   props_.alignment = page;
 }
@@ -80,7 +79,7 @@ std::size_t CudaVmmBackend::live_segments() const {
 // --- segments -------------------------------------------------------------------------------
 
 void* CudaVmmBackend::allocate_segment(std::size_t bytes, Stream) {
-  const Address base = reserve_address_range(bytes, props_.vm_page_size);
+  const Address base = reserve_address_range(bytes, page_);
   if (base == 0) return nullptr;
   PhysicalHandle handle = 0;
   try {
@@ -129,12 +128,12 @@ void CudaVmmBackend::release_segment(Address base, const Segment& seg) {
   release_address_range(base, seg.bytes);
 }
 
-// --- the virtual-memory flavour -------------------------------------------------------------
+// --- VirtualMemory -------------------------------------------------------------------------
 
 Address CudaVmmBackend::reserve_address_range(std::size_t bytes, std::size_t alignment) {
   DeviceGuard guard(device_, kBindContext);
   CUdeviceptr ptr = 0;
-  const std::size_t align = std::max(alignment, props_.vm_page_size);
+  const std::size_t align = std::max(alignment, page_);
   const CUresult err = cuMemAddressReserve(&ptr, bytes, align, 0, 0);
   if (!cuda_detail::check_driver_alloc(err, "cuMemAddressReserve", device_, bytes)) return 0;
   return static_cast<Address>(ptr);

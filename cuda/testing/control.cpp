@@ -51,7 +51,8 @@ void set_capacity(int dev, std::size_t bytes) {
     s.options.per_device[i].capacity = bytes;
     std::erase_if(s.per_thread, [&](const auto& entry) { return entry.first.second == dev; });
     s.devices[i] = std::make_shared<SimulatedDevice>(sim_options(
-        bytes, kSegmentGranularity, s.options.per_device[i].vm_granularity, s.options.event_mode));
+        bytes, s.options.per_device[i].malloc_granularity, s.options.per_device[i].vm_granularity,
+        s.options.event_mode));
   });
 }
 

@@ -45,6 +45,9 @@ struct DeviceOptions {
   std::size_t capacity = 16 * GiB;
   /// cuMemGetAllocationGranularity; a multiple of 2 MiB.
   std::size_t vm_granularity = 2 * MiB;
+  /// What cudaMalloc rounds sizes up to: a power of two from 512 B to 2 MiB (2 MiB, the default,
+  /// charges every allocation whole pages; 512 B counts bytes as a sub-allocating driver would).
+  std::size_t malloc_granularity = 2 * MiB;
 };
 
 struct Options {

@@ -57,8 +57,11 @@ void State::rebuild(const Options& o) {
     const DeviceOptions& dev = device_options(o, d);
     if (dev.vm_granularity == 0 || dev.vm_granularity % kSegmentGranularity != 0)
       throw std::invalid_argument("cuda_double: vm_granularity must be a multiple of 2 MiB");
+    const std::size_t g = dev.malloc_granularity;
+    if (g < 512 || g > kSegmentGranularity || (g & (g - 1)) != 0)
+      throw std::invalid_argument("cuda_double: malloc_granularity must be a power of two from 512 B to 2 MiB");
     devices.push_back(std::make_shared<SimulatedDevice>(
-        sim_options(dev.capacity, kSegmentGranularity, dev.vm_granularity, o.event_mode)));
+        sim_options(dev.capacity, g, dev.vm_granularity, o.event_mode)));
   }
   host = std::make_shared<SimulatedDevice>(
       sim_options(o.host_capacity, 4 * KiB, 4 * KiB, o.event_mode));

@@ -47,7 +47,7 @@ struct StreamRec {
 };
 struct EventRec {
   int device;
-  Event sim;
+  DeviceEvent sim;
   unsigned flags;
 };
 struct PoolRec {

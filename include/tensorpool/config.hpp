@@ -36,6 +36,12 @@
 //                                  Chunks unmap only whole: smaller chunks let free pages beside
 //                                  live blocks be reclaimed near capacity, larger ones cost fewer
 //                                  calls for large tensors
+//   backend              async     the device backend of the per-device registry
+//                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
+//                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
+//                                  (driver virtual memory) or simulated (a simulated 80 GiB
+//                                  device, no GPU). The Allocator itself ignores it, and
+//                                  the replay targets refuse it (they run on a simulated device)
 //   nvtx                 false     NVTX ranges and marks in a "tensorpool" domain (segment
 //                                  allocation and free, map and unmap, OOM, empty_cache)
 //   nvtx_mem             false     the NVTX memory API: a heap per segment or mapping, a region
@@ -53,6 +59,9 @@
 namespace tensorpool {
 
 enum class Mode : std::uint8_t { fixed, vmm };
+/// Which DeviceBackend the per-device registry makes (see tensorpool/registry.hpp).
+enum class Backend : std::uint8_t { async, malloc, vmm, simulated };
+const char* to_string(Backend backend) noexcept;
 
 struct Config {
   std::size_t memory_limit_bytes = 0;       // 0: none
@@ -73,11 +82,13 @@ struct Config {
   std::size_t vmm_idle_divisor = 16;
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
   bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
+  Backend backend = Backend::async;  // read by the registry only
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.
   void set(std::string_view key, std::string_view value);
-  /// Applies "key:value,key:value"; `origin` names the source in error messages.
-  void apply(std::string_view text, std::string_view origin = "config");
+  /// Applies "key:value,key:value" (tensorpool/key_values.hpp); `origin` names the source in
+  /// error messages ("TENSORPOOL_CONF: bad value ...").
+  void apply(std::string_view text, std::string_view origin = "tensorpool config");
   /// Throws ConfigError when the settings contradict each other.
   void validate() const;
   /// The settings in TENSORPOOL_CONF syntax (every key).
@@ -85,7 +96,7 @@ struct Config {
 
   /// Defaults overridden by TENSORPOOL_CONF when set.
   static Config from_env();
-  static Config parse(std::string_view text, std::string_view origin = "config");
+  static Config parse(std::string_view text, std::string_view origin = "tensorpool config");
   static const std::vector<std::string>& keys();
 
   /// The memory limit in bytes for a device of `capacity` bytes (0: none).

@@ -8,6 +8,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tensorpool/types.hpp"
 
@@ -43,6 +44,14 @@ class InvariantError : public Error {
   using Error::Error;
 };
 
+/// Free bytes an allocator holds cached for one stream (reusable on that stream only, or on
+/// another after an event wait).
+struct StreamCachedBytes {
+  Stream stream = kDefaultStream;
+  std::size_t bytes = 0;
+  friend bool operator==(const StreamCachedBytes&, const StreamCachedBytes&) = default;
+};
+
 /// Everything known at the moment an allocation could not be satisfied.
 struct OutOfMemoryInfo {
   std::size_t requested = 0;        // bytes asked for
@@ -56,6 +65,9 @@ struct OutOfMemoryInfo {
   std::size_t reserved_unallocated = 0;
   std::size_t largest_free_block = 0;
   std::size_t memory_limit = 0;     // 0: no limit
+  /// Free cached bytes per stream, streams in ascending order, streams with none left out.
+  /// Their sum is the reserved memory no live or pending block occupies.
+  std::vector<StreamCachedBytes> cached_per_stream;
 };
 
 class OutOfMemoryError : public std::bad_alloc {

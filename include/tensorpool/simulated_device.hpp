@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensorpool/cost_model.hpp"
 #include "tensorpool/device.hpp"
 
 namespace tensorpool {
@@ -29,7 +30,7 @@ struct SimulatedDeviceOptions {
   std::size_t capacity = 80 * GiB;
   std::size_t segment_granularity = 2 * MiB;
   std::size_t alignment = DeviceProperties::kDefaultAlignment;
-  bool supports_virtual_memory = true;
+  bool supports_virtual_memory = true;  // false: virtual_memory() is nullptr
   std::size_t vm_page_size = 2 * MiB;
   EventMode event_mode = EventMode::manual;
   /// Modelled host cost of each upstream call, reported in counters().modelled_ns.
@@ -38,6 +39,9 @@ struct SimulatedDeviceOptions {
   std::uint64_t physical_create_ns = 15'000;
   std::uint64_t map_ns = 20'000;  // map + set access
   std::uint64_t unmap_ns = 15'000;
+  /// When set, replaces the flat costs above with one that may grow with bytes
+  /// (tensorpool/cost_model.hpp; `tensorpool replay --cost-model FILE`).
+  std::shared_ptr<const CostModel> cost_model = nullptr;
 };
 
 /// What the device has been asked to do.
@@ -69,7 +73,7 @@ struct DeviceCounters {
 /// Which upstream call a fault is injected into.
 enum class FaultSite : std::uint8_t { segment_alloc, physical_create, map, event_create };
 
-class SimulatedDevice final : public DeviceBackend {
+class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
  public:
   explicit SimulatedDevice(SimulatedDeviceOptions options = {});
   ~SimulatedDevice() override;
@@ -80,15 +84,18 @@ class SimulatedDevice final : public DeviceBackend {
   void* allocate_segment(std::size_t bytes, Stream stream) override;
   void free_segment(void* ptr, std::size_t bytes, Stream stream) override;
 
-  Event create_event() override;
-  void destroy_event(Event event) override;
-  void record_event(Event event, Stream stream) override;
-  bool query_event(Event event) override;
-  void synchronize_event(Event event) override;
-  void stream_wait_event(Stream stream, Event event) override;
+  DeviceEvent create_event() override;
+  void destroy_event(DeviceEvent event) override;
+  void record_event(DeviceEvent event, Stream stream) override;
+  bool query_event(DeviceEvent event) override;
+  void synchronize_event(DeviceEvent event) override;
+  void stream_wait_event(Stream stream, DeviceEvent event) override;
   void synchronize_stream(Stream stream) override;
   void synchronize_device() override;
 
+  /// this, unless options.supports_virtual_memory is false (then the calls below throw).
+  VirtualMemory* virtual_memory() noexcept override;
+  std::size_t page_size() const noexcept override { return options_.vm_page_size; }
   Address reserve_address_range(std::size_t bytes, std::size_t alignment) override;
   void release_address_range(Address base, std::size_t bytes) override;
   PhysicalHandle create_physical(std::size_t bytes) override;
@@ -100,7 +107,7 @@ class SimulatedDevice final : public DeviceBackend {
   /// A new stream handle (never 0; 0 is the default stream, which always exists).
   Stream create_stream();
   /// Completes the work captured by `event` and everything before it on its stream.
-  void complete_event(Event event);
+  void complete_event(DeviceEvent event);
   /// Completes everything submitted to `stream` so far.
   void complete_stream(Stream stream);
   void complete_all();
@@ -143,10 +150,11 @@ class SimulatedDevice final : public DeviceBackend {
   };
 
   bool take_fault(FaultSite site, std::size_t bytes);
+  void charge(CostedCall call, std::size_t bytes, std::uint64_t flat_ns);
   StreamState& stream_state(Stream stream);
   void complete_to(Stream stream, std::uint64_t seq);
   bool event_done(const EventState& e) const;
-  EventState& event_state(Event event, const char* what);
+  EventState& event_state(DeviceEvent event, const char* what);
   Address bump(std::size_t bytes, std::size_t alignment);
   std::size_t available() const;
 
@@ -159,9 +167,9 @@ class SimulatedDevice final : public DeviceBackend {
   std::size_t mapped_ = 0;
   Address next_address_;
   Stream next_stream_ = 1;
-  Event next_event_ = 1;
+  DeviceEvent next_event_ = 1;
   std::unordered_map<Stream, StreamState> streams_;
-  std::unordered_map<Event, EventState> events_;
+  std::unordered_map<DeviceEvent, EventState> events_;
   std::map<Address, std::size_t> segments_;          // live segments
   std::map<Address, std::size_t> ranges_;            // reserved address ranges
   std::unordered_map<PhysicalHandle, std::size_t> physical_;

@@ -12,8 +12,10 @@ namespace tensorpool {
 using Stream = std::uint64_t;
 inline constexpr Stream kDefaultStream = 0;
 
-/// An opaque event handle of the device backend. 0 is never a valid event.
-using Event = std::uint64_t;
+/// An opaque event handle of the device backend (a cudaEvent_t cast to an integer on CUDA). 0 is
+/// never a valid event. Not to be confused with trace events (the trace layer) or the
+/// allocator's own AllocatorEvent (hooks.hpp).
+using DeviceEvent = std::uint64_t;
 
 /// A device address. Addresses are never dereferenced by the allocator.
 using Address = std::uintptr_t;
@@ -31,7 +33,6 @@ inline constexpr std::size_t TiB = 1024 * GiB;
 
 /// "1.50 GiB"-style rendering of a byte count (binary units, two decimals above 1 KiB).
 std::string format_bytes(std::size_t bytes);
-std::string format_bytes_signed(long long bytes);
 
 /// Parses "512", "512B", "4KiB", "4K", "1.5GiB", "20MB" (K/M/G/T and KiB.. are binary, KB/MB/GB/TB
 /// decimal). Returns false on anything else (including overflow and negative numbers).

@@ -1,20 +1,23 @@
-// block.hpp: blocks and segments, the allocator's unit of bookkeeping.
+// block.hpp: blocks and segments, the allocator's unit of bookkeeping, and the pool of Block
+// objects with the two operations that cut a block in two and merge two back.
 //
-// A segment is one upstream allocation [addr, addr + size). Its blocks tile it exactly, in
-// address order through prev/next. Invariants (checked by Allocator::check_invariants):
+// A segment is one address range [addr, addr + size) that a segment source handed to the
+// allocator: one device allocation (fixed segments), or one reserved range partly mapped with
+// physical chunks (a vmm heap). Its blocks tile it exactly, in address order through prev/next.
+// Invariants (checked by Allocator::check_invariants):
 //  - first->addr == segment->addr; b->next->addr == b->addr + b->size; the sizes sum to size;
-//  - no two address-adjacent blocks are both free (frees coalesce at once);
+//  - no two address-adjacent blocks with the same `mapped` are both free (frees coalesce at once);
 //  - every block's size is a multiple of kMinBlockSize; blocks == number of blocks;
-//  - a block of an oversize segment is never split (blocks == 1).
+//  - a block of an oversize segment is never split (blocks == 1);
+//  - a block with mapped == false is free and lies in a heap.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <vector>
 
-#include "tensorpool/device.hpp"
+#include "core/util.hpp"
 #include "tensorpool/stats.hpp"
 #include "tensorpool/types.hpp"
 
@@ -34,27 +37,9 @@ struct Block {
   Block* free_prev = nullptr;      // bin links while free; pool free list while unused
   Block* free_next = nullptr;
   BlockState state = BlockState::free;
-  bool mapped = true;              // virtual-memory mode: physical pages lie under the whole block
+  bool mapped = true;              // physical memory lies under the whole block (false: a vmm hole)
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
-};
-
-/// Virtual-memory mode: a physical allocation (one cuMemCreate handle) of whole pages.
-struct Chunk {
-  Address addr = 0;  // where it is mapped (0 while unmapped, in the allocator's cache)
-  std::size_t size = 0;
-  PhysicalHandle handle = 0;
-  Pool pool = Pool::large;
-  Address end() const noexcept { return addr + size; }
-};
-
-/// Virtual-memory mode: the mapping state of one heap (a segment spanning a reserved address
-/// range). Invariants: chunks do not overlap and lie inside the range; every page of a block
-/// with mapped == true lies in a chunk; a block with mapped == false is free, page-aligned at
-/// both ends, intersects no chunk, and is in `unmapped`.
-struct Heap {
-  std::map<Address, Chunk> chunks;     // mapped chunks by address
-  std::map<Address, Block*> unmapped;  // free blocks without pages, by address
 };
 
 /// Which FreeIndex of a stream a segment's free blocks go to.
@@ -67,16 +52,18 @@ struct Segment {
   FreeIndex* index = nullptr;    // &owner->index[kind]
   Pool pool = Pool::large;
   bool oversize = false;
+  bool heap = false;             // a vmm heap: a reserved range, mapped only where chunks lie
   std::size_t blocks = 1;
   Block* first = nullptr;
-  std::unique_ptr<Heap> heap;    // virtual-memory mode only: this segment is a heap
 
-  bool is_split() const noexcept { return blocks > 1 || heap != nullptr; }
+  /// Free bytes in it sit next to used (or unmapped) space: "inactive split" memory.
+  bool is_split() const noexcept { return blocks > 1 || heap; }
   bool is_free() const noexcept { return blocks == 1 && first->state == BlockState::free && !heap; }
   Address end() const noexcept { return addr + size; }
 };
 
-/// Recycles Block objects so the hot path never calls operator new.
+/// Recycles Block objects so the hot path never calls operator new, and cuts and merges blocks
+/// (every split and merge of the hot path goes through split_at and absorb_next: inline).
 class BlockPool {
  public:
   Block* acquire() {
@@ -93,6 +80,35 @@ class BlockPool {
     free_ = b;
   }
 
+  /// Cuts b after `offset` bytes; the new block (returned) has b's state and mapping. No index
+  /// is touched.
+  TP_ALWAYS_INLINE Block* split_at(Block* b, std::size_t offset) {
+    Block* rest = acquire();
+    rest->addr = b->addr + offset;
+    rest->size = b->size - offset;
+    rest->segment = b->segment;
+    rest->state = b->state;
+    rest->mapped = b->mapped;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != nullptr) b->next->prev = rest;
+    b->next = rest;
+    b->size = offset;
+    ++b->segment->blocks;
+    return rest;
+  }
+
+  /// b swallows its successor (adjacent in b's segment, in no index, no free set): the
+  /// successor's bytes join b and its Block comes back here.
+  TP_ALWAYS_INLINE void absorb_next(Block* b) noexcept {
+    Block* n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    --b->segment->blocks;
+    release(n);
+  }
+
  private:
   static constexpr std::size_t kChunk = 512;
   void grow() {
@@ -104,7 +120,7 @@ class BlockPool {
     }
   }
   std::vector<std::unique_ptr<Block[]>> chunks_;
-  Block* free_ = nullptr;
+  Block* free_ = nullptr;  // unused Blocks, linked through free_next
 };
 
 }  // namespace tensorpool::detail

@@ -31,6 +31,11 @@ std::string describe(const OutOfMemoryInfo& i) {
                   ", reserved but unallocated " + format_bytes(i.reserved_unallocated) +
                   ", largest free block " + format_bytes(i.largest_free_block);
   if (i.memory_limit != 0) m += ", memory limit " + format_bytes(i.memory_limit);
+  if (!i.cached_per_stream.empty()) {
+    m += ", cached free per stream:";
+    for (const auto& c : i.cached_per_stream)
+      m += " " + std::to_string(c.stream) + "=" + format_bytes(c.bytes);
+  }
   return m + ". Hint: " + hint_for(i) + ".";
 }
 

@@ -19,21 +19,11 @@ namespace tensorpool {
 
 using detail::hex;
 
-// --- default implementations of the optional virtual-memory flavour -------------------------
-
 namespace {
-[[noreturn]] void no_vm(const DeviceBackend& d, const char* what) {
-  throw DeviceError(std::string("device ") + d.properties().name + " does not support virtual memory (" +
-                    what + ")");
+[[noreturn]] void no_vm(const DeviceProperties& props, const char* what) {
+  throw DeviceError("SimulatedDevice " + props.name + " has no virtual memory (" + what + ")");
 }
 }  // namespace
-
-Address DeviceBackend::reserve_address_range(std::size_t, std::size_t) { no_vm(*this, "reserve"); }
-void DeviceBackend::release_address_range(Address, std::size_t) { no_vm(*this, "release"); }
-PhysicalHandle DeviceBackend::create_physical(std::size_t) { no_vm(*this, "create"); }
-void DeviceBackend::release_physical(PhysicalHandle) { no_vm(*this, "release physical"); }
-void DeviceBackend::map(Address, std::size_t, PhysicalHandle) { no_vm(*this, "map"); }
-void DeviceBackend::unmap(Address, std::size_t) { no_vm(*this, "unmap"); }
 
 // --- SimulatedDevice ------------------------------------------------------------------------
 
@@ -43,9 +33,7 @@ SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options) : options_(std:
   props_.capacity = options_.capacity;
   props_.segment_granularity = options_.segment_granularity;
   props_.alignment = options_.alignment;
-  props_.supports_virtual_memory = options_.supports_virtual_memory;
-  props_.vm_page_size = options_.vm_page_size;
-  if (props_.segment_granularity == 0 || props_.alignment == 0 || props_.vm_page_size == 0)
+  if (props_.segment_granularity == 0 || props_.alignment == 0 || options_.vm_page_size == 0)
     throw DeviceError("SimulatedDevice: granularity, alignment and page size must be non-zero");
   // A distinctive, never-dereferenced base per device ordinal.
   next_address_ = (Address{0x7e00} + static_cast<Address>(options_.ordinal)) << 32;
@@ -75,6 +63,11 @@ bool SimulatedDevice::take_fault(FaultSite site, std::size_t bytes) {
   return fail;
 }
 
+// The modelled cost of one call: the cost model's when one is set, else the flat option.
+void SimulatedDevice::charge(CostedCall call, std::size_t bytes, std::uint64_t flat_ns) {
+  counters_.modelled_ns += options_.cost_model ? options_.cost_model->cost(call, bytes) : flat_ns;
+}
+
 Address SimulatedDevice::bump(std::size_t bytes, std::size_t alignment) {
   const std::size_t align = std::max(alignment, props_.segment_granularity);
   const Address base = (next_address_ + align - 1) / align * align;
@@ -88,7 +81,7 @@ void* SimulatedDevice::allocate_segment(std::size_t bytes, Stream) {
   if (bytes == 0 || bytes % props_.segment_granularity != 0)
     throw DeviceError("SimulatedDevice: segment size " + std::to_string(bytes) +
                       " is not a positive multiple of the granularity");
-  counters_.modelled_ns += options_.segment_alloc_ns;
+  charge(CostedCall::segment_alloc, bytes, options_.segment_alloc_ns);
   if (take_fault(FaultSite::segment_alloc, bytes) || bytes > available()) {
     ++counters_.segment_alloc_failures;
     return nullptr;
@@ -110,7 +103,7 @@ void SimulatedDevice::free_segment(void* ptr, std::size_t bytes, Stream) {
   used_ -= bytes;
   segments_.erase(it);
   ++counters_.segment_frees;
-  counters_.modelled_ns += options_.segment_free_ns;
+  charge(CostedCall::segment_free, bytes, options_.segment_free_ns);
 }
 
 // --- streams and events ---------------------------------------------------------------------
@@ -129,7 +122,7 @@ SimulatedDevice::StreamState& SimulatedDevice::stream_state(Stream stream) {
   return it->second;
 }
 
-SimulatedDevice::EventState& SimulatedDevice::event_state(Event event, const char* what) {
+SimulatedDevice::EventState& SimulatedDevice::event_state(DeviceEvent event, const char* what) {
   auto it = events_.find(event);
   if (it == events_.end())
     throw DeviceError(std::string("SimulatedDevice: ") + what + " on unknown event " +
@@ -153,24 +146,24 @@ void SimulatedDevice::complete_to(Stream stream, std::uint64_t seq) {
   std::erase_if(s.waits, [&](const StreamState::Wait& w) { return w.at < s.completed; });
 }
 
-Event SimulatedDevice::create_event() {
+DeviceEvent SimulatedDevice::create_event() {
   std::lock_guard lock(mutex_);
   if (take_fault(FaultSite::event_create, 0))
     throw DeviceError("SimulatedDevice: event creation failed (injected fault)");
-  const Event e = next_event_++;
+  const DeviceEvent e = next_event_++;
   events_[e];
   ++counters_.events_created;
   return e;
 }
 
-void SimulatedDevice::destroy_event(Event event) {
+void SimulatedDevice::destroy_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   event_state(event, "destroy_event");
   events_.erase(event);
   ++counters_.events_destroyed;
 }
 
-void SimulatedDevice::record_event(Event event, Stream stream) {
+void SimulatedDevice::record_event(DeviceEvent event, Stream stream) {
   std::lock_guard lock(mutex_);
   EventState& e = event_state(event, "record_event");
   StreamState& s = stream_state(stream);
@@ -180,20 +173,20 @@ void SimulatedDevice::record_event(Event event, Stream stream) {
   if (options_.event_mode == EventMode::immediate) complete_to(stream, e.seq);
 }
 
-bool SimulatedDevice::query_event(Event event) {
+bool SimulatedDevice::query_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   ++counters_.event_queries;
   return event_done(event_state(event, "query_event"));
 }
 
-void SimulatedDevice::synchronize_event(Event event) {
+void SimulatedDevice::synchronize_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   ++counters_.event_syncs;
   const EventState e = event_state(event, "synchronize_event");
   if (e.seq != 0) complete_to(e.stream, e.seq);
 }
 
-void SimulatedDevice::stream_wait_event(Stream stream, Event event) {
+void SimulatedDevice::stream_wait_event(Stream stream, DeviceEvent event) {
   std::lock_guard lock(mutex_);
   ++counters_.stream_waits;
   const EventState e = event_state(event, "stream_wait_event");
@@ -215,7 +208,7 @@ void SimulatedDevice::synchronize_device() {
   for (auto& [id, s] : streams_) complete_to(id, s.submitted);
 }
 
-void SimulatedDevice::complete_event(Event event) {
+void SimulatedDevice::complete_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   const EventState e = event_state(event, "complete_event");
   if (e.seq != 0) complete_to(e.stream, e.seq);
@@ -247,13 +240,17 @@ void SimulatedDevice::set_event_mode(EventMode mode) {
 
 // --- virtual memory -------------------------------------------------------------------------
 
+VirtualMemory* SimulatedDevice::virtual_memory() noexcept {
+  return options_.supports_virtual_memory ? this : nullptr;
+}
+
 Address SimulatedDevice::reserve_address_range(std::size_t bytes, std::size_t alignment) {
   std::lock_guard lock(mutex_);
-  if (!props_.supports_virtual_memory) no_vm(*this, "reserve");
-  if (bytes == 0 || bytes % props_.vm_page_size != 0)
+  if (!options_.supports_virtual_memory) no_vm(props_, "reserve");
+  if (bytes == 0 || bytes % options_.vm_page_size != 0)
     throw DeviceError("SimulatedDevice: address range size " + std::to_string(bytes) +
                       " is not a positive multiple of the page size");
-  const Address a = bump(bytes, std::max(alignment, props_.vm_page_size));
+  const Address a = bump(bytes, std::max(alignment, options_.vm_page_size));
   ranges_.emplace(a, bytes);
   ++counters_.address_reserves;
   return a;
@@ -273,11 +270,11 @@ void SimulatedDevice::release_address_range(Address base, std::size_t bytes) {
 
 PhysicalHandle SimulatedDevice::create_physical(std::size_t bytes) {
   std::lock_guard lock(mutex_);
-  if (!props_.supports_virtual_memory) no_vm(*this, "create");
-  if (bytes == 0 || bytes % props_.vm_page_size != 0)
+  if (!options_.supports_virtual_memory) no_vm(props_, "create");
+  if (bytes == 0 || bytes % options_.vm_page_size != 0)
     throw DeviceError("SimulatedDevice: physical size " + std::to_string(bytes) +
                       " is not a positive multiple of the page size");
-  counters_.modelled_ns += options_.physical_create_ns;
+  charge(CostedCall::physical_create, bytes, options_.physical_create_ns);
   if (take_fault(FaultSite::physical_create, bytes) || bytes > available()) {
     ++counters_.segment_alloc_failures;
     return 0;
@@ -298,6 +295,7 @@ void SimulatedDevice::release_physical(PhysicalHandle handle) {
     throw DeviceError("SimulatedDevice: releasing physical handle " + std::to_string(handle) +
                       " that is still mapped at " + hex(m->second));
   used_ -= it->second;
+  if (options_.cost_model) counters_.modelled_ns += options_.cost_model->cost(CostedCall::physical_release, it->second);
   physical_.erase(it);
   ++counters_.physical_releases;
 }
@@ -320,7 +318,7 @@ void SimulatedDevice::map(Address addr, std::size_t bytes, PhysicalHandle handle
   if (auto m = mapped_handles_.find(handle); m != mapped_handles_.end())
     throw DeviceError("SimulatedDevice: physical handle " + std::to_string(handle) +
                       " is already mapped at " + hex(m->second));
-  counters_.modelled_ns += options_.map_ns;
+  charge(CostedCall::map, bytes, options_.map_ns);
   if (take_fault(FaultSite::map, bytes))
     throw DeviceError("SimulatedDevice: map failed (injected fault)");
   mappings_.emplace(addr, Mapping{bytes, handle});
@@ -339,7 +337,7 @@ void SimulatedDevice::unmap(Address addr, std::size_t bytes) {
   mappings_.erase(it);
   mapped_ -= bytes;
   ++counters_.unmaps;
-  counters_.modelled_ns += options_.unmap_ns;
+  charge(CostedCall::unmap, bytes, options_.unmap_ns);
 }
 
 // --- controls and inspection ----------------------------------------------------------------

@@ -65,13 +65,6 @@ std::string format_bytes(std::size_t bytes) {
   return buf;
 }
 
-std::string format_bytes_signed(long long bytes) {
-  if (bytes >= 0) return format_bytes(static_cast<std::size_t>(bytes));
-  std::string out = "-";
-  out += format_bytes(static_cast<std::size_t>(-(bytes + 1)) + 1);
-  return out;
-}
-
 namespace {
 
 // The multiplier of a unit suffix ("" = bytes); 0 if unknown.

@@ -1,4 +1,4 @@
-// util.hpp: two small helpers shared by the core's source files.
+// util.hpp: small helpers shared by the core's source files.
 #pragma once
 
 #include <cstddef>
@@ -6,6 +6,11 @@
 #include <string>
 
 #include "tensorpool/types.hpp"
+
+/// For the few helpers of the hot path that must be inlined whatever the optimizer thinks.
+#define TP_ALWAYS_INLINE inline __attribute__((always_inline))
+/// For branches of the hot path into slow paths.
+#define TP_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 namespace tensorpool::detail {
 

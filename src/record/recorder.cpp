@@ -60,9 +60,9 @@ trace::TraceInfo header(const Allocator& first) {
        fmt::format("config={}", first.config().to_string())}};
 }
 
-trace::Event seed(trace::Op op, std::uint16_t device, Stream stream, Address addr, std::size_t size,
+trace::TraceEvent seed(trace::Op op, std::uint16_t device, Stream stream, Address addr, std::size_t size,
                   std::uint8_t flags = 0) {
-  trace::Event e;
+  trace::TraceEvent e;
   e.op = op;
   e.flags = flags;
   e.device = device;
@@ -73,9 +73,9 @@ trace::Event seed(trace::Op op, std::uint16_t device, Stream stream, Address add
 }
 
 /// The allocator's live state as seed events: its segments, then its allocated blocks.
-std::vector<trace::Event> seed_events(const Allocator& alloc, std::uint16_t device) {
+std::vector<trace::TraceEvent> seed_events(const Allocator& alloc, std::uint16_t device) {
   const Snapshot snap = alloc.snapshot();
-  std::vector<trace::Event> seeds;
+  std::vector<trace::TraceEvent> seeds;
   for (const SegmentInfo& seg : snap.segments) {
     const auto flags = static_cast<std::uint8_t>((seg.pool == Pool::small ? trace::kFlagSmallPool : 0) |
                                                  (seg.heap ? trace::kFlagExpandable : 0));
@@ -174,7 +174,7 @@ Recorder::~Recorder() { stop(); }
 void Recorder::attach(Allocator& alloc, int device, bool detach_on_stop) {
   const std::uint16_t d = device_of(alloc, device);
   auto tap = std::make_shared<Tap>(signal_, options_.buffer_events, d);
-  std::vector<trace::Event> seeds = seed_events(alloc, d);
+  std::vector<trace::TraceEvent> seeds = seed_events(alloc, d);
   {
     std::lock_guard<std::mutex> lock(signal_->mutex);
     if (stopping_ || stopped_) throw UsageError("tensorpool recording: attach() after stop()");
@@ -241,7 +241,7 @@ RecordingStatus Recorder::status() const {
 
 void Recorder::run() noexcept {
   for (;;) {
-    std::vector<trace::Event> seeds;
+    std::vector<trace::TraceEvent> seeds;
     std::vector<std::shared_ptr<Tap>> taps;
     std::uint64_t ticket = 0;
     bool final = false;
@@ -265,16 +265,16 @@ void Recorder::run() noexcept {
   }
 }
 
-bool Recorder::write_batch(const std::vector<trace::Event>& seeds,
+bool Recorder::write_batch(const std::vector<trace::TraceEvent>& seeds,
                            const std::vector<std::shared_ptr<Tap>>& taps, bool final) noexcept {
   if (failed_.load()) return false;
   try {
     std::uint64_t written = 0;
-    for (const trace::Event& e : seeds) sink_->write(e, 0);
+    for (const trace::TraceEvent& e : seeds) sink_->write(e, 0);
     for (const auto& tap : taps) {
       // At most a ring's worth: everything present when the batch began, however busy the tap.
       const std::size_t n = tap->ring().pop(batch_.data(), batch_.size());
-      trace::Event e;
+      trace::TraceEvent e;
       for (std::size_t i = 0; i < n; ++i) {
         if (!to_trace_event(batch_[i].event, tap->device(), started_ns_, e)) continue;
         sink_->write(e, batch_[i].thread);

@@ -27,7 +27,7 @@ class RecordSink {
  public:
   virtual ~RecordSink() = default;  // removes the temporary file unless finish() succeeded
   /// `thread`: the OS thread that made the call (RMM's log names it).
-  virtual void write(const trace::Event& event, std::uint64_t thread) = 0;
+  virtual void write(const trace::TraceEvent& event, std::uint64_t thread) = 0;
   virtual void checkpoint() = 0;
   virtual void finish() = 0;
   virtual const std::string& temp_path() const noexcept = 0;
@@ -39,7 +39,7 @@ std::unique_ptr<RecordSink> open_sink(const std::string& path, RecordingFormat f
 
 /// The trace event of an observed allocator event; false for events the format has no op for.
 bool to_trace_event(const AllocatorEvent& e, std::uint16_t device, std::uint64_t started_ns,
-                    trace::Event& out) noexcept;
+                    trace::TraceEvent& out) noexcept;
 
 /// What the taps and the writer thread share: the lock and condition of every wait.
 struct RecorderSignal {
@@ -72,7 +72,7 @@ class Recorder {
 
   void run() noexcept;
   /// Writes `seeds` and what the taps hold; finishes the file if `final`. False after a failure.
-  bool write_batch(const std::vector<trace::Event>& seeds,
+  bool write_batch(const std::vector<trace::TraceEvent>& seeds,
                    const std::vector<std::shared_ptr<Tap>>& taps, bool final) noexcept;
   void fail(const std::string& message) noexcept;
 
@@ -85,7 +85,7 @@ class Recorder {
 
   // Guarded by signal_->mutex.
   std::vector<std::shared_ptr<Tap>> taps_;
-  std::vector<trace::Event> pending_seeds_;  // written before any event of their tap
+  std::vector<trace::TraceEvent> pending_seeds_;  // written before any event of their tap
   std::uint64_t flush_requested_ = 0;        // flush() calls so far
   std::uint64_t flush_done_ = 0;             // flush_requested_ when the last batch began
   bool stopping_ = false;

@@ -45,7 +45,7 @@ class NativeSink final : public RecordSink {
   NativeSink(const std::string& path, trace::Format format, const trace::TraceInfo& info)
       : writer_(trace::TraceWriter::open(path, format, info,
                                          trace::WriteOptions{partial_name(path)})) {}
-  void write(const trace::Event& event, std::uint64_t /*thread*/) override { writer_->write(event); }
+  void write(const trace::TraceEvent& event, std::uint64_t /*thread*/) override { writer_->write(event); }
   void checkpoint() override { writer_->checkpoint(); }
   void finish() override { writer_->finish(); }
   const std::string& temp_path() const noexcept override { return writer_->temp_path(); }
@@ -71,7 +71,7 @@ class RmmSink final : public RecordSink {
       : writer_(trace::rmm::LogWriter::open(path, trace::WriteOptions{partial_name(path)})),
         clock_at_start_us_(local_time_of_day_us()) {}
 
-  void write(const trace::Event& e, std::uint64_t thread) override {
+  void write(const trace::TraceEvent& e, std::uint64_t thread) override {
     trace::rmm::LogEntry entry;
     switch (e.op) {
       case Op::alloc: entry.action = trace::rmm::Action::allocate; break;
@@ -107,8 +107,8 @@ std::unique_ptr<RecordSink> open_sink(const std::string& path, RecordingFormat f
 }
 
 bool to_trace_event(const AllocatorEvent& e, std::uint16_t device, std::uint64_t started_ns,
-                    trace::Event& out) noexcept {
-  out = trace::Event{};
+                    trace::TraceEvent& out) noexcept {
+  out = trace::TraceEvent{};
   out.device = device;
   out.stream = e.stream;
   out.addr = e.address;

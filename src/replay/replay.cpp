@@ -4,23 +4,16 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "tensorpool/errors.hpp"
-#include "tensorpool/trace/format.hpp"
 
 namespace tensorpool::replay {
 
-using trace::Event;
+using trace::TraceEvent;
 using trace::Op;
-
-// --- sources --------------------------------------------------------------------------------
-
-FileSource::FileSource(std::string path) : path_(std::move(path)), reader_(trace::TraceReader::open(path_)) {}
-FileSource::~FileSource() = default;
-bool FileSource::next(Event& out) { return reader_->next(out); }
-void FileSource::rewind() { reader_ = trace::TraceReader::open(path_); }
 
 namespace {
 
@@ -52,6 +45,7 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
     t.upstream += d.upstream;
     t.seeding += d.seeding;
     t.upstream_after_first_iteration += d.upstream_after_first_iteration;
+    if (d.first_oom && (!t.first_oom || d.first_oom->time_us < t.first_oom->time_us)) t.first_oom = d.first_oom;
   }
   finish(t);
   return t;
@@ -63,17 +57,33 @@ class DeviceReplay {
   DeviceReplay(const ReplayOptions& options, int device) : attempt_ooms_(options.attempt_ooms) {
     TargetOptions opts = options.target;
     opts.device = device;
-    target_ = make_target(options.allocator, opts);
+    target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
     result_.allocator = target_->name();
     result_.device = device;
+    // require_export() let only a registered target whose descriptor says `exports` this far;
+    // a target built by options.make_target has no descriptor here and is asked itself.
+    if (options.record_history && !target_->record_history()) {
+      if (options.make_target)
+        throw UsageError("allocator '" + options.allocator + "' cannot export a snapshot (it records no history)");
+      throw std::logic_error("replay target '" + options.allocator +
+                             "' exports by its descriptor but records no history");
+    }
   }
 
-  void apply(const Event& e) {
+  // The target's memory for a snapshot export (ReplayOptions::record_history).
+  trace::pytorch::DeviceMemory memory_state() const {
+    trace::pytorch::DeviceMemory m = target_->memory_state();
+    m.device = result_.device;
+    return m;
+  }
+  std::string settings() const { return target_->settings(); }
+
+  void apply(const TraceEvent& e) {
     ++result_.events;
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
       case Op::seed_segment:
-        if (pass_ == 0) target_->seed_segment(e);
+        if (pass_ == 0) seed_segment(e);
         break;
       case Op::seed_alloc: allocate(e, true); break;
       case Op::alloc: allocate(e, false); break;
@@ -86,6 +96,7 @@ class DeviceReplay {
       case Op::oom:
         if (attempt_ooms_) attempt_failed(e);
         break;
+      case Op::empty_cache: target_->empty_cache(); break;
       case Op::iteration:
         if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
         break;
@@ -135,7 +146,23 @@ class DeviceReplay {
     }
   }
 
-  void allocate(const Event& e, bool seed) {
+  // A model adopting the recording allocator's segment can run out of device memory on a device
+  // smaller than what that allocator held: a refused request like any other.
+  void seed_segment(const TraceEvent& e) {
+    try {
+      target_->seed_segment(e);
+    } catch (const OutOfMemoryError& oom) {
+      refused(e, oom);
+    }
+    measure();
+  }
+
+  void refused(const TraceEvent& e, const OutOfMemoryError& oom) {
+    if (++result_.ooms == 1)
+      result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
+  }
+
+  void allocate(const TraceEvent& e, bool seed) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
     ++result_.allocs;
@@ -143,15 +170,15 @@ class DeviceReplay {
       void* p = seed ? target_->seed_alloc(e) : target_->allocate(e.size, e.stream);
       live_.emplace(e.addr, Live{p, e.size, e.stream});
       requested_ += e.size;
-    } catch (const OutOfMemoryError&) {
-      ++result_.ooms;
+    } catch (const OutOfMemoryError& oom) {
+      refused(e, oom);
       failed_.insert(e.addr);
     }
     measure();
   }
 
   // A request that failed in the recording run (ReplayOptions::attempt_ooms).
-  void attempt_failed(const Event& e) {
+  void attempt_failed(const TraceEvent& e) {
     if (e.size == 0) return;
     try {
       target_->deallocate(target_->allocate(e.size, e.stream), e.size, e.stream);
@@ -162,7 +189,7 @@ class DeviceReplay {
   }
 
   // free_requested ends a block's life; a lone free_completed (a trace without requests) too.
-  void free(const Event& e, bool requested) {
+  void free(const TraceEvent& e, bool requested) {
     auto it = live_.find(e.addr);
     if (it == live_.end()) {
       // The free of an allocation that failed (OOM) is expected; any other is the trace's.
@@ -205,8 +232,9 @@ class DeviceReplay {
 }  // namespace
 
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
+  if (options.record_history && !options.make_target) require_export(options.allocator);  // before any work
   std::map<int, std::unique_ptr<DeviceReplay>> devices;
-  Event e;
+  TraceEvent e;
   auto start = std::chrono::steady_clock::now();
   for (int pass = 0; pass <= options.warmup; ++pass) {
     if (pass > 0) {
@@ -230,6 +258,10 @@ ReplayReport replay(EventSource& source, const ReplayOptions& options) {
   const auto ops = report.total.allocs + report.total.frees;
   report.total.host_ns_per_op = ops == 0 ? 0.0 : elapsed.count() / static_cast<double>(ops);
   for (auto& d : report.devices) d.host_ns_per_op = report.total.host_ns_per_op;
+  if (options.record_history) {
+    for (auto& [d, replay] : devices) report.memory.push_back(replay->memory_state());
+    if (!devices.empty()) report.settings = devices.begin()->second->settings();
+  }
   return report;
 }
 
@@ -244,7 +276,7 @@ class DeviceBaseline {
     b_.result.device = device;
   }
 
-  void apply(const Event& e) {
+  void apply(const TraceEvent& e) {
     ReplayResult& r = b_.result;
     ++r.events;
     switch (e.op) {
@@ -308,7 +340,7 @@ class DeviceBaseline {
 
 BaselineReport baseline(EventSource& source, const std::string& name, int device) {
   std::map<int, std::unique_ptr<DeviceBaseline>> devices;
-  Event e;
+  TraceEvent e;
   while (source.next(e)) {
     if (device >= 0 && e.device != device) continue;
     auto& slot = devices[e.device];

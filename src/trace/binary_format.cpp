@@ -70,10 +70,11 @@ class BinaryReader final : public TraceReader {
     std::uint8_t byte() { return reader->get_byte(what); }
   };
 
-  bool read_next(Event& out) override;
+  bool read_next(TraceEvent& out) override;
 
   void read_header();
   void read_label();
+  std::uint32_t version_ = kBinaryFormatVersion;  // of the file, from its header
   void read_end();
   void read_checkpoint();
   void skip_extension(std::uint8_t tag);
@@ -85,7 +86,7 @@ class BinaryReader final : public TraceReader {
   std::string read_string(const char* what, const char* field);
 
   template <class Cursor>
-  void decode_event(Cursor& c, std::uint8_t tag, Event& e);
+  void decode_event(Cursor& c, std::uint8_t tag, TraceEvent& e);
   template <class Cursor>
   std::uint64_t varint(Cursor& c, const char* field);
   template <class Cursor>
@@ -135,11 +136,12 @@ std::uint64_t BinaryReader::varint_tail(Cursor& c, std::uint8_t first, const cha
 }
 
 template <class Cursor>
-TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, Event& e) {
+TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, TraceEvent& e) {
   const unsigned op = tag & kTagOpMask;
-  if (op >= static_cast<unsigned>(kNumOps)) {
-    fail(fmt::format("unknown op {} in event record (tag 0x{:02X}); known ops are 0..{}", op, tag,
-                     kNumOps - 1));
+  const unsigned known = version_ >= 2 ? kNumOps : kOpsInVersion1;
+  if (op >= known) {
+    fail(fmt::format("unknown op {} in event record (tag 0x{:02X}); known ops are 0..{} in version {}",
+                     op, tag, known - 1, version_));
   }
   const std::uint8_t ctx = (tag & kTagContext) ? c.byte() : 0;
   if (ctx & kCtxReserved) fail(fmt::format("reserved bits set in event context byte 0x{:02X}", ctx));
@@ -171,7 +173,7 @@ TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, Ev
   e.size = varint(c, "size");
 }
 
-bool BinaryReader::read_next(Event& out) {
+bool BinaryReader::read_next(TraceEvent& out) {
   for (;;) {
     record_start_ = source_->offset();
     if (!source_->has_more()) {
@@ -233,10 +235,11 @@ void BinaryReader::read_header() {
   record_start_ = source_->offset();
   std::uint32_t version = 0;
   for (int i = 0; i < 4; ++i) version |= std::uint32_t{get_byte("header (format version)")} << (8 * i);
-  if (version != kBinaryFormatVersion) {
-    fail(fmt::format("unsupported .tptrace format version {} (this reader supports version {}; "
+  if (version < 1 || version > kBinaryFormatVersion) {
+    fail(fmt::format("unsupported .tptrace format version {} (this reader supports versions 1 to {}; "
                      "a newer tensorpool may read it)", version, kBinaryFormatVersion));
   }
+  version_ = version;
   record_start_ = source_->offset();
   info_.source = read_string("header", "source");
   record_start_ = source_->offset();
@@ -322,7 +325,7 @@ class BinaryWriter final : public TraceWriter {
   void write_header(const TraceInfo& info);
   void put_string(std::string_view s, const char* field);
   void on_label(std::uint32_t id, std::string_view text) override;
-  void on_event(const Event& e) override;
+  void on_event(const TraceEvent& e) override;
   void on_finish() override;
   void on_checkpoint() override;
   /// The CRC-32 of every byte written so far, as the end and checkpoint records store it.
@@ -358,7 +361,7 @@ void BinaryWriter::on_label(std::uint32_t /*id: implied by the order of definiti
   put_string(text, "label");
 }
 
-void BinaryWriter::on_event(const Event& e) {
+void BinaryWriter::on_event(const TraceEvent& e) {
   std::uint8_t* const start = sink_->reserve(kMaxEventBytes);
   std::uint8_t ctx = 0;
   if (e.flags != 0) ctx |= kCtxFlags;

@@ -1,5 +1,7 @@
 # The native trace formats (binary .tptrace and JSON lines): reader, writer, conversions.
-find_package(nlohmann_json 3.11 REQUIRED)
+if(NOT TARGET nlohmann_json::nlohmann_json)
+  find_package(nlohmann_json 3.11 REQUIRED)
+endif()
 target_sources(tensorpool_trace PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/format.cpp
   ${CMAKE_CURRENT_LIST_DIR}/format_io.cpp

@@ -99,18 +99,22 @@ TraceReader::TraceReader(std::unique_ptr<detail::FileSource> source, Format form
 
 TraceReader::~TraceReader() = default;
 
+std::unique_ptr<TraceReader> detail::open_reader(std::unique_ptr<FileSource> source,
+                                                 const ReadOptions& options) {
+  source->refill();
+  std::unique_ptr<TraceReader> reader = detect_format(*source) == Format::binary
+                                            ? open_binary_reader(std::move(source))
+                                            : open_jsonl_reader(std::move(source));
+  reader->options_ = options;
+  return reader;
+}
+
 std::unique_ptr<TraceReader> TraceReader::open(const std::string& path) {
   return open(path, ReadOptions{});
 }
 
 std::unique_ptr<TraceReader> TraceReader::open(const std::string& path, const ReadOptions& options) {
-  auto source = std::make_unique<detail::FileSource>(path);
-  source->refill();
-  std::unique_ptr<TraceReader> reader = detect_format(*source) == Format::binary
-                                            ? detail::open_binary_reader(std::move(source))
-                                            : detail::open_jsonl_reader(std::move(source));
-  reader->options_ = options;
-  return reader;
+  return detail::open_reader(std::make_unique<detail::FileSource>(path), options);
 }
 
 const std::string& TraceReader::label(std::uint32_t id) const {
@@ -123,7 +127,7 @@ const std::string& TraceReader::label(std::uint32_t id) const {
 
 std::uint64_t TraceReader::offset() const noexcept { return source_->offset(); }
 
-bool TraceReader::next(Event& out) {
+bool TraceReader::next(TraceEvent& out) {
   if (error_) std::rethrow_exception(error_);
   if (done_) return false;
   try {
@@ -213,7 +217,7 @@ std::uint32_t TraceWriter::intern(std::string_view text) {
   return id;
 }
 
-void TraceWriter::write(const Event& event) {
+void TraceWriter::write(const TraceEvent& event) {
   guarded([&] {
     if (static_cast<int>(event.op) >= kNumOps) {
       throw Error(fmt::format("trace writer for '{}': event {} has op {}, not a trace::Op", path_,
@@ -229,7 +233,7 @@ void TraceWriter::write(const Event& event) {
   });
 }
 
-void TraceWriter::write(Event event, std::string_view label_text) {
+void TraceWriter::write(TraceEvent event, std::string_view label_text) {
   event.label = intern(label_text);
   write(event);
 }
@@ -254,25 +258,26 @@ void TraceWriter::finish() {
 // ---------------------------------------------------------------------------------------------
 // Whole traces
 
-Trace read_trace(const std::string& path) {
-  auto reader = TraceReader::open(path);
+Trace detail::read_all(TraceReader& reader) {
   Trace trace;
-  trace.info = reader->info();
-  Event e;
-  while (reader->next(e)) trace.events.push_back(e);
-  trace.labels = reader->labels();
+  trace.info = reader.info();
+  TraceEvent e;
+  while (reader.next(e)) trace.events.push_back(e);
+  trace.labels = reader.labels();
   for (std::size_t i = 1; i < trace.labels.size(); ++i) {
     trace.label_ids.emplace(trace.labels[i], static_cast<std::uint32_t>(i));  // first one wins
   }
   return trace;
 }
 
+Trace read_trace(const std::string& path) { return detail::read_all(*TraceReader::open(path)); }
+
 void write_trace(const std::string& path, const Trace& trace, Format format) {
   auto writer = TraceWriter::open(path, format, trace.info);
   std::vector<std::uint32_t> ids(trace.labels.size(), 0);  // trace's id -> file's id
   for (std::size_t i = 1; i < trace.labels.size(); ++i) ids[i] = writer->intern(trace.labels[i]);
   std::uint64_t index = 0;
-  for (Event e : trace.events) {
+  for (TraceEvent e : trace.events) {
     if (e.label >= ids.size()) {
       throw Error(fmt::format("cannot write trace '{}': event {} uses label id {}, outside the "
                               "trace's label table ({} labels)", path, index, e.label, ids.size()));
@@ -284,23 +289,27 @@ void write_trace(const std::string& path, const Trace& trace, Format format) {
   writer->finish();
 }
 
-void convert_trace(const std::string& in, const std::string& out, Format out_format) {
-  convert_trace(in, out, out_format, ReadOptions{});
-}
-
-std::optional<Truncation> convert_trace(const std::string& in, const std::string& out,
-                                        Format out_format, const ReadOptions& options) {
-  auto reader = TraceReader::open(in, options);
-  auto writer = TraceWriter::open(out, out_format, reader->info());
+std::optional<Truncation> detail::copy_trace(TraceReader& reader, const std::string& out,
+                                             Format out_format) {
+  auto writer = TraceWriter::open(out, out_format, reader.info());
   std::vector<std::uint32_t> ids{0};  // reader's id -> writer's id, grown as labels appear
-  Event e;
-  while (reader->next(e)) {
-    while (ids.size() < reader->labels().size()) ids.push_back(writer->intern(reader->labels()[ids.size()]));
+  TraceEvent e;
+  while (reader.next(e)) {
+    while (ids.size() < reader.labels().size()) ids.push_back(writer->intern(reader.labels()[ids.size()]));
     e.label = ids[e.label];
     writer->write(e);
   }
   writer->finish();
-  return reader->truncation();
+  return reader.truncation();
+}
+
+void convert_trace(const std::string& in, const std::string& out, Format out_format) {
+  detail::copy_trace(*TraceReader::open(in), out, out_format);
+}
+
+std::optional<Truncation> convert_trace(const std::string& in, const std::string& out,
+                                        Format out_format, const ReadOptions& options) {
+  return detail::copy_trace(*TraceReader::open(in, options), out, out_format);
 }
 
 }  // namespace tensorpool::trace

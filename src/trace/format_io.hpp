@@ -173,6 +173,15 @@ std::unique_ptr<TraceReader> open_binary_reader(std::unique_ptr<FileSource> sour
 /// `source` is positioned at offset 0.
 std::unique_ptr<TraceReader> open_jsonl_reader(std::unique_ptr<FileSource> source);
 
+/// TraceReader::open on a source already opened (and possibly refilled, nothing consumed).
+std::unique_ptr<TraceReader> open_reader(std::unique_ptr<FileSource> source,
+                                         const ReadOptions& options = {});
+/// The rest of `reader`'s events in memory (read_trace's body).
+Trace read_all(TraceReader& reader);
+/// The rest of `reader`'s events written to `out` (convert_trace's body); the reader's
+/// truncation(), if it was opened with allow_truncated and the file is cut.
+std::optional<Truncation> copy_trace(TraceReader& reader, const std::string& out, Format out_format);
+
 std::unique_ptr<TraceWriter> open_binary_writer(std::unique_ptr<FileSink> sink, const TraceInfo& info);
 std::unique_ptr<TraceWriter> open_jsonl_writer(std::unique_ptr<FileSink> sink, const TraceInfo& info);
 

@@ -44,6 +44,7 @@ constexpr std::array<unsigned, kNumOps> kRequiredFields = {
     kSize,            // oom
     kAddr | kSize,    // seed_segment
     kAddr | kSize,    // seed_alloc
+    0,                // empty_cache
 };
 
 /// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF), as JSON requires.
@@ -155,15 +156,16 @@ class JsonlReader final : public TraceReader {
   std::uint64_t line() const noexcept override { return line_no_; }
 
  private:
-  bool read_next(Event& out) override;
+  bool read_next(TraceEvent& out) override;
 
   bool read_line();
+  std::uint32_t version_ = kJsonlFormatVersion;  // of the file, from its header
   bool next_nonblank_line();
   json parse_line();
   void read_header();
   void read_end_line(const json& j) const;
-  void parse_event(const json& j, Event& e);
-  void set_field(const std::string& key, const json& v, Event& e, unsigned& seen);
+  void parse_event(const json& j, TraceEvent& e);
+  void set_field(const std::string& key, const json& v, TraceEvent& e, unsigned& seen);
 
   std::uint64_t get_uint(const char* key, const json& v, std::uint64_t max) const;
   std::uint64_t get_uint_or_hex(const char* key, const json& v) const;
@@ -233,10 +235,12 @@ void JsonlReader::read_header() {
   }
   const auto version = h.find("version");
   if (version == h.end()) fail("missing key \"version\" in the header");
-  if (get_uint("version", *version, std::numeric_limits<std::uint64_t>::max()) != kJsonlFormatVersion) {
+  const std::uint64_t number = get_uint("version", *version, std::numeric_limits<std::uint64_t>::max());
+  if (number < 1 || number > kJsonlFormatVersion) {
     fail(fmt::format("unsupported tensorpool-trace JSON-lines version {} (this reader supports "
-                     "version {}; a newer tensorpool may read it)", version->dump(), kJsonlFormatVersion));
+                     "versions 1 to {}; a newer tensorpool may read it)", version->dump(), kJsonlFormatVersion));
   }
+  version_ = static_cast<std::uint32_t>(number);
   for (auto it = h.begin(); it != h.end(); ++it) {
     const json& v = it.value();
     if (it.key() == "format" || it.key() == "version") continue;
@@ -256,7 +260,7 @@ void JsonlReader::read_header() {
   }
 }
 
-bool JsonlReader::read_next(Event& out) {
+bool JsonlReader::read_next(TraceEvent& out) {
   while (next_nonblank_line()) {
     if (ended_) fail("unexpected data after the end object");
     const json j = parse_line();
@@ -284,15 +288,17 @@ void JsonlReader::read_end_line(const json& j) const {
   if (j.size() != 2) fail("unknown key in the end object (known: end, events)");
 }
 
-void JsonlReader::parse_event(const json& j, Event& e) {
-  e = Event{};
+void JsonlReader::parse_event(const json& j, TraceEvent& e) {
+  e = TraceEvent{};
   unsigned seen = 0;
   bool has_op = false;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "op") {
       if (!it->is_string()) fail("key \"op\" must be a string, found " + describe(*it));
-      if (!parse_op(it->get_ref<const std::string&>(), e.op)) {
-        fail(fmt::format("unknown op {}", it->dump(-1, ' ', false, json::error_handler_t::replace)));
+      if (!parse_op(it->get_ref<const std::string&>(), e.op) ||
+          (version_ < 2 && static_cast<int>(e.op) >= kOpsInVersion1)) {
+        fail(fmt::format("unknown op {}{}", it->dump(-1, ' ', false, json::error_handler_t::replace),
+                         version_ < 2 ? " in version 1" : ""));
       }
       has_op = true;
     } else {
@@ -307,7 +313,7 @@ void JsonlReader::parse_event(const json& j, Event& e) {
   }
 }
 
-void JsonlReader::set_field(const std::string& key, const json& v, Event& e, unsigned& seen) {
+void JsonlReader::set_field(const std::string& key, const json& v, TraceEvent& e, unsigned& seen) {
   if (key == "addr") {
     e.addr = get_uint_or_hex("addr", v);
     seen |= kAddr;
@@ -404,7 +410,7 @@ class JsonlWriter final : public TraceWriter {
   void write_header(const TraceInfo& info);
   void append_string(std::string_view s, const char* what);
   void on_label(std::uint32_t id, std::string_view text) override;
-  void on_event(const Event& e) override;
+  void on_event(const TraceEvent& e) override;
   void on_finish() override;
 
   std::string line_;  // reused for every line
@@ -438,7 +444,7 @@ void JsonlWriter::on_label(std::uint32_t /*id*/, std::string_view text) {
   }
 }
 
-void JsonlWriter::on_event(const Event& e) {
+void JsonlWriter::on_event(const TraceEvent& e) {
   line_.clear();
   auto out = std::back_inserter(line_);
   fmt::format_to(out, "{{\"op\":\"{}\",\"device\":{},\"stream\":{},\"addr\":\"{:#x}\",\"size\":{},\"time_us\":{}",

@@ -256,8 +256,8 @@ class LogParser {
   std::int64_t day_offset_ = 0;
 };
 
-Event make_event(Op op, const LogEntry& e, std::uint16_t device, std::int64_t time) {
-  Event ev;
+TraceEvent make_event(Op op, const LogEntry& e, std::uint16_t device, std::int64_t time) {
+  TraceEvent ev;
   ev.op = op;
   ev.device = device;
   ev.addr = op == Op::oom ? 0 : e.pointer;
@@ -268,8 +268,8 @@ Event make_event(Op op, const LogEntry& e, std::uint16_t device, std::int64_t ti
 }
 
 // Pointers the log frees before allocating were live when it began.
-std::vector<Event> seed_events(const std::vector<LogEntry>& entries, std::uint16_t device) {
-  std::map<std::uint64_t, Event> seeds;
+std::vector<TraceEvent> seed_events(const std::vector<LogEntry>& entries, std::uint16_t device) {
+  std::map<std::uint64_t, TraceEvent> seeds;
   std::unordered_set<std::uint64_t> touched;
   const std::int64_t start = entries.empty() ? 0 : entries.front().time_us;
   for (const LogEntry& e : entries) {
@@ -278,7 +278,7 @@ std::vector<Event> seed_events(const std::vector<LogEntry>& entries, std::uint16
       seeds.emplace(e.pointer, make_event(Op::seed_alloc, e, device, start));
     }
   }
-  std::vector<Event> out;
+  std::vector<TraceEvent> out;
   out.reserve(seeds.size());
   for (const auto& [ptr, ev] : seeds) out.push_back(ev);
   return out;

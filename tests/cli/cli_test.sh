@@ -9,20 +9,7 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 passes=0
 
-check() {  # check NAME EXPECTED_STATUS EXPECTED_TEXT -- command...
-  local name=$1 want=$2 text=$3
-  shift 4
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [ "$status" -ne "$want" ] || ! grep -qF -- "$text" <<<"$out"; then
-    echo "FAIL: $name: status $status (want $want), output lacks '$text':"
-    head -20 <<<"$out"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+source "$(dirname "$0")/check.sh"
 
 check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
 check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json
@@ -37,6 +24,9 @@ done
 check "replay --attempt-ooms" 0 "tensorpool" -- "$bin" replay "$work/g.tptrace" --attempt-ooms
 check "compare --warmup" 0 '"warmup": 1' -- "$bin" compare "$work/g.tptrace" --warmup 1 --json
 check "bad --warmup" 2 "warmup" -- "$bin" replay "$work/g.tptrace" --warmup -3
+check "replay explains its first OOM" 0 "first OOM of tensorpool" -- "$bin" replay "$work/g.tptrace" --capacity 64MiB
+check "compare explains the first OOMs" 0 "cached free per stream" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 64MiB
+check "replay --json first_oom" 0 '"largest_free_block_bytes"' -- "$bin" replay "$work/g.tptrace" --capacity 64MiB --json
 check "compare subset" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 1GiB
 check "convert to jsonl" 0 "wrote" -- "$bin" convert "$work/g.tptrace" "$work/g.jsonl"
 check "jsonl replays the same" 0 "tensorpool" -- "$bin" replay "$work/g.jsonl"
@@ -53,6 +43,8 @@ head -c 3000 "$work/g.tptrace" >"$work/killed.tptrace"  # as a killed recording 
 check "convert --allow-truncated salvages a cut trace" 0 "cut short: kept the" -- "$bin" convert "$work/killed.tptrace" "$work/salvaged.tptrace" --allow-truncated
 check "the salvaged trace replays" 0 "tensorpool" -- "$bin" replay "$work/salvaged.tptrace"
 check "--allow-truncated still refuses a cut header" 1 "truncated header" -- "$bin" convert "$work/cut.tptrace" "$work/x.tptrace" --allow-truncated
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000001,allocate,0x1000,4096,0x0\n' >"$work/ok.csv"
+check "--allow-truncated is refused for an RMM log" 1 "applies to tensorpool traces" -- "$bin" convert "$work/ok.csv" "$work/x.tptrace" --allow-truncated
 printf '\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00}\x94(' >"$work/cut.pickle"
 check "truncated pickle names the offset" 1 "offset" -- "$bin" info "$work/cut.pickle"
 printf '\x80\x02cos\nsystem\n.' >"$work/evil.pickle"
@@ -69,10 +61,47 @@ check "unknown allocator" 2 "unknown allocator 'nope'" -- "$bin" replay "$work/g
 check "bad capacity" 2 "--capacity" -- "$bin" compare "$work/g.tptrace" --capacity lots
 check "bad --conf" 2 "max_split_size" -- "$bin" replay "$work/g.tptrace" --conf max_split_size:huge
 check "unknown --conf key" 2 "unknown key" -- "$bin" replay "$work/g.tptrace" --conf bogus:1
-check "bad generator option" 2 "layerz" -- "$bin" generate "$work/x.tptrace" --options layerz:3
+check "bad generator option" 2 "--options: unknown key 'layerz'" -- "$bin" generate "$work/x.tptrace" --options layerz:3
+test ! -e "$work/x.tptrace" && passes=$((passes + 1)) || { echo "FAIL: a refused generate wrote a file"; failures=$((failures + 1)); }
+check "--conf names the allocator that refuses a value" 2 "--conf for tensorpool: bad value 'huge' for key 'max_split_size'" -- "$bin" replay "$work/g.tptrace" --conf max_split_size:huge
+check "--conf no selected allocator takes" 2 "unknown key 'mode' for raw" -- "$bin" replay "$work/g.tptrace" --allocator raw --conf mode:vmm
+check "malformed --conf" 2 "--conf: item 'mode' at character 1" -- "$bin" replay "$work/g.tptrace" --conf mode
 check "no subcommand" 2 "" -- "$bin"
 check "unknown subcommand" 2 "" -- "$bin" frobnicate
 check "--help" 0 "compare" -- "$bin" --help
+check "replay --help lists the allocators" 0 "pytorch-expandable" -- "$bin" replay --help
+
+# The allocators and their settings; --conf reaches each allocator that takes all its keys.
+check "allocators" 0 "max_cached_bytes" -- "$bin" allocators
+check "allocators --json" 0 '"settings"' -- "$bin" allocators --json
+check "allocators --json says which hold their memory" 0 '"holds_memory_until_destroyed": true' -- "$bin" allocators --json
+check "--conf reaches a model that takes it" 0 '"allocator": "cub"' -- "$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json
+a=$("$bin" replay "$work/g.tptrace" --allocator pytorch --json | grep peak_reserved_bytes | head -1)
+b=$("$bin" replay "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:2 --json | grep peak_reserved_bytes | head -1)
+if [ -n "$a" ] && [ "$a" != "$b" ]; then passes=$((passes + 1)); else echo "FAIL: --conf did not reach the pytorch model: $a vs $b"; failures=$((failures + 1)); fi
+a=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --json | grep -c '"maps": 0')
+b=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --conf mode:vmm --json | grep -c '"maps": 0')
+if [ "$b" -lt "$a" ]; then passes=$((passes + 1)); else echo "FAIL: compare --conf mode:vmm did not reach tensorpool ($a vs $b runs without maps)"; failures=$((failures + 1)); fi
+
+# --cost-model: a file of (call, bytes, ns) points replaces the flat per-call cost.
+printf '# free calls\nsegment_alloc 0 0\nsegment_free 0 0 # none\n' >"$work/cost.txt"
+check "--cost-model is charged" 0 '"modelled_upstream_ns": 0,' -- "$bin" replay "$work/g.tptrace" --allocator raw --json --cost-model "$work/cost.txt"
+printf 'segment_alloc two 3\n' >"$work/badcost.txt"
+check "bad --cost-model names file and line" 1 "badcost.txt: line 1: expected 'CALL BYTES NANOSECONDS'" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/badcost.txt"
+check "missing --cost-model file" 1 "cannot open the cost-model file" -- "$bin" replay "$work/g.tptrace" --cost-model "$work/none.txt"
+# --allocator-conf NAME=SETTINGS reaches that allocator only, after --conf's settings, and is
+# checked first; NAME must be one of the allocators run.
+check "--allocator-conf" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators cub,raw --allocator-conf cub=max_cached_bytes:none
+check "bad --allocator-conf value" 2 "--allocator-conf cub: bin_growth must be at least 2" -- "$bin" replay "$work/g.tptrace" --allocator cub --allocator-conf cub=bin_growth:1
+check "--allocator-conf without =" 2 "NAME=key:value" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub
+check "--allocator-conf unknown allocator" 2 "unknown allocator" -- "$bin" replay "$work/g.tptrace" --allocator-conf nope=a:1
+check "--allocator-conf for an allocator not run" 2 "'cub' is not one of the allocators run (tensorpool)" -- "$bin" replay "$work/g.tptrace" --allocator-conf cub=max_cached_bytes:none
+check "--conf and --allocator-conf are checked together" 2 "--conf and --allocator-conf for cub: min_bin must not exceed max_bin" -- "$bin" replay "$work/g.tptrace" --allocator cub --conf min_bin:5 --allocator-conf cub=max_bin:4
+check "a setting the device cannot hold" 2 "arena_size must be" -- "$bin" replay "$work/g.tptrace" --allocator rmm-arena --capacity 1GiB --allocator-conf rmm-arena=arena_size:2GiB
+a=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json | grep '"upstream_frees"' | head -1)
+b=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --json | grep '"upstream_frees"' | head -1)
+c=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --allocator-conf cub=max_cached_bytes:none --json | grep '"upstream_frees"' | head -1)
+if [ -n "$a" ] && [ "$a" != "$b" ] && [ "$a" = "$c" ]; then passes=$((passes + 1)); else echo "FAIL: --allocator-conf did not win over --conf: $a / $b / $c"; failures=$((failures + 1)); fi
 
 # A real PyTorch snapshot, when the shared traces are here.
 if [ -f "$shared/small-from-empty.pickle" ]; then

@@ -24,13 +24,10 @@ std::shared_ptr<SimulatedDevice> make_device() {
 }
 
 /// Segments of real host memory (so containers can touch their elements); streams and events
-/// are the simulated device's. Not thread-safe.
+/// are the simulated device's; no virtual memory. Not thread-safe.
 class HostMemoryDevice final : public DeviceBackend {
  public:
-  HostMemoryDevice() : sim_(make_device()) {
-    props_ = sim_->properties();
-    props_.supports_virtual_memory = false;
-  }
+  HostMemoryDevice() : sim_(make_device()), props_(sim_->properties()) {}
   ~HostMemoryDevice() override {
     for (const auto& [p, bytes] : live_) std::free(p);
   }
@@ -49,12 +46,12 @@ class HostMemoryDevice final : public DeviceBackend {
     used_ -= bytes;
     std::free(ptr);
   }
-  Event create_event() override { return sim_->create_event(); }
-  void destroy_event(Event e) override { sim_->destroy_event(e); }
-  void record_event(Event e, Stream s) override { sim_->record_event(e, s); }
-  bool query_event(Event e) override { return sim_->query_event(e); }
-  void synchronize_event(Event e) override { sim_->synchronize_event(e); }
-  void stream_wait_event(Stream s, Event e) override { sim_->stream_wait_event(s, e); }
+  DeviceEvent create_event() override { return sim_->create_event(); }
+  void destroy_event(DeviceEvent e) override { sim_->destroy_event(e); }
+  void record_event(DeviceEvent e, Stream s) override { sim_->record_event(e, s); }
+  bool query_event(DeviceEvent e) override { return sim_->query_event(e); }
+  void synchronize_event(DeviceEvent e) override { sim_->synchronize_event(e); }
+  void stream_wait_event(Stream s, DeviceEvent e) override { sim_->stream_wait_event(s, e); }
   void synchronize_stream(Stream s) override { sim_->synchronize_stream(s); }
   void synchronize_device() override { sim_->synchronize_device(); }
 

@@ -29,8 +29,8 @@ TEST_CASE("simulated device hands out virtual segments of any capacity", "[devic
 TEST_CASE("events complete in stream order, only when told", "[device]") {
   SimulatedDevice d;
   const Stream s = d.create_stream();
-  const Event e1 = d.create_event();
-  const Event e2 = d.create_event();
+  const DeviceEvent e1 = d.create_event();
+  const DeviceEvent e2 = d.create_event();
   REQUIRE(d.query_event(e1));  // never recorded: complete
   d.record_event(e1, s);
   d.record_event(e2, s);
@@ -50,8 +50,8 @@ TEST_CASE("a stream that waited on an event cannot finish before that event", "[
   SimulatedDevice d;
   const Stream a = d.create_stream();
   const Stream b = d.create_stream();
-  const Event ea = d.create_event();
-  const Event eb = d.create_event();
+  const DeviceEvent ea = d.create_event();
+  const DeviceEvent eb = d.create_event();
   d.record_event(ea, a);
   d.stream_wait_event(b, ea);
   d.record_event(eb, b);
@@ -64,7 +64,7 @@ TEST_CASE("a stream that waited on an event cannot finish before that event", "[
 
 TEST_CASE("immediate mode completes work at once", "[device]") {
   SimulatedDevice d({.event_mode = EventMode::immediate});
-  const Event e = d.create_event();
+  const DeviceEvent e = d.create_event();
   d.record_event(e, d.create_stream());
   REQUIRE(d.query_event(e));
 }

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "cuda_shutdown.hpp"  // cuda/src: the shutdown state, reset between tests
 #include "tensorpool/cuda/backends.hpp"
 #include "tensorpool/cuda/interop.hpp"
 #include "tensorpool/tensorpool.hpp"

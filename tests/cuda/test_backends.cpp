@@ -1,6 +1,6 @@
 // tests/cuda/test_backends.cpp: behaviour of the four CUDA backends that holds on the test double
 // and on real hardware alike: segments, properties, events, the device guard, the virtual-memory
-// flavour, and the caching Allocator on each backend (stream-ordered reuse, staging buffers).
+// calls, and the caching Allocator on each backend (stream-ordered reuse, staging buffers).
 #include "harness.hpp"
 
 #include <algorithm>
@@ -45,8 +45,9 @@ TEST_CASE("backend properties describe the device", "[cuda][backends]") {
       REQUIRE(p.name.find("cuda:0") == 0);
       REQUIRE(p.segment_granularity >= 2 * MiB);
       REQUIRE(p.segment_granularity % (2 * MiB) == 0);
-      REQUIRE(p.supports_virtual_memory == (kind == CudaBackendKind::vmm));
-      if (p.supports_virtual_memory) REQUIRE(p.segment_granularity % p.vm_page_size == 0);
+      VirtualMemory* vm = backend->virtual_memory();
+      REQUIRE((vm != nullptr) == (kind == CudaBackendKind::vmm));
+      if (vm != nullptr) REQUIRE(p.segment_granularity % vm->page_size() == 0);
       const std::size_t free = backend->free_memory();
       REQUIRE(free > 0);
       REQUIRE(free <= p.capacity);
@@ -61,7 +62,7 @@ TEST_CASE("every backend records, queries, waits for and recycles events", "[cud
       auto backend = make_cuda_backend(kind, 0);
       CudaStream s1;
       CudaStream s2;
-      const Event e = backend->create_event();
+      const DeviceEvent e = backend->create_event();
       REQUIRE(e != 0);
       REQUIRE(backend->query_event(e));  // never recorded: complete
       backend->record_event(e, s1.id());
@@ -87,7 +88,7 @@ TEST_CASE("the default stream handles are accepted", "[cuda][streams]") {
     const Stream s = to_stream(special);
     void* p = backend->allocate_segment(2 * MiB, s);
     REQUIRE(p != nullptr);
-    const Event e = backend->create_event();
+    const DeviceEvent e = backend->create_event();
     backend->record_event(e, s);
     backend->synchronize_stream(s);
     REQUIRE(backend->query_event(e));
@@ -133,14 +134,14 @@ TEST_CASE("a backend rejects a device that does not exist", "[cuda][backends]") 
   REQUIRE(pending_error() == cudaSuccess);
 }
 
-// --- the virtual-memory flavour -------------------------------------------------------------
+// --- virtual memory ------------------------------------------------------------------------
 
 TEST_CASE("the VMM backend reserves, creates, maps and unmaps at its granularity", "[cuda][vmm]") {
   Env env;
   CudaVmmBackend vmm(0);
   const DeviceProperties& p = vmm.properties();
-  REQUIRE(p.supports_virtual_memory);
-  const std::size_t page = p.vm_page_size;
+  REQUIRE(vmm.virtual_memory() == &vmm);
+  const std::size_t page = vmm.page_size();
   REQUIRE(page >= 2 * MiB);
   REQUIRE(p.alignment == page);
 
@@ -173,7 +174,7 @@ TEST_CASE("VMM segments are whole pages, mapped and released as a unit", "[cuda]
   REQUIRE(a != nullptr);
   REQUIRE(b != nullptr);
   REQUIRE(vmm.live_segments() == 2);
-  REQUIRE(address(b) % vmm.properties().vm_page_size == 0);
+  REQUIRE(address(b) % vmm.page_size() == 0);
   REQUIRE_THROWS_AS(vmm.free_segment(a, 2 * g, 0), DeviceError);  // wrong size: refused
   REQUIRE(vmm.live_segments() == 2);
   vmm.free_segment(a, g, 0);

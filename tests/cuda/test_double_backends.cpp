@@ -146,7 +146,7 @@ TEST_CASE("the synchronous backends wait for the segment's stream before freeing
       auto backend = make_cuda_backend(kind, 0);
       CudaStream s;
       void* p = backend->allocate_segment(2 * MiB, s.id());
-      const Event e = backend->create_event();
+      const DeviceEvent e = backend->create_event();
       backend->record_event(e, s.id());  // work in flight on s
       REQUIRE_FALSE(backend->query_event(e));
       backend->free_segment(p, 2 * MiB, s.id());
@@ -175,8 +175,8 @@ TEST_CASE("pinned host segments are host memory, not device memory", "[cuda][pin
 TEST_CASE("events come from a pool created with cudaEventDisableTiming", "[cuda][events]") {
   Env env;
   auto backend = make_cuda_backend(CudaBackendKind::malloc, 0);
-  const Event a = backend->create_event();
-  const Event b = backend->create_event();
+  const DeviceEvent a = backend->create_event();
+  const DeviceEvent b = backend->create_event();
   REQUIRE(dbl::event_flags(to_cuda_event(a)) == cudaEventDisableTiming);
   backend->destroy_event(a);
   backend->destroy_event(b);
@@ -192,7 +192,7 @@ TEST_CASE("a query of an incomplete event leaves no error behind", "[cuda][event
   Env env;
   auto backend = make_cuda_backend(CudaBackendKind::async_pool, 0);
   CudaStream s;
-  const Event e = backend->create_event();
+  const DeviceEvent e = backend->create_event();
   backend->record_event(e, s.id());
   REQUIRE_FALSE(backend->query_event(e));
   REQUIRE(dbl::last_error() == cudaSuccess);
@@ -301,7 +301,7 @@ TEST_CASE("the VMM page size comes from cuMemGetAllocationGranularity", "[cuda][
   o.device.vm_granularity = 4 * MiB;
   dbl::reset(o);
   CudaVmmBackend vmm(0);
-  REQUIRE(vmm.properties().vm_page_size == 4 * MiB);
+  REQUIRE(vmm.page_size() == 4 * MiB);
   REQUIRE(vmm.properties().segment_granularity == 4 * MiB);
   void* p = vmm.allocate_segment(8 * MiB, 0);
   REQUIRE(dbl::mapped_bytes() == 8 * MiB);
@@ -358,7 +358,7 @@ TEST_CASE("the VMM backend's free_segment waits for the segment's stream; unmap 
   CudaVmmBackend vmm(0);
   CudaStream s;
   void* p = vmm.allocate_segment(2 * MiB, s.id());
-  const Event e = vmm.create_event();
+  const DeviceEvent e = vmm.create_event();
   vmm.record_event(e, s.id());
   vmm.free_segment(p, 2 * MiB, s.id());
   REQUIRE(vmm.query_event(e));

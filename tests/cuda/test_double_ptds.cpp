@@ -14,7 +14,7 @@ TEST_CASE("backends built for per-thread default streams call the _ptsz entry po
   auto backend = make_cuda_backend(CudaBackendKind::async_pool, 0);
   dbl::clear_calls();
   void* p = backend->allocate_segment(2 * MiB, kDefaultStream);
-  const Event e = backend->create_event();
+  const DeviceEvent e = backend->create_event();
   backend->record_event(e, kDefaultStream);
   backend->stream_wait_event(kDefaultStream, e);
   backend->synchronize_stream(kDefaultStream);
@@ -31,8 +31,8 @@ TEST_CASE("backends built for per-thread default streams call the _ptsz entry po
 TEST_CASE("with per-thread default streams, stream 0 is each thread's own stream", "[cuda][ptds]") {
   Env env;
   auto backend = make_cuda_backend(CudaBackendKind::malloc, 0);
-  const Event mine = backend->create_event();
-  const Event theirs = backend->create_event();
+  const DeviceEvent mine = backend->create_event();
+  const DeviceEvent theirs = backend->create_event();
   backend->record_event(mine, kDefaultStream);
   std::thread([&] { backend->record_event(theirs, kDefaultStream); }).join();
   dbl::complete_stream(cudaStreamLegacy);  // not the per-thread streams

@@ -12,15 +12,9 @@ shift 3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-step() {  # step NAME COMMAND...: runs the command, shows its log and fails if it fails
-  local name=$1
-  shift
-  if ! "$@" >"$work/$name.log" 2>&1; then
-    cat "$work/$name.log"
-    echo "install_test: $name failed: $*" >&2
-    exit 1
-  fi
-}
+test_name=install_test
+# shellcheck source=/dev/null
+source "$(dirname "$0")/step.sh"
 
 step install cmake --install "$build_dir" --prefix "$work/prefix"
 step configure cmake -S "$source_dir/tests/install/consumer" -B "$work/build" \

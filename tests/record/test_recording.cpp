@@ -104,7 +104,8 @@ RecordingOptions flushing_every(int ms, std::size_t buffer_events = std::size_t{
 /// The replay of a live recording: the same allocator, device capacity and settings, and the
 /// failed requests attempted again (their side effects are part of the run).
 replay::ReplayReport replay_file(const std::string& path, const std::string& conf) {
-  replay::FileSource source(path);
+  const trace::Trace t = trace::read_trace(path);
+  replay::TraceSource source(t);
   replay::ReplayOptions o;
   o.allocator = "tensorpool";
   o.target.capacity = kCapacity;
@@ -123,10 +124,10 @@ void check_replay_matches(const replay::ReplayResult& r, const LiveFigures& live
   CHECK(r.ooms == live.ooms);
 }
 
-std::vector<trace::Event> read_events(const std::string& path, trace::ReadOptions options = {}) {
+std::vector<trace::TraceEvent> read_events(const std::string& path, trace::ReadOptions options = {}) {
   auto reader = trace::TraceReader::open(path, options);
-  std::vector<trace::Event> out;
-  trace::Event e;
+  std::vector<trace::TraceEvent> out;
+  trace::TraceEvent e;
   while (reader->next(e)) out.push_back(e);
   return out;
 }
@@ -279,7 +280,7 @@ TEST_CASE("a recording read while it runs gives at least every flushed event", "
     const std::string copy = dir.file("copy.tptrace");
     fs::copy_file(partial, copy, fs::copy_options::overwrite_existing);
     auto reader = trace::TraceReader::open(copy, {.allow_truncated = true});
-    trace::Event e;
+    trace::TraceEvent e;
     std::uint64_t n = 0;
     while (reader->next(e)) ++n;
     REQUIRE(reader->truncation().has_value());
@@ -325,7 +326,7 @@ TEST_CASE("a recording process killed with SIGKILL leaves every flushed batch", 
   REQUIRE(fs::exists(partial));
   CHECK_FALSE(fs::exists(path));
   auto reader = trace::TraceReader::open(partial, {.allow_truncated = true});
-  trace::Event e;
+  trace::TraceEvent e;
   std::uint64_t n = 0;
   while (reader->next(e)) ++n;
   REQUIRE(reader->truncation().has_value());
@@ -334,8 +335,7 @@ TEST_CASE("a recording process killed with SIGKILL leaves every flushed batch", 
   CHECK(n >= last_reported);
   CHECK(reader->truncation()->verified_events >= last_reported);
   // The strict reader refuses the cut file; salvaged into a complete one, it replays.
-  replay::FileSource cut(partial);
-  CHECK_THROWS_AS(replay::replay(cut, {}), trace::TraceFormatError);
+  CHECK_THROWS_AS(trace::read_trace(partial), trace::TraceFormatError);
   const std::string salvaged = dir.file("salvaged.tptrace");
   const auto truncation = trace::convert_trace(partial, salvaged, trace::Format::binary, {.allow_truncated = true});
   REQUIRE(truncation.has_value());
@@ -405,7 +405,7 @@ TEST_CASE("the RMM-log option round-trips through our RMM reader", "[record]") {
   REQUIRE(native.stop());
   REQUIRE(rmm.stop());
   const auto entries = trace::rmm::load_log(dir.file("run.csv"));
-  std::vector<trace::Event> expected;
+  std::vector<trace::TraceEvent> expected;
   for (const auto& e : read_events(dir.file("run.tptrace"))) {
     if (e.op == trace::Op::alloc || e.op == trace::Op::free_requested || e.op == trace::Op::oom) expected.push_back(e);
   }

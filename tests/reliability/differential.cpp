@@ -251,7 +251,7 @@ class Runner {
   };
   struct Marker {
     std::uint64_t seq;
-    Event event;
+    DeviceEvent event;
   };
   struct Before {
     std::uint64_t faults;
@@ -280,7 +280,7 @@ class Runner {
   void collect_guards();
   bool done(Stream s, std::uint64_t seq);
   std::uint64_t mark(Stream s, bool fresh);
-  Event marker_event();
+  DeviceEvent marker_event();
   bool fired_since(FaultSite site, std::uint64_t calls_before) const;
   void update_fault_mirror();
   void check_state();
@@ -302,7 +302,7 @@ class Runner {
   std::map<Address, Guard> guards_;
   std::array<std::deque<Marker>, kMaxStreams> markers_;  // user work not known complete
   std::array<std::uint64_t, kMaxStreams> completed_{};   // known complete through this seq
-  std::vector<Event> marker_pool_;
+  std::vector<DeviceEvent> marker_pool_;
   std::vector<Address> freed_;             // recently freed addresses (misuse)
   std::size_t requested_ = 0;              // sums over live blocks
   std::size_t rounded_ = 0;
@@ -325,7 +325,7 @@ Runner::Runner(const RunOptions& options) : options_(options) {
   config_ = Config::parse(options.config, "differential");
   alloc_ = std::make_unique<Allocator>(dev_, config_);
   vmm_ = config_.mode == Mode::vmm;
-  unit_ = vmm_ ? sim_->properties().vm_page_size : sim_->properties().segment_granularity;
+  unit_ = vmm_ ? sim_->page_size() : sim_->properties().segment_granularity;
   limit_ = alloc_->memory_limit();
   streams_.push_back(kDefaultStream);
   for (int i = 1; i < options.streams; ++i) streams_.push_back(sim_->create_stream());
@@ -558,19 +558,19 @@ void Runner::complete_event_op(const Op& op) {
 std::uint64_t Runner::mark(Stream s, bool fresh) {
   auto& q = markers_[s];
   if (!fresh && !q.empty() && q.back().seq == dev_->submitted(s)) return q.back().seq;
-  const Event e = marker_event();
+  const DeviceEvent e = marker_event();
   dev_->record_event(e, s);
   q.push_back({dev_->submitted(s), e});
   return q.back().seq;
 }
 
-Event Runner::marker_event() {
+DeviceEvent Runner::marker_event() {
   if (marker_pool_.empty()) collect_guards();
   if (marker_pool_.empty()) {  // every marker outstanding: let the device finish its work
     sim_->complete_all();
     collect_guards();
   }
-  const Event e = marker_pool_.back();
+  const DeviceEvent e = marker_pool_.back();
   marker_pool_.pop_back();
   return e;
 }

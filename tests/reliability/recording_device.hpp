@@ -33,7 +33,7 @@ namespace tensorpool::reliability {
 inline constexpr std::size_t kMaxStreams = 8;
 inline constexpr int kNumFaultSites = 4;
 
-class RecordingDevice final : public DeviceBackend {
+class RecordingDevice final : public DeviceBackend, public VirtualMemory {
  public:
   explicit RecordingDevice(std::shared_ptr<SimulatedDevice> sim) : sim_(std::move(sim)) {}
 
@@ -66,19 +66,19 @@ class RecordingDevice final : public DeviceBackend {
     segments_.erase(reinterpret_cast<Address>(ptr));
   }
 
-  Event create_event() override {
+  DeviceEvent create_event() override {
     ++calls_[static_cast<int>(FaultSite::event_create)];
     return sim_->create_event();
   }
-  void destroy_event(Event event) override { sim_->destroy_event(event); }
-  void record_event(Event event, Stream stream) override {
+  void destroy_event(DeviceEvent event) override { sim_->destroy_event(event); }
+  void record_event(DeviceEvent event, Stream stream) override {
     sim_->record_event(event, stream);
     const std::uint64_t seq = ++submitted_.at(index(stream));
     recorded_[event] = {stream, seq};
   }
-  bool query_event(Event event) override { return sim_->query_event(event); }
-  void synchronize_event(Event event) override { sim_->synchronize_event(event); }
-  void stream_wait_event(Stream stream, Event event) override {
+  bool query_event(DeviceEvent event) override { return sim_->query_event(event); }
+  void synchronize_event(DeviceEvent event) override { sim_->synchronize_event(event); }
+  void stream_wait_event(Stream stream, DeviceEvent event) override {
     sim_->stream_wait_event(stream, event);
     auto it = recorded_.find(event);
     if (it == recorded_.end()) return;  // never recorded: complete, orders nothing
@@ -88,6 +88,11 @@ class RecordingDevice final : public DeviceBackend {
   void synchronize_stream(Stream stream) override { sim_->synchronize_stream(stream); }
   void synchronize_device() override { sim_->synchronize_device(); }
 
+  // --- VirtualMemory: forwarded, when the simulated device has it ----------------------------
+  VirtualMemory* virtual_memory() noexcept override {
+    return sim_->virtual_memory() != nullptr ? this : nullptr;
+  }
+  std::size_t page_size() const noexcept override { return sim_->page_size(); }
   Address reserve_address_range(std::size_t bytes, std::size_t alignment) override {
     return sim_->reserve_address_range(bytes, alignment);
   }
@@ -134,7 +139,7 @@ class RecordingDevice final : public DeviceBackend {
   std::array<std::uint64_t, kMaxStreams> submitted_{};
   std::array<std::array<std::uint64_t, kMaxStreams>, kMaxStreams> waited_{};
   std::array<std::uint64_t, kNumFaultSites> calls_{};
-  std::unordered_map<Event, std::pair<Stream, std::uint64_t>> recorded_;  // event -> (stream, seq)
+  std::unordered_map<DeviceEvent, std::pair<Stream, std::uint64_t>> recorded_;  // event -> (stream, seq)
   std::map<Address, std::size_t> segments_;
   std::map<Address, std::size_t> mappings_;
 };

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "random_workload.hpp"
-#include "replay/models.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/replay/target.hpp"
@@ -42,9 +42,9 @@ std::uintptr_t distance(const void* a, const void* b) {
 }
 
 // A seed_segment event: a mapped range of an expandable segment unless `native`.
-trace::Event seed(std::uint64_t addr, std::size_t size, bool small, bool native = false,
+trace::TraceEvent seed(std::uint64_t addr, std::size_t size, bool small, bool native = false,
                   Stream stream = 0) {
-  trace::Event e;
+  trace::TraceEvent e;
   e.op = trace::Op::seed_segment;
   e.addr = addr;
   e.size = size;
@@ -54,8 +54,8 @@ trace::Event seed(std::uint64_t addr, std::size_t size, bool small, bool native 
   return e;
 }
 
-trace::Event live(std::uint64_t addr, std::size_t size, Stream stream = 0) {
-  trace::Event e;
+trace::TraceEvent live(std::uint64_t addr, std::size_t size, Stream stream = 0) {
+  trace::TraceEvent e;
   e.op = trace::Op::seed_alloc;
   e.addr = addr;
   e.size = size;
@@ -474,14 +474,14 @@ struct Follow {
   std::size_t misplaced = 0;  // blocks whose offset differs from PyTorch's
 };
 
-void check_place(Follow& f, const trace::Event& e, const void* p) {
+void check_place(Follow& f, const trace::TraceEvent& e, const void* p) {
   const bool small = e.size <= 1 * MiB;  // the pool of the rounded size (512 B multiples)
   const auto [it, first] = f.origin.try_emplace({small, e.stream}, e.addr, at(p));
   const auto [trace_origin, model_origin] = it->second;
   if (!first && e.addr - trace_origin != at(p) - model_origin) ++f.misplaced;
 }
 
-void follow_event(Follow& f, const trace::Event& e) {
+void follow_event(Follow& f, const trace::TraceEvent& e) {
   using trace::Op;
   switch (e.op) {
     case Op::seed_segment:
@@ -533,7 +533,7 @@ void follow_event(Follow& f, const trace::Event& e) {
 
 std::map<unsigned, Follow> follow_trace(const trace::Trace& t, std::size_t capacity) {
   std::map<unsigned, Follow> devices;
-  for (const trace::Event& e : t.events) {
+  for (const trace::TraceEvent& e : t.events) {
     Follow& f = devices[e.device];
     if (!f.target) {
       TargetOptions o;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "random_workload.hpp"
-#include "replay/models.hpp"
+#include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/replay/target.hpp"
@@ -43,8 +43,8 @@ std::unique_ptr<ReplayTarget> cub(const std::string& conf = "", std::size_t capa
 
 std::uintptr_t at(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
 
-trace::Event seed(std::size_t size, bool small, Stream stream = 0) {
-  trace::Event e;
+trace::TraceEvent seed(std::size_t size, bool small, Stream stream = 0) {
+  trace::TraceEvent e;
   e.op = trace::Op::seed_segment;
   e.size = size;
   e.stream = stream;
@@ -371,14 +371,14 @@ TEST_CASE("pytorch: seeded segments are released like any other", "[models][pyto
 TEST_CASE("pytorch: seed_alloc places live blocks at their recorded offsets",
           "[models][pytorch]") {
   auto t = pytorch();
-  trace::Event large = seed(20 * MiB, false);
+  trace::TraceEvent large = seed(20 * MiB, false);
   large.addr = 0x10000000;
-  trace::Event small = seed(2 * MiB, true);
+  trace::TraceEvent small = seed(2 * MiB, true);
   small.addr = 0x20000000;
   t->seed_segment(large);
   t->seed_segment(small);
   const auto live = [](std::uint64_t addr, std::size_t size) {
-    trace::Event e;
+    trace::TraceEvent e;
     e.op = trace::Op::seed_alloc;
     e.addr = addr;
     e.size = size;
@@ -614,7 +614,7 @@ struct DeviceReplay {
   WindowResult r;
 };
 
-void alloc_event(DeviceReplay& d, const trace::Event& e) {
+void alloc_event(DeviceReplay& d, const trace::TraceEvent& e) {
   try {
     d.live[e.addr] = d.target->allocate(e.size, e.stream);
   } catch (const OutOfMemoryError&) {
@@ -622,7 +622,7 @@ void alloc_event(DeviceReplay& d, const trace::Event& e) {
   }
 }
 
-void free_event(DeviceReplay& d, const trace::Event& e) {
+void free_event(DeviceReplay& d, const trace::TraceEvent& e) {
   const auto it = d.live.find(e.addr);
   if (it == d.live.end()) {
     ++d.r.unmatched_frees;
@@ -632,7 +632,7 @@ void free_event(DeviceReplay& d, const trace::Event& e) {
   d.live.erase(it);
 }
 
-void actual_segment_event(DeviceReplay& d, const trace::Event& e) {
+void actual_segment_event(DeviceReplay& d, const trace::TraceEvent& e) {
   if (e.op == trace::Op::segment_alloc || e.op == trace::Op::segment_map) {
     d.actual_reserved += e.size;
     ++d.r.actual_segments;
@@ -648,7 +648,7 @@ void start_window(DeviceReplay& d) {
   d.r.seed_spill = d.target->upstream().allocs;
 }
 
-void apply(DeviceReplay& d, const trace::Event& e) {
+void apply(DeviceReplay& d, const trace::TraceEvent& e) {
   using trace::Op;
   switch (e.op) {
     case Op::seed_segment:
@@ -687,7 +687,7 @@ void apply(DeviceReplay& d, const trace::Event& e) {
 std::vector<WindowResult> replay_on_pytorch_model(const trace::Trace& t, const std::string& name,
                                                  bool exact_seeds) {
   std::map<unsigned, DeviceReplay> devices;
-  for (const trace::Event& e : t.events) {
+  for (const trace::TraceEvent& e : t.events) {
     DeviceReplay& d = devices[e.device];
     if (!d.target) {
       d.exact_seeds = exact_seeds;

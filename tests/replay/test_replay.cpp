@@ -2,24 +2,29 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <vector>
 
+#include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
-#include "tensorpool/replay/generator.hpp"
+#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
+#include "tensorpool/trace/summary.hpp"
 #include "tensorpool/types.hpp"
 
 using namespace tensorpool::replay;
+using tensorpool::workload::generate_llm_trace;
+using tensorpool::workload::GeneratorOptions;
 using tensorpool::GiB;
 using tensorpool::MiB;
-using tensorpool::trace::Event;
+using tensorpool::trace::TraceEvent;
 using tensorpool::trace::Op;
 namespace trace = tensorpool::trace;
 
 namespace {
 
-Event ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
-  Event e;
+TraceEvent ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
+  TraceEvent e;
   e.op = op;
   e.addr = addr;
   e.size = size;
@@ -88,6 +93,62 @@ TEST_CASE("replay counts OOMs against the capacity and skips their frees", "[rep
     REQUIRE(r.unmatched_frees == 0);
     REQUIRE(r.peak_requested == 60 * MiB);
   }
+}
+
+TEST_CASE("the first OOM is explained by every target, in the trace's terms", "[replay][oom]") {
+  // Live blocks pin free memory in their segments on two streams (a small block on stream 5, a
+  // 4 MiB block in a 20 MiB segment on stream 0), then a request that fits neither the cache nor
+  // the device.
+  trace::Trace t;
+  t.labels.push_back("big_tensor");
+  t.events = {ev(Op::alloc, 1, 30 * MiB), ev(Op::alloc, 2, 1024, 5), ev(Op::alloc, 3, 4 * MiB),
+              ev(Op::alloc, 4, 90 * MiB), ev(Op::alloc, 5, 95 * MiB), ev(Op::free_requested, 3, 4 * MiB),
+              ev(Op::free_requested, 2, 1024), ev(Op::free_requested, 1, 30 * MiB)};
+  t.events[3].label = 1;
+  t.events[3].time_us = 1234;
+  for (const auto& name : target_names()) {
+    INFO(name);
+    const ReplayReport report = run(t, name, 100 * MiB);
+    const ReplayResult& r = report.total;
+    REQUIRE(r.ooms >= 1);
+    REQUIRE(r.first_oom.has_value());
+    const OomReport& o = *r.first_oom;
+    REQUIRE(o.event == 3);  // the 90 MiB request: the first one refused
+    REQUIRE(o.addr == 4);
+    REQUIRE(o.label == 1);
+    REQUIRE(o.time_us == 1234);
+    REQUIRE(o.info.requested == 90 * MiB);
+    REQUIRE(o.info.capacity == 100 * MiB);
+    REQUIRE(o.info.allocated >= 34 * MiB);
+    REQUIRE(o.info.reserved >= o.info.allocated);
+    REQUIRE(o.info.reserved + o.info.device_free <= 100 * MiB);
+    REQUIRE(o.info.reserved_unallocated == o.info.reserved - o.info.allocated);
+    std::size_t cached = 0;
+    tensorpool::Stream previous = 0;
+    for (const auto& c : o.info.cached_per_stream) {
+      REQUIRE(c.bytes > 0);
+      REQUIRE((cached == 0 || c.stream > previous));  // ascending, one entry per stream
+      REQUIRE((c.stream == 0 || c.stream == 5));      // the trace's stream ids
+      previous = c.stream;
+      cached += c.bytes;
+    }
+    REQUIRE(cached <= o.info.reserved_unallocated);
+    REQUIRE(o.info.largest_free_block <= o.info.reserved_unallocated);
+    // RMM's arena keeps its global free space outside any stream's arena; everywhere else every
+    // free block is cached on some stream.
+    if (name != "rmm-arena") REQUIRE(o.info.largest_free_block <= cached);
+    REQUIRE(report.devices.size() == 1);
+    REQUIRE(report.devices[0].first_oom.has_value());
+  }
+  // The real allocator's cache at that moment is exactly its reserved-but-unallocated bytes (its
+  // ladder returned every free segment first), on the two streams whose segments pin them.
+  const ReplayResult tp = run(t, "tensorpool", 100 * MiB).total;
+  std::size_t cached = 0;
+  for (const auto& c : tp.first_oom->info.cached_per_stream) cached += c.bytes;
+  REQUIRE(cached == tp.first_oom->info.reserved_unallocated);
+  REQUIRE(tp.first_oom->info.cached_per_stream.size() == 2);
+  // No OOM, no report.
+  REQUIRE_FALSE(run(t, "tensorpool", 1 * GiB).total.first_oom.has_value());
 }
 
 TEST_CASE("seed events come before the window and are not counted as its upstream calls", "[replay]") {
@@ -178,6 +239,98 @@ TEST_CASE("unknown allocators and bad settings are errors", "[replay]") {
                                           Catch::Matchers::Contains("tensorpool"));
   REQUIRE_THROWS_AS(run(t, "tensorpool", 80 * GiB, "max_split_size:huge"), tensorpool::ConfigError);
   REQUIRE_THROWS_AS(run(t, "raw", 80 * GiB, "x:1"), tensorpool::ConfigError);
+}
+
+TEST_CASE("the registry describes every target and checks settings without building one", "[replay][registry]") {
+  const auto& targets = target_descriptors();
+  REQUIRE(targets.size() == target_names().size());
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    INFO(targets[i].name);
+    CHECK(targets[i].name == target_names()[i]);
+    CHECK_FALSE(targets[i].description.empty());
+    CHECK(describe_target(targets[i].name).settings == targets[i].settings);
+    CHECK(make_target(targets[i].name, {})->name() == targets[i].name);
+    CHECK_NOTHROW(validate_target(targets[i].name, ""));
+    for (const auto& key : targets[i].settings) CHECK(targets[i].takes(key));
+    CHECK_FALSE(targets[i].takes("no_such_key"));
+  }
+  // The Config keys but `backend` (the per-device registry's choice of device; a replay always
+  // runs on a simulated one), which validate_target refuses as an unknown key.
+  std::vector<std::string> replay_keys = tensorpool::Config::keys();
+  std::erase(replay_keys, "backend");
+  REQUIRE(replay_keys.size() + 1 == tensorpool::Config::keys().size());
+  CHECK(describe_target("tensorpool").settings == replay_keys);
+  CHECK(describe_target("tensorpool-vmm").settings == replay_keys);
+  REQUIRE_THROWS_WITH(validate_target("tensorpool", "mode:vmm,backend:vmm"),
+                      Catch::Matchers::StartsWith("tensorpool conf: unknown key 'backend'"));
+  CHECK(describe_target("raw").settings.empty());
+  CHECK(describe_target("pytorch").takes("max_split_size_mb"));
+  CHECK(describe_target("cub").takes("bin_growth"));
+  CHECK(describe_target("rmm-pool").settings == std::vector<std::string>{"initial_pool_size", "maximum_pool_size"});
+  CHECK(describe_target("rmm-arena").settings == std::vector<std::string>{"arena_size", "superblock_size"});
+  // Only RMM's resources keep what they take from the device until they are destroyed.
+  for (const auto& d : targets)
+    CHECK(d.holds_memory_until_destroyed == (d.name == "rmm-pool" || d.name == "rmm-arena"));
+  REQUIRE_THROWS_WITH(describe_target("nope"), Catch::Matchers::Contains("unknown allocator 'nope'") &&
+                                                   Catch::Matchers::Contains("pytorch-expandable"));
+  // validate_target reads the conf as the target would, naming the origin.
+  CHECK_NOTHROW(validate_target("tensorpool-vmm", "vmm_max_chunk:64MiB"));
+  REQUIRE_THROWS_WITH(validate_target("tensorpool", "max_split_size:huge"),
+                      Catch::Matchers::StartsWith("tensorpool conf: bad value 'huge' for key 'max_split_size'"));
+  REQUIRE_THROWS_WITH(validate_target("pytorch", "max_split_size:20MiB", "--conf for pytorch"),
+                      Catch::Matchers::StartsWith("--conf for pytorch: max_split_size must be above 20 MiB"));
+  REQUIRE_THROWS_WITH(validate_target("cub", "bin_growth:1"), Catch::Matchers::Contains("cub conf: bin_growth"));
+  REQUIRE_THROWS_WITH(validate_target("raw", "x:1"), Catch::Matchers::Contains("raw conf: unknown key 'x'"));
+  // The RMM models: what can be checked without a device (a size beyond it fails when built).
+  CHECK_NOTHROW(validate_target("rmm-pool", "initial_pool_size:0,maximum_pool_size:none"));
+  CHECK_NOTHROW(validate_target("rmm-arena", "arena_size:1000GiB"));
+  REQUIRE_THROWS_WITH(validate_target("rmm-pool", "initial_pool_size:2GiB,maximum_pool_size:1GiB"),
+                      Catch::Matchers::StartsWith("rmm-pool conf: initial_pool_size exceeds maximum_pool_size"));
+  REQUIRE_THROWS_WITH(validate_target("rmm-pool", "initial_pool_size:none"),
+                      Catch::Matchers::StartsWith("rmm-pool conf: bad value 'none' for key 'initial_pool_size'"));
+  REQUIRE_THROWS_WITH(validate_target("rmm-arena", "superblock_size:1000", "--conf for rmm-arena"),
+                      Catch::Matchers::StartsWith("--conf for rmm-arena: superblock_size must be"));
+  REQUIRE_THROWS_AS(validate_target("pytorch", "expandable_segments:true"), tensorpool::ConfigError);
+  REQUIRE_THROWS_AS(validate_target("pytorch-expandable", "expandable_segments:false"), tensorpool::ConfigError);
+}
+
+TEST_CASE("share_conf gives one settings list to the targets that take all of its keys", "[replay][registry]") {
+  const std::vector<std::string> all = target_names();
+  const auto confs = share_conf(all, "max_split_size:64MiB", "--conf");
+  REQUIRE(confs.size() == all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    INFO(all[i]);
+    CHECK(confs[i] == (describe_target(all[i]).takes("max_split_size") ? "max_split_size:64MiB" : ""));
+  }
+  CHECK(share_conf({"tensorpool", "pytorch"}, "mode:vmm") == std::vector<std::string>{"mode:vmm", ""});
+  CHECK(share_conf({"cub", "raw"}, "") == std::vector<std::string>{"", ""});
+  REQUIRE_THROWS_WITH(share_conf({"raw", "cub"}, "mode:vmm", "--conf"),
+                      Catch::Matchers::StartsWith("--conf: unknown key 'mode' for raw, cub") &&
+                          Catch::Matchers::Contains("cub: bin_growth"));
+  // Each key taken by someone, but no target takes both: refused, not silently dropped.
+  REQUIRE_THROWS_WITH(share_conf({"tensorpool", "cub"}, "mode:vmm,bin_growth:4"),
+                      Catch::Matchers::Contains("no allocator of tensorpool, cub takes every key"));
+  // A value refused by a target that takes the key names it.
+  REQUIRE_THROWS_WITH(share_conf({"tensorpool", "pytorch"}, "max_split_size:20MiB", "--conf"),
+                      Catch::Matchers::StartsWith("--conf for pytorch: max_split_size must be above 20 MiB"));
+  REQUIRE_THROWS_AS(share_conf({"nope"}, ""), tensorpool::UsageError);
+  REQUIRE_THROWS_WITH(share_conf({"tensorpool"}, "mode", "--conf"), Catch::Matchers::Contains("--conf: item 'mode'"));
+}
+
+TEST_CASE("trace::summarize's requested peak is the replay engine's", "[replay][summary]") {
+  GeneratorOptions g;
+  g.layers = 3;
+  g.hidden = 512;
+  g.vocab = 4000;
+  g.iterations = 3;
+  trace::Trace t = generate_llm_trace(g);
+  for (auto e : std::vector<TraceEvent>(t.events.begin(), t.events.begin() + 40)) {
+    e.device = 1;  // a second device, with a different peak
+    t.events.push_back(e);
+  }
+  TraceSource source(t);
+  CHECK(tensorpool::trace::summarize(t).peak_requested == baseline(source).total.result.peak_requested);
+  CHECK(tensorpool::trace::summarize(t).peak_requested == run(t, "raw").total.peak_requested);
 }
 
 TEST_CASE("a steady training loop stops growing after its warm-up iterations", "[replay]") {

@@ -25,3 +25,11 @@ tensorpool_add_test(tensorpool_test_importers
 add_dependencies(tensorpool_test_importers tensorpool_importer_fixtures)
 target_compile_definitions(tensorpool_test_importers PRIVATE
   TENSORPOOL_IMPORTER_FIXTURES="${_tp_fixture_dir}")
+
+# The empty_cache() calls of a recorded run: found, imported, stored and replayed.
+tensorpool_add_test(tensorpool_test_empty_cache
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_empty_cache.cpp
+  LIBS tensorpool::replay)
+add_dependencies(tensorpool_test_empty_cache tensorpool_importer_fixtures)
+target_compile_definitions(tensorpool_test_empty_cache PRIVATE
+  TENSORPOOL_IMPORTER_FIXTURES="${_tp_fixture_dir}")

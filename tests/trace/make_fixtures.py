@@ -9,7 +9,8 @@ Writes, into OUTPUT_DIR:
   refused.txt              "file|offset|expected text" lines for pickles Python writes that the
                            reader must refuse (objects, sets, ints beyond 64 bits, recursion)
   snap_*.pickle            synthetic PyTorch snapshots (checked event by event in
-                           test_pytorch_snapshot.cpp) and not-a-snapshot pickles
+                           test_pytorch_snapshot.cpp; snap_empty_cache in test_empty_cache.cpp)
+                           and not-a-snapshot pickles
   rmm_crlf.csv             an RMM log with CRLF line ends and a trailing newline
   fixtures.stamp           written last
 """
@@ -257,8 +258,33 @@ def not_snapshots():
     }
 
 
+def snap_empty_cache():
+    """Segments freed by an empty_cache() call (run 1), and by the out-of-memory path (run 2)."""
+    K, A, S, C, G = 0x7F1000000000, 0x7F1001000000, 0x7F1002000000, 0x7F1003000000, 0x7F1004000000
+    seg_k = segment(0, K, [block(K, 4 * MIB, "active_allocated"), block(K + 4 * MIB, 2 * MIB, "active_allocated"),
+                           block(K + 6 * MIB, 14 * MIB, "inactive")])
+    seg_c = segment(0, C, [block(C, 16 * MIB, "active_allocated")])
+    events = [
+        event("segment_alloc", K, 20 * MIB, 1), event("alloc", K, 4 * MIB, 2),
+        event("segment_alloc", A, 20 * MIB, 3, stream=1), event("alloc", A, 4 * MIB, 4, stream=1),
+        event("free_requested", A, 4 * MIB, 5, stream=1), event("free_completed", A, 4 * MIB, 6, stream=1),
+        event("segment_alloc", S, 2 * MIB, 7), event("alloc", S, 1000, 8),
+        event("free_requested", S, 1000, 9), event("free_completed", S, 1000, 10),
+        event("segment_free", A, 20 * MIB, 11, stream=1), event("segment_free", S, 2 * MIB, 12),  # empty_cache()
+        event("alloc", K + 4 * MIB, 2 * MIB, 13),
+        event("segment_alloc", C, 16 * MIB, 14), event("alloc", C, 16 * MIB, 15),
+        event("segment_alloc", G, 40 * MIB, 16), event("alloc", G, 40 * MIB, 17),
+        event("free_requested", G, 40 * MIB, 18), event("free_completed", G, 40 * MIB, 19),
+        event("segment_free", G, 40 * MIB, 20),  # released by a failed 100 GiB request, then:
+        {"action": "oom", "size": 100 << 30, "stream": 0, "time_us": 21},
+    ]
+    return {"segments": [seg_k, seg_c], "device_traces": [events], "allocator_settings": settings(),
+            "external_annotations": []}
+
+
 def write_snapshots(out):
     snaps = {
+        "snap_empty_cache.pickle": snap_empty_cache(),
         "snap_mid_window.pickle": snap_mid_window(),
         "snap_multi_device.pickle": snap_multi_device(),
         "snap_expandable.pickle": snap_expandable(),

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tensorpool/trace/format.hpp"
+#include "tensorpool/trace/load.hpp"
 #include "trace/format_io.hpp"  // crc32_update, put_varint: to craft binary files by hand
 
 #if defined(__linux__)
@@ -78,9 +79,9 @@ bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-Event ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0,
+TraceEvent ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0,
          std::int64_t time_us = 0, std::uint16_t device = 0, std::uint8_t flags = 0) {
-  Event e;
+  TraceEvent e;
   e.op = op;
   e.addr = addr;
   e.size = size;
@@ -92,7 +93,7 @@ Event ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0
 }
 
 /// Appends `e` to `t` with label `text` (interned in order of first use, as readers number them).
-void add(Trace& t, Event e, const std::string& text = "") {
+void add(Trace& t, TraceEvent e, const std::string& text = "") {
   e.label = t.intern(text);
   t.events.push_back(e);
 }
@@ -116,6 +117,7 @@ Trace every_op_trace() {
   add(t, ev(Op::segment_free, seg + (32u << 20), 2u << 20, 7, 18));
   add(t, ev(Op::iteration, 0, 1, 0, 19), "step");
   add(t, ev(Op::oom, 0, 80ull << 30, 0, 20), "optimizer.step");
+  add(t, ev(Op::empty_cache, 0, 0, 0, 21));
   return t;
 }
 
@@ -131,7 +133,7 @@ Trace extreme_trace() {
   const std::vector<std::uint64_t> u64s = {0, 1, 127, 128, 0x7f3a00000000, kMaxU64 - 1, kMaxU64};
   const std::vector<std::int64_t> times = {0, kMaxI64, kMinI64, -1, 1, kMinI64, kMaxI64, 0, -5};
   for (std::size_t i = 0; i < 200; ++i) {
-    Event e;
+    TraceEvent e;
     e.op = static_cast<Op>(i % kNumOps);
     e.flags = static_cast<std::uint8_t>(i % 3 == 0 ? 0 : (i * 37) % 256);
     e.device = static_cast<std::uint16_t>(i % 5 == 0 ? 65535 : i % 17);
@@ -162,7 +164,7 @@ void require_same_by_text(const Trace& a, const Trace& b) {
   REQUIRE(a.events.size() == b.events.size());
   for (std::size_t i = 0; i < a.events.size(); ++i) {
     INFO("event " << i);
-    Event x = a.events[i], y = b.events[i];
+    TraceEvent x = a.events[i], y = b.events[i];
     REQUIRE(a.labels.at(x.label) == b.labels.at(y.label));
     x.label = y.label = 0;
     REQUIRE(x == y);
@@ -190,12 +192,12 @@ std::uint64_t splitmix64(std::uint64_t x) {
 /// Event i of a synthetic run, a function of i alone (so a reader can check it without a copy):
 /// allocations and frees of 512-byte-aligned blocks in a 512 MiB window, rising times, a few
 /// streams and devices, a label on every 8th event.
-Event synthetic_event(std::uint64_t i, std::string& label) {
+TraceEvent synthetic_event(std::uint64_t i, std::string& label) {
   const std::uint64_t r = splitmix64(i);
   static constexpr Op kOps[8] = {Op::alloc, Op::alloc, Op::alloc, Op::free_requested,
                                  Op::free_requested, Op::free_completed, Op::free_completed,
                                  Op::record_stream};
-  Event e;
+  TraceEvent e;
   e.op = i % 100000 == 0 ? Op::iteration : kOps[r % 8];
   e.addr = 0x7f0000000000 + ((r >> 3) % (1u << 20)) * 512;
   e.size = ((r >> 23) % 8192 + 1) * 512;
@@ -367,7 +369,7 @@ TEST_CASE("streaming 1M events keeps memory bounded", "[format]") {
   {
     auto writer = TraceWriter::open(path, Format::binary, TraceInfo{"synthetic", {}});
     for (std::uint64_t i = 0; i < kEvents; ++i) {
-      const Event e = synthetic_event(i, label);  // sets `label`: before the call reads it
+      const TraceEvent e = synthetic_event(i, label);  // sets `label`: before the call reads it
       writer->write(e, label);
       if (i % 100000 == 0) rss_max = std::max(rss_max, rss_bytes());
     }
@@ -375,10 +377,10 @@ TEST_CASE("streaming 1M events keeps memory bounded", "[format]") {
     writer->finish();
   }
   auto reader = TraceReader::open(path);
-  Event e;
+  TraceEvent e;
   std::uint64_t n = 0;
   while (reader->next(e)) {
-    const Event expected = synthetic_event(n, label);
+    const TraceEvent expected = synthetic_event(n, label);
     if (e.op != expected.op || e.addr != expected.addr || e.size != expected.size ||
         e.time_us != expected.time_us || e.stream != expected.stream ||
         e.device != expected.device || reader->label(e.label) != label) {
@@ -499,7 +501,7 @@ TEST_CASE("binary format errors say what was expected", "[format]") {
   SECTION("unsupported version") {
     const auto e = error_of(BinaryBuilder().header(7).end(0));
     CHECK(contains(e.what(), "unsupported .tptrace format version 7"));
-    CHECK(contains(e.what(), "supports version 1"));
+    CHECK(contains(e.what(), "supports versions 1 to 2"));
     CHECK(e.position() == 8);
   }
   SECTION("unknown record type") {
@@ -508,8 +510,11 @@ TEST_CASE("binary format errors say what was expected", "[format]") {
     CHECK(e.position() == header_end);
   }
   SECTION("unknown op") {
-    const auto e = error_of(BinaryBuilder().header().event(13).end(1));
+    const auto e = error_of(BinaryBuilder().header().event(13).end(1));  // empty_cache: version 2 only
     CHECK(contains(e.what(), "unknown op 13"));
+    CHECK(contains(e.what(), "known ops are 0..12 in version 1"));
+    const auto e2 = error_of(BinaryBuilder().header(2).event(14).end(1));
+    CHECK(contains(e2.what(), "known ops are 0..13 in version 2"));
   }
   SECTION("varint overflow") {
     BinaryBuilder b;
@@ -585,7 +590,7 @@ TEST_CASE("the reader's accessors, and next() after the end and after an error",
   CHECK(reader->info().metadata.size() == 2);
   CHECK(reader->label(0).empty());
   CHECK_THROWS_AS(reader->label(999), Error);
-  Event e;
+  TraceEvent e;
   std::uint64_t n = 0;
   while (reader->next(e)) {
     CHECK(e.label < reader->labels().size());
@@ -623,7 +628,7 @@ TEST_CASE("JSON lines: the writer's layout", "[format]") {
   std::istringstream lines(read_bytes(dir.file("t.jsonl")));
   std::string line;
   std::getline(lines, line);
-  CHECK(line == R"({"format":"tensorpool-trace","version":1,"source":"s","metadata":[]})");
+  CHECK(line == R"({"format":"tensorpool-trace","version":2,"source":"s","metadata":[]})");
   std::getline(lines, line);
   CHECK(line == R"({"op":"alloc","device":0,"stream":0,"addr":"0x7f0000001000","size":1024,"time_us":5,"label":"text"})");
   std::getline(lines, line);
@@ -646,10 +651,10 @@ TEST_CASE("JSON lines written by other tools: minimal keys, CRLF, BOM, no end ob
   CHECK(t.info.source.empty());
   CHECK(t.info.metadata.empty());
   REQUIRE(t.events.size() == 3);
-  CHECK(t.events[0] == Event{Op::alloc, 0, 0, 1, 0, 4096, 64, 0});
+  CHECK(t.events[0] == TraceEvent{Op::alloc, 0, 0, 1, 0, 4096, 64, 0});
   CHECK(t.labels.at(1) == "caf\xC3\xA9");
-  CHECK(t.events[1] == Event{Op::stream_sync, 0, 0, 0, 0x1F, 0, 0, 0});
-  CHECK(t.events[2] == Event{Op::iteration, 0, 0, 0, 0, 0, 3, -7});
+  CHECK(t.events[1] == TraceEvent{Op::stream_sync, 0, 0, 0, 0x1F, 0, 0, 0});
+  CHECK(t.events[2] == TraceEvent{Op::iteration, 0, 0, 0, 0, 0, 3, -7});
 }
 
 TEST_CASE("JSON lines: malformed lines are reported with their line number", "[format]") {
@@ -687,7 +692,8 @@ TEST_CASE("JSON lines: malformed lines are reported with their line number", "[f
       {"blank lines count", {kJsonHeader, "", ok_event, "   ", R"({"op":"alloc"})"}, 5, "missing key"},
       {"no header", {ok_event}, 1, "expected the header object"},
       {"wrong format name", {R"({"format":"other","version":1})"}, 1, "expected the header object"},
-      {"unsupported version", {R"({"format":"tensorpool-trace","version":2})", ok_event}, 1, "unsupported tensorpool-trace JSON-lines version 2 (this reader supports version 1"},
+      {"unsupported version", {R"({"format":"tensorpool-trace","version":3})", ok_event}, 1, "unsupported tensorpool-trace JSON-lines version 3 (this reader supports versions 1 to 2"},
+      {"empty_cache in version 1", {R"({"format":"tensorpool-trace","version":1})", R"({"op":"empty_cache"})"}, 2, "unknown op \"empty_cache\" in version 1"},
       {"missing version", {R"({"format":"tensorpool-trace"})"}, 1, "missing key \"version\""},
       {"metadata not strings", {R"({"format":"tensorpool-trace","version":1,"metadata":[1]})"}, 1, "array of strings"},
       {"unknown header key", {R"({"format":"tensorpool-trace","version":1,"sauce":"x"})"}, 1, "unknown key \"sauce\" in the header"},
@@ -736,7 +742,7 @@ TEST_CASE("JSON lines: a cut line is an error; the end object catches a cut at a
 TEST_CASE("the writer never leaves a partial file under the target name", "[format]") {
   TempDir dir;
   const std::string target = dir.file("out.tptrace");
-  const Event good = ev(Op::alloc, 0x1000, 8);
+  const TraceEvent good = ev(Op::alloc, 0x1000, 8);
 
   SECTION("abandoned without finish()") {
     for (const Format f : {Format::binary, Format::jsonl}) {
@@ -749,7 +755,7 @@ TEST_CASE("the writer never leaves a partial file under the target name", "[form
   }
   SECTION("a bad event fails the writer and removes the temporary at once") {
     auto writer = TraceWriter::open(target, Format::binary, TraceInfo{});
-    Event bad = good;
+    TraceEvent bad = good;
     bad.label = 5;
     CHECK_THROWS_WITH(writer->write(bad), Catch::Contains("label id 5"));
     CHECK(dir.names().empty());
@@ -804,7 +810,7 @@ TEST_CASE("binary format speed", "[.speed]") {
   const std::string path = dir.file("speed.tptrace");
   std::uint64_t events = 1'000'000;
   if (const char* env = std::getenv("TENSORPOOL_FORMAT_SPEED_EVENTS")) events = std::stoull(env);
-  std::vector<Event> batch(4096);  // generated outside the timed loops
+  std::vector<TraceEvent> batch(4096);  // generated outside the timed loops
   std::vector<std::string> labels(4096);
   for (std::size_t i = 0; i < batch.size(); ++i) batch[i] = synthetic_event(i, labels[i]);
 
@@ -823,7 +829,7 @@ TEST_CASE("binary format speed", "[.speed]") {
   const auto t1 = Clock::now();
   const std::clock_t c1 = std::clock();
   auto reader = TraceReader::open(path);
-  Event e;
+  TraceEvent e;
   std::uint64_t n = 0, checksum = 0;
   while (reader->next(e)) {
     checksum += e.addr ^ e.size;
@@ -842,4 +848,53 @@ TEST_CASE("binary format speed", "[.speed]") {
             << rate(cpu(c0, c1)) << "), read " << rate(read_s) << " M events/s (CPU time: "
             << rate(cpu(c1, c2)) << "); checksum " << checksum << ", rss " << (rss_bytes() >> 20)
             << " MiB\n";
+}
+
+// ============================================================================================
+// load() and convert_to_native(): the kind from the first bytes, one open of the file
+// ============================================================================================
+
+TEST_CASE("load() says which kind of trace it read and reads it whole", "[format][load]") {
+  TempDir dir;
+  const Trace t = every_op_trace();
+  const std::string bin = dir.file("t.tptrace"), jsonl = dir.file("t.jsonl");
+  write_trace(bin, t, Format::binary);
+  write_trace(jsonl, t, Format::jsonl);
+  const LoadedTrace b = load(bin);
+  CHECK(b.kind == SourceKind::native_binary);
+  CHECK(b.trace.events == t.events);
+  CHECK(b.trace.info.metadata == t.info.metadata);
+  CHECK(detect_source(bin) == SourceKind::native_binary);
+  const LoadedTrace j = load(jsonl);
+  CHECK(j.kind == SourceKind::native_jsonl);
+  CHECK(j.trace.events.size() == t.events.size());
+  CHECK(load_trace(jsonl).events == j.trace.events);
+
+  write_bytes(dir.file("empty"), "");
+  REQUIRE_THROWS_WITH(load(dir.file("empty")), Catch::Matchers::Contains("the file is empty"));
+  write_bytes(dir.file("junk"), "junk junk junk");
+  REQUIRE_THROWS_WITH(load(dir.file("junk")), Catch::Matchers::Contains("junk: offset 0: not a trace"));
+  REQUIRE_THROWS_WITH(load(dir.file("absent")), Catch::Matchers::Contains("absent"));
+  // Four bytes of the magic pass detection; the binary reader then says what is wrong.
+  write_bytes(dir.file("cut.tptrace"), read_bytes(bin).substr(0, 6));
+  REQUIRE_THROWS_AS(load(dir.file("cut.tptrace")), TraceFormatError);
+}
+
+TEST_CASE("convert_to_native() streams native inputs and keeps every event", "[format][load]") {
+  TempDir dir;
+  const Trace t = every_op_trace();
+  write_trace(dir.file("in.jsonl"), t, Format::jsonl);
+  REQUIRE(convert_to_native(dir.file("in.jsonl"), dir.file("out.tptrace"), Format::binary) ==
+          SourceKind::native_jsonl);
+  const Trace back = read_trace(dir.file("out.tptrace"));
+  REQUIRE(back.events.size() == t.events.size());
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    CHECK(back.labels[back.events[i].label] == t.labels[t.events[i].label]);
+    TraceEvent a = back.events[i], b = t.events[i];
+    a.label = b.label = 0;
+    CHECK(a == b);
+  }
+  write_bytes(dir.file("junk"), "junk junk junk");
+  REQUIRE_THROWS(convert_to_native(dir.file("junk"), dir.file("never.tptrace"), Format::binary));
+  CHECK_FALSE(fs::exists(dir.file("never.tptrace")));
 }

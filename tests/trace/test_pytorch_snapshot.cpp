@@ -86,7 +86,7 @@ class Replayer {
   void run(const Trace& trace) {
     bool seeding = true;
     for (std::size_t i = 0; i < trace.events.size(); ++i) {
-      const Event& e = trace.events[i];
+      const TraceEvent& e = trace.events[i];
       index_ = i;
       const bool seed = e.op == Op::seed_alloc || e.op == Op::seed_segment;
       if (seed && !seeding) problem(e, "seed after a non-seed event");
@@ -105,7 +105,7 @@ class Replayer {
   ReplayResult result() const { return result_; }
 
  private:
-  void problem(const Event& e, const std::string& what) {
+  void problem(const TraceEvent& e, const std::string& what) {
     if (result_.problems.size() < 8) {
       result_.problems.push_back("event " + std::to_string(index_) + " (" + to_string(e.op) +
                                  " device " + std::to_string(e.device) + " addr " +
@@ -114,7 +114,7 @@ class Replayer {
     ++result_.problem_count;
   }
 
-  void apply(DeviceState& d, const Event& e) {
+  void apply(DeviceState& d, const TraceEvent& e) {
     switch (e.op) {
       case Op::seed_alloc:
       case Op::alloc:
@@ -148,7 +148,7 @@ class Replayer {
     }
   }
 
-  void map(DeviceState& d, const Event& e) {
+  void map(DeviceState& d, const TraceEvent& e) {
     if (overlaps(d.mapped, e.addr, e.addr + e.size)) problem(e, "maps a mapped range");
     d.mapped.emplace(e.addr, e.addr + e.size);
   }
@@ -193,7 +193,7 @@ struct Expected {
 void check_events(const Trace& trace, const std::vector<Expected>& expected) {
   REQUIRE(trace.events.size() == expected.size());
   for (std::size_t i = 0; i < expected.size(); ++i) {
-    const Event& e = trace.events[i];
+    const TraceEvent& e = trace.events[i];
     const Expected& x = expected[i];
     INFO("event " << i << ": " << to_string(e.op) << " addr " << e.addr);
     CHECK(e.op == x.op);
@@ -517,7 +517,7 @@ TEST_CASE("pytorch: every shared trace imports with the expected events", "[pyto
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       UNSCOPED_INFO(st.file << ": " << trace.events.size() << " events in " << ms << " ms");
       std::vector<Counts> counts(st.devices.size());
-      for (const Event& e : trace.events) {
+      for (const TraceEvent& e : trace.events) {
         REQUIRE(e.device < counts.size());
         ++counts[e.device][e.op];
       }

@@ -65,7 +65,7 @@ void check_events(const Trace& trace, const std::vector<Expected>& expected) {
   REQUIRE(trace.events.size() == expected.size());
   for (std::size_t i = 0; i < expected.size(); ++i) {
     INFO("event " << i);
-    const Event& e = trace.events[i];
+    const TraceEvent& e = trace.events[i];
     CHECK(e.op == expected[i].op);
     CHECK(e.addr == expected[i].addr);
     CHECK(e.size == expected[i].size);

@@ -20,8 +20,8 @@ using tensorpool::testing::write_bytes;
 
 namespace {
 
-Event alloc_event(std::uint64_t i) {
-  Event e;
+TraceEvent alloc_event(std::uint64_t i) {
+  TraceEvent e;
   e.op = i % 2 == 0 ? Op::alloc : Op::free_requested;
   e.addr = 0x7f0000000000 + (i / 2) * 4096;
   e.size = 1000 + i;
@@ -33,11 +33,11 @@ Event alloc_event(std::uint64_t i) {
 /// Writes `batches` batches of `per_batch` events with a checkpoint after each to `path`; with
 /// `finish` the end record too, otherwise `path` is left as a killed recording leaves its file.
 /// Returns the events written.
-std::vector<Event> write_batches(const std::string& path, Format format, int batches,
+std::vector<TraceEvent> write_batches(const std::string& path, Format format, int batches,
                                  int per_batch, bool finish) {
   const std::string temp = path + ".partial";
   auto writer = TraceWriter::open(path, format, TraceInfo{"live", {"pid=1"}}, WriteOptions{temp});
-  std::vector<Event> events;
+  std::vector<TraceEvent> events;
   for (int b = 0; b < batches; ++b) {
     for (int i = 0; i < per_batch; ++i) {
       events.push_back(alloc_event(events.size()));
@@ -54,14 +54,14 @@ std::vector<Event> write_batches(const std::string& path, Format format, int bat
 }
 
 struct TolerantRead {
-  std::vector<Event> events;
+  std::vector<TraceEvent> events;
   std::optional<Truncation> truncation;
 };
 
 TolerantRead read_tolerant(const std::string& path) {
   auto reader = TraceReader::open(path, ReadOptions{.allow_truncated = true});
   TolerantRead out;
-  Event e;
+  TraceEvent e;
   while (reader->next(e)) {
     e.label = 0;
     out.events.push_back(e);
@@ -78,8 +78,8 @@ std::size_t first_checkpoint(const TempDir& dir, int per_batch) {
   return read_bytes(one).size() - 7;
 }
 
-std::vector<Event> without_labels(std::vector<Event> events) {
-  for (Event& e : events) e.label = 0;
+std::vector<TraceEvent> without_labels(std::vector<TraceEvent> events) {
+  for (TraceEvent& e : events) e.label = 0;
   return events;
 }
 
@@ -115,7 +115,7 @@ TEST_CASE("a recording cut at any byte reads up to the cut, tolerantly", "[forma
   std::vector<std::pair<std::size_t, std::uint64_t>> checkpoints;  // (end offset, events)
   {
     auto reader = TraceReader::open(full, ReadOptions{.allow_truncated = true});
-    Event e;
+    TraceEvent e;
     while (reader->next(e)) {
     }
     REQUIRE(reader->truncation().has_value());
@@ -177,7 +177,7 @@ TEST_CASE("JSON lines: a last line cut in the middle ends the trace, tolerantly"
   write_bytes(path, bytes.substr(0, fifth_line + 10));  // header, 3 events, part of the 4th
   CHECK_THROWS_WITH(read_trace(path), Catch::Contains("line 5: malformed JSON"));
   const TolerantRead r = read_tolerant(path);
-  CHECK(r.events == std::vector<Event>(written.begin(), written.begin() + 3));
+  CHECK(r.events == std::vector<TraceEvent>(written.begin(), written.begin() + 3));
   REQUIRE(r.truncation.has_value());
   CHECK(r.truncation->position == 5);
   // A malformed line that is not the last one stays an error.

@@ -5,7 +5,7 @@
 //                          freed with cudaFreeAsync on the segment's stream;
 //   CudaMallocBackend      plain cudaMalloc / cudaFree;
 //   CudaVmmBackend         driver-API virtual memory (cuMemAddressReserve, cuMemCreate, cuMemMap,
-//                          cuMemSetAccess), with the DeviceBackend virtual-memory flavour;
+//                          cuMemSetAccess), which also is the device's VirtualMemory;
 //   CudaPinnedHostBackend  cudaHostAlloc / cudaFreeHost: pinned host staging buffers, reused in
 //                          stream order like device blocks (record_stream on the copy stream).
 //
@@ -14,7 +14,7 @@
 //   void* p = alloc.allocate(64 << 20, tensorpool::to_stream(my_cuda_stream));
 //
 // Streams are cudaStream_t cast to tensorpool::Stream (0 is the default stream; cudaStreamLegacy
-// and cudaStreamPerThread pass through unchanged), events are cudaEvent_t cast to Event (see
+// and cudaStreamPerThread pass through unchanged), events are cudaEvent_t cast to DeviceEvent (see
 // tensorpool/cuda/interop.hpp). This header does not include the CUDA headers.
 //
 // Rules every backend follows:
@@ -57,13 +57,13 @@ class CudaBackend : public DeviceBackend {
   const DeviceProperties& properties() const noexcept override { return props_; }
   std::size_t free_memory() override;
 
-  Event create_event() override;
+  DeviceEvent create_event() override;
   /// Returns the event to the backend's pool (it is destroyed with the backend).
-  void destroy_event(Event event) override;
-  void record_event(Event event, Stream stream) override;
-  bool query_event(Event event) override;
-  void synchronize_event(Event event) override;
-  void stream_wait_event(Stream stream, Event event) override;
+  void destroy_event(DeviceEvent event) override;
+  void record_event(DeviceEvent event, Stream stream) override;
+  bool query_event(DeviceEvent event) override;
+  void synchronize_event(DeviceEvent event) override;
+  void stream_wait_event(Stream stream, DeviceEvent event) override;
   void synchronize_stream(Stream stream) override;
   void synchronize_device() override;
 
@@ -81,7 +81,7 @@ class CudaBackend : public DeviceBackend {
 
  private:
   mutable std::mutex events_mutex_;
-  std::vector<Event> event_pool_;
+  std::vector<DeviceEvent> event_pool_;
 };
 
 /// Stream-ordered segments from a dedicated memory pool (release threshold UINT64_MAX, so the
@@ -116,7 +116,7 @@ class CudaMallocBackend final : public CudaBackend {
 /// allocation mapped over all of it, readable and writable from the device. Unmapping is not
 /// stream-ordered: free_segment synchronizes the segment's stream first; unmap(), like
 /// cuMemUnmap, expects its caller to have waited for the work that used the range.
-class CudaVmmBackend final : public CudaBackend {
+class CudaVmmBackend final : public CudaBackend, public VirtualMemory {
  public:
   explicit CudaVmmBackend(int device = 0);
   /// Releases segments still held (the allocator normally returned them all).
@@ -125,6 +125,9 @@ class CudaVmmBackend final : public CudaBackend {
   void* allocate_segment(std::size_t bytes, Stream stream) override;
   void free_segment(void* ptr, std::size_t bytes, Stream stream) override;
 
+  VirtualMemory* virtual_memory() noexcept override { return this; }
+  /// cuMemGetAllocationGranularity (minimum) of the device.
+  std::size_t page_size() const noexcept override { return page_; }
   Address reserve_address_range(std::size_t bytes, std::size_t alignment) override;
   void release_address_range(Address base, std::size_t bytes) override;
   PhysicalHandle create_physical(std::size_t bytes) override;
@@ -145,6 +148,7 @@ class CudaVmmBackend final : public CudaBackend {
   void unmap_unsynchronized(Address addr, std::size_t bytes);
   void release_segment(Address base, const Segment& seg);
 
+  std::size_t page_ = 0;  // set once by the constructor
   mutable std::mutex segments_mutex_;
   std::map<Address, Segment> segments_;  // live segments by base address
 };
@@ -176,13 +180,7 @@ int cuda_device_count() noexcept;
 /// False once the process is exiting (an atexit hook registered when the first backend is
 /// made, after CUDA initialised, so it runs before CUDA's own teardown) or once a CUDA call has
 /// reported that the runtime or driver is shutting down. Every backend's alive() returns this.
+/// (Tests simulate the shutdown through cuda/src/cuda_shutdown.hpp.)
 bool cuda_runtime_alive() noexcept;
-
-namespace cuda_detail {
-/// What the atexit hook does; also for tests that simulate the driver going away.
-void mark_cuda_shutdown() noexcept;
-/// Tests only: forget a simulated shutdown.
-void reset_cuda_shutdown_for_testing() noexcept;
-}  // namespace cuda_detail
 
 }  // namespace tensorpool

@@ -1,8 +1,8 @@
 // tensorpool/replay/replay.hpp: drives an allocator under test through a trace and measures it.
 //
-// The engine streams events (from memory or a trace file), keeps one target per device, maps
-// the trace's addresses to live pointers, honours streams (record_stream, stream syncs), and
-// measures over the window:
+// The engine reads events from an EventSource (an in-memory trace, or any source that can
+// rewind), keeps one target per device, maps the trace's addresses to live pointers, honours
+// streams (record_stream, stream syncs), and measures over the window:
 //   peak requested     max over time of the bytes the trace's live blocks asked for;
 //   peak allocated     max of the target's live bytes after its rounding;
 //   peak reserved      max of the bytes the target held from its device;
@@ -18,16 +18,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tensorpool/errors.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/trace/event.hpp"
-
-namespace tensorpool::trace {
-class TraceReader;
-}
 
 namespace tensorpool::replay {
 
@@ -35,7 +34,7 @@ namespace tensorpool::replay {
 class EventSource {
  public:
   virtual ~EventSource() = default;
-  virtual bool next(trace::Event& out) = 0;
+  virtual bool next(trace::TraceEvent& out) = 0;
   virtual void rewind() = 0;
 };
 
@@ -43,7 +42,7 @@ class EventSource {
 class TraceSource final : public EventSource {
  public:
   explicit TraceSource(const trace::Trace& trace) : trace_(trace) {}
-  bool next(trace::Event& out) override {
+  bool next(trace::TraceEvent& out) override {
     if (index_ >= trace_.events.size()) return false;
     out = trace_.events[index_++];
     return true;
@@ -55,21 +54,11 @@ class TraceSource final : public EventSource {
   std::size_t index_ = 0;
 };
 
-/// Events streamed from a trace file (native binary or JSON lines); memory independent of length.
-class FileSource final : public EventSource {
- public:
-  explicit FileSource(std::string path);
-  ~FileSource() override;
-  bool next(trace::Event& out) override;
-  void rewind() override;
-
- private:
-  std::string path_;
-  std::unique_ptr<trace::TraceReader> reader_;
-};
-
 struct ReplayOptions {
   std::string allocator = "tensorpool";
+  /// When set, builds each device's target instead of make_target(allocator): a target outside
+  /// the registry (e.g. the real CUB allocator over a CUDA runtime, cuda/replay/).
+  std::function<std::unique_ptr<ReplayTarget>(const TargetOptions&)> make_target;
   TargetOptions target;  // capacity and target-specific conf
   int device = -1;       // replay only this device of the trace; -1: every device
   /// Replays the window this many times before the measured pass, as if the program had run it
@@ -83,6 +72,23 @@ struct ReplayOptions {
   /// same allocator exactly. A request the target can serve is freed at once (the program did
   /// not get the memory); one it refuses counts in ooms. Off: oom events are only read.
   bool attempt_ooms = false;
+  /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
+  /// UsageError for a target that cannot export: before replaying anything for a registered
+  /// one, when the first device's target is built for one from make_target.
+  bool record_history = false;
+};
+
+/// The first allocation a target refused in the measured pass: where in the trace, and the
+/// target's own account of its memory at that moment (request, reserved, allocated, device free,
+/// largest free block, free cached bytes per stream, in the trace's stream ids).
+struct OomReport {
+  int device = 0;
+  std::uint64_t event = 0;   // 0-based index of the refused alloc among the device's events
+                             // of the measured pass
+  std::int64_t time_us = 0;  // the event's trace time
+  std::uint64_t addr = 0;    // the trace's address of the refused block
+  std::uint32_t label = 0;   // the trace's label of the allocation (index into Trace::labels)
+  OutOfMemoryInfo info;
 };
 
 struct ReplayResult {
@@ -111,11 +117,17 @@ struct ReplayResult {
   std::uint64_t iterations = 0;
   UpstreamCounts upstream_after_first_iteration;
   double host_ns_per_op = 0.0;
+  /// Set when ooms > 0. In a sum over devices: the earliest in trace time (ties: lowest device).
+  std::optional<OomReport> first_oom;
 };
 
 struct ReplayReport {
   std::vector<ReplayResult> devices;  // one per replayed device, in device order
   ReplayResult total;                 // sums (device = -1)
+  /// With ReplayOptions::record_history: each device's final memory and recorded events, and the
+  /// target's settings, for trace::pytorch::snapshot_pickle().
+  std::vector<trace::pytorch::DeviceMemory> memory;
+  std::string settings;
 };
 
 /// Replays `source` against a fresh target per device. Throws what make_target throws.

@@ -1,19 +1,24 @@
 // tensorpool/replay/target.hpp: an allocator under test, as the replay engine drives it.
 //
 // Every target runs on its own SimulatedDevice, so upstream calls are counted the same way for
-// all of them. Targets: "tensorpool" (the real allocator, any Config), "raw" (no caching: every
-// alloc/free goes to the device), "pytorch" (a model of PyTorch's native CUDA caching
-// allocator), "cub" (a model of CUB's CachingDeviceAllocator); see make_target().
+// all of them. The registry (target_descriptors()) lists each target with what it is and the
+// settings it takes: "tensorpool" and "tensorpool-vmm" (the real allocator; Config keys),
+// "pytorch" and "pytorch-expandable" (models of PyTorch's CUDA caching allocator), "cub" (a
+// model of CUB's CachingDeviceAllocator), "rmm-pool" and "rmm-arena" (models of RMM's
+// pool_memory_resource and arena_memory_resource), "raw" (no caching: every alloc/free goes to
+// the device). The implementations are in src/replay/models/.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tensorpool/simulated_device.hpp"
 #include "tensorpool/trace/event.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
 #include "tensorpool/types.hpp"
 
 namespace tensorpool::replay {
@@ -48,7 +53,11 @@ struct UpstreamCounts {
 struct TargetOptions {
   std::size_t capacity = 80 * GiB;  // of the simulated device
   int device = 0;                   // ordinal of the simulated device
-  std::string conf;                 // target-specific settings ("key:value,..."); tensorpool: Config
+  std::string conf;                 // target-specific settings ("key:value,..."): the keys of
+                                    // the target's descriptor
+  /// The simulated device's cost of upstream calls (null: its flat default); see cost_model.hpp.
+  std::shared_ptr<const CostModel> cost_model = nullptr;
+  std::size_t history_entries = 1'000'000;  // record_history(): the newest events kept
 };
 
 class ReplayTarget {
@@ -58,10 +67,10 @@ class ReplayTarget {
   virtual std::string name() const = 0;
   /// Called for each seed_segment event before any allocation: a segment the recording allocator
   /// held at window start. Models of that allocator adopt it; others ignore it.
-  virtual void seed_segment(const trace::Event& /*seed*/) {}
+  virtual void seed_segment(const trace::TraceEvent& /*seed*/) {}
   /// A block live at window start (seed_alloc event), replayed after the seed segments. Models
   /// of the recording allocator place it where it was; the default allocates it.
-  virtual void* seed_alloc(const trace::Event& seed) { return allocate(seed.size, seed.stream); }
+  virtual void* seed_alloc(const trace::TraceEvent& seed) { return allocate(seed.size, seed.stream); }
   /// Throws tensorpool::OutOfMemoryError when the request cannot be served.
   virtual void* allocate(std::size_t bytes, Stream stream) = 0;
   /// `bytes` and `stream` are those of the allocation.
@@ -80,13 +89,61 @@ class ReplayTarget {
   /// Device calls made while seeding that upstream() leaves out (models that adopt the recording
   /// allocator's segments count them here, one per segment); zero for the others.
   virtual UpstreamCounts seeding_excluded() const { return {}; }
+
+  // --- snapshot export (`tensorpool export`) ---
+  /// Starts recording the target's allocator events; called before the first event. False (the
+  /// default): the target cannot export a snapshot. True exactly for the targets whose
+  /// descriptor says `exports` ("tensorpool", "tensorpool-vmm" and "pytorch").
+  virtual bool record_history() { return false; }
+  /// Its segments and blocks now and the events recorded since record_history(), with the
+  /// trace's stream ids (device left 0: the engine sets it). Only after record_history() is true.
+  virtual trace::pytorch::DeviceMemory memory_state() const { return {}; }
+  /// Its settings as "key:value,..." text (the snapshot's allocator_settings).
+  virtual std::string settings() const { return {}; }
 };
 
+/// What the registry knows of a target before building one: its name, a line saying what it is,
+/// the settings keys its TargetOptions::conf accepts, and whether it can export a snapshot.
+struct TargetDescriptor {
+  std::string name;
+  std::string description;
+  std::vector<std::string> settings;  // empty: the target takes no settings
+  /// True for a target that never gives memory back to its device before it is destroyed (no
+  /// device free at all; empty_cache() does nothing), as RMM's pool and arena resources; it may
+  /// also take memory when it is built (an initial pool). False: empty_cache() with nothing
+  /// allocated gives every byte back.
+  bool holds_memory_until_destroyed = false;
+  bool exports = false;               // its record_history() is true (`tensorpool export`)
+
+  bool takes(const std::string& key) const;
+};
+
+/// Every target, in the registry's order (the order of target_names()).
+const std::vector<TargetDescriptor>& target_descriptors();
 /// Names accepted by make_target().
 std::vector<std::string> target_names();
+/// Throws tensorpool::UsageError for an unknown name, listing the known ones.
+const TargetDescriptor& describe_target(const std::string& name);
+/// Checks `conf` as target `name` would read it, without building the target (no device, no
+/// allocator). Throws UsageError for an unknown name and ConfigError, naming `origin` (by
+/// default "NAME conf"), for a bad conf.
+void validate_target(const std::string& name, std::string_view conf, std::string_view origin = {});
 /// Throws tensorpool::UsageError for an unknown name (listing the known ones) and ConfigError
 /// for a bad conf.
 std::unique_ptr<ReplayTarget> make_target(const std::string& name, const TargetOptions& options);
+
+/// Names of the targets whose descriptor says they export (those `tensorpool export` takes).
+std::vector<std::string> exporting_target_names();
+/// Throws UsageError for an unknown name, and for a target that cannot export a snapshot
+/// (naming those that can).
+void require_export(const std::string& name);
+/// One settings list for several targets (the CLI's --conf): each target in `names` gets `conf`
+/// when its descriptor takes every key of it, "" otherwise; returns the conf of each name, in
+/// order. Throws UsageError for an unknown name, and ConfigError naming `origin` for a
+/// malformed list, for a non-empty list that no target in `names` takes (naming the first key
+/// none of them takes, and what each takes), and for a value a target that takes it refuses.
+std::vector<std::string> share_conf(const std::vector<std::string>& names, std::string_view conf,
+                                    std::string_view origin = "conf");
 
 /// Upstream counts of a simulated device (helper for targets).
 UpstreamCounts upstream_of(const SimulatedDevice& device);

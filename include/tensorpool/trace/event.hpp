@@ -29,8 +29,10 @@ enum class Op : std::uint8_t {
   oom = 10,            // size: the request that failed in the recording run
   seed_segment = 11,   // a segment held at window start: addr, size, stream; flags: kFlagSmallPool
   seed_alloc = 12,     // a block live at window start: addr, size, stream
+  empty_cache = 13,    // the program called empty_cache(): the recording allocator returned its
+                       // free cached segments (the segment_free events right after this one)
 };
-inline constexpr int kNumOps = 13;
+inline constexpr int kNumOps = 14;
 
 const char* to_string(Op op) noexcept;
 /// Parses the names printed by to_string(); false if unknown.
@@ -39,7 +41,9 @@ bool parse_op(std::string_view name, Op& out) noexcept;
 inline constexpr std::uint8_t kFlagSmallPool = 1;   // seed_segment / segment_alloc: small pool
 inline constexpr std::uint8_t kFlagExpandable = 2;  // seed_segment: an expandable segment
 
-struct Event {
+/// One event of a trace. (Named apart from the device's event handles of device.hpp and the
+/// allocator's observer events of hooks.hpp.)
+struct TraceEvent {
   Op op = Op::alloc;
   std::uint8_t flags = 0;
   std::uint16_t device = 0;
@@ -49,7 +53,7 @@ struct Event {
   std::uint64_t size = 0;
   std::int64_t time_us = 0;  // microseconds; monotone per device when the source has times
 
-  friend bool operator==(const Event&, const Event&) = default;
+  friend bool operator==(const TraceEvent&, const TraceEvent&) = default;
 };
 
 /// Facts about the recording that are not events.
@@ -62,7 +66,7 @@ struct TraceInfo {
 struct Trace {
   TraceInfo info;
   std::vector<std::string> labels{""};
-  std::vector<Event> events;
+  std::vector<TraceEvent> events;
   std::unordered_map<std::string, std::uint32_t> label_ids;  // inverse of labels (without "")
 
   /// Interns `text` in the label table and returns its index (0 for "").

@@ -41,8 +41,10 @@ const char* to_string(Format format) noexcept;
 Format format_from_extension(const std::string& path);
 
 /// The version of each format this library writes, and the newest it reads.
-inline constexpr std::uint32_t kBinaryFormatVersion = 1;
-inline constexpr std::uint32_t kJsonlFormatVersion = 1;
+/// Version 2 added the op empty_cache; version-1 files are read as well (ops 0..12 only).
+inline constexpr std::uint32_t kBinaryFormatVersion = 2;
+inline constexpr std::uint32_t kJsonlFormatVersion = 2;
+inline constexpr int kOpsInVersion1 = 13;
 
 /// A trace file that is not what its format says: the message names the file, where (byte offset
 /// for binary files, line number for JSON lines) and what was expected there.
@@ -87,6 +89,12 @@ struct Truncation {
   std::string problem;  // the strict reader's error message
 };
 
+class TraceReader;
+namespace detail {
+/// TraceReader::open on an opened source (src/trace/format.cpp; load.cpp uses it too).
+std::unique_ptr<TraceReader> open_reader(std::unique_ptr<FileSource> source, const ReadOptions& options);
+}  // namespace detail
+
 /// Streams the events of a trace file, in file order.
 class TraceReader {
  public:
@@ -102,7 +110,7 @@ class TraceReader {
   /// Reads the next event into `out`; false at the clean end of the trace (and on every later
   /// call). `out.label` is always a defined label id. Throws TraceFormatError on a malformed file
   /// (Error on a read error); after an exception every later call throws the same exception.
-  bool next(Event& out);
+  bool next(TraceEvent& out);
 
   Format format() const noexcept { return format_; }
   const std::string& path() const noexcept { return path_; }
@@ -137,7 +145,7 @@ class TraceReader {
 
   /// The format's next(): the next event, or false at the end (checked). Called until it returns
   /// false or throws, never after.
-  virtual bool read_next(Event& out) = 0;
+  virtual bool read_next(TraceEvent& out) = 0;
 
   std::unique_ptr<detail::FileSource> source_;  // never null
   std::string path_;
@@ -147,9 +155,11 @@ class TraceReader {
   std::uint64_t events_read_ = 0;
 
  private:
+  friend std::unique_ptr<TraceReader> detail::open_reader(std::unique_ptr<detail::FileSource>,
+                                                         const ReadOptions&);
   bool end_at_cut(const TraceFormatError& error);
 
-  ReadOptions options_;
+  ReadOptions options_;  // set once by detail::open_reader
   bool done_ = false;
   bool cut_ = false;  // the error being thrown is that of a file ending early
   std::uint64_t verified_events_ = 0;
@@ -187,9 +197,9 @@ class TraceWriter {
 
   /// Appends `event`, whose `label` must be 0 or an id returned by intern(). Throws Error for an
   /// undefined label id or an op outside Op; the writer is then unusable (finish() throws).
-  void write(const Event& event);
+  void write(const TraceEvent& event);
   /// Appends `event` with its label given as text (interned; "" = no label).
-  void write(Event event, std::string_view label_text);
+  void write(TraceEvent event, std::string_view label_text);
 
   /// Hands everything written so far to the OS, after a checkpoint record in binary files (the
   /// event count and the CRC-32 of every byte before it): a process killed afterwards leaves a
@@ -214,7 +224,7 @@ class TraceWriter {
   /// Format hooks, each appending to sink_: a new label, a (validated) event, the end of the
   /// trace. A hook that throws leaves the writer failed.
   virtual void on_label(std::uint32_t id, std::string_view text) = 0;
-  virtual void on_event(const Event& event) = 0;
+  virtual void on_event(const TraceEvent& event) = 0;
   virtual void on_finish() = 0;
   /// Appends a checkpoint record, in formats that have one.
   virtual void on_checkpoint() {}

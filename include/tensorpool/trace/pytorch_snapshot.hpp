@@ -26,8 +26,12 @@
 //  - A free_completed whose free_requested fell before the window gets a free_requested
 //    synthesized just before it, so that every free is requested before it completes.
 //  - Labels: "name (filename:line)" of one frame of the event's stack (see FrameChoice).
+//  - The program's empty_cache() calls, seen as runs of segment_free events of wholly free
+//    segments with no oom around them, get an empty_cache event before each run
+//    (mark_empty_cache_calls, tensorpool/trace/empty_cache.hpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -43,6 +47,9 @@ namespace tensorpool::trace::pytorch {
 /// Errors of a pickle that parses but is not a snapshot name the path of the offending value:
 /// "FILE: segments[3].blocks[0].size: expected int, got str".
 using SnapshotError = pickle::ParseError;
+
+/// The most devices a snapshot may name (TraceEvent::device is 16-bit).
+inline constexpr std::size_t kMaxDevices = 65536;
 
 /// The "action" of a device trace event.
 enum class Action : std::uint8_t {

@@ -1,10 +1,12 @@
-// Uses the installed allocator (virtual-memory mode on a simulated device), a live recording and
-// the replay layer.
+// Uses the installed allocator (virtual-memory mode on a simulated device), a live recording, and
+// the workload and replay layers.
 #include <cstdio>
 
 #include "tensorpool/record.hpp"
-#include "tensorpool/replay/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
+#include "tensorpool/workload/generator.hpp"
+
+static_assert(__cplusplus >= 202002L, "the installed tensorpool targets must pass C++20 to their users");
 #include "tensorpool/tensorpool.hpp"
 
 int main() {
@@ -18,10 +20,10 @@ int main() {
   alloc.empty_cache();
   if (alloc.usage().reserved != 0) return 1;
 
-  replay::GeneratorOptions g;
+  workload::GeneratorOptions g;
   g.layers = 2;
   g.iterations = 2;
-  const trace::Trace t = replay::generate_llm_trace(g);
+  const trace::Trace t = workload::generate_llm_trace(g);
   replay::TraceSource source(t);
   replay::ReplayOptions o;
   o.allocator = "tensorpool-vmm";

@@ -1,0 +1,42 @@
+// alloc_pair_driver.cpp: allocate+free pairs of one size after the population of
+// bench_allocator.cpp (1k live blocks), for instruction counts under valgrind's callgrind, which
+// do not depend on the machine's load (docs/benchmarks.md):
+//   valgrind --tool=callgrind tensorpool_alloc_pair_driver SIZE PAIRS
+// The instructions of one pair: (Ir at 101000 pairs - Ir at 1000 pairs) / 100000.
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s SIZE PAIRS\n", argv[0]);
+    return 2;
+  }
+  const std::size_t size = std::strtoull(argv[1], nullptr, 10);
+  const long pairs = std::atol(argv[2]);
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB});
+  Allocator alloc(device, Config{});
+  std::vector<void*> held;
+  std::mt19937_64 rng(1);
+  for (std::size_t i = 0; i < 1500; ++i) {
+    held.push_back(alloc.allocate(512 + rng() % (64 * KiB)));
+    if (i % 3 == 2) {
+      alloc.deallocate(held[held.size() - 2]);
+      held.erase(held.end() - 2);
+    }
+  }
+  alloc.deallocate(alloc.allocate(size));  // warm: the block is cached from here on
+  for (long i = 0; i < pairs; ++i) {
+    void* p = alloc.allocate(size);
+    asm volatile("" : : "r"(p) : "memory");  // keep the pair
+    alloc.deallocate(p);
+  }
+  for (void* p : held) alloc.deallocate(p);
+  return 0;
+}

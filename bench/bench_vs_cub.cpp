@@ -1,0 +1,138 @@
+// bench_vs_cub.cpp: the cached allocate + free pair of tensorpool side by side with the real CUB
+// CachingDeviceAllocator (the header from the CUDA Toolkit's CCCL), in one binary, same fill,
+// same sizes, 1 and 2 threads on one allocator.
+//
+// CUB runs over cub_runtime_standin.cpp, a host-only stand-in for the nine runtime calls it
+// makes, each as cheap as a call can be: the CUB figures are CUB's own bookkeeping (a std::mutex,
+// a multiset of live blocks by address, a multiset of cached blocks by size). tensorpool runs on
+// its simulated device. Both are first filled with `live` blocks of mixed sizes (512 B .. 64 KiB,
+// every third freed again, so the caches hold fragments), then one block of the benchmark's size
+// per thread is allocated and freed once (cached from then on), then each iteration allocates and
+// frees that size.
+//
+// Allocators compared:
+//   tensorpool   Config{} (the defaults);
+//   cub          CachingDeviceAllocator(bin_growth 8, min_bin 3, max_bin 9, no cache limit): every
+//                size here is cached (bins up to 8^9 = 128 MiB; 100 MiB takes the 128 MiB bin);
+//   cub-default  the default-constructed allocator (max_bin 7 = 2 MiB, 6 MiB - 1 cache limit):
+//                64 MiB and 100 MiB are not binned, so each pair is a cudaMalloc and a cudaFree
+//                of the stand-in (1 thread only).
+// Counters: live_blocks, upstream_in_loop (cudaMalloc / segment allocations made inside the timed
+// loop: 0 when the pair is served from the cache).
+#include <benchmark/benchmark.h>
+#include <cub/util_allocator.cuh>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cub_runtime_standin.hpp"
+#include "mixed_fill.hpp"
+#include "tensorpool/tensorpool.hpp"
+
+namespace {
+
+using namespace tensorpool;
+
+enum class CubConfig { all_cached, defaults };
+
+class TensorpoolSide {
+ public:
+  TensorpoolSide()
+      : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB})),
+        alloc_(device_, Config{}) {}
+  void* allocate(std::size_t bytes) { return alloc_.allocate(bytes); }
+  void deallocate(void* p) { alloc_.deallocate(p); }
+  std::uint64_t upstream_allocs() const { return alloc_.stats().upstream_allocs; }
+
+ private:
+  std::shared_ptr<SimulatedDevice> device_;
+  Allocator alloc_;
+};
+
+class CubSide {
+ public:
+  explicit CubSide(CubConfig config)
+      : cub_(config == CubConfig::all_cached
+                 ? std::make_unique<cub::CachingDeviceAllocator>(8U, 3U, 9U, cub::CachingDeviceAllocator::INVALID_SIZE)
+                 : std::make_unique<cub::CachingDeviceAllocator>()) {}
+  void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    if (cub_->DeviceAllocate(&p, bytes, nullptr) != cudaSuccess) std::abort();
+    return p;
+  }
+  void deallocate(void* p) {
+    if (cub_->DeviceFree(p) != cudaSuccess) std::abort();
+  }
+  std::uint64_t upstream_allocs() const { return cub_standin::mallocs(); }
+
+ private:
+  std::unique_ptr<cub::CachingDeviceAllocator> cub_;
+};
+
+// An allocator holding `live` blocks of mixed sizes, with freed fragments between them.
+template <class Side>
+struct Filled {
+  template <class... Args>
+  Filled(std::size_t live, Args&&... args)
+      : side(std::forward<Args>(args)...),
+        held(bench::fill_mixed(
+            live, [this](std::size_t bytes) { return side.allocate(bytes); },
+            [this](void* p) { side.deallocate(p); })) {}
+  ~Filled() {
+    for (void* p : held) side.deallocate(p);
+  }
+  Side side;
+  std::vector<void*> held;
+};
+
+template <class Side, class... Args>
+void pair_benchmark(benchmark::State& state, Args... args) {
+  static std::unique_ptr<Filled<Side>> shared;  // one allocator for every thread of the run
+  static std::uint64_t upstream_before = 0;
+  const auto size = static_cast<std::size_t>(state.range(0));
+  if (state.thread_index() == 0) {
+    shared = std::make_unique<Filled<Side>>(static_cast<std::size_t>(state.range(1)), args...);
+    std::vector<void*> warm;  // one cached block of `size` per thread
+    for (int t = 0; t < state.threads(); ++t) warm.push_back(shared->side.allocate(size));
+    for (void* p : warm) shared->side.deallocate(p);
+    upstream_before = shared->side.upstream_allocs();
+  }
+  for (auto _ : state) {  // the loop starts and ends with a barrier of all threads
+    void* p = shared->side.allocate(size);
+    benchmark::DoNotOptimize(p);
+    shared->side.deallocate(p);
+  }
+  if (state.thread_index() == 0) {
+    state.counters["live_blocks"] = static_cast<double>(shared->held.size());
+    state.counters["upstream_in_loop"] =
+        static_cast<double>(shared->side.upstream_allocs() - upstream_before);
+    shared.reset();
+  }
+}
+
+void pair_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"size", "live"});
+  for (std::int64_t size : {4 * KiB, MiB, 64 * MiB, 100 * MiB})
+    for (std::int64_t live : {1000, 100000}) b->Args({size, live});
+  b->UseRealTime();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  for (int threads : {1, 2}) {
+    benchmark::RegisterBenchmark("pair/tensorpool", pair_benchmark<TensorpoolSide>)
+        ->Apply(pair_args)->Threads(threads);
+    benchmark::RegisterBenchmark("pair/cub", pair_benchmark<CubSide, CubConfig>, CubConfig::all_cached)
+        ->Apply(pair_args)->Threads(threads);
+  }
+  benchmark::RegisterBenchmark("pair/cub-default", pair_benchmark<CubSide, CubConfig>, CubConfig::defaults)
+      ->Apply(pair_args)->Threads(1);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,371 @@
+"""tensorpool for PyTorch: a pure-Python (ctypes) module over libtensorpool_torch.so.
+
+    import tensorpool
+    tensorpool.install()                 # before the first CUDA allocation
+    ...                                  # train as usual
+    print(tensorpool.memory_summary())
+    tensorpool.record_history(True)
+    ...
+    tensorpool.dump_snapshot("snapshot.pickle")   # open it at pytorch.org/memory_viz
+
+Under a pluggable allocator, PyTorch's own torch.cuda.memory_stats(), memory_summary(),
+memory_allocated() and memory._snapshot() raise, and torch.cuda.empty_cache(),
+set_per_process_memory_fraction() and Tensor.record_stream() do nothing (PyTorch's Python
+CUDAPluggableAllocator cannot set the hooks behind them). This module provides them, with
+PyTorch's key names. See docs/pytorch.md.
+
+The library is found, in this order, at $TENSORPOOL_LIBRARY, next to this file, then by the
+dynamic loader's search path (LD_LIBRARY_PATH, ...). Settings come from TENSORPOOL_CONF or
+install(conf=...) ("key:value,...", with backend:async|malloc|vmm|simulated).
+"""
+
+import collections
+import ctypes
+import os
+import threading
+
+__all__ = [
+    "TensorpoolError",
+    "TensorpoolConfigError",
+    "install",
+    "configure",
+    "library_path",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "memory_summary",
+    "empty_cache",
+    "set_memory_fraction",
+    "record_stream",
+    "record_history",
+    "dump_snapshot",
+]
+
+_LIBRARY_NAME = "libtensorpool_torch.so"
+_ALLOC_FN = "tensorpool_torch_malloc"
+_FREE_FN = "tensorpool_torch_free"
+
+# tensorpool_status values (tensorpool/tensorpool.h).
+_OK = 0
+_ERROR_CONFIG = 2
+_ERROR_OUT_OF_MEMORY = 3
+_ERROR_IO = 7
+
+
+class TensorpoolError(RuntimeError):
+    """A failed tensorpool call; `status` is the C API's status name."""
+
+    def __init__(self, message, status="TENSORPOOL_ERROR_INTERNAL"):
+        super().__init__(message)
+        self.status = status
+
+
+class TensorpoolConfigError(TensorpoolError, ValueError):
+    """A bad setting (TENSORPOOL_CONF or install(conf=...)); the message names the key."""
+
+
+class TensorpoolOutOfMemoryError(TensorpoolError, MemoryError):
+    """The allocator could not serve a request; the message explains why."""
+
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def _candidates():
+    env = os.environ.get("TENSORPOOL_LIBRARY")
+    if env:
+        return [env]
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME)
+    return [here] if os.path.exists(here) else [_LIBRARY_NAME]
+
+
+def _declare(lib):
+    p, i, sz, u64, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_double
+    pp = ctypes.POINTER(ctypes.c_void_p)
+    signatures = {
+        "tensorpool_last_error": ([], ctypes.c_char_p),
+        "tensorpool_status_name": ([i], ctypes.c_char_p),
+        "tensorpool_configure": ([ctypes.c_char_p], i),
+        "tensorpool_device_allocator": ([i, pp], i),
+        "tensorpool_existing_device_allocator": ([i, pp], i),
+        "tensorpool_empty_cache_all": ([], i),
+        "tensorpool_record_history_all": ([i, sz], i),
+        "tensorpool_dump_snapshot": ([ctypes.c_char_p], i),
+        "tensorpool_alloc": ([p, sz, u64, pp], i),
+        "tensorpool_free": ([p, p], i),
+        "tensorpool_record_stream": ([p, p, u64], i),
+        "tensorpool_set_memory_fraction": ([p, d], i),
+        "tensorpool_reset_peaks": ([p], i),
+        "tensorpool_check_invariants": ([p], i),
+        "tensorpool_stats_json": ([p, ctypes.c_char_p, sz, ctypes.POINTER(sz)], i),
+    }
+    for name, (args, res) in signatures.items():
+        f = getattr(lib, name)
+        f.argtypes = args
+        f.restype = res
+
+
+def _library():
+    """The loaded library (loaded once; thread-safe)."""
+    global _lib, _path
+    with _lock:
+        if _lib is None:
+            errors = []
+            for candidate in _candidates():
+                try:
+                    lib = ctypes.CDLL(candidate)
+                except OSError as e:
+                    errors.append(f"{candidate}: {e}")
+                    continue
+                _declare(lib)
+                _lib, _path = lib, candidate
+                break
+            if _lib is None:
+                raise OSError(
+                    "tensorpool: cannot load the library (set TENSORPOOL_LIBRARY to the path of "
+                    f"{_LIBRARY_NAME}): " + "; ".join(errors))
+        return _lib
+
+
+def library_path():
+    """The path (or name) the library was loaded from."""
+    _library()
+    return _path
+
+
+def _check(status, what):
+    if status == _OK:
+        return
+    lib = _library()
+    message = lib.tensorpool_last_error().decode("utf-8", "replace")
+    name = lib.tensorpool_status_name(status).decode()
+    cls = {_ERROR_CONFIG: TensorpoolConfigError,
+           _ERROR_OUT_OF_MEMORY: TensorpoolOutOfMemoryError}.get(status, TensorpoolError)
+    raise cls(f"tensorpool: {what}: {message}", name)
+
+
+def _existing(device):
+    """The registry's handle of `device`, or None when its allocator does not exist yet."""
+    handle = ctypes.c_void_p()
+    _check(_library().tensorpool_existing_device_allocator(int(device), ctypes.byref(handle)),
+           f"device {device}")
+    return handle if handle.value else None
+
+
+def _handle(device):
+    """The registry's handle of `device`, created if needed."""
+    handle = ctypes.c_void_p()
+    _check(_library().tensorpool_device_allocator(int(device), ctypes.byref(handle)),
+           f"device {device}")
+    return handle
+
+
+def _device_index(device):
+    if device is None:
+        try:
+            import torch
+            if torch.cuda.is_initialized():
+                return torch.cuda.current_device()
+        except ImportError:
+            pass
+        return 0
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)  # torch.device
+    if index is None and isinstance(device, str):
+        index = int(device.split(":")[1]) if ":" in device else 0
+    return 0 if index is None else int(index)
+
+
+def configure(conf=None):
+    """Sets the settings of the device allocators not created yet ("key:value,...");
+    None re-reads TENSORPOOL_CONF. Raises TensorpoolConfigError naming a bad key, and
+    TensorpoolError once an allocator exists."""
+    _check(_library().tensorpool_configure(None if conf is None else conf.encode()), "configure")
+
+
+def install(conf=None):
+    """Makes tensorpool PyTorch's CUDA allocator. Call it before anything allocates CUDA memory
+    (PyTorch cannot swap an allocator it has initialized). `conf` overrides TENSORPOOL_CONF.
+    The settings are checked first: a bad key raises TensorpoolConfigError naming it."""
+    lib = _library()
+    configure(conf)
+    if not hasattr(lib, _ALLOC_FN):
+        raise TensorpoolError(f"tensorpool: {_path} has no {_ALLOC_FN}: install() needs "
+                              f"{_LIBRARY_NAME}, not the plain C library")
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("tensorpool.install() needs PyTorch (import torch failed)") from e
+    if not hasattr(torch._C, "_cuda_customAllocator"):
+        raise TensorpoolError("tensorpool.install(): this PyTorch has no CUDA support")
+    if torch.cuda.is_initialized():
+        raise TensorpoolError(
+            "tensorpool.install() must run before CUDA is initialized: PyTorch has already set up "
+            "its own allocator (call install() at the top of the script, before any tensor is "
+            "moved to the GPU or torch.cuda is used)")
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(_path, _ALLOC_FN, _FREE_FN)
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise TensorpoolError(f"tensorpool.install(): PyTorch refused the allocator: {e}") from e
+
+
+def memory_stats_as_nested_dict(device=None):
+    """PyTorch's torch.cuda.memory_stats_as_nested_dict() for tensorpool; {} before the device's
+    first allocation."""
+    import json
+    handle = _existing(_device_index(device))
+    if handle is None:
+        return {}
+    lib = _library()
+    needed = ctypes.c_size_t(0)
+    lib.tensorpool_stats_json(handle, None, 0, ctypes.byref(needed))
+    for _ in range(4):  # the figures may grow between the two calls
+        buffer = ctypes.create_string_buffer(needed.value + 256)
+        status = lib.tensorpool_stats_json(handle, buffer, len(buffer), ctypes.byref(needed))
+        if status == _OK:
+            return json.loads(buffer.value.decode())
+    _check(status, "memory_stats")
+    return {}
+
+
+def memory_stats(device=None):
+    """PyTorch's torch.cuda.memory_stats() for tensorpool: a flat, sorted OrderedDict with
+    PyTorch's key names ("allocated_bytes.all.current", "reserved_bytes.all.peak", ...)."""
+    flat = []
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat.append((prefix, value))
+
+    walk("", memory_stats_as_nested_dict(device))
+    flat.sort()
+    return collections.OrderedDict(flat)
+
+
+def _stat(device, key):
+    return memory_stats(device).get(key, 0)
+
+
+def memory_allocated(device=None):
+    return _stat(device, "allocated_bytes.all.current")
+
+
+def max_memory_allocated(device=None):
+    return _stat(device, "allocated_bytes.all.peak")
+
+
+def memory_reserved(device=None):
+    return _stat(device, "reserved_bytes.all.current")
+
+
+def max_memory_reserved(device=None):
+    return _stat(device, "reserved_bytes.all.peak")
+
+
+def reset_peak_memory_stats(device=None):
+    handle = _existing(_device_index(device))
+    if handle is not None:
+        _check(_library().tensorpool_reset_peaks(handle), "reset_peak_memory_stats")
+
+
+def _format_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024.0
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A table of the device allocator's statistics (current, peak, cumulative allocated and
+    freed), like torch.cuda.memory_summary(). abbreviated: totals only, no per-pool rows."""
+    index = _device_index(device)
+    stats = memory_stats(index)
+    title = f"tensorpool memory summary, device {index}"
+    if not stats:
+        return f"{title}: no allocation yet\n"
+    rows = [("allocated memory", "allocated_bytes", True), ("active memory", "active_bytes", True),
+            ("requested memory", "requested_bytes", True), ("reserved memory", "reserved_bytes", True),
+            ("non-releasable memory", "inactive_split_bytes", True), ("allocations", "allocation", False),
+            ("active blocks", "active", False), ("segments", "segment", False)]
+    pools = [("all", "")] if abbreviated else [("all", ""), ("large_pool", "  large pool"),
+                                               ("small_pool", "  small pool")]
+    header = f"{'':<28}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}"
+    lines = [title, "=" * len(header), header, "-" * len(header)]
+    for label, key, is_bytes in rows:
+        for pool, suffix in pools:
+            values = [stats.get(f"{key}.{pool}.{m}", 0) for m in ("current", "peak", "allocated", "freed")]
+            cells = [_format_bytes(v) if is_bytes else str(v) for v in values]
+            lines.append(f"{(label if not suffix else suffix):<28}" + "".join(f"{c:>14}" for c in cells))
+    lines.append("-" * len(header))
+    lines.append(f"retries {stats['num_alloc_retries']}, OOMs {stats['num_ooms']}, device allocations "
+                 f"{stats['num_device_alloc']}, device frees {stats['num_device_free']}, "
+                 f"host syncs {stats['num_sync_all_streams']}")
+    lines.append("non-releasable memory (free blocks inside used segments) is the current value only; "
+                 "its peak and totals are not tracked (0)")
+    return "\n".join(lines) + "\n"
+
+
+def empty_cache():
+    """Returns every free cached segment of every device to the device (what
+    torch.cuda.empty_cache() does for PyTorch's own allocator)."""
+    _check(_library().tensorpool_empty_cache_all(), "empty_cache")
+
+
+def set_memory_fraction(fraction, device=None):
+    """Caps the device allocator's reserved memory at `fraction` (0..1) of the device."""
+    _check(_library().tensorpool_set_memory_fraction(_handle(_device_index(device)), float(fraction)),
+           "set_memory_fraction")
+
+
+def record_stream(tensor, stream):
+    """Marks the memory of `tensor` (or a device pointer, an int) as used on `stream` (a
+    torch.cuda.Stream or a cudaStream_t as an int): it is reused only after the work queued on
+    that stream before the free completes. Use it instead of Tensor.record_stream(), which a
+    pluggable allocator cannot see."""
+    stream_handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(tensor, int):
+        ptr, devices = tensor, range(64)
+    else:
+        ptr = tensor.untyped_storage().data_ptr()
+        devices = [tensor.device.index]
+    lib = _library()
+    last = None
+    for device in devices:
+        handle = _existing(device)
+        if handle is None:
+            continue
+        status = lib.tensorpool_record_stream(handle, ctypes.c_void_p(ptr), int(stream_handle or 0))
+        if status == _OK:
+            return
+        last = status
+    if last is None:
+        raise TensorpoolError(f"tensorpool: record_stream: no device allocator holds {ptr:#x}",
+                              "TENSORPOOL_ERROR_USAGE")
+    _check(last, "record_stream")
+
+
+def record_history(enabled=True, max_entries=100000):
+    """Starts (or, enabled=False, stops and forgets) recording allocator events on every device
+    for dump_snapshot(), keeping the newest max_entries per device; like
+    torch.cuda.memory._record_memory_history(). Stack frames are not recorded."""
+    _check(_library().tensorpool_record_history_all(1 if enabled else 0, int(max_entries)),
+           "record_history")
+
+
+def dump_snapshot(path="dump_snapshot.pickle"):
+    """Writes a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's layout) of every
+    device allocator to `path`: segments, blocks and, while recording, the event history.
+    pytorch.org/memory_viz and torch.cuda._memory_viz open it. Written through a temporary file:
+    a failure leaves no file behind."""
+    _check(_library().tensorpool_dump_snapshot(os.fsencode(path)), f"dump_snapshot({path!r})")

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Turns benchmark and replay JSON into the tables of docs/benchmarks.md.
+
+  scripts/bench-tables.py record NAME -- COMMAND...
+      runs COMMAND (its stdout must be JSON: Google Benchmark with --benchmark_format=json, the
+      CLI with --json, or a JSON-printing tool) and keeps the output in docs/results/NAME.json,
+      with docs/results/NAME.meta.json saying which commit, date, machine and command made it.
+  scripts/bench-tables.py render
+      rewrites every table of docs/benchmarks.md between <!-- table:ID --> and
+      <!-- /table:ID --> from docs/results/, each stamped with its inputs' commit, date, machine
+      and command. Tables whose inputs are missing say so.
+"""
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs", "results")
+DOC = os.path.join(ROOT, "docs", "benchmarks.md")
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine():
+    try:
+        load = "%.1f" % os.getloadavg()[0]
+    except OSError:
+        load = "?"
+    return "%s, %d cores, load average %s" % (platform.machine(), os.cpu_count() or 0, load)
+
+
+def record(name, command):
+    started = datetime.datetime.now(datetime.timezone.utc)
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("bench-tables: %s exited %d:\n%s" % (" ".join(command), out.returncode, out.stderr[-2000:]))
+    json.loads(out.stdout)  # must be JSON
+    os.makedirs(RESULTS, exist_ok=True)
+    # Uncommitted results (docs/results/, what record writes) do not make the code differ from HEAD.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results")
+    dirty = " (with uncommitted changes)" if changed else ""
+    meta = {"commit": git("rev-parse", "--short", "HEAD") + dirty, "machine": machine(),
+            "date": started.strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(command)}
+    for path, text in ((name + ".json", out.stdout), (name + ".meta.json", json.dumps(meta, indent=2) + "\n")):
+        tmp = os.path.join(RESULTS, path + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(RESULTS, path))
+
+
+def load(name):
+    path = os.path.join(RESULTS, name + ".json")
+    if not os.path.exists(path):
+        return None, None
+    with open(path) as f:
+        data = json.load(f)
+    meta_path = os.path.join(RESULTS, name + ".meta.json")
+    meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
+    return data, meta
+
+
+def stamp(*metas):
+    lines = []
+    for m in metas:
+        if m:
+            lines.append("Commit `%s`, %s, %s: `%s`" % (m.get("commit", "?"), m.get("date", "?"),
+                                                      m.get("machine", "?"), m.get("command", "?")))
+    return "\n\n".join(lines) + "\n\n"
+
+
+def trace_name(path):
+    return re.sub(r"\.(pickle|tptrace|jsonl)$", "", os.path.basename(path))
+
+
+# --- CUB side by side ----------------------------------------------------------------------------
+
+def gbench_medians(data):
+    rows = {}
+    for b in data["benchmarks"]:
+        if b.get("aggregate_name") != "median":
+            continue
+        m = re.match(r"pair/([a-z-]+)/size:(\d+)/live:(\d+)/real_time/threads:(\d+)", b["run_name"])
+        if m:
+            rows[(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)))] = b
+    return rows
+
+
+def size_text(n):
+    return "%d MiB" % (n // MIB) if n >= MIB else "%d KiB" % (n // 1024)
+
+
+def table_cub(_):
+    one, m1 = load("bench-cub")
+    two, m2 = load("bench-cub-2threads")
+    if not one:
+        return "(no results: run `scripts/bench-tables.py record bench-cub -- ...`)\n"
+    r = gbench_medians(one)
+    out = [stamp(m1), "One thread, CPU time per allocate + free pair (median of 5 repetitions):\n",
+           "| size | live blocks | tensorpool | CUB (all sizes cached) | tensorpool / CUB | CUB default (stand-in cudaMalloc for 64/100 MiB) |",
+           "|---|---|---|---|---|---|"]
+    sizes = sorted({k[1] for k in r})
+    for size in sizes:
+        for live in (1000, 100000):
+            tp, cub, dflt = (r.get((a, size, live, 1)) for a in ("tensorpool", "cub", "cub-default"))
+            if not tp or not cub:
+                continue
+            out.append("| %s | %dk | %.1f ns | %.1f ns | %.2f | %s |" % (
+                size_text(size), live // 1000, tp["cpu_time"], cub["cpu_time"], tp["cpu_time"] / cub["cpu_time"],
+                "%.1f ns" % dflt["cpu_time"] if dflt else "-"))
+    out.append("\nGrowth from 1k to 100k live blocks (CPU time ratio 100k / 1k):\n")
+    out.append("| size | tensorpool | CUB |")
+    out.append("|---|---|---|")
+    for size in sizes:
+        vals = []
+        for a in ("tensorpool", "cub"):
+            lo, hi = r.get((a, size, 1000, 1)), r.get((a, size, 100000, 1))
+            vals.append("%.2f" % (hi["cpu_time"] / lo["cpu_time"]) if lo and hi else "-")
+        out.append("| %s | %s | %s |" % (size_text(size), vals[0], vals[1]))
+    if two:
+        r2 = gbench_medians(two)
+        out.append("\n" + stamp(m2) + "Two threads on one allocator, per pair and thread (median of 5): "
+                   "wall time (what a thread waits, lock contention included) and CPU time:\n")
+        out.append("| size | live blocks | tensorpool wall | CUB wall | tensorpool / CUB wall | tensorpool CPU | CUB CPU |")
+        out.append("|---|---|---|---|---|---|---|")
+        for size in sizes:
+            for live in (1000, 100000):
+                tp, cub = r2.get(("tensorpool", size, live, 2)), r2.get(("cub", size, live, 2))
+                if tp and cub:
+                    out.append("| %s | %dk | %.0f ns | %.0f ns | %.2f | %.1f ns | %.1f ns |" % (
+                        size_text(size), live // 1000, tp["real_time"], cub["real_time"],
+                        tp["real_time"] / cub["real_time"], tp["cpu_time"], cub["cpu_time"]))
+    return "\n".join(out) + "\n"
+
+
+# --- cub model against the real CUB ----------------------------------------------------------------
+
+def table_cub_validation(_):
+    after, m = load("cub-vs-model")
+    before, mb = load("cub-vs-model-before-fix")
+    if not after:
+        return "(no results)\n"
+    prior = {t["trace"]: t for t in before["traces"]} if before else {}
+    out = [stamp(m, mb), "| trace | peak reserved MiB, real / model | cudaMalloc real / model | cudaFree real / model | syncs real / model | syncs of the model before the fix | OOMs real / model |",
+           "|---|---|---|---|---|---|---|"]
+    for t in after["traces"]:
+        real, model = t["real"], t["model"]
+        old = prior.get(t["trace"], {}).get("model", {})
+        out.append("| %s | %.0f / %.0f | %d / %d | %d / %d | %d / %d | %s | %d / %d |" % (
+            trace_name(t["trace"]), real["peak_reserved_bytes"] / MIB, model["peak_reserved_bytes"] / MIB,
+            real["mallocs"] + real["seeding_mallocs"], model["mallocs"] + model["seeding_mallocs"],
+            real["frees"], model["frees"], real["syncs"], model["syncs"], old.get("syncs", "-"),
+            real["ooms"], model["ooms"]))
+    return "\n".join(out) + "\n"
+
+
+# --- RMM models on every shared trace -------------------------------------------------------------
+
+def compare_rows(data):
+    rows = {}
+    if data.get("recorded"):
+        rows["PyTorch (actual)"] = data["recorded"]
+    for a in data["allocators"]:
+        rows[a["allocator"]] = a
+    return rows
+
+
+def table_rmm(_):
+    names = sorted(p[len(RESULTS) + 1:-5] for p in glob.glob(os.path.join(RESULTS, "rmm-*.json"))
+                   if not p.endswith(".meta.json"))
+    if not names:
+        return "(no results)\n"
+    out, metas = [], []
+    header = ("| trace | allocator (settings) | peak requested GiB | peak reserved GiB | utilization | "
+              "upstream ops | start-state ops | syncs | OOMs |")
+    out.append(header)
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for name in names:
+        data, meta = load(name)
+        metas.append(meta)
+        defaults = name.endswith("-defaults")
+        settings = {"rmm-pool": "initial_pool_size:0", "rmm-arena": "arena_size:80GiB"}
+        for label, r in compare_rows(data).items():
+            if label == "pytorch" or (label == "PyTorch (actual)" and not defaults):
+                continue
+            shown = label if label.startswith("PyTorch") else "%s (%s)" % (label, "defaults" if defaults else settings.get(label, ""))
+            out.append("| %s | %s | %.3f | %.3f | %.4f | %d | %d | %d | %d |" % (
+                trace_name(data["trace"]), shown.replace(" ()", ""), r["peak_requested_bytes"] / GIB,
+                r["peak_reserved_bytes"] / GIB, r["utilization"], r["upstream_ops"], r["seeding_upstream_ops"],
+                r["syncs"], r["ooms"]))
+    commands = sorted({m.get("command", "") for m in metas if m})
+    first = metas[0] or {}
+    head = "Commit `%s`, %s, %s; commands (one per trace):\n\n" % (first.get("commit"), first.get("date"), first.get("machine"))
+    head += "\n".join("    " + c for c in commands) + "\n\n"
+    return head + "\n".join(out) + "\n"
+
+
+# --- empty_cache -----------------------------------------------------------------------------------
+
+def table_empty_cache(_):
+    fixture, m = load("empty-cache-fixture")
+    unmarked, mu = load("empty-cache-fixture-unmarked")
+    if not fixture:
+        return "(no results)\n"
+    out = [stamp(m, mu), "| trace | allocator | segment allocs | segment frees | peak reserved MiB |", "|---|---|---|---|---|"]
+    rows = compare_rows(fixture)
+    for label, r in rows.items():
+        out.append("| snap_empty_cache (fixture) | %s | %d | %d | %.0f |" % (
+            label, r["upstream_allocs"], r["upstream_frees"], r["peak_reserved_bytes"] / MIB))
+    if unmarked:
+        for label, r in compare_rows(unmarked).items():
+            if label != "PyTorch (actual)":
+                out.append("| same, empty_cache events removed | %s | %d | %d | %.0f |" % (
+                    label, r["upstream_allocs"], r["upstream_frees"], r["peak_reserved_bytes"] / MIB))
+    shared, ms = load("empty-cache-shared")
+    if shared:
+        out.append("\n" + stamp(ms) + "| shared trace | empty_cache calls found | segment_free events |")
+        out.append("|---|---|---|")
+        for t in shared:
+            out.append("| %s | %d | %d |" % (trace_name(t["trace"]), t["ops"].get("empty_cache", 0),
+                                           t["ops"].get("segment_free", 0)))
+    return "\n".join(out) + "\n"
+
+
+# --- the GPU run --------------------------------------------------------------------------------
+
+def table_gpu(_):
+    gpu = os.path.join(RESULTS, "gpu")
+    runs = sorted(glob.glob(os.path.join(gpu, "replay-*.jsonl")))
+    if not runs:
+        return ("**Not yet run on a GPU.** `scripts/gpu-check.sh` with `scripts/gpu/run.sh` is ready and was "
+                "dry-run here (no GPU: it builds the programs and says so). Its results (OUT/gpu/) go to "
+                "docs/results/gpu/, and this script then fills these tables: per-call costs, replays on the "
+                "GPU next to the simulated figures, pinned staging.\n")
+    out = []
+    costs = os.path.join(gpu, "call-costs.json")
+    if os.path.exists(costs):
+        calls = json.load(open(costs))["calls"]
+        sizes = sorted({p["bytes"] for v in calls.values() for p in v})
+        out += ["Per-call host cost on the GPU (median us):\n", "| call | " + " | ".join(size_text(b) for b in sizes) + " |",
+                "|---|" + "---|" * len(sizes)]
+        for call, points in sorted(calls.items()):
+            by = {p["bytes"]: p["median_ns"] for p in points}
+            out.append("| %s | %s |" % (call, " | ".join("%.1f" % (by[b] / 1000) if b in by else "-" for b in sizes)))
+        out.append("")
+    simulated_name = {"raw": "raw", "tensorpool-async": "tensorpool", "tensorpool-vmm-mode": "tensorpool-vmm",
+                      "cub": "cub", "rmm-pool": "rmm-pool"}
+    out += ["Replays on the GPU (device 0 of each trace), with the simulator's figures for the same allocator:\n",
+            "| trace | allocator | wall ms | host ns per op | peak reserved GiB | OOMs | simulated peak reserved GiB | simulated upstream ms |",
+            "|---|---|---|---|---|---|---|---|"]
+    for path in runs:
+        name = os.path.basename(path)[len("replay-"):-len(".jsonl")]
+        sim_path = os.path.join(gpu, "simulated-%s.json" % name)
+        sim = {a["allocator"]: a for a in json.load(open(sim_path))["allocators"]} if os.path.exists(sim_path) else {}
+        for line in open(path):
+            r = json.loads(line)
+            s_row = sim.get(simulated_name.get(r["allocator"], ""), {})
+            out.append("| %s | %s | %.1f | %.0f | %.3f | %d | %s | %s |" % (
+                name, r["allocator"], r["wall_ms"], r["host_ns_per_op"], r["peak_reserved_bytes"] / GIB, r["ooms"],
+                "%.3f" % (s_row["peak_reserved_bytes"] / GIB) if s_row else "-",
+                "%.2f" % (s_row["modelled_upstream_ns"] / 1e6) if s_row else "-"))
+    pinned = os.path.join(gpu, "pinned.json")
+    if os.path.exists(pinned):
+        out += ["", "Pinned staging (medians):\n", "| size | buffer | allocate + free ns | H2D GB/s |", "|---|---|---|---|"]
+        for r in json.load(open(pinned))["rows"]:
+            out.append("| %d MiB | %s | %.0f | %.2f |" % (r["mib"], r["how"], r["alloc_free_ns"], r["h2d_gb_per_s"]))
+    return "\n".join(out) + "\n"
+
+
+TABLES = {"cub-side-by-side": table_cub, "cub-validation": table_cub_validation, "rmm": table_rmm,
+          "empty-cache": table_empty_cache, "gpu": table_gpu}
+
+
+def render():
+    with open(DOC) as f:
+        text = f.read()
+    for tid, fn in TABLES.items():
+        pattern = re.compile(r"(<!-- table:%s -->\n).*?(<!-- /table:%s -->)" % (re.escape(tid), re.escape(tid)), re.S)
+        if not pattern.search(text):
+            continue
+        body = fn(tid)
+        text = pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    tmp = DOC + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, DOC)
+
+
+def main(argv):
+    if len(argv) >= 4 and argv[1] == "record" and argv[3] == "--":
+        record(argv[2], argv[4:])
+    elif len(argv) == 2 and argv[1] == "render":
+        render()
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,107 @@
+// allocator_state.hpp: what every part of one allocator shares: the device, the settings, the
+// streams with their free indexes, the segments, the Block pool, the counters and the hooks.
+//
+// Allocator::Impl (allocator_impl.hpp) is the coordinator built on it; the segment sources
+// (segment_source.hpp) get a reference to it. All of it is guarded by the allocator's mutex:
+// every function that touches it runs with the mutex held.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+#include "core/block.hpp"
+#include "core/counters.hpp"
+#include "core/free_index.hpp"
+#include "core/hooks.hpp"
+#include "tensorpool/config.hpp"
+#include "tensorpool/device.hpp"
+
+namespace tensorpool::detail {
+
+/// A free waiting for a stream: the event recorded on a stream that may still use the block.
+struct PendingFree {
+  DeviceEvent event;
+  Block* block;
+};
+
+/// Per stream: the free blocks of the segments it owns, and its pending frees.
+struct StreamState {
+  explicit StreamState(Stream s) : stream(s) {}
+  Stream stream;
+  FreeIndex index[kNumIndexKinds];
+  std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
+};
+
+/// The streams seen so far, with a one-entry cache in front of the hash map for the hot path.
+/// A StreamState lives as long as the allocator (segments point to their owner's).
+class StreamTable {
+ public:
+  using Map = std::unordered_map<Stream, std::unique_ptr<StreamState>>;
+
+  TP_ALWAYS_INLINE StreamState& get(Stream stream) {
+    if (last_state_ != nullptr && last_stream_ == stream) return *last_state_;
+    return get_slow(stream);
+  }
+  // Iteration in the hash map's order (which decides, for instance, which stream's cached
+  // block the OOM ladder takes first: keep the container if replay figures are to stay put).
+  Map::iterator begin() noexcept { return map_.begin(); }
+  Map::iterator end() noexcept { return map_.end(); }
+  Map::const_iterator begin() const noexcept { return map_.begin(); }
+  Map::const_iterator end() const noexcept { return map_.end(); }
+
+ private:
+  StreamState& get_slow(Stream stream);  // allocator.cpp
+
+  Map map_;
+  Stream last_stream_ = kDefaultStream;  // last_state_ == map_[last_stream_] unless null
+  StreamState* last_state_ = nullptr;
+};
+
+struct AllocatorState {
+  /// Checks the device (not null) and the settings (Config::validate).
+  AllocatorState(std::shared_ptr<DeviceBackend> device_backend, Config settings);
+
+  std::shared_ptr<DeviceBackend> device;  // never null
+  DeviceProperties props;                 // device->properties() at construction
+  Config config;                          // validated (a source may narrow it: vmm has no oversize)
+  std::size_t limit = 0;                  // cap on reserved bytes, 0: none
+  BlockPool blocks;
+  std::map<Address, std::unique_ptr<Segment>> segments;  // every segment, by address; disjoint
+  StreamTable streams;
+  Counters counters;
+  Hooks hooks;
+
+  /// Requests this large get oversize segments (never split, reused only with little slack).
+  bool is_oversize_request(std::size_t size) const noexcept {
+    return config.max_split_size != 0 && size >= config.max_split_size;
+  }
+  /// Whether `bytes` more of reserved memory stay within the memory limit.
+  bool within_limit(std::size_t bytes) const noexcept {
+    return limit == 0 || counters.reserved() + bytes <= limit;
+  }
+  /// The free index of `ss` that a segment of this kind puts its free blocks in.
+  static FreeIndex& index_for(StreamState& ss, Pool pool, bool oversize) noexcept {
+    return ss.index[pool == Pool::small ? kSmallIndex : oversize ? kOversizeIndex : kLargeIndex];
+  }
+
+  /// Merges free block b (in no index) with its free neighbours of the same mapping, taking them
+  /// out of their index; returns the merged block (in no index).
+  TP_ALWAYS_INLINE Block* coalesce(Block* b) {
+    Segment* seg = b->segment;
+    if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped) {
+      seg->index->remove(p);
+      b = p;
+      blocks.absorb_next(b);
+    }
+    if (Block* n = b->next; n != nullptr && n->state == BlockState::free && n->mapped == b->mapped) {
+      seg->index->remove(n);
+      blocks.absorb_next(b);
+    }
+    return b;
+  }
+};
+
+}  // namespace tensorpool::detail

@@ -1,0 +1,135 @@
+// oom_ladder.cpp: what an allocation goes through when its stream's cache cannot serve it.
+//
+// The ladder:
+//   1. collect frees whose stream events have completed, search again;
+//   2. grow: room from the segment source (within the memory limit);
+//   3. (cross_stream_reuse) a free block cached for another stream, after an event wait;
+//   4. free-memory callbacks (lock released), then search and grow again;
+//   5. wait for every pending free, search again; give every cached byte the source holds back
+//      to the device, grow again;
+//   6. OutOfMemoryError, after telling the OOM observers (lock released).
+#include <algorithm>
+
+#include "core/allocator_impl.hpp"
+#include "core/logging.hpp"
+#include "tensorpool/size_classes.hpp"
+
+namespace tensorpool {
+
+using detail::Block;
+using detail::StreamState;
+
+Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t size,
+                                      std::size_t bytes, Lock& lock) {
+  if (bytes > kMaxAllocationSize || size > props.capacity) throw_oom(ss.stream, bytes, size, lock);
+  if (pending_total_ != 0) {
+    process_events();
+    if (Block* b = find_cached(ss, pool, size)) return b;
+  }
+  if (Block* b = source_->grow(ss, pool, size)) return b;
+  if (config.cross_stream_reuse)
+    if (Block* b = steal_from_other_stream(ss, pool, size)) return b;
+  counters.count(&Stats::retries);
+  if (!hooks.free_memory_callbacks().empty() && run_free_memory_callbacks(size, lock))
+    if (Block* b = find_or_grow(ss, pool, size)) return b;
+  if (pending_total_ != 0) {
+    synchronize_pending();
+    if (Block* b = find_cached(ss, pool, size)) return b;
+  }
+  if (source_->release(detail::ReleaseGoal::everything) != 0)
+    if (Block* b = source_->grow(ss, pool, size)) return b;
+  throw_oom(ss.stream, bytes, size, lock);
+}
+
+Block* Allocator::Impl::find_or_grow(StreamState& ss, Pool pool, std::size_t size) {
+  if (pending_total_ != 0) process_events();
+  if (Block* b = find_cached(ss, pool, size)) return b;
+  return source_->grow(ss, pool, size);
+}
+
+// A free block cached for another stream. The requesting stream waits (on the device, not the
+// host) for the owner stream's work so far; the block stays the owner's and records the
+// requesting stream as a user, so its eventual free waits for that stream too.
+Block* Allocator::Impl::steal_from_other_stream(StreamState& ss, Pool pool, std::size_t size) {
+  for (auto& [stream, other] : streams) {
+    if (other.get() == &ss) continue;
+    Block* b = find_cached(*other, pool, size);
+    if (b == nullptr) continue;
+    DeviceEvent e = 0;
+    try {
+      e = acquire_event();
+      device->record_event(e, other->stream);
+      device->stream_wait_event(ss.stream, e);
+    } catch (const DeviceError& err) {  // the ladder goes on without cross-stream reuse
+      if (e != 0) release_event(e);
+      detail::log().warn("cross-stream reuse skipped: {}", err.what());
+      return nullptr;
+    }
+    release_event(e);  // a wait captures the event's state when it is enqueued
+    counters.count(&Stats::events_recorded);
+    counters.count(&Stats::stream_waits);
+    return b;
+  }
+  return nullptr;
+}
+
+bool Allocator::Impl::run_free_memory_callbacks(std::size_t size, Lock& lock) {
+  const auto callbacks = hooks.free_memory_callbacks();  // a copy: callbacks may add or remove hooks
+  lock.unlock();
+  bool freed = false;
+  try {
+    for (const auto& [id, cb] : callbacks) freed = cb(size) || freed;
+  } catch (...) {
+    lock.lock();
+    throw;
+  }
+  lock.lock();
+  return freed;
+}
+
+std::size_t Allocator::Impl::largest_free_block() const noexcept {
+  std::size_t largest = 0;
+  for (const auto& [stream, ss] : streams)
+    for (const auto& index : ss->index)
+      if (const Block* b = index.largest()) largest = std::max(largest, b->size);
+  return largest;
+}
+
+// Free bytes in each stream's indexes (mapped free blocks only: unmapped address space is not
+// cached memory), in ascending stream order.
+std::vector<StreamCachedBytes> Allocator::Impl::cached_per_stream() const {
+  std::vector<StreamCachedBytes> out;
+  for (const auto& [stream, ss] : streams) {
+    std::size_t bytes = 0;
+    for (const auto& index : ss->index) bytes += index.bytes();
+    if (bytes != 0) out.push_back({stream, bytes});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.stream < b.stream; });
+  return out;
+}
+
+void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t size, Lock& lock) {
+  OutOfMemoryInfo info;
+  info.requested = bytes;
+  info.rounded = size;
+  info.stream = stream;
+  info.device = props.ordinal;
+  info.capacity = props.capacity;
+  info.device_free = device->free_memory();
+  info.reserved = counters.reserved();
+  info.allocated = static_cast<std::size_t>(counters.stats().total[Metric::allocated_bytes].current);
+  info.reserved_unallocated = info.reserved - info.allocated;
+  info.largest_free_block = largest_free_block();
+  info.memory_limit = limit;
+  info.cached_per_stream = cached_per_stream();
+  counters.count(&Stats::ooms);
+  if (hooks.observed()) hooks.notify(EventType::oom, 0, bytes, size, stream);
+  const OutOfMemoryError error(info);
+  detail::log().info("{}", error.what());
+  const auto observers = hooks.oom_observers();  // a copy, called without the lock
+  lock.unlock();
+  for (const auto& [id, observer] : observers) observer(info);
+  throw error;
+}
+
+}  // namespace tensorpool

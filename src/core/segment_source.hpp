@@ -1,0 +1,66 @@
+// segment_source.hpp: where an allocator's segments come from. The one interface between the
+// mode-independent allocator (fast path, OOM ladder, stream events, hooks, inspection) and its
+// two sources of memory, chosen once by Config::mode when the allocator is made:
+//
+//   fixed segments (fixed_segments.cpp, mode:fixed): each segment is one device allocation
+//     (allocate_segment), sized by the pool policy, returned whole when entirely free;
+//   vmm heaps (vmm_heaps.cpp, mode:vmm): per stream and pool one heap, a reserved address range
+//     into which physical chunks are mapped as requests need them (docs/vmm.md).
+//
+// A source is called with the allocator's mutex held, from slow paths only: the hot path never
+// sees it. It works on the shared AllocatorState (blocks, segments, indexes, counters, hooks).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/allocator_state.hpp"
+
+namespace tensorpool::detail {
+
+/// What release() is for.
+enum class ReleaseGoal : std::uint8_t {
+  everything,   // the OOM ladder: give back every cached byte the device could use again
+  empty_cache,  // Allocator::empty_cache(): the same, but keep what the settings say to keep
+};
+
+/// The per-pool quantities check_invariants recomputes from the blocks and the sources.
+struct Recount {
+  std::array<std::int64_t, kNumMetrics> pool[kNumPools] = {};
+  void add(Pool p, Metric m, std::int64_t v) { pool[static_cast<int>(p)][static_cast<int>(m)] += v; }
+};
+
+/// Throws InvariantError("tensorpool invariant violated: " + what).
+[[noreturn]] void invariant_failed(const std::string& what);
+
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+
+  /// Makes room for a request of `size` bytes (rounded) in `pool` for stream ss: returns a
+  /// free block of at least `size` bytes, in ss's free index; nullptr when the device or the
+  /// memory limit says no. A DeviceError propagates with the state consistent.
+  virtual Block* grow(StreamState& ss, Pool pool, std::size_t size) = 0;
+  /// Gives cached memory (entirely free segments or chunks) back to the device; returns the
+  /// bytes given back. Pending frees have been synchronized by the caller.
+  virtual std::size_t release(ReleaseGoal goal) = 0;
+  /// Teardown, once, while the device is alive: gives everything back to the device, live
+  /// blocks included. The caller then recycles the Blocks and forgets the segments.
+  virtual void destroy() = 0;
+  /// check_invariants, the source's part: its own structures, the mapping state of its
+  /// segments' blocks, and its recount of reserved bytes and segments per pool (into rc).
+  virtual void check(Recount& rc) const = 0;
+};
+
+/// The source Config::mode asks for (the only place that looks at the mode). May narrow the
+/// settings in `state` (vmm: no oversize segments); throws ConfigError when the device cannot
+/// serve the mode.
+std::unique_ptr<SegmentSource> make_segment_source(AllocatorState& state);
+
+std::unique_ptr<SegmentSource> make_fixed_segments(AllocatorState& state);
+std::unique_ptr<SegmentSource> make_vmm_heaps(AllocatorState& state);
+
+}  // namespace tensorpool::detail

@@ -1,0 +1,501 @@
+// vmm_heaps.cpp: the virtual-memory source (mode:vmm). Physical pages, not address ranges, are
+// the cached resource.
+//
+// Each stream has one heap per pool: a segment spanning a large reserved address range (twice
+// the device capacity), tiled by blocks like any segment. Physical memory comes in chunks (one
+// VirtualMemory::create_physical handle each, a multiple of the page size) mapped at
+// page-aligned addresses of the heap. Blocks under chunks are "mapped"; free address space
+// without pages is held by free blocks with mapped == false, listed in Heap::unmapped and never
+// in a free index, so the fast path only ever sees mapped memory.
+//
+// Because a heap is one contiguous range, free space of neighbouring chunks coalesces, so the
+// "separate segments never merge" fragmentation of fixed segments does not arise. When the free
+// index has no block large enough, grow() maps more pages at the lowest unmapped hole whose
+// span (with its free mapped neighbours) fits the request. The pages come, in this order, from
+// chunks cached unmapped, from chunks that are entirely free somewhere else (unmapped there after
+// synchronizing their stream: done when idle physical memory exceeds the idle limit, or when
+// nothing more can be created), and finally from a new chunk (at least growth_step() bytes).
+// Mapped memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
+// See docs/vmm.md.
+#include <algorithm>
+#include <array>
+#include <exception>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/logging.hpp"
+#include "core/segment_source.hpp"
+#include "core/util.hpp"
+
+namespace tensorpool::detail {
+
+namespace {
+
+bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState::free && b->mapped; }
+bool free_unmapped(const Block* b) { return b != nullptr && b->state == BlockState::free && !b->mapped; }
+
+/// A physical allocation (one handle) of whole pages.
+struct Chunk {
+  Address addr = 0;  // where it is mapped (0 while unmapped, in the cache)
+  std::size_t size = 0;
+  PhysicalHandle handle = 0;
+  Pool pool = Pool::large;
+  Address end() const noexcept { return addr + size; }
+};
+
+/// The mapping state of one heap. Invariants: chunks do not overlap, lie inside the segment and
+/// are of its pool; every page of a block with mapped == true lies in a chunk; a block with
+/// mapped == false is free, page-aligned at both ends, intersects no chunk, and is in
+/// `unmapped` (which holds nothing else).
+struct Heap {
+  Segment* segment = nullptr;          // the reserved range, in AllocatorState::segments
+  std::map<Address, Chunk> chunks;     // mapped chunks by address
+  std::map<Address, Block*> unmapped;  // free blocks without pages, by address
+};
+
+class VmmHeaps final : public SegmentSource {
+ public:
+  VmmHeaps(AllocatorState& state, VirtualMemory& vm);
+
+  Block* grow(StreamState& ss, Pool pool, std::size_t size) override;
+  std::size_t release(ReleaseGoal goal) override;
+  void destroy() override;
+  void check(Recount& rc) const override;
+
+ private:
+  struct Placement {
+    Block* hole;        // an unmapped free block
+    std::size_t bytes;  // to map at its start (a growth step)
+    std::size_t need;   // of which the request needs at least this much
+  };
+
+  Heap* heap_of(const StreamState& ss, Pool pool) const;
+  Heap& heap_for(StreamState& ss, Pool pool);
+  std::size_t growth_step(Pool pool) const noexcept;
+  std::size_t idle_limit(Pool pool) const noexcept;
+  Placement place(const Heap& heap, std::size_t size) const;
+  Block* map_into(Heap& heap, const Placement& where, Pool pool, bool& complete);
+  bool create_chunk(std::size_t bytes, Pool pool, Chunk& out);
+  std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
+  std::size_t idle_physical(Pool pool) const;
+  std::size_t reclaim_free_chunks(Pool pool, std::size_t& keep);
+  Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
+  void mark_unmapped(Heap& heap, Block* b);
+  std::size_t release_cached_chunks();
+  void check_heap(const Heap& heap) const;
+
+  AllocatorState& st_;
+  VirtualMemory& vm_;
+  const std::size_t page_;                 // vm_.page_size()
+  std::map<Address, Heap> heaps_;          // by the address of their range
+  std::unordered_map<const StreamState*, std::array<Heap*, kNumPools>> by_stream_;  // into heaps_
+  std::vector<Chunk> cached_;              // physical chunks mapped nowhere (addr == 0)
+};
+
+VmmHeaps::VmmHeaps(AllocatorState& state, VirtualMemory& vm)
+    : st_(state), vm_(vm), page_(vm.page_size()) {
+  st_.config.max_split_size = 0;  // every block of a heap can be split: no oversize segments
+}
+
+Heap* VmmHeaps::heap_of(const StreamState& ss, Pool pool) const {
+  auto it = by_stream_.find(&ss);
+  return it == by_stream_.end() ? nullptr : it->second[static_cast<int>(pool)];
+}
+
+Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
+  Heap*& slot = by_stream_[&ss][static_cast<int>(pool)];
+  if (slot != nullptr) return *slot;
+  const std::size_t range = round_up(2 * st_.props.capacity, page_);
+  const Address base = vm_.reserve_address_range(range, page_);
+  if (base == 0)
+    throw DeviceError("tensorpool: cannot reserve " + format_bytes(range) + " of address space on " +
+                      st_.props.name);
+  auto seg = std::make_unique<Segment>();
+  seg->addr = base;
+  seg->size = range;
+  seg->owner = &ss;
+  seg->pool = pool;
+  seg->index = &AllocatorState::index_for(ss, pool, false);
+  seg->heap = true;
+  Block* b = st_.blocks.acquire();
+  b->addr = base;
+  b->size = range;
+  b->segment = seg.get();
+  b->mapped = false;
+  seg->first = b;
+  Heap& heap = heaps_[base];
+  heap.segment = seg.get();
+  heap.unmapped.emplace(base, b);
+  st_.segments.emplace(base, std::move(seg));
+  slot = &heap;
+  return heap;
+}
+
+// Where to map pages for a request of `size`: the lowest unmapped hole that, with the free
+// mapped block before it (and if need be the whole hole plus the one after it), fits; how many
+// bytes of the hole to map (a growth step), and how many the request needs at least.
+VmmHeaps::Placement VmmHeaps::place(const Heap& heap, std::size_t size) const {
+  for (const auto& [addr, hole] : heap.unmapped) {
+    const std::size_t before = free_mapped(hole->prev) ? hole->prev->size : 0;
+    const std::size_t need = size > before ? round_up(size - before, page_) : page_;
+    if (need <= hole->size)
+      return {hole, std::min(std::max(need, growth_step(heap.segment->pool)), hole->size), need};
+    const std::size_t after = free_mapped(hole->next) ? hole->next->size : 0;
+    if (before + hole->size + after >= size) return {hole, hole->size, hole->size};
+  }
+  return {nullptr, 0, 0};
+}
+
+// The least memory a growth maps: 1/vmm_growth_divisor of what the pool holds, between one page
+// and vmm_max_growth; the small pool grows a page at a time. Growing in steps keeps upstream
+// calls few while bounding the memory mapped ahead of need at any peak to that fraction.
+std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
+  if (pool == Pool::small) return page_;
+  const std::size_t held = st_.counters.reserved(pool);
+  const Config& c = st_.config;
+  return round_up(std::clamp(held / c.vmm_growth_divisor, page_, std::max(page_, c.vmm_max_growth)), page_);
+}
+
+// Idle physical memory (free chunks, cached or mapped under free blocks) a growth tolerates
+// before it remaps instead of creating: vmm_idle_limit, and at most 1/vmm_idle_divisor of the
+// pool, so that a small pool does not keep a large share of itself idle while it grows.
+std::size_t VmmHeaps::idle_limit(Pool pool) const noexcept {
+  return std::min(st_.config.vmm_idle_limit, st_.counters.reserved(pool) / st_.config.vmm_idle_divisor);
+}
+
+Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
+  Heap& heap = heap_for(ss, pool);
+  const std::size_t want = round_up(size, page_);
+  const bool pressure = !st_.within_limit(want) || want > st_.device->free_memory();
+  if (pressure || idle_physical(pool) > idle_limit(pool)) {
+    std::size_t keep = 0;
+    reclaim_free_chunks(pool, keep);
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const Placement where = place(heap, size);
+    if (where.hole == nullptr) return nullptr;
+    bool complete = false;
+    Block* b = map_into(heap, where, pool, complete);
+    if (complete && b != nullptr && b->size >= size) return b;
+    std::size_t keep = 0;
+    if (attempt == 0 && reclaim_free_chunks(pool, keep) == 0) break;
+  }
+  return nullptr;
+}
+
+// Index of the cached chunk of `pool` to map next: the smallest that covers `want` and fits in
+// `room`, else the largest that fits. -1 if none fits.
+std::ptrdiff_t VmmHeaps::pick_cached(Pool pool, std::size_t want, std::size_t room) const {
+  std::ptrdiff_t covering = -1;
+  std::ptrdiff_t largest = -1;
+  for (std::size_t i = 0; i < cached_.size(); ++i) {
+    const Chunk& c = cached_[i];
+    if (c.pool != pool || c.size > room) continue;
+    if (c.size >= want && (covering < 0 || c.size < cached_[static_cast<std::size_t>(covering)].size))
+      covering = static_cast<std::ptrdiff_t>(i);
+    if (largest < 0 || c.size > cached_[static_cast<std::size_t>(largest)].size)
+      largest = static_cast<std::ptrdiff_t>(i);
+  }
+  return covering >= 0 ? covering : largest;
+}
+
+bool VmmHeaps::create_chunk(std::size_t bytes, Pool pool, Chunk& out) {
+  if (!st_.within_limit(bytes)) return false;
+  const PhysicalHandle h = vm_.create_physical(bytes);
+  if (h == 0) {
+    st_.counters.count(&Stats::upstream_alloc_failures);
+    return false;
+  }
+  out = Chunk{0, bytes, h, pool};
+  st_.counters.on_upstream_alloc(pool, bytes);
+  if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_alloc, 0, 0, bytes, kDefaultStream);
+  return true;
+}
+
+// Maps chunks at the start of the hole until `where.bytes` are mapped (cached chunks first, then
+// new ones; if the device or the limit refuses the growth step, only the `where.need` bytes the
+// request needs). Returns the free mapped block that now starts at or before the hole's address
+// (merged with its neighbours, in the index), or nullptr if nothing could be mapped; `complete`
+// tells whether the needed bytes were.
+Block* VmmHeaps::map_into(Heap& heap, const Placement& where, Pool pool, bool& complete) {
+  Block* hole = where.hole;
+  const Address start = hole->addr;
+  const Address needed_end = start + where.need;
+  Address end = start + where.bytes;
+  const Address hole_end = hole->addr + hole->size;
+  Address cursor = start;
+  auto place_chunk = [&](Chunk c) {
+    try {
+      vm_.map(cursor, c.size, c.handle);
+    } catch (...) {
+      cached_.push_back(c);  // keeps the physical memory accounted for
+      throw;
+    }
+    c.addr = cursor;
+    heap.chunks.emplace(c.addr, c);
+    st_.counters.count(&Stats::vm_maps);
+    if (st_.hooks.observed())
+      st_.hooks.notify(EventType::segment_map, c.addr, 0, c.size, heap.segment->owner->stream);
+    cursor += c.size;
+  };
+  // The mapped bytes [start, cursor) become part of the free block before the hole, or a new
+  // one; the rest of the hole stays unmapped.
+  auto record_mapped = [&]() -> Block* {
+    heap.unmapped.erase(hole->addr);
+    if (cursor < hole_end) {
+      Block* rest = st_.blocks.split_at(hole, cursor - start);
+      heap.unmapped.emplace(rest->addr, rest);
+    }
+    hole->mapped = true;
+    Block* merged = st_.coalesce(hole);  // with free mapped neighbours
+    heap.segment->index->insert(merged);
+    return merged;
+  };
+  try {
+    while (cursor < end) {
+      const std::ptrdiff_t i = pick_cached(pool, end - cursor, hole_end - cursor);
+      if (i < 0) break;
+      const Chunk c = cached_[static_cast<std::size_t>(i)];
+      cached_.erase(cached_.begin() + i);
+      place_chunk(c);
+    }
+    // New memory in chunks of at most vmm_max_chunk: a chunk is unmapped only whole, so
+    // smaller chunks let free pages next to live blocks be reclaimed under pressure.
+    const std::size_t max_chunk = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
+    Chunk fresh;
+    while (cursor < end) {
+      if (!create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) {
+        if (cursor >= needed_end) break;
+        end = needed_end;  // the step does not fit: map only what the request needs
+        if (!create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) break;
+      }
+      place_chunk(fresh);
+    }
+  } catch (...) {
+    if (cursor == start) throw;  // nothing changed
+    complete = false;
+    record_mapped();  // some chunks were mapped: the blocks say so before the error goes on
+    throw;
+  }
+  complete = cursor >= needed_end;
+  if (cursor == start) return nullptr;
+  return record_mapped();
+}
+
+// Physical memory doing nothing: cached chunks plus chunks that lie entirely under free blocks.
+std::size_t VmmHeaps::idle_physical(Pool pool) const {
+  std::size_t idle = 0;
+  for (const Chunk& c : cached_)
+    if (c.pool == pool) idle += c.size;
+  for (const auto& [stream, ss] : st_.streams) {
+    const Heap* heap = heap_of(*ss, pool);
+    if (heap == nullptr) continue;
+    heap->segment->index->for_each([&](const Block* b) {
+      if (b->segment != heap->segment) return;
+      for (auto it = heap->chunks.lower_bound(b->addr);
+           it != heap->chunks.end() && it->second.end() <= b->addr + b->size; ++it)
+        idle += it->second.size;
+    });
+  }
+  return idle;
+}
+
+// Unmaps every chunk of `pool` that lies entirely under a free block (after synchronizing the
+// heap's stream, since kernels may still use memory freed in stream order), keeping the first
+// `keep` bytes of them mapped (keep is decreased by what is kept). The chunks go to the cache.
+// Returns the bytes unmapped.
+std::size_t VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t& keep) {
+  std::size_t reclaimed = 0;
+  for (auto& [stream, ss] : st_.streams) {
+    Heap* heap = heap_of(*ss, pool);
+    if (heap == nullptr) continue;
+    std::vector<std::pair<Block*, std::vector<Chunk>>> work;
+    heap->segment->index->for_each([&](Block* b) {
+      if (b->segment != heap->segment) return;
+      std::vector<Chunk> inside;
+      for (auto it = heap->chunks.lower_bound(b->addr);
+           it != heap->chunks.end() && it->second.end() <= b->addr + b->size; ++it) {
+        if (it->second.size <= keep) {
+          keep -= it->second.size;
+          continue;
+        }
+        inside.push_back(it->second);
+      }
+      if (!inside.empty()) work.emplace_back(b, std::move(inside));
+    });
+    if (work.empty()) continue;
+    st_.device->synchronize_stream(ss->stream);
+    st_.counters.count(&Stats::syncs);
+    for (auto& [block, chunks] : work) {
+      Block* cur = block;
+      cur->segment->index->remove(cur);
+      for (const Chunk& c : chunks) {
+        cur = unmap_chunk(*heap, cur, c);
+        reclaimed += c.size;
+      }
+      if (cur != nullptr) cur->segment->index->insert(cur);
+    }
+  }
+  return reclaimed;
+}
+
+// `b` is a free mapped block, out of the index, containing chunk `c`. Unmaps c; the pieces of b
+// before c go back to the index, the unmapped middle to Heap::unmapped. Returns the piece after
+// c (out of the index; nullptr if c ended b).
+Block* VmmHeaps::unmap_chunk(Heap& heap, Block* b, const Chunk& c) {
+  Block* mid = b;
+  if (c.addr > b->addr) {
+    mid = st_.blocks.split_at(b, c.addr - b->addr);
+    b->segment->index->insert(b);
+  }
+  Block* after = mid->size > c.size ? st_.blocks.split_at(mid, c.size) : nullptr;
+  vm_.unmap(c.addr, c.size);
+  st_.counters.count(&Stats::vm_unmaps);
+  if (st_.hooks.observed())
+    st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.segment->owner->stream);
+  heap.chunks.erase(c.addr);
+  cached_.push_back(Chunk{0, c.size, c.handle, c.pool});
+  mark_unmapped(heap, mid);
+  return after;
+}
+
+// b: a free block, in no index, whose pages were just unmapped: merge with unmapped neighbours.
+void VmmHeaps::mark_unmapped(Heap& heap, Block* b) {
+  b->mapped = false;
+  if (free_unmapped(b->prev)) {
+    b = b->prev;
+    heap.unmapped.erase(b->addr);
+    st_.blocks.absorb_next(b);
+  }
+  if (free_unmapped(b->next)) {
+    heap.unmapped.erase(b->next->addr);
+    st_.blocks.absorb_next(b);
+  }
+  heap.unmapped[b->addr] = b;
+}
+
+std::size_t VmmHeaps::release_cached_chunks() {
+  std::size_t released = 0;
+  while (!cached_.empty()) {
+    const Chunk c = cached_.back();
+    vm_.release_physical(c.handle);
+    cached_.pop_back();
+    released += c.size;
+    st_.counters.on_upstream_free(c.pool, c.size);
+    if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_free, 0, 0, c.size, kDefaultStream);
+  }
+  return released;
+}
+
+// Unmaps every entirely free chunk (empty_cache: but the first vmm_reserve bytes of them, over
+// both pools) and releases every cached one.
+std::size_t VmmHeaps::release(ReleaseGoal goal) {
+  std::size_t keep = goal == ReleaseGoal::empty_cache ? st_.config.vmm_reserve : 0;
+  reclaim_free_chunks(Pool::small, keep);
+  reclaim_free_chunks(Pool::large, keep);
+  return release_cached_chunks();
+}
+
+// Teardown: no kernel may still touch the pages; unmap and release everything, give the
+// address ranges back.
+void VmmHeaps::destroy() {
+  st_.device->synchronize_device();
+  try {
+    for (auto& [base, heap] : heaps_) {
+      for (auto& [a, c] : heap.chunks) {
+        vm_.unmap(c.addr, c.size);
+        vm_.release_physical(c.handle);
+      }
+      heap.chunks.clear();
+      vm_.release_address_range(heap.segment->addr, heap.segment->size);
+    }
+    for (const Chunk& c : cached_) vm_.release_physical(c.handle);
+    cached_.clear();
+  } catch (const std::exception& e) {
+    log().error("allocator teardown on {}: {}", st_.props.name, e.what());
+  }
+}
+
+void VmmHeaps::check(Recount& rc) const {
+  std::size_t heap_segments = 0;
+  for (const auto& [addr, seg] : st_.segments) {
+    if (!seg->heap) invariant_failed("segment " + hex(addr) + " is not a heap, but the mode is vmm");
+    ++heap_segments;
+  }
+  if (heap_segments != heaps_.size()) invariant_failed("the heaps and the segments disagree");
+  for (const auto& [base, heap] : heaps_) {
+    auto it = st_.segments.find(base);
+    if (it == st_.segments.end() || it->second.get() != heap.segment)
+      invariant_failed("heap at " + hex(base) + " is not a segment of the allocator");
+    if (heap_of(*heap.segment->owner, heap.segment->pool) != &heap)
+      invariant_failed("heap at " + hex(base) + " is not its stream's heap of its pool");
+    check_heap(heap);
+    for (const auto& [a, c] : heap.chunks) {
+      rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
+      rc.add(c.pool, Metric::segments, 1);
+    }
+  }
+  for (const Chunk& c : cached_) {
+    if (c.addr != 0) invariant_failed("a cached chunk claims to be mapped");
+    rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
+    rc.add(c.pool, Metric::segments, 1);
+  }
+}
+
+// Mapping consistency of a heap: chunks are page-aligned, inside the range, disjoint and each
+// within the heap's own pool; mapped blocks lie on chunks and unmapped ones off them.
+void VmmHeaps::check_heap(const Heap& h) const {
+  const Segment& seg = *h.segment;
+  Address prev_end = seg.addr;
+  for (const auto& [a, c] : h.chunks) {
+    if (a != c.addr || c.addr % page_ != 0 || c.size == 0 || c.size % page_ != 0)
+      invariant_failed("chunk at " + hex(c.addr) + " is not page-aligned");
+    if (c.addr < prev_end || c.end() > seg.end())
+      invariant_failed("chunk at " + hex(c.addr) + " overlaps or leaves the heap");
+    if (c.pool != seg.pool) invariant_failed("chunk at " + hex(c.addr) + " belongs to the other pool");
+    prev_end = c.end();
+  }
+  std::size_t unmapped = 0;
+  auto chunk_at = [&](Address addr) -> const Chunk* {  // the chunk covering addr, if any
+    auto it = h.chunks.upper_bound(addr);
+    if (it == h.chunks.begin()) return nullptr;
+    --it;
+    return addr < it->second.end() ? &it->second : nullptr;
+  };
+  for (const Block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->mapped) {
+      // Every page under the block is mapped: walk the chunks across it.
+      for (Address at = b->addr; at < b->addr + b->size;) {
+        const Chunk* c = chunk_at(at);
+        if (c == nullptr) invariant_failed("block " + hex(b->addr) + " spans an unmapped page at " + hex(at));
+        at = c->end();
+      }
+    } else {
+      ++unmapped;
+      if (b->addr % page_ != 0 || b->size % page_ != 0)
+        invariant_failed("unmapped block " + hex(b->addr) + " is not page-aligned");
+      auto it = h.chunks.lower_bound(b->addr);
+      if (chunk_at(b->addr) != nullptr || (it != h.chunks.end() && it->first < b->addr + b->size))
+        invariant_failed("unmapped block " + hex(b->addr) + " overlaps a chunk");
+      auto u = h.unmapped.find(b->addr);
+      if (u == h.unmapped.end() || u->second != b)
+        invariant_failed("unmapped block " + hex(b->addr) + " is not listed");
+    }
+  }
+  if (unmapped != h.unmapped.size()) invariant_failed("the heap's unmapped list has stale entries");
+}
+
+}  // namespace
+
+std::unique_ptr<SegmentSource> make_vmm_heaps(AllocatorState& state) {
+  VirtualMemory* vm = state.device->virtual_memory();
+  if (vm == nullptr)
+    throw ConfigError("tensorpool config: mode:vmm needs a device with virtual memory; " +
+                      state.props.name + " has none");
+  return std::make_unique<VmmHeaps>(state, *vm);
+}
+
+}  // namespace tensorpool::detail

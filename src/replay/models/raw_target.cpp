@@ -1,0 +1,78 @@
+// raw_target.cpp: no caching at all: every allocation and free goes to the device, as
+// cudaMalloc/cudaFree (or cudaMallocAsync with a zero release threshold) would.
+//
+// Rounding follows what the CUDA driver does with cudaMalloc: requests of 2 MiB and more take
+// whole 2 MiB pages; smaller ones are packed into shared pages, modelled as 512-byte rounding.
+// The simulated device therefore has a 512-byte granularity.
+#include "replay/models/model_support.hpp"
+#include "replay/models/models.hpp"
+#include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
+#include "tensorpool/size_classes.hpp"
+
+namespace tensorpool::replay {
+
+namespace {
+
+std::size_t raw_rounding(std::size_t bytes) {
+  const std::size_t page = 2 * MiB;
+  return bytes >= page ? (bytes + page - 1) / page * page : round_size(bytes);
+}
+
+// raw takes no settings: any key is unknown.
+void check_settings(std::string_view conf, std::string_view origin) {
+  for (const KeyValue& item : parse_key_values(conf, origin)) throw_unknown_key(origin, item, {});
+}
+
+class RawTarget final : public ReplayTarget {
+ public:
+  explicit RawTarget(const TargetOptions& o)
+      : device_(SimulatedDeviceOptions{.name = "raw" + std::to_string(o.device), .ordinal = o.device,
+                                       .capacity = o.capacity, .segment_granularity = 512,
+                                       .event_mode = EventMode::immediate,
+                                       .cost_model = o.cost_model}) {
+    check_settings(o.conf, "raw conf");
+  }
+
+  std::string name() const override { return "raw"; }
+
+  void* allocate(std::size_t bytes, Stream stream) override {
+    if (bytes > device_.properties().capacity) throw OutOfMemoryError(oom_info(bytes, bytes, stream));
+    const std::size_t size = raw_rounding(bytes);
+    void* p = device_.allocate_segment(size, stream);
+    if (p == nullptr) throw OutOfMemoryError(oom_info(bytes, size, stream));
+    reserved_ += size;
+    return p;
+  }
+
+  void deallocate(void* ptr, std::size_t bytes, Stream stream) override {
+    const std::size_t size = raw_rounding(bytes);
+    device_.free_segment(ptr, size, stream);
+    reserved_ -= size;
+  }
+
+  std::size_t reserved() const override { return reserved_; }
+  std::size_t allocated() const override { return reserved_; }
+  UpstreamCounts upstream() const override { return upstream_of(device_); }
+
+ private:
+  OutOfMemoryInfo oom_info(std::size_t bytes, std::size_t size, Stream stream) {
+    return model::oom_info(device_, bytes, size, stream, reserved_, reserved_);
+  }
+
+  SimulatedDevice device_;
+  std::size_t reserved_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ReplayTarget> make_raw_target(const TargetOptions& options) {
+  return std::make_unique<RawTarget>(options);
+}
+
+TargetEntry raw_entry() {
+  return {{"raw", "no caching: every allocation and free goes to the device", {}},
+          check_settings, make_raw_target};
+}
+
+}  // namespace tensorpool::replay

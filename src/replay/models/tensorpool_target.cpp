@@ -1,0 +1,150 @@
+// tensorpool_target.cpp: the real tensorpool Allocator as a replay target ("tensorpool", and
+// "tensorpool-vmm", the same with mode:vmm preset; the target's conf, Config keys but
+// `backend`, applies on top).
+//
+// Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
+// trace stream ids are mapped to simulated streams on first use, and back in OOM reports and
+// exported snapshots (the history recorder is attached on record_history()).
+#include <algorithm>
+#include <unordered_map>
+
+#include "replay/models/models.hpp"
+#include "tensorpool/allocator.hpp"
+#include "tensorpool/key_values.hpp"
+
+namespace tensorpool::replay {
+
+namespace {
+
+// The Config keys a replay takes: all but `backend`, the per-device registry's choice of device
+// (a replay always runs on a SimulatedDevice).
+const std::vector<std::string>& replay_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    for (const std::string& k : Config::keys())
+      if (k != "backend") out.push_back(k);
+    return out;
+  }();
+  return keys;
+}
+
+// The preset of the target's name, then `conf` on top (errors name `origin`).
+Config target_config(Mode preset, std::string_view conf, std::string_view origin) {
+  for (const KeyValue& item : parse_key_values(conf, origin))
+    if (item.key == "backend") throw_unknown_key(origin, item, replay_keys());
+  Config c;
+  c.mode = preset;
+  c.apply(conf, origin);
+  return c;
+}
+
+class TensorpoolTarget final : public ReplayTarget {
+ public:
+  TensorpoolTarget(const TargetOptions& o, std::string name, Mode preset)
+      : name_(std::move(name)),
+        device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
+            .name = "sim" + std::to_string(o.device), .ordinal = o.device, .capacity = o.capacity,
+            .event_mode = EventMode::immediate, .cost_model = o.cost_model})),
+        alloc_(device_, target_config(preset, o.conf, name_ + " conf")),
+        history_entries_(o.history_entries) {}
+
+  std::string name() const override { return name_; }
+  void* allocate(std::size_t bytes, Stream stream) override {
+    try {
+      return alloc_.allocate(bytes, map(stream));
+    } catch (const OutOfMemoryError& e) {
+      throw OutOfMemoryError(in_trace_streams(e.info()));
+    }
+  }
+  void deallocate(void* ptr, std::size_t, Stream) override { alloc_.deallocate(ptr); }
+  void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
+  void stream_synchronized(Stream stream) override { device_->complete_stream(map(stream)); }
+  void empty_cache() override { alloc_.empty_cache(); }
+  std::size_t reserved() const override { return alloc_.usage().reserved; }
+  std::size_t allocated() const override { return alloc_.usage().allocated; }
+  UpstreamCounts upstream() const override { return upstream_of(*device_); }
+
+  bool record_history() override {
+    if (!history_) {
+      history_ = std::make_shared<trace::pytorch::HistoryRecorder>(history_entries_);
+      alloc_.add_observer(history_);
+      alloc_.add_oom_observer([h = history_](const OutOfMemoryInfo& i) { h->on_oom(i); });
+    }
+    return true;
+  }
+
+  trace::pytorch::DeviceMemory memory_state() const override {
+    trace::pytorch::DeviceMemory m;
+    m.state = alloc_.snapshot();
+    if (history_) m.history = history_->entries();
+    for (auto& seg : m.state.segments) seg.stream = trace_id(seg.stream);
+    for (auto& h : m.history) h.event.stream = trace_id(h.event.stream);
+    return m;
+  }
+
+  std::string settings() const override { return alloc_.config().to_string(); }
+
+ private:
+  Stream map(Stream trace_stream) {
+    if (trace_stream == 0) return kDefaultStream;
+    auto [it, inserted] = streams_.try_emplace(trace_stream, 0);
+    if (inserted) it->second = device_->create_stream();
+    return it->second;
+  }
+
+  // The trace's id of simulated stream `sim` (a trace uses a handful of streams).
+  Stream trace_id(Stream sim) const {
+    for (const auto& [trace_stream, s] : streams_)
+      if (s == sim) return trace_stream;
+    return sim;  // the default stream is 0 in both
+  }
+
+  // The OOM report in the trace's stream ids instead of the simulated device's.
+  OutOfMemoryInfo in_trace_streams(OutOfMemoryInfo info) const {
+    info.stream = trace_id(info.stream);
+    for (auto& c : info.cached_per_stream) c.stream = trace_id(c.stream);
+    std::sort(info.cached_per_stream.begin(), info.cached_per_stream.end(),
+              [](const auto& a, const auto& b) { return a.stream < b.stream; });
+    return info;
+  }
+
+  std::string name_;
+  std::shared_ptr<SimulatedDevice> device_;
+  Allocator alloc_;
+  std::unordered_map<Stream, Stream> streams_;
+  std::size_t history_entries_;
+  std::shared_ptr<trace::pytorch::HistoryRecorder> history_;  // after record_history()
+};
+
+}  // namespace
+
+std::unique_ptr<ReplayTarget> make_tensorpool_target(const TargetOptions& options) {
+  return std::make_unique<TensorpoolTarget>(options, "tensorpool", Mode::fixed);
+}
+
+std::unique_ptr<ReplayTarget> make_tensorpool_vmm_target(const TargetOptions& options) {
+  return std::make_unique<TensorpoolTarget>(options, "tensorpool-vmm", Mode::vmm);
+}
+
+TargetEntry tensorpool_entry() {
+  return {{"tensorpool",
+           "tensorpool's allocator with fixed segments (settings: include/tensorpool/config.hpp)",
+           replay_keys(), /*holds_memory_until_destroyed=*/false,
+           /*exports=*/true},
+          [](std::string_view conf, std::string_view origin) {
+            target_config(Mode::fixed, conf, origin);
+          },
+          make_tensorpool_target};
+}
+
+TargetEntry tensorpool_vmm_entry() {
+  return {{"tensorpool-vmm", "tensorpool's allocator in virtual-memory mode (mode:vmm preset)",
+           replay_keys(), /*holds_memory_until_destroyed=*/false,
+           /*exports=*/true},
+          [](std::string_view conf, std::string_view origin) {
+            target_config(Mode::vmm, conf, origin);
+          },
+          make_tensorpool_vmm_target};
+}
+
+}  // namespace tensorpool::replay

@@ -1,0 +1,209 @@
+/* tests/capi/c_api_workload.c: a whole workload through tensorpool.h from a C99 program, on the
+ * simulated device: two streams, record_stream, statistics, a memory fraction, an OOM, misuse
+ * (double free, foreign pointer, NULL handles, bad settings) that must leave the state intact,
+ * JSON statistics, a snapshot, and the per-device registry.
+ * Usage: c_api_workload SNAPSHOT_PATH. Prints "N passed, M failed"; exit 1 on any failure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensorpool/tensorpool.h"
+
+static int sentinel; /* a pointer value that is never the allocator's */
+#define NOT_NULL ((void*)&sentinel)
+
+static int passed = 0;
+static int failed = 0;
+
+#define CHECK(cond)                                                               \
+  do {                                                                            \
+    if (cond) {                                                                   \
+      ++passed;                                                                   \
+    } else {                                                                      \
+      ++failed;                                                                   \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__,      \
+              __LINE__, #cond, tensorpool_last_error());                          \
+    }                                                                             \
+  } while (0)
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+static void check_intact(tensorpool_allocator* a) { CHECK(tensorpool_check_invariants(a) == TENSORPOOL_OK); }
+
+static tensorpool_stats stats_of(tensorpool_allocator* a) {
+  tensorpool_stats s;
+  memset(&s, 0, sizeof s);
+  CHECK(tensorpool_get_stats(a, &s) == TENSORPOOL_OK);
+  return s;
+}
+
+static void misuse(tensorpool_allocator* a, void* freed, void* live) {
+  int on_stack = 0;
+  tensorpool_stats before = stats_of(a), after;
+  CHECK(tensorpool_free(a, freed) == TENSORPOOL_ERROR_USAGE); /* double free */
+  CHECK(strstr(tensorpool_last_error(), "tensorpool_free") != NULL);
+  CHECK(tensorpool_last_status() == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_free(a, &on_stack) == TENSORPOOL_ERROR_USAGE); /* foreign pointer */
+  CHECK(tensorpool_record_stream(a, &on_stack, 0) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_free(NULL, live) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(tensorpool_last_error(), "NULL") != NULL);
+  CHECK(tensorpool_alloc(a, MiB, 0, NULL) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(tensorpool_set_memory_fraction(a, 1.5) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  after = stats_of(a);
+  CHECK(after.all.allocated_bytes.current == before.all.allocated_bytes.current);
+  CHECK(after.all.reserved_bytes.current == before.all.reserved_bytes.current);
+  CHECK(after.free_calls == before.free_calls);
+  check_intact(a);
+  CHECK(tensorpool_free(a, live) == TENSORPOOL_OK); /* still usable */
+}
+
+static void workload(tensorpool_allocator* a) {
+  tensorpool_stream s1 = 0, s2 = 0;
+  void* blocks[16];
+  size_t requested = 0;
+  int i;
+  tensorpool_stats s;
+  CHECK(tensorpool_create_stream(a, &s1) == TENSORPOOL_OK);
+  CHECK(tensorpool_create_stream(a, &s2) == TENSORPOOL_OK);
+  CHECK(s1 != s2 && s1 != 0);
+  for (i = 0; i < 16; ++i) {
+    const size_t bytes = (size_t)(i + 1) * 3 * MiB + 100;
+    CHECK(tensorpool_alloc(a, bytes, i % 2 ? s2 : s1, &blocks[i]) == TENSORPOOL_OK);
+    CHECK(blocks[i] != NULL);
+    requested += bytes;
+    check_intact(a);
+  }
+  s = stats_of(a);
+  CHECK(s.all.requested_bytes.current == (int64_t)requested);
+  CHECK(s.all.allocations.current == 16);
+  CHECK(s.all.allocated_bytes.current >= (int64_t)requested);
+  CHECK(s.all.reserved_bytes.current >= s.all.allocated_bytes.current);
+  CHECK(s.alloc_calls == 16);
+
+  CHECK(tensorpool_record_stream(a, blocks[0], s2) == TENSORPOOL_OK);
+  for (i = 0; i < 16; i += 2) CHECK(tensorpool_free(a, blocks[i]) == TENSORPOOL_OK);
+  check_intact(a);
+  s = stats_of(a);
+  CHECK(s.all.allocations.current == 8);
+  CHECK(s.free_calls == 8);
+
+  misuse(a, blocks[0], blocks[1]);
+  blocks[1] = NULL;
+
+  /* A memory fraction caps reserved memory: a large request fails, explained. */
+  CHECK(tensorpool_set_memory_fraction(a, 0.25) == TENSORPOOL_OK);
+  {
+    void* big = NOT_NULL;
+    CHECK(tensorpool_alloc(a, 600 * MiB, s1, &big) == TENSORPOOL_ERROR_OUT_OF_MEMORY);
+    CHECK(big == NULL);
+    CHECK(strstr(tensorpool_last_error(), "out of memory") != NULL);
+    CHECK(strstr(tensorpool_last_error(), "largest free block") != NULL);
+    CHECK(strstr(tensorpool_last_error(), "by stream") != NULL);
+    s = stats_of(a);
+    CHECK(s.ooms == 1);
+    CHECK(s.memory_limit == s.capacity / 4);
+    check_intact(a);
+  }
+  CHECK(tensorpool_set_memory_fraction(a, 1.0) == TENSORPOOL_OK);
+  {
+    void* zero = NOT_NULL;
+    CHECK(tensorpool_alloc(a, 0, s1, &zero) == TENSORPOOL_OK);
+    CHECK(zero == NULL);
+    CHECK(tensorpool_free(a, NULL) == TENSORPOOL_OK);
+  }
+  for (i = 3; i < 16; i += 2) CHECK(tensorpool_free(a, blocks[i]) == TENSORPOOL_OK);
+  CHECK(tensorpool_empty_cache(a) == TENSORPOOL_OK);
+  s = stats_of(a);
+  CHECK(s.all.allocated_bytes.current == 0);
+  CHECK(s.all.reserved_bytes.current == 0);
+  CHECK(s.all.reserved_bytes.peak > 0);
+  CHECK(tensorpool_reset_peaks(a) == TENSORPOOL_OK);
+  CHECK(stats_of(a).all.reserved_bytes.peak == 0);
+  check_intact(a);
+}
+
+static void json(tensorpool_allocator* a) {
+  size_t needed = 0;
+  char small[8];
+  char* buffer;
+  CHECK(tensorpool_stats_json(a, NULL, 0, &needed) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(needed > 100);
+  CHECK(tensorpool_stats_json(a, small, sizeof small, &needed) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  buffer = (char*)malloc(needed + 1);
+  CHECK(buffer != NULL);
+  if (buffer == NULL) return;
+  CHECK(tensorpool_stats_json(a, buffer, needed + 1, NULL) == TENSORPOOL_OK);
+  CHECK(strlen(buffer) == needed);
+  CHECK(strstr(buffer, "\"allocated_bytes\": {\"all\": {\"current\": ") != NULL);
+  CHECK(strstr(buffer, "\"num_ooms\": 1") != NULL);
+  free(buffer);
+}
+
+static void settings_and_backends(void) {
+  tensorpool_allocator* a = (tensorpool_allocator*)NOT_NULL;
+  CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 0, "max_split_size:lots", &a) ==
+        TENSORPOOL_ERROR_CONFIG);
+  CHECK(a == NULL);
+  CHECK(strstr(tensorpool_last_error(), "'max_split_size'") != NULL);
+  CHECK(tensorpool_create((tensorpool_backend)42, 0, 0, NULL, &a) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, -1, 0, NULL, &a) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(tensorpool_backend_available(TENSORPOOL_BACKEND_SIMULATED) == 1);
+  if (!tensorpool_backend_available(TENSORPOOL_BACKEND_CUDA_VMM)) {
+    CHECK(tensorpool_create(TENSORPOOL_BACKEND_CUDA_VMM, 0, 0, NULL, &a) == TENSORPOOL_ERROR_UNAVAILABLE);
+    CHECK(strstr(tensorpool_last_error(), "CUDA") != NULL);
+  }
+  CHECK(tensorpool_destroy(NULL) == TENSORPOOL_OK);
+  CHECK(strcmp(tensorpool_status_name(TENSORPOOL_ERROR_USAGE), "TENSORPOOL_ERROR_USAGE") == 0);
+  CHECK(tensorpool_api_version() == TENSORPOOL_C_API_VERSION);
+}
+
+static void registry(const char* snapshot) {
+  tensorpool_allocator *d0 = NULL, *again = NULL, *none = (tensorpool_allocator*)NOT_NULL;
+  void *p = NULL, *q = NULL;
+  int device = -1;
+  tensorpool_backend kind = TENSORPOOL_BACKEND_CUDA_ASYNC;
+  CHECK(tensorpool_configure("backend:simulated,bogus_key:1") == TENSORPOOL_ERROR_CONFIG);
+  CHECK(strstr(tensorpool_last_error(), "bogus_key") != NULL);
+  CHECK(tensorpool_configure("backend:simulated,memory_limit:1GiB") == TENSORPOOL_OK);
+  CHECK(tensorpool_existing_device_allocator(3, &none) == TENSORPOOL_OK);
+  CHECK(none == NULL);
+  CHECK(tensorpool_device_allocator(64, &d0) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(tensorpool_record_history_all(1, 0) == TENSORPOOL_OK);
+  CHECK(tensorpool_device_allocator(3, &d0) == TENSORPOOL_OK);
+  CHECK(tensorpool_device_allocator(3, &again) == TENSORPOOL_OK);
+  CHECK(d0 == again && d0 != NULL);
+  CHECK(tensorpool_info(d0, &device, &kind) == TENSORPOOL_OK);
+  CHECK(device == 3 && kind == TENSORPOOL_BACKEND_SIMULATED);
+  CHECK(tensorpool_alloc(d0, 10 * MiB, 0, &p) == TENSORPOOL_OK);
+  CHECK(tensorpool_alloc(d0, 2 * GiB, 0, &q) == TENSORPOOL_ERROR_OUT_OF_MEMORY); /* memory_limit */
+  CHECK(tensorpool_configure("backend:simulated") == TENSORPOOL_ERROR_USAGE);         /* too late */
+  CHECK(tensorpool_destroy(d0) == TENSORPOOL_ERROR_USAGE);                            /* lives on */
+  CHECK(tensorpool_dump_snapshot(snapshot) == TENSORPOOL_OK);
+  CHECK(tensorpool_dump_snapshot("/nonexistent-dir/x.pickle") == TENSORPOOL_ERROR_IO);
+  CHECK(strstr(tensorpool_last_error(), "nonexistent-dir") != NULL);
+  CHECK(tensorpool_free(d0, p) == TENSORPOOL_OK);
+  CHECK(tensorpool_empty_cache_all() == TENSORPOOL_OK);
+  CHECK(stats_of(d0).all.reserved_bytes.current == 0);
+  check_intact(d0);
+}
+
+int main(int argc, char** argv) {
+  tensorpool_allocator* a = NULL;
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s SNAPSHOT_PATH\n", argv[0]);
+    return 2;
+  }
+  CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, "max_split_size:none", &a) ==
+        TENSORPOOL_OK);
+  if (a == NULL) return 1;
+  CHECK(tensorpool_record_history(a, 1, 0) == TENSORPOOL_OK);
+  workload(a);
+  json(a);
+  CHECK(tensorpool_write_snapshot(a, argv[1]) == TENSORPOOL_OK);
+  CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
+  settings_and_backends();
+  registry(argv[1]);
+  printf("c_api_workload: %d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

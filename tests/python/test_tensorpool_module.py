@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""tests/python/test_tensorpool_module.py: the ctypes module (python/tensorpool) without a GPU.
+
+CTest runs it against libtensorpool_torch_double.so (the PyTorch library on the CUDA-runtime test
+double; TENSORPOOL_TEST_BACKEND=async) or, in builds without CUDA, libtensorpool_c.so on the
+simulated backend. The allocations are made through the library as PyTorch would make them
+(tensorpool_torch_malloc / _free) or, without those, through the C API.
+
+Where torch is importable (or, failing that, torch/cuda/_memory_viz.py of an installed torch can
+be loaded on its own: it needs only the standard library), torch.cuda._memory_viz must render
+the exported snapshot; without torch those tests are skipped. TENSORPOOL_CLI, when set, is the
+tensorpool binary whose importer must read the snapshot back to the same figures.
+"""
+import ctypes
+import importlib.util
+import json
+import os
+import pickle
+import pickletools
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import tensorpool
+
+BACKEND = os.environ.get("TENSORPOOL_TEST_BACKEND", "simulated")
+MiB = 1 << 20
+GiB = 1 << 30
+
+# The opcodes the JavaScript unpickler of pytorch.org/memory_viz understands (MemoryViz.js).
+VIEWER_OPCODES = {
+    "PROTO", "FRAME", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "MARK", "SETITEMS", "SETITEM",
+    "APPENDS", "APPEND", "DICT", "LIST", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "BININT",
+    "BININT1", "BININT2", "LONG1", "BINFLOAT", "SHORT_BINUNICODE", "BINUNICODE", "NONE",
+    "NEWTRUE", "NEWFALSE", "MEMOIZE", "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", "STOP",
+}
+
+STAT_NAMES = ["allocation", "segment", "active", "inactive_split", "allocated_bytes",
+              "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes"]
+EXPECTED_KEYS = {f"{s}.{pool}.{m}" for s in STAT_NAMES for pool in ("all", "small_pool", "large_pool")
+                 for m in ("current", "peak", "allocated", "freed")}
+EXPECTED_KEYS |= {f"{s}.{m}" for s in ("oversize_allocations", "oversize_segments")
+                  for m in ("current", "peak", "allocated", "freed")}
+EXPECTED_KEYS |= {"num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams",
+                  "num_device_alloc", "num_device_free"}
+
+
+class NoGlobals(pickle.Unpickler):
+    """Refuses every global: only plain data loads."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"global {module}.{name} refused")
+
+
+def load_plain(path):
+    with open(path, "rb") as f:
+        return NoGlobals(f).load()
+
+
+def memory_viz():
+    """torch.cuda._memory_viz, or that file of an installed torch loaded alone, or None."""
+    try:
+        from torch.cuda import _memory_viz
+        return _memory_viz
+    except Exception:
+        pass
+    try:
+        spec = importlib.util.find_spec("torch")
+    except Exception:
+        spec = None
+    if spec is None or not spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "cuda", "_memory_viz.py")
+    if not os.path.exists(path):
+        return None
+    module_spec = importlib.util.spec_from_file_location("tensorpool_test_memory_viz", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+class Workload:
+    """Allocations on device 0, through the PyTorch entry points when the library has them."""
+
+    def __init__(self):
+        self.lib = tensorpool._library()
+        self.torch_abi = hasattr(self.lib, "tensorpool_torch_malloc")
+        if self.torch_abi:
+            self.lib.tensorpool_torch_malloc.restype = ctypes.c_void_p
+            self.lib.tensorpool_torch_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+            self.lib.tensorpool_torch_free.restype = None
+            self.lib.tensorpool_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                       ctypes.c_void_p]
+        self.live = {}
+
+    def alloc(self, size):
+        if self.torch_abi:
+            p = self.lib.tensorpool_torch_malloc(size, 0, None)
+        else:
+            out = ctypes.c_void_p()
+            status = self.lib.tensorpool_alloc(tensorpool._handle(0), size, 0, ctypes.byref(out))
+            p = out.value if status == 0 else None
+        if p:
+            self.live[p] = size
+        return p
+
+    def free(self, p):
+        size = self.live.pop(p)
+        if self.torch_abi:
+            self.lib.tensorpool_torch_free(p, size, 0, None)
+        else:
+            tensorpool._check(self.lib.tensorpool_free(tensorpool._handle(0), ctypes.c_void_p(p)), "free")
+
+    def free_all(self):
+        for p in list(self.live):
+            self.free(p)
+
+
+def setUpModule():
+    lib = tensorpool._library()
+    if hasattr(lib, "tensorpool_testing_reset"):  # the double: stream work completes at once
+        lib.tensorpool_testing_reset.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+        lib.tensorpool_testing_reset(1, 16 * GiB, 1)
+    tensorpool.configure(f"backend:{BACKEND}")
+    tensorpool.record_history(True, 100000)
+
+
+def run_python(code, **env):
+    full = dict(os.environ)
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          timeout=120)
+
+
+class StatsTest(unittest.TestCase):
+    def setUp(self):
+        self.w = Workload()
+
+    def tearDown(self):
+        self.w.free_all()
+
+    def test_keys_are_pytorchs(self):
+        self.w.alloc(MiB)
+        stats = tensorpool.memory_stats(0)
+        self.assertEqual(set(stats), EXPECTED_KEYS)
+        self.assertEqual(list(stats), sorted(stats))
+        self.assertTrue(all(isinstance(v, int) for v in stats.values()))
+        self.assertEqual(tensorpool.memory_stats_as_nested_dict(0)["allocated_bytes"]["all"]["current"],
+                         stats["allocated_bytes.all.current"])
+        self.assertEqual(tensorpool.memory_stats(5), {})  # no allocator on device 5 yet
+
+    def test_figures_follow_the_workload(self):
+        before = tensorpool.memory_stats(0) if tensorpool._existing(0) else {}
+        sizes = [512, 4096, 3 * MiB + 7, 25 * MiB, 300 * MiB]
+        for s in sizes:
+            self.assertIsNotNone(self.w.alloc(s))
+        stats = tensorpool.memory_stats(0)
+        base = lambda k: before.get(k, 0)
+        self.assertEqual(stats["requested_bytes.all.current"] - base("requested_bytes.all.current"), sum(sizes))
+        self.assertEqual(stats["allocation.all.current"] - base("allocation.all.current"), len(sizes))
+        self.assertGreaterEqual(stats["allocated_bytes.all.current"], stats["requested_bytes.all.current"])
+        self.assertGreaterEqual(stats["reserved_bytes.all.current"], stats["allocated_bytes.all.current"])
+        self.assertEqual(stats["allocation.small_pool.current"] + stats["allocation.large_pool.current"],
+                         stats["allocation.all.current"])
+        self.assertEqual(tensorpool.memory_allocated(0), stats["allocated_bytes.all.current"])
+        self.assertGreaterEqual(tensorpool.max_memory_reserved(0), tensorpool.memory_reserved(0))
+        ooms = stats["num_ooms"]
+        self.assertIsNone(self.w.alloc(1 << 44))  # 16 TiB: more than any device here
+        self.assertEqual(tensorpool.memory_stats(0)["num_ooms"], ooms + 1)
+        self.w.free_all()
+        self.assertEqual(tensorpool.memory_stats(0)["requested_bytes.all.current"],
+                         base("requested_bytes.all.current"))
+
+    def test_empty_cache_returns_free_segments(self):
+        p = self.w.alloc(40 * MiB)
+        self.w.free(p)
+        self.assertGreater(tensorpool.memory_reserved(0), 0)
+        tensorpool.empty_cache()
+        self.assertEqual(tensorpool.memory_reserved(0), 0)
+        self.assertEqual(tensorpool.memory_stats(0)["segment.all.current"], 0)
+
+    def test_memory_fraction_caps_reserved_memory(self):
+        tensorpool.set_memory_fraction(0.001, 0)
+        try:
+            self.assertIsNone(self.w.alloc(2 * GiB))
+        finally:
+            tensorpool.set_memory_fraction(1.0, 0)
+        self.assertIsNotNone(self.w.alloc(2 * GiB))
+
+    def test_memory_summary(self):
+        self.w.alloc(5 * MiB)
+        summary = tensorpool.memory_summary(0)
+        self.assertIn("tensorpool memory summary, device 0", summary)
+        self.assertIn("reserved memory", summary)
+        self.assertIn("large pool", summary)
+        self.assertIn("5.00 MiB", summary)
+        self.assertNotIn("large pool", tensorpool.memory_summary(0, abbreviated=True))
+
+    def test_reset_peak_memory_stats(self):
+        p = self.w.alloc(64 * MiB)
+        self.w.free(p)
+        tensorpool.reset_peak_memory_stats(0)
+        self.assertEqual(tensorpool.max_memory_allocated(0), tensorpool.memory_allocated(0))
+
+    def test_record_stream_finds_the_pointer(self):
+        p = self.w.alloc(MiB)
+        tensorpool.record_stream(p, 0)
+        with self.assertRaises(tensorpool.TensorpoolError):
+            tensorpool.record_stream(12345, 0)
+
+
+class SnapshotTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        w = Workload()
+        blocks = [w.alloc(s) for s in (100, 700 * 1024, 2 * MiB + 1, 30 * MiB, 70 * MiB, 5 * MiB)]
+        for p in blocks[::2]:
+            w.free(p)
+        w.alloc(1 << 44)  # an OOM, recorded with device_free
+        cls.workload = w
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.path = os.path.join(cls.dir.name, "snapshot.pickle")
+        tensorpool.dump_snapshot(cls.path)
+        cls.stats = tensorpool.memory_stats(0)
+        cls.data = load_plain(cls.path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.workload.free_all()
+        cls.dir.cleanup()
+
+    def test_plain_data_the_viewer_can_read(self):
+        with open(self.path, "rb") as f:
+            raw = f.read()
+        self.assertEqual(raw[:2], b"\x80\x04")
+        used = {op.name for op, _, _ in pickletools.genops(raw)}
+        self.assertLessEqual(used, VIEWER_OPCODES)
+
+    def test_segments_tile_with_blocks(self):
+        segments = self.data["segments"]
+        self.assertGreater(len(segments), 0)
+        reserved = allocated = 0
+        for seg in segments:
+            for key in ("device", "address", "total_size", "allocated_size", "active_size",
+                        "requested_size", "stream", "segment_type", "is_expandable", "blocks"):
+                self.assertIn(key, seg)
+            self.assertIn(seg["segment_type"], ("small", "large"))
+            addr = seg["address"]
+            for b in seg["blocks"]:
+                self.assertEqual(b["address"], addr)
+                self.assertIn(b["state"], ("active_allocated", "active_pending_free", "inactive"))
+                addr += b["size"]
+                if b["state"] == "active_allocated":
+                    allocated += b["size"]
+                    self.assertLessEqual(b["requested_size"], b["size"])
+            self.assertEqual(addr, seg["address"] + seg["total_size"])
+            reserved += seg["total_size"]
+        self.assertEqual(reserved, self.stats["reserved_bytes.all.current"])
+        self.assertEqual(allocated, self.stats["allocated_bytes.all.current"])
+        self.assertEqual([s["address"] for s in segments], sorted(s["address"] for s in segments))
+
+    def test_device_traces(self):
+        trace = self.data["device_traces"][0]
+        actions = {e["action"] for e in trace}
+        self.assertTrue({"alloc", "free_requested", "free_completed", "segment_alloc", "oom"} <= actions)
+        for e in trace:
+            self.assertIn("size", e)
+            self.assertIn("stream", e)
+            self.assertIn("time_us", e)
+            self.assertEqual(e["frames"], [])
+            if e["action"] == "oom":
+                self.assertNotIn("addr", e)
+                self.assertEqual(e["size"], 1 << 44)
+                self.assertGreater(e["device_free"], 0)
+            else:
+                self.assertIn("addr", e)
+        times = [e["time_us"] for e in trace]
+        self.assertEqual(times, sorted(times))
+        self.assertEqual(self.data["allocator_settings"]["allocator"], "tensorpool")
+        self.assertEqual(self.data["allocator_settings"]["backend"], BACKEND)
+
+    def test_history_walks_back_consistently(self):
+        """The viewer rebuilds each earlier state by undoing events from the final segments: a
+        free_requested needs its block live, a segment_alloc its segment, and every live block
+        must lie in a segment at every step."""
+        segments = {s["address"]: s["total_size"] for s in self.data["segments"]}
+        blocks = {b["address"] for s in self.data["segments"] for b in s["blocks"]
+                  if b["state"] in ("active_allocated", "active_pending_free")}
+        for e in reversed(self.data["device_traces"][0]):
+            action = e["action"]
+            if action == "free_completed":
+                blocks.add(e["addr"])
+            elif action == "free_requested":
+                self.assertIn(e["addr"], blocks)
+            elif action == "alloc":
+                blocks.discard(e["addr"])
+            elif action == "segment_free":
+                segments[e["addr"]] = e["size"]
+            elif action == "segment_alloc":
+                self.assertEqual(segments.pop(e["addr"]), e["size"])
+            for b in blocks:
+                self.assertTrue(any(a <= b < a + n for a, n in segments.items()), hex(b))
+
+    @unittest.skipUnless(os.environ.get("TENSORPOOL_CLI"), "TENSORPOOL_CLI not set")
+    def test_reimports_with_tensorpool_to_the_same_figures(self):
+        out = subprocess.run([os.environ["TENSORPOOL_CLI"], "info", self.path, "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        info = json.loads(out)
+        live = requested = peak = 0
+        for e in self.data["device_traces"][0]:  # the window covers the allocator's whole life
+            if e["action"] == "alloc":
+                live += 1
+                requested += e["size"]
+                peak = max(peak, requested)
+            elif e["action"] == "free_requested":
+                requested -= e["size"]
+        self.assertTrue(info["recorded"]["present"])
+        self.assertEqual(info["peak_requested_bytes"], peak)
+        self.assertEqual(info["recorded"]["final_reserved_bytes"], self.stats["reserved_bytes.all.current"])
+        self.assertEqual(info["recorded"]["peak_reserved_bytes"], self.stats["reserved_bytes.all.peak"])
+
+    def test_memory_viz_renders_it(self):
+        viz = memory_viz()
+        if viz is None:
+            self.skipTest("torch is not installed: torch.cuda._memory_viz not available")
+        self.assertIn("base64", viz.trace_plot(self.data))
+        self.assertIn("base64", viz.trace_plot(self.data, plot_segments=True))
+        self.assertIn("base64", viz.segment_plot(self.data))
+        self.assertIn("total_reserved", viz.segsum(self.data))  # asserts the blocks add up
+        self.assertIn("raise OutOfMemoryError", viz.trace(self.data))
+
+    def test_unwritable_path_is_refused(self):
+        bad = os.path.join(self.dir.name, "missing", "x.pickle")
+        with self.assertRaises(tensorpool.TensorpoolError) as caught:
+            tensorpool.dump_snapshot(bad)
+        self.assertIn("missing", str(caught.exception))
+        self.assertEqual(caught.exception.status, "TENSORPOOL_ERROR_IO")
+        self.assertFalse(os.path.exists(os.path.dirname(bad)))
+
+
+class InstallTest(unittest.TestCase):
+    def test_bad_tensorpool_conf_is_refused_naming_the_key(self):
+        r = run_python("import tensorpool; tensorpool.install()",
+                       TENSORPOOL_CONF=f"backend:{BACKEND},bogus_key:1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("TensorpoolConfigError", r.stderr)
+        self.assertIn("bogus_key", r.stderr)
+        self.assertIn("TENSORPOOL_CONF", r.stderr)
+
+    def test_bad_conf_argument_is_refused_naming_the_key(self):
+        r = run_python("import tensorpool; tensorpool.install('max_split_size:lots')")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("'max_split_size'", r.stderr)
+
+    def test_install_needs_torch(self):
+        if torch_importable():
+            self.skipTest("torch is importable: test_install_into_pytorch covers install()")
+        r = run_python(f"import tensorpool; tensorpool.install('backend:{BACKEND}')")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertRegex(r.stderr, "needs PyTorch|not the plain C library")
+
+    def test_install_into_pytorch(self):
+        """PyTorch's own CUDAPluggableAllocator loads the library and looks the functions up by
+        name; no GPU is needed for that (CUDA is not initialized). A second install is refused."""
+        if not torch_importable():
+            self.skipTest("torch is not importable")
+        if not hasattr(tensorpool._library(), "tensorpool_torch_malloc"):
+            self.skipTest("this build's library is the plain C library")
+        r = run_python(
+            "import tensorpool, torch\n"
+            f"tensorpool.install('backend:{BACKEND}')\n"
+            "print('installed:', type(torch.cuda.memory._get_current_allocator()).__name__)\n"
+            "try:\n"
+            f"    tensorpool.install('backend:{BACKEND}')\n"
+            "except tensorpool.TensorpoolError as e:\n"
+            "    print('second install:', e)\n")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("installed: _CUDAAllocator", r.stdout)
+        self.assertIn("second install: tensorpool.install(): PyTorch refused the allocator", r.stdout)
+
+
+def torch_importable():
+    try:
+        import torch  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+if __name__ == "__main__":
+    unittest.main()

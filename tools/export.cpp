@@ -1,0 +1,40 @@
+// export.cpp: `tensorpool export TRACE --allocator NAME -o snapshot.pickle`: replays a trace
+// against one allocator while recording its events, then writes its final memory and that
+// history as a PyTorch memory snapshot (pytorch.org/memory_viz, torch.cuda._memory_viz).
+// main.cpp has checked, before the trace is read, that the allocator exports and the output can
+// be written.
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "tensorpool/replay/replay.hpp"
+#include "tensorpool/trace/load.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
+
+namespace tensorpool::cli {
+
+int cmd_export(const RunOptions& o, const std::string& out, std::size_t max_entries) {
+  replay::ReplayOptions ro = replay_options(o, 0);
+  ro.record_history = true;
+  ro.target.history_entries = max_entries;
+  const trace::Trace t = trace::load_trace(o.trace);
+  replay::TraceSource source(t);
+  const replay::ReplayReport r = replay::replay(source, ro);
+  trace::pytorch::write_file_atomically(
+      out, trace::pytorch::snapshot_pickle(r.memory, trace::pytorch::settings_from_conf(r.settings)));
+  std::size_t events = 0, segments = 0;
+  for (const auto& d : r.memory) {
+    events += d.history.size();
+    segments += d.state.segments.size();
+  }
+  if (o.json) {
+    fmt::print("{{\"output\": \"{}\", \"allocator\": \"{}\", \"devices\": {}, \"events\": {}, "
+               "\"segments\": {}}}\n",
+               out, ro.allocator, r.memory.size(), events, segments);
+  } else {
+    fmt::print(stderr, "wrote {}: {} device(s), {} events, {} segments at the end ({} replayed)\n",
+               out, r.memory.size(), events, segments, ro.allocator);
+  }
+  return 0;
+}
+
+}  // namespace tensorpool::cli
