@@ -9,12 +9,13 @@
 // (the per-device registry calls it for every allocator it creates). docs/recording.md.
 //
 // Every observer event of the allocator (alloc, record_stream, free_requested, free_completed,
-// segment_alloc/free, segment_map/unmap, oom) becomes one trace event (empty_cache has no op in
-// the trace format and is not recorded; the segment frees it causes are). The observer only
-// copies the event into a per-allocator ring buffer; a writer thread encodes and writes batches,
-// so the allocator's lock is never held for I/O. After each batch the writer hands the bytes to
-// the OS with a checkpoint record, so a process that is killed leaves a file that
-// trace::ReadOptions::allow_truncated reads up to its last batch, verified by CRC-32.
+// segment_alloc/free, segment_map/unmap, oom, empty_cache) becomes one trace event, in the
+// current format version (an empty_cache op follows the segment frees of what it released, as
+// the allocator reports it). The observer only copies the event into a per-allocator ring
+// buffer; a writer thread encodes and writes batches, so the allocator's lock is never held for
+// I/O. After each batch the writer hands the bytes to the OS with a checkpoint record, so a
+// process that is killed leaves a file that trace::ReadOptions::allow_truncated reads up to its
+// last batch, verified by CRC-32.
 //
 // While recording, the data goes to PATH.<pid>.partial; stop() completes the file and renames it
 // to PATH ("%p" in PATH is replaced by the process id, for jobs of several processes). The

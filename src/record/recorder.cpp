@@ -51,17 +51,34 @@ std::uint16_t device_of(const Allocator& alloc, int device) {
   return static_cast<std::uint16_t>(d);
 }
 
+/// Config::to_string() without the `backend` key (the registry's choice of device backend, which
+/// a replay refuses): the settings a replay takes (`--conf`).
+std::string replay_settings(const Config& config) {
+  std::string out;
+  const std::string all = config.to_string();  // "key:value,..."; no value holds a comma
+  std::string_view rest = all;
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    if (item.starts_with("backend:")) continue;
+    if (!out.empty()) out += ',';
+    out += item;
+  }
+  return out;
+}
+
 trace::TraceInfo header(const Allocator& first) {
   const DeviceProperties& p = first.device().properties();
   return trace::TraceInfo{
       "tensorpool-recording",
       {fmt::format("pid={}", ::getpid()), fmt::format("started={}", utc_now()),
        fmt::format("device={}:{}", p.ordinal, p.name), fmt::format("capacity={}", p.capacity),
-       fmt::format("config={}", first.config().to_string())}};
+       fmt::format("config={}", replay_settings(first.config()))}};
 }
 
-trace::TraceEvent seed(trace::Op op, std::uint16_t device, Stream stream, Address addr, std::size_t size,
-                  std::uint8_t flags = 0) {
+trace::TraceEvent seed(trace::Op op, std::uint16_t device, Stream stream, Address addr,
+                       std::size_t size, std::uint8_t flags = 0) {
   trace::TraceEvent e;
   e.op = op;
   e.flags = flags;
@@ -109,7 +126,6 @@ class Recorder::Tap final : public Observer {
 
   // Called under the allocator's lock: a copy into the ring, and a wake-up every half ring.
   void on_event(const AllocatorEvent& e) noexcept override {
-    if (e.type == EventType::empty_cache) return;  // no op in the trace format
     if (!open_.load(std::memory_order_relaxed)) [[unlikely]] {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return;

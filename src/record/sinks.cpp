@@ -123,7 +123,9 @@ bool to_trace_event(const AllocatorEvent& e, std::uint16_t device, std::uint64_t
     case EventType::segment_map: out.op = Op::segment_map; out.size = e.size; return true;
     case EventType::segment_unmap: out.op = Op::segment_unmap; out.size = e.size; return true;
     case EventType::oom: out.op = Op::oom; out.addr = 0; out.size = e.requested; return true;
-    case EventType::empty_cache: return false;  // no op in the trace format
+    // After the segment_free (segment_unmap) events of what it released: the allocator reports
+    // the call once it has run. The trace op has no fields.
+    case EventType::empty_cache: out.op = Op::empty_cache; out.addr = 0; out.stream = 0; return true;
   }
   return false;
 }

@@ -187,7 +187,7 @@ TEST_CASE("a recorded workload replays to the live run's peaks and upstream coun
     CHECK_FALSE(st.active);
     CHECK(st.events_dropped == 0);
     CHECK(st.temp_path.empty());
-    // Every observed event but empty_cache (there is none here) is in the file.
+    // Every observed event is in the file.
     CHECK(st.events_written == counter->events.size());
     CHECK(read_events(path).size() == counter->events.size());
     const trace::Trace t = trace::read_trace(path);
@@ -210,7 +210,7 @@ TEST_CASE("the recorded events are the allocator's, field by field", "[record]")
   void* q = alloc.allocate(512, s);  // collects the deferred free first
   REQUIRE_THROWS_AS(alloc.allocate(3 * GiB), OutOfMemoryError);
   alloc.deallocate(q);
-  alloc.empty_cache();  // not in the trace format; its segment free is
+  alloc.empty_cache();  // its segment free, then the call itself
   REQUIRE(rec.stop());
   using trace::Op;
   const auto events = read_events(dir.file("t.tptrace"));
@@ -218,8 +218,8 @@ TEST_CASE("the recorded events are the allocator's, field by field", "[record]")
   for (const auto& e : events) ops.push_back(e.op);
   CHECK(ops == std::vector<Op>{Op::segment_alloc, Op::alloc, Op::record_stream, Op::free_requested,
                                Op::free_completed, Op::alloc, Op::oom, Op::free_requested,
-                               Op::free_completed, Op::segment_free});
-  REQUIRE(events.size() == 10);
+                               Op::free_completed, Op::segment_free, Op::empty_cache});
+  REQUIRE(events.size() == 11);
   CHECK(events[0].size == 2 * MiB);
   CHECK(events[1].addr == reinterpret_cast<std::uint64_t>(p));
   CHECK(events[1].size == 3000);
@@ -230,7 +230,14 @@ TEST_CASE("the recorded events are the allocator's, field by field", "[record]")
   CHECK(events[6].size == 3 * GiB);
   CHECK(events[6].addr == 0);
   CHECK(events[9].addr == events[0].addr);
+  CHECK(events[10].addr == 0);
+  CHECK(events[10].size == 0);
   for (std::size_t i = 1; i < events.size(); ++i) CHECK(events[i].time_us >= events[i - 1].time_us);
+  // Written in the current format version (u32 LE at offset 8), which has the empty_cache op.
+  const std::string bytes = tensorpool::testing::read_bytes(dir.file("t.tptrace"));
+  REQUIRE(bytes.size() > 12);
+  CHECK(bytes.substr(8, 4) == std::string("\x02\x00\x00\x00", 4));
+  static_assert(trace::kBinaryFormatVersion == 2);
 }
 
 TEST_CASE("a live allocator's state becomes seed events; several allocators share a file", "[record]") {
