@@ -109,12 +109,19 @@ class Recording {
 /// (the message names it) and ConfigError for a bad option.
 Recording start_recording(Allocator& alloc, const std::string& path, RecordingOptions options = {});
 
+/// The trace device of the first allocator attach_recording_from_env() meets on a device that
+/// it already records; the next such allocator gets the next number, and so on.
+inline constexpr int kFirstDuplicateTraceDevice = 256;
+
 /// The environment hook: if TENSORPOOL_TRACE is set, records `alloc` into the process-wide
 /// recording of that path (created by the first call, one file for every allocator, each as
-/// its device ordinal; completed at exit or by stop_recording_from_env()). Returns true if
-/// `alloc` is now recorded. Never throws: a file that cannot be created is logged once, and the
-/// process runs on unrecorded. The recording never calls the allocator after attaching, so
-/// allocators may be destroyed at any time (their events simply end).
+/// its device ordinal, or from kFirstDuplicateTraceDevice on for a second allocator of a device;
+/// completed at exit or by stop_recording_from_env()). The per-device registry and the C API
+/// call it for every allocator they create. Returns true if `alloc` is now recorded. Never
+/// throws: a file that cannot be created is logged once, and the process runs on unrecorded.
+/// The recording never calls the allocator after attaching, so allocators may be destroyed at
+/// any time (their events simply end; each attached allocator keeps its buffer, about 4 MiB,
+/// until the recording stops).
 bool attach_recording_from_env(Allocator& alloc);
 /// Completes the process-wide TENSORPOOL_TRACE recording now (registered with atexit).
 void stop_recording_from_env() noexcept;

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <set>
 
 #if defined(__linux__)
 #include <unistd.h>
@@ -44,6 +45,20 @@ struct EnvRecording {
   std::mutex mutex;
   std::shared_ptr<detail::Recorder> recorder;
   bool gave_up = false;  // the file could not be created (logged once), or stopped
+  std::set<int> devices;  // the trace devices given out so far
+  int next_duplicate = kFirstDuplicateTraceDevice;
+
+  /// The trace device of `alloc`: its ordinal, unless an allocator attached before has it.
+  int trace_device(const Allocator& alloc) {
+    int d = alloc.device().properties().ordinal;
+    if (devices.count(d) != 0) {
+      d = next_duplicate++;
+      detail::log().info("tensorpool: TENSORPOOL_TRACE: another allocator of device {} is recorded "
+                         "as trace device {}", alloc.device().properties().ordinal, d);
+    }
+    devices.insert(d);
+    return d;
+  }
 };
 
 EnvRecording& env_recording() {
@@ -84,13 +99,13 @@ bool attach_recording_from_env(Allocator& alloc) {
   std::lock_guard<std::mutex> lock(env.mutex);
   if (env.gave_up) return false;
   try {
-    if (env.recorder) {
-      env.recorder->attach(alloc, -1, false);
-    } else {
-      // Allocators may be destroyed at any time: the recording never removes its observers.
-      env.recorder = make_recorder(alloc, path, {}, false);
+    // Allocators may be destroyed at any time: the recording never removes its observers.
+    if (!env.recorder) {
+      env.recorder = std::make_shared<detail::Recorder>(expand_path(path), RecordingOptions{}, alloc);
       std::atexit(stop_recording_from_env);
     }
+    const int device = env.trace_device(alloc);
+    env.recorder->attach(alloc, device, false);
     return true;
   } catch (const std::exception& e) {
     env.gave_up = true;  // one error, then the process runs on unrecorded
