@@ -1,7 +1,9 @@
 // fuzz/make_recording_seeds.cpp: writes the seed corpus of fuzz_recording with the project's own
 // trace writer, shaped like live recordings (tensorpool/record.hpp): checkpoints after batches,
 // files cut in an event, in a checkpoint and after the header, a corrupted batch, a complete
-// recording, and a JSON-lines recording cut mid-line. Usage: fuzz_make_recording_seeds DIR
+// recording, and a JSON-lines recording cut mid-line, in the current format version (the seeds
+// *_v1.tptrace, written by the version-1 writer, stay for the older version). Usage:
+// fuzz_make_recording_seeds DIR
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -22,14 +24,16 @@ void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+/// Cycles through alloc, record_stream, free_requested and (format version 2) empty_cache.
 TraceEvent event(int i) {
   TraceEvent e;
-  e.op = i % 3 == 0 ? Op::alloc : i % 3 == 1 ? Op::record_stream : Op::free_requested;
+  e.op = i % 4 == 0 ? Op::alloc : i % 4 == 1 ? Op::record_stream : i % 4 == 2 ? Op::free_requested : Op::empty_cache;
   e.device = static_cast<std::uint16_t>(i % 2);
-  e.stream = static_cast<std::uint64_t>(i % 4);
-  e.addr = 0x7f0000000000 + static_cast<std::uint64_t>(i / 3) * 0x200000;
-  e.size = e.op == Op::record_stream ? 0 : 1000 + static_cast<std::uint64_t>(i);
   e.time_us = i * 13;
+  if (e.op == Op::empty_cache) return e;  // no fields
+  e.stream = static_cast<std::uint64_t>(i % 4);
+  e.addr = 0x7f0000000000 + static_cast<std::uint64_t>(i / 4) * 0x200000;
+  e.size = e.op == Op::record_stream ? 0 : 1000 + static_cast<std::uint64_t>(i);
   return e;
 }
 
