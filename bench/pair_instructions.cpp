@@ -10,10 +10,10 @@
 // (plain and observer), so the same source measures another build of the core.
 #include <cstdlib>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "mixed_fill.hpp"
 #include "tensorpool/tensorpool.hpp"
 #ifndef TP_CORE_ONLY
 #include "tensorpool/record.hpp"
@@ -50,15 +50,8 @@ int main(int argc, char** argv) {
   if (is_nvtx(variant)) device = with_nvtx(device, config);
 #endif
   Allocator alloc(device, config);
-  std::vector<void*> held;
-  std::mt19937_64 rng(1);
-  for (std::size_t i = 0; i < 1500; ++i) {
-    held.push_back(alloc.allocate(512 + rng() % (64 * KiB)));
-    if (i % 3 == 2) {
-      alloc.deallocate(held[held.size() - 2]);
-      held.erase(held.end() - 2);
-    }
-  }
+  const std::vector<void*> held = bench::fill_mixed(
+      1000, [&](std::size_t bytes) { return alloc.allocate(bytes); }, [&](void* p) { alloc.deallocate(p); });
   alloc.deallocate(alloc.allocate(MiB));
   if (variant == "observer") alloc.add_observer(std::make_shared<NoOp>());
 #ifndef TP_CORE_ONLY

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/allocator_workload.hpp"
 #include "support/temp_dir.hpp"
 #include "tensorpool/record.hpp"
 #include "tensorpool/registry.hpp"
@@ -24,56 +25,24 @@
 
 using namespace tensorpool;
 using Catch::Matchers::Contains;
+using tensorpool::testing::run_workload;
 using tensorpool::testing::TempDir;
 
 namespace {
-
-constexpr std::size_t kCapacity = 4 * GiB;
-
-/// A seeded mix of allocations and frees on two streams with an empty_cache() every 300 steps
-/// and a few requests too large for the device (OOMs). Frees everything at the end.
-void run_workload(Allocator& alloc, std::uint64_t seed) {
-  std::uint64_t state = 0x9e3779b97f4a7c15ULL ^ seed;
-  const auto next = [&state] {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-  };
-  auto* sim = dynamic_cast<SimulatedDevice*>(&alloc.device());
-  REQUIRE(sim != nullptr);
-  const Stream streams[2] = {kDefaultStream, sim->create_stream()};
-  std::vector<void*> live;
-  for (int i = 0; i < 3000; ++i) {
-    const std::uint64_t r = next();
-    if (i % 300 == 299) alloc.empty_cache();
-    if (r % 100 < 55 || live.empty()) {
-      const std::uint64_t kind = (r >> 8) % 100;
-      const std::size_t bytes = kind < 70 ? (r >> 16) % MiB + 1
-                                : kind < 99 ? (r >> 16) % (40 * MiB) + 1
-                                            : (r >> 16) % (3 * kCapacity / 2) + 1;
-      try {
-        live.push_back(alloc.allocate(bytes, streams[r % 2]));
-      } catch (const OutOfMemoryError&) {
-      }
-    } else {
-      const std::size_t k = (r >> 8) % live.size();
-      alloc.deallocate(live[k]);
-      live[k] = live.back();
-      live.pop_back();
-    }
-  }
-  for (void* p : live) alloc.deallocate(p);
-}
 
 struct Figures {
   std::size_t peak_reserved, peak_allocated;
   std::uint64_t segment_allocs, segment_frees, ooms;
 };
 
-Figures live_figures(const Allocator& alloc) {
-  const auto* sim = dynamic_cast<const SimulatedDevice*>(&alloc.device());
+SimulatedDevice& simulated(Allocator& alloc) {
+  auto* sim = dynamic_cast<SimulatedDevice*>(&alloc.device());
   REQUIRE(sim != nullptr);
+  return *sim;
+}
+
+Figures live_figures(Allocator& alloc) {
+  const SimulatedDevice* sim = &simulated(alloc);
   const Stats s = alloc.stats();
   return {static_cast<std::size_t>(s.total[Metric::reserved_bytes].peak),
           static_cast<std::size_t>(s.total[Metric::allocated_bytes].peak),
@@ -115,11 +84,11 @@ TEST_CASE("TENSORPOOL_TRACE records every registry allocator, and the file repla
   TempDir dir("tensorpool_test_layers");
   REQUIRE(setenv("TENSORPOOL_TRACE", dir.file("job-%p.tptrace").c_str(), 1) == 0);
   // The registry's simulated devices have 80 GiB: the limit makes the workload's large requests fail.
-  configure_device_allocators("backend:simulated,max_split_size:64MiB,memory_limit:4GiB");
+  configure_device_allocators("backend:simulated,max_split_size:64MiB,memory_limit:2GiB");
   Allocator& d0 = device_allocator(0);
   Allocator& d2 = device_allocator(2);
-  run_workload(d0, 1);
-  run_workload(d2, 2);
+  run_workload(d0, simulated(d0), 3000, 1, 300);  // an empty_cache() every 300 steps
+  run_workload(d2, simulated(d2), 3000, 2, 300);
   empty_device_caches();
   const Figures live0 = live_figures(d0);
   const Figures live2 = live_figures(d2);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/logging.hpp"
+#include "support/allocator_workload.hpp"
 #include "support/temp_dir.hpp"
 #include "tensorpool/record.hpp"
 #include "tensorpool/replay/replay.hpp"
@@ -30,6 +31,7 @@
 
 namespace fs = std::filesystem;
 using namespace tensorpool;
+using tensorpool::testing::run_workload;
 using tensorpool::testing::TempDir;
 
 namespace {
@@ -41,43 +43,6 @@ std::shared_ptr<SimulatedDevice> make_device(int ordinal = 0) {
   return std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
       .name = "sim" + std::to_string(ordinal), .ordinal = ordinal, .capacity = kCapacity,
       .event_mode = EventMode::immediate});
-}
-
-/// A seeded mix on three streams: mostly small, some medium, a few huge requests (some of which
-/// run out of memory), record_stream, and frees in random order. Returns the OOM count.
-std::size_t run_workload(Allocator& alloc, SimulatedDevice& device, int steps, std::uint64_t seed = 7) {
-  std::uint64_t state = 0x9e3779b97f4a7c15ULL ^ seed;
-  const auto next = [&state] {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-  };
-  const Stream streams[3] = {kDefaultStream, device.create_stream(), device.create_stream()};
-  std::vector<void*> live;
-  std::size_t ooms = 0;
-  for (int i = 0; i < steps; ++i) {
-    const std::uint64_t r = next();
-    if (r % 100 < 55 || live.empty()) {
-      const std::uint64_t kind = (r >> 8) % 100;
-      const std::size_t bytes = kind < 70   ? (r >> 16) % MiB + 1
-                                : kind < 98 ? (r >> 16) % (30 * MiB) + 1
-                                            : (r >> 16) % (900 * MiB) + 1;
-      try {
-        live.push_back(alloc.allocate(bytes, streams[r % 3]));
-        if ((r >> 40) % 8 == 0) alloc.record_stream(live.back(), streams[(r + 1) % 3]);
-      } catch (const OutOfMemoryError&) {
-        ++ooms;
-      }
-    } else {
-      const std::size_t k = (r >> 8) % live.size();
-      alloc.deallocate(live[k]);
-      live[k] = live.back();
-      live.pop_back();
-    }
-  }
-  for (void* p : live) alloc.deallocate(p);
-  return ooms;
 }
 
 struct LiveFigures {
