@@ -54,7 +54,7 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
 // The replay of one device of the trace.
 class DeviceReplay {
  public:
-  DeviceReplay(const ReplayOptions& options, int device) {
+  DeviceReplay(const ReplayOptions& options, int device) : attempt_ooms_(options.attempt_ooms) {
     TargetOptions opts = options.target;
     opts.device = device;
     target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
@@ -93,6 +93,9 @@ class DeviceReplay {
         if (auto it = live_.find(e.addr); it != live_.end()) target_->record_stream(it->second.ptr, e.stream);
         break;
       case Op::stream_sync: target_->stream_synchronized(e.stream); break;
+      case Op::oom:
+        if (attempt_ooms_) attempt_failed(e);
+        break;
       case Op::empty_cache: target_->empty_cache(); break;
       case Op::iteration:
         if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
@@ -174,6 +177,17 @@ class DeviceReplay {
     measure();
   }
 
+  // A request that failed in the recording run (ReplayOptions::attempt_ooms).
+  void attempt_failed(const TraceEvent& e) {
+    if (e.size == 0) return;
+    try {
+      target_->deallocate(target_->allocate(e.size, e.stream), e.size, e.stream);
+    } catch (const OutOfMemoryError&) {
+      ++result_.ooms;
+    }
+    measure();
+  }
+
   // free_requested ends a block's life; a lone free_completed (a trace without requests) too.
   void free(const TraceEvent& e, bool requested) {
     auto it = live_.find(e.addr);
@@ -203,6 +217,7 @@ class DeviceReplay {
     }
   }
 
+  const bool attempt_ooms_;
   std::unique_ptr<ReplayTarget> target_;
   ReplayResult result_;
   std::unordered_map<std::uint64_t, Live> live_;
