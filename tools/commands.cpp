@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "progress.hpp"
 #include "report.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/format.hpp"
@@ -133,12 +134,21 @@ replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
 
 namespace {
 
+// Replays of at least this many events in all (events x passes x allocators) get a progress bar.
+constexpr std::uint64_t kLargeWork = 1'000'000;
+
 std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOptions& o) {
+  const std::uint64_t work = t.events.size() * static_cast<std::uint64_t>(o.warmup + 1) * o.allocators.size();
+  Progress progress(work >= kLargeWork && Progress::wanted(o.quiet, o.json), work);
   std::vector<replay::ReplayReport> reports;
   for (std::size_t i = 0; i < o.allocators.size(); ++i) {
+    progress.step(fmt::format("replay {} ({}/{})", o.allocators[i], i + 1, o.allocators.size()));
+    replay::ReplayOptions ro = replay_options(o, i);
+    ro.progress = progress.replay_counter();
     replay::TraceSource source(t);
-    reports.push_back(replay::replay(source, replay_options(o, i)));
+    reports.push_back(replay::replay(source, ro));
   }
+  progress.finish();
   return reports;
 }
 
@@ -212,6 +222,7 @@ int cmd_demo(bool as_json) {
   const trace::Trace t = workload::generate_llm_trace(g);
   RunOptions o;
   o.allocators = replay::target_names();
+  o.json = as_json;
   const auto reports = run_all(t, o);
   if (as_json) {
     json rows = json::array();
@@ -244,7 +255,8 @@ int cmd_allocators(bool as_json) {
                       {"description", d.description},
                       {"settings", d.settings},
                       {"holds_memory_until_destroyed", d.holds_memory_until_destroyed},
-                      {"exports", d.exports}});
+                      {"exports", d.exports},
+                      {"maps", d.maps}});
     std::cout << rows.dump(2) << "\n";
     return 0;
   }
@@ -254,6 +266,7 @@ int cmd_allocators(bool as_json) {
     if (d.holds_memory_until_destroyed)
       fmt::print("{:<20} holds its memory until destroyed (empty_cache gives nothing back)\n", "");
     if (d.exports) fmt::print("{:<20} exports a snapshot (tensorpool export)\n", "");
+    if (d.maps) fmt::print("{:<20} shows its segments and blocks (tensorpool report)\n", "");
   }
   return 0;
 }
