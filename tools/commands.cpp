@@ -134,12 +134,9 @@ replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
 
 namespace {
 
-// Replays of at least this many events in all (events x passes x allocators) get a progress bar.
-constexpr std::uint64_t kLargeWork = 1'000'000;
-
 std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOptions& o) {
   const std::uint64_t work = t.events.size() * static_cast<std::uint64_t>(o.warmup + 1) * o.allocators.size();
-  Progress progress(work >= kLargeWork && Progress::wanted(o.quiet, o.json), work);
+  Progress progress(work >= kProgressFromEvents && Progress::wanted(o.quiet, o.json), work);
   std::vector<replay::ReplayReport> reports;
   for (std::size_t i = 0; i < o.allocators.size(); ++i) {
     progress.step(fmt::format("replay {} ({}/{})", o.allocators[i], i + 1, o.allocators.size()));

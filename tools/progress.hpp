@@ -13,6 +13,10 @@
 
 namespace tensorpool::cli {
 
+/// Replays of at least this many events in all (events x passes x allocators) get a bar in
+/// replay, compare, export and demo (report always has one).
+inline constexpr std::uint64_t kProgressFromEvents = 1'000'000;
+
 class Progress {
  public:
   /// Whether a bar should be drawn: stderr is a terminal, and neither --quiet nor --json.

@@ -2,7 +2,9 @@
  * described in tools/html_report_page.cpp). Plain DOM and SVG, no library, nothing fetched.
  * Each panel is drawn by its own function from its part of the data; a panel that fails shows
  * its error in #errors and the others are still drawn. When done, body[data-rendered] is "ok"
- * (or "error") and body[data-render-ms] the time taken, for tests and for the curious. */
+ * (or "error"), body[data-render-ms] the time the drawing took and body[data-open-ms] the time
+ * since the navigation started (reading the file, parsing the page and its data, drawing), for
+ * tests and for the curious. */
 (function () {
   'use strict';
   const started = performance.now();
@@ -686,5 +688,6 @@
     for (const f of failures) console.error(f);
   }
   document.body.dataset.renderMs = elapsed.toFixed(0);
+  document.body.dataset.openMs = performance.now().toFixed(0);  // since the navigation started
   document.body.dataset.rendered = failures.length ? 'error' : 'ok';
 })();
