@@ -69,6 +69,17 @@
     return out;
   }
   function fixed(v) { return Math.round(v * 10) / 10; }
+  // The grid and axis groups of a chart whose y axis is bytes in [0, yMax] (y: bytes -> SVG y),
+  // with a labelled grid line at each tick between x = left and x = right.
+  function byteAxis(svg, yMax, y, left, right) {
+    const grid = s('g', { class: 'grid' }, svg);
+    const axis = s('g', { class: 'axis' }, svg);
+    for (const t of byteTicks(yMax)) {
+      s('line', { x1: left, x2: right, y1: fixed(y(t)), y2: fixed(y(t)) }, grid);
+      s('text', { x: left - 6, y: fixed(y(t)) + 4, 'text-anchor': 'end', text: bytes(t) }, axis);
+    }
+    return { grid: grid, axis: axis };
+  }
   // Ticks for [0, max] of a plain number: multiples of 1, 2 or 5 times a power of ten.
   function numberTicks(max) {
     const raw = (max || 1) / 5;
@@ -189,12 +200,7 @@
       for (const se of shown) for (const v of se.max) if (v > yMax) yMax = v;
       yMax *= 1.04;
       const yOf = v => MT + (H - MT - MB) * (1 - v / yMax);
-      const grid = s('g', { class: 'grid' }, svg);
-      const axis = s('g', { class: 'axis' }, svg);
-      for (const t of byteTicks(yMax)) {
-        s('line', { x1: ML, x2: W - MR, y1: fixed(yOf(t)), y2: fixed(yOf(t)) }, grid);
-        s('text', { x: ML - 6, y: fixed(yOf(t)) + 4, 'text-anchor': 'end', text: bytes(t) }, axis);
-      }
+      const { grid, axis } = byteAxis(svg, yMax, yOf, ML, W - MR);
       s('path', { d: 'M' + ML + ',' + MT + 'V' + (H - MB) + 'H' + (W - MR) }, axis);
       const ticks = Math.min(7, columns);
       for (let k = 0; k < ticks; k++) {
@@ -345,12 +351,7 @@
       const yMax = Math.max(...pts.map(p => p.y), 1) * 1.1;
       const X = v => L + (SW - L - Rm) * (fx(v) - x0) / (x1 - x0);
       const Y = v => T + (SH - T - B) * (1 - v / yMax);
-      const grid = s('g', { class: 'grid' }, svg);
-      const axis = s('g', { class: 'axis' }, svg);
-      for (const t of byteTicks(yMax)) {
-        s('line', { x1: L, x2: SW - Rm, y1: fixed(Y(t)), y2: fixed(Y(t)) }, grid);
-        s('text', { x: L - 6, y: fixed(Y(t)) + 4, 'text-anchor': 'end', text: bytes(t) }, axis);
-      }
+      const { grid, axis } = byteAxis(svg, yMax, Y, L, SW - Rm);
       const xt = log ? Array.from({ length: x1 - x0 + 1 }, (_, k) => Math.pow(10, x0 + k)) : numberTicks(x1);
       for (const t of xt) {
         s('line', { x1: fixed(X(t)), x2: fixed(X(t)), y1: T, y2: SH - B }, grid);
