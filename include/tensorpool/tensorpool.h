@@ -58,7 +58,10 @@ typedef enum tensorpool_backend {
   TENSORPOOL_BACKEND_SIMULATED = 0,  /* bookkeeping only (no GPU): work completes at once */
   TENSORPOOL_BACKEND_CUDA_ASYNC = 1, /* cudaMallocFromPoolAsync on a dedicated pool */
   TENSORPOOL_BACKEND_CUDA_MALLOC = 2,
-  TENSORPOOL_BACKEND_CUDA_VMM = 3    /* driver virtual memory (cuMemCreate / cuMemMap) */
+  TENSORPOOL_BACKEND_CUDA_VMM = 3,   /* driver virtual memory (cuMemCreate / cuMemMap) */
+  /* Not a backend. It makes every int a value of the type in C++ too, so that a kind a C caller
+   * made up is refused with TENSORPOOL_ERROR_INVALID_ARGUMENT instead of being undefined. */
+  TENSORPOOL_BACKEND_INT_RANGE_ = 0x7fffffff
 } tensorpool_backend;
 
 typedef struct tensorpool_allocator tensorpool_allocator; /* opaque */

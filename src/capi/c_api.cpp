@@ -88,7 +88,8 @@ tensorpool::Backend to_backend(tensorpool_backend kind) {
     case TENSORPOOL_BACKEND_CUDA_ASYNC: return tensorpool::Backend::async;
     case TENSORPOOL_BACKEND_CUDA_MALLOC: return tensorpool::Backend::malloc;
     case TENSORPOOL_BACKEND_CUDA_VMM: return tensorpool::Backend::vmm;
-    case TENSORPOOL_BACKEND_SIMULATED: break;
+    case TENSORPOOL_BACKEND_SIMULATED:
+    case TENSORPOOL_BACKEND_INT_RANGE_: break;
   }
   return tensorpool::Backend::simulated;
 }
