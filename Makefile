@@ -29,11 +29,12 @@ test: build
 BENCH_ARGS := --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out_format=json
 bench: deps
 	@cmake --preset release >/dev/null
-	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay
+	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay tensorpool_bench_annotations
 	@if grep -q 'build bench/tensorpool_bench_cub:' build-release/build.ninja; then \
 	  cmake --build build-release -j $(JOBS) --target tensorpool_bench_cub; fi
 	@build-release/bench/tensorpool_bench $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench.json
 	@build-release/bench/tensorpool_bench_replay $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_replay.json
+	@build-release/bench/tensorpool_bench_annotations $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_annotations.json
 	@if [ -x build-release/bench/tensorpool_bench_cub ]; then \
 	  build-release/bench/tensorpool_bench_cub $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_cub.json; fi
 
@@ -42,7 +43,7 @@ clean:
 
 # --- reliability (docs/reliability.md): sanitizers and fuzzing ------------------------------
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := pickle pytorch_snapshot trace rmm_log config
+FUZZ_TARGETS := pickle pytorch_snapshot trace recording rmm_log config
 
 .PHONY: test-asan test-tsan fuzz
 

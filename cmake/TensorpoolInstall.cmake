@@ -4,7 +4,7 @@ include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tensorpool DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 set(_tp_targets tensorpool_headers tensorpool)
-foreach(_t tensorpool_trace tensorpool_workload tensorpool_replay tensorpool_registry tensorpool_cuda)
+foreach(_t tensorpool_trace tensorpool_workload tensorpool_replay tensorpool_record tensorpool_registry tensorpool_cuda)
   if(TARGET ${_t})
     list(APPEND _tp_targets ${_t})
   endif()

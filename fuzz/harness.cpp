@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -133,6 +134,31 @@ std::string temp_path(trace::Format format) {
          (format == trace::Format::binary ? ".tptrace" : ".jsonl");
 }
 
+/// Reads `path` in `options`' mode, keeping the events read before an error (rethrown).
+struct PartialRead {
+  ReadTrace trace;
+  std::optional<trace::Truncation> truncation;
+  bool failed = false;  // the reader threw TraceFormatError (after trace.events)
+};
+
+PartialRead read_until_error(const std::string& path, const trace::ReadOptions& options) {
+  PartialRead out;
+  auto reader = trace::TraceReader::open(path, options);
+  out.trace.info = reader->info();
+  trace::TraceEvent e;
+  try {
+    while (out.trace.events.size() < kMaxEvents && reader->next(e)) {
+      out.trace.labels.push_back(reader->label(e.label));
+      e.label = 0;
+      out.trace.events.push_back(e);
+    }
+  } catch (const trace::TraceFormatError&) {
+    out.failed = true;
+  }
+  out.truncation = reader->truncation();
+  return out;
+}
+
 // Writes `t` in `format` and reads it back: the same info, events and label texts. A writer may
 // refuse what a reader accepted (tensorpool::Error: a limit of that format): not a violation.
 void round_trip(const ReadTrace& t, trace::Format format) {
@@ -187,6 +213,38 @@ int trace_one(const std::uint8_t* data, std::size_t size) {
   return 0;
 }
 
+int recording_one(const std::uint8_t* data, std::size_t size) {
+  const std::string path = memfd_path(data, size);
+  PartialRead tolerant;
+  try {
+    tolerant = read_until_error(path, trace::ReadOptions{.allow_truncated = true});
+  } catch (const Error&) {  // refused at open (the header): the strict reader refuses it too
+    try {
+      (void)read_all(path);
+    } catch (const Error&) {
+      return 0;
+    }
+    violated("the tolerant reader refused a header the strict reader accepts");
+  }
+  const PartialRead strict = read_until_error(path, trace::ReadOptions{});
+  if (tolerant.trace.events.size() == kMaxEvents) return 0;  // not read to the end
+  if (strict.trace.events != tolerant.trace.events || strict.trace.labels != tolerant.trace.labels)
+    violated("the tolerant and the strict reader disagree on the events before the end");
+  if (tolerant.failed) {
+    if (!strict.failed) violated("the tolerant reader refused a file the strict reader accepts");
+    return 0;  // an error that is not a cut: refused in both modes
+  }
+  if (tolerant.truncation.has_value() != strict.failed)
+    violated("a cut is reported exactly where the strict reader fails");
+  if (const auto& cut = tolerant.truncation) {
+    if (cut->events != tolerant.trace.events.size() || cut->file_bytes != size ||
+        cut->verified_events > cut->events || cut->verified_bytes > size || cut->problem.empty())
+      violated("inconsistent Truncation report");
+  }
+  round_trip(tolerant.trace, trace::Format::binary);  // the salvaged events
+  return 0;
+}
+
 int rmm_log_one(const std::uint8_t* data, std::size_t size) {
   std::vector<trace::rmm::LogEntry> entries;
   try {
@@ -218,6 +276,7 @@ Harness harness(const std::string& name) {
   if (name == "pickle") return pickle_one;
   if (name == "pytorch_snapshot") return pytorch_snapshot_one;
   if (name == "trace") return trace_one;
+  if (name == "recording") return recording_one;
   if (name == "rmm_log") return rmm_log_one;
   if (name == "config") return config_one;
   return nullptr;

@@ -29,12 +29,17 @@ int pytorch_snapshot_one(const std::uint8_t* data, std::size_t size);
 /// TraceReader::open (binary or JSON lines, by the first bytes) and every event; an accepted
 /// trace must write (both formats) and read back unchanged.
 int trace_one(const std::uint8_t* data, std::size_t size);
+/// A recorded trace, maybe cut or corrupted, read with ReadOptions::allow_truncated: it must
+/// agree with the strict reader (the same events; a cut exactly where the strict reader fails),
+/// report a consistent Truncation, and the salvaged events must write and read back unchanged.
+int recording_one(const std::uint8_t* data, std::size_t size);
 /// rmm::parse_log, then rmm::to_trace.
 int rmm_log_one(const std::uint8_t* data, std::size_t size);
 /// Config::parse; an accepted config must survive to_string() and parse again unchanged.
 int config_one(const std::uint8_t* data, std::size_t size);
 
-/// The targets by name ("pickle", "pytorch_snapshot", "trace", "rmm_log", "config"); nullptr
+/// The targets by name ("pickle", "pytorch_snapshot", "trace", "recording", "rmm_log",
+/// "config"); nullptr
 /// for an unknown name.
 using Harness = int (*)(const std::uint8_t*, std::size_t);
 Harness harness(const std::string& name);

@@ -127,6 +127,7 @@ replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
   ro.allocator = o.allocators.at(i);
   ro.device = o.device;
   ro.warmup = o.warmup;
+  ro.attempt_ooms = o.attempt_ooms;
   ro.target.capacity = o.capacity;
   ro.target.conf = i < o.confs.size() ? o.confs[i] : "";
   ro.target.cost_model = o.cost_model;
@@ -201,9 +202,19 @@ int cmd_compare(const RunOptions& o) {
 
 // --- convert, generate, demo ------------------------------------------------------------------
 
-int cmd_convert(const std::string& in, const std::string& out) {
+int cmd_convert(const std::string& in, const std::string& out, bool allow_truncated) {
   const trace::Format format = trace::format_from_extension(out);
-  trace::convert_to_native(in, out, format);  // native inputs streamed, the others imported
+  // Native inputs streamed, the others imported.
+  const auto converted = trace::convert_to_native(in, out, format, {.allow_truncated = allow_truncated});
+  if (const auto& cut = converted.truncation) {
+    const std::string verified =
+        cut->verified_bytes == 0 ? "no checkpoint"
+                                 : fmt::format("{} verified by the last checkpoint, in the first {} "
+                                               "bytes of {}", cut->verified_events, cut->verified_bytes,
+                                               cut->file_bytes);
+    fmt::print(stderr, "{}: cut short: kept the {} events before the cut ({}); the reader says: {}\n",
+               in, cut->events, verified, cut->problem);
+  }
   fmt::print(stderr, "wrote {} ({})\n", out, trace::to_string(format));
   return 0;
 }

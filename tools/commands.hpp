@@ -23,6 +23,7 @@ struct RunOptions {
   std::shared_ptr<const CostModel> cost_model;  // --cost-model FILE (null: flat default)
   int device = -1;
   int warmup = 0;  // passes over the window before the measured one
+  bool attempt_ooms = false;  // ReplayOptions::attempt_ooms
   bool json = false;
   bool quiet = false;  // no progress bar (progress.hpp)
 };
@@ -33,7 +34,7 @@ replay::ReplayOptions replay_options(const RunOptions& options, std::size_t i);
 int cmd_info(const std::string& trace, bool json);
 int cmd_replay(const RunOptions& options);
 int cmd_compare(const RunOptions& options);
-int cmd_convert(const std::string& in, const std::string& out);
+int cmd_convert(const std::string& in, const std::string& out, bool allow_truncated);
 int cmd_generate(const std::string& out, const workload::GeneratorOptions& options);
 int cmd_demo(bool json);
 int cmd_allocators(bool json);

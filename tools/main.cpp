@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> allocator_confs;
   int device = -1;
   int warmup = 0;
+  bool attempt_ooms = false;
 
   auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator, fit it, plan a micro-batch");
   demo->add_flag("--json", json, "Machine-readable output");
@@ -122,6 +123,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
+    cmd->add_flag("--attempt-ooms", attempt_ooms,
+                  "Present the requests that failed in the recording (oom events) to the allocator "
+                  "too, as a live recording of it saw them");
     cmd->add_flag("--json", json, "Machine-readable output (no progress bar)");
     cmd->add_flag("-q,--quiet", quiet, "No progress bar (drawn on stderr only when it is a terminal)");
   };
@@ -154,6 +158,10 @@ int main(int argc, char** argv) {
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
   convert->add_option("in", trace_path, "Input trace (any supported kind)")->required();
   convert->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
+  bool allow_truncated = false;
+  convert->add_flag("--allow-truncated", allow_truncated,
+                    "Salvage a tensorpool trace that ends early (a killed recording): convert it up "
+                    "to the cut and say where it was cut");
 
   auto* generate = app.add_subcommand("generate", "Write a synthetic LLM-style trace");
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
@@ -211,6 +219,7 @@ int main(int argc, char** argv) {
     run.quiet = quiet;
     run.device = device;
     run.warmup = warmup;
+    run.attempt_ooms = attempt_ooms;
     run.capacity = parse_capacity(capacity);
     run.allocators = replay_cmd->parsed() || export_cmd->parsed() ? std::vector<std::string>{allocator}
                      : allocators.empty() ? replay::target_names()
@@ -258,7 +267,7 @@ int main(int argc, char** argv) {
     if (info->parsed()) return cli::cmd_info(trace_path, json);
     if (replay_cmd->parsed()) return cli::cmd_replay(run);
     if (compare->parsed()) return cli::cmd_compare(run);
-    if (convert->parsed()) return cli::cmd_convert(trace_path, out_path);
+    if (convert->parsed()) return cli::cmd_convert(trace_path, out_path, allow_truncated);
     if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
     if (report_cmd->parsed()) return cli::cmd_report(run, out_path, report_fit ? &fit_search : nullptr);
     if (generate->parsed())

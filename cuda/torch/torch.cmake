@@ -22,7 +22,8 @@ set_target_properties(tensorpool_torch_objects PROPERTIES
 function(tensorpool_torch_library name cuda_library)
   add_library(${name} SHARED $<TARGET_OBJECTS:tensorpool_torch_objects>
     $<TARGET_OBJECTS:tensorpool_registry_objects> ${ARGN})
-  target_link_libraries(${name} PRIVATE ${cuda_library} tensorpool tensorpool_trace fmt::fmt spdlog::spdlog)
+  target_link_libraries(${name} PRIVATE ${cuda_library} tensorpool tensorpool_trace tensorpool_record
+    fmt::fmt spdlog::spdlog)
   target_link_options(${name} PRIVATE LINKER:--exclude-libs,ALL LINKER:--no-undefined)
 endfunction()
 

@@ -8,7 +8,7 @@
 #                                  drive the double from a test that dlopen()s it
 add_library(tensorpool_registry_on_double STATIC $<TARGET_OBJECTS:tensorpool_registry_objects>)
 target_link_libraries(tensorpool_registry_on_double PUBLIC tensorpool tensorpool_trace
-  tensorpool_cuda_on_double PRIVATE fmt::fmt spdlog::spdlog)
+  tensorpool_record tensorpool_cuda_on_double PRIVATE fmt::fmt spdlog::spdlog)
 
 add_library(tensorpool_torch_testing_objects OBJECT ${CMAKE_CURRENT_LIST_DIR}/testing_control.cpp)
 target_link_libraries(tensorpool_torch_testing_objects PRIVATE tensorpool_cuda_double

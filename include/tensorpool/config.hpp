@@ -42,6 +42,11 @@
 //                                  (driver virtual memory) or simulated (a simulated 80 GiB
 //                                  device, no GPU). The Allocator itself ignores it, and
 //                                  the replay targets refuse it (they run on a simulated device)
+//   nvtx                 false     NVTX ranges and marks in a "tensorpool" domain (segment
+//                                  allocation and free, map and unmap, OOM, empty_cache)
+//   nvtx_mem             false     the NVTX memory API: a heap per segment or mapping, a region
+//                                  per block, for Compute Sanitizer and Nsight. The core ignores
+//                                  both nvtx keys; tensorpool/cuda/nvtx.hpp acts on them
 #pragma once
 
 #include <cstddef>
@@ -75,6 +80,8 @@ struct Config {
   std::size_t vmm_growth_divisor = 128;
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
   std::size_t vmm_idle_divisor = 16;
+  bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
+  bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
   Backend backend = Backend::async;  // read by the registry only
 
   /// Sets one key; throws ConfigError for an unknown key or a bad value.

@@ -24,6 +24,7 @@ enum class EventType : std::uint8_t {
   segment_unmap,   // physical pages were unmapped (virtual-memory mode)
   oom,             // an allocation failed
   empty_cache,     // empty_cache() ran
+  record_stream,   // record_stream(): the block at `address` is also used on `stream`
 };
 const char* to_string(EventType type) noexcept;
 

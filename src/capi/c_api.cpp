@@ -154,9 +154,9 @@ tensorpool_status tensorpool_create(tensorpool_backend kind, int device, size_t 
     return fail(TENSORPOOL_ERROR_INVALID_ARGUMENT, __func__, "unknown backend kind");
   if (device < 0) return fail(TENSORPOOL_ERROR_INVALID_ARGUMENT, __func__, "device is negative");
   return guarded(__func__, [&] {
-    const tensorpool::Config c =
-        tensorpool::Config::parse(config == nullptr ? "" : config, "tensorpool_create() config");
-    *out = handle(new DeviceAllocator(to_backend(kind), device, c, simulated_capacity, false));
+    constexpr std::string_view origin = "tensorpool_create() config";
+    const tensorpool::Config c = tensorpool::Config::parse(config == nullptr ? "" : config, origin);
+    *out = handle(new DeviceAllocator(to_backend(kind), device, c, simulated_capacity, false, origin));
   });
 }
 

@@ -16,11 +16,14 @@ constexpr int kSnapshotAttempts = 1000;
 }  // namespace
 
 DeviceAllocator::DeviceAllocator(Backend kind, int device, const Config& config,
-                                 std::size_t simulated_capacity, bool from_registry)
+                                 std::size_t simulated_capacity, bool from_registry,
+                                 std::string_view settings_origin)
     : kind_(kind), device_(device), from_registry_(from_registry) {
+  check_layers_available(config, settings_origin);
   std::shared_ptr<DeviceBackend> backend = make_backend(kind, device, simulated_capacity);
   simulated_ = std::dynamic_pointer_cast<SimulatedDevice>(backend);
-  allocator_ = std::make_unique<Allocator>(std::move(backend), config);
+  allocator_ = std::make_unique<Allocator>(with_layers(std::move(backend), config), config);
+  attach_layers(*allocator_);
 }
 
 DeviceAllocator::~DeviceAllocator() = default;

@@ -1,6 +1,7 @@
 // capi/device_allocator.hpp (internal): an Allocator together with what it owns (its backend and
-// the recorder of its history), the unit behind a C API handle and a registry entry; and the
-// registry's internal entry points, shared by registry.cpp, c_api.cpp and the PyTorch library.
+// the recorder of its history), the unit behind a C API handle and a registry entry, with the
+// optional layers it gets from its settings and the environment (NVTX, TENSORPOOL_TRACE); and
+// the registry's internal entry points, shared by registry.cpp, c_api.cpp and the PyTorch library.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "tensorpool/allocator.hpp"
 #include "tensorpool/config.hpp"
@@ -18,9 +20,10 @@ namespace tensorpool::capi {
 
 class DeviceAllocator {
  public:
-  /// Throws what make_backend() and the Allocator constructor throw.
+  /// Throws what make_backend() and the Allocator constructor throw, and ConfigError naming
+  /// `settings_origin` for an NVTX key this build cannot honour (check_layers_available()).
   DeviceAllocator(Backend kind, int device, const Config& config, std::size_t simulated_capacity,
-                  bool from_registry);
+                  bool from_registry, std::string_view settings_origin);
   ~DeviceAllocator();
   DeviceAllocator(const DeviceAllocator&) = delete;
   DeviceAllocator& operator=(const DeviceAllocator&) = delete;
@@ -50,6 +53,14 @@ class DeviceAllocator {
   HookId observer_ = 0;
   HookId oom_observer_ = 0;
 };
+
+/// The optional layers (layers.cpp). check_layers_available() throws ConfigError, naming
+/// `origin` and the key, for nvtx or nvtx_mem on in a build without NVTX (no CUDA toolkit).
+/// with_layers() wraps a new allocator's backend for NVTX; attach_layers() attaches the NVTX
+/// observer and, when TENSORPOOL_TRACE is set, the process-wide recording.
+void check_layers_available(const Config& config, std::string_view origin);
+std::shared_ptr<DeviceBackend> with_layers(std::shared_ptr<DeviceBackend> backend, const Config& config);
+void attach_layers(Allocator& allocator);
 
 enum class LogLevel : std::uint8_t { warning, error };
 /// Writes to tensorpool's logger; never throws (falls back to stderr).

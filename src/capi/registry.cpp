@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "capi/device_allocator.hpp"
 #include "tensorpool/errors.hpp"
@@ -22,6 +23,8 @@ namespace tensorpool {
 namespace {
 
 class Registry {
+  static constexpr std::string_view kConfigured = "tensorpool_configure()";
+
  public:
   capi::DeviceAllocator* existing(int device) const noexcept {
     if (device < 0 || device >= kMaxRegistryDevices) return nullptr;
@@ -38,7 +41,7 @@ class Registry {
     auto& slot = entries_[static_cast<std::size_t>(device)];
     if (capi::DeviceAllocator* e = slot.load(std::memory_order_relaxed)) return *e;
     const Config config = settings();
-    auto* created = new capi::DeviceAllocator(config.backend, device, config, 0, true);
+    auto* created = new capi::DeviceAllocator(config.backend, device, config, 0, true, origin());
     if (history_enabled_) created->record_history(true, history_max_);
     slot.store(created, std::memory_order_release);
     return *created;
@@ -50,13 +53,18 @@ class Registry {
       throw UsageError("the device allocators' settings cannot change: an allocator already exists "
                        "(configure before the first allocation)");
     }
-    if (conf) Config::parse(*conf, "tensorpool_configure()");  // throws ConfigError
+    if (conf) capi::check_layers_available(Config::parse(*conf, kConfigured), kConfigured);  // ConfigError
     conf_ = std::move(conf);
   }
 
+  /// The settings of the next allocator; throws ConfigError naming origin() and the key.
   Config settings() const {
-    return conf_ ? Config::parse(*conf_, "tensorpool_configure()") : Config::from_env();
+    const Config config = conf_ ? Config::parse(*conf_, kConfigured) : Config::from_env();
+    capi::check_layers_available(config, origin());
+    return config;
   }
+  /// Where settings() comes from, for error messages.
+  std::string_view origin() const noexcept { return conf_ ? kConfigured : "TENSORPOOL_CONF"; }
 
   void check_settings() const {
     std::lock_guard lock(mutex_);

@@ -85,6 +85,7 @@ void Allocator::Impl::record_stream(void* ptr, Stream stream) {
   Block* b = live_.find(addr);
   if (b == nullptr) throw_bad_pointer(addr, "record_stream");
   add_use(b, stream);
+  if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::record_stream, b->addr, b->requested, b->size, stream);
   debug_check();
 }
 

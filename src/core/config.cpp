@@ -120,6 +120,10 @@ const std::vector<KeyHandler>& handlers() {
       {"cross_stream_reuse",
        [](Config& c, auto o, const auto& kv) { c.cross_stream_reuse = bool_value(o, kv); },
        [](const Config& c) { return std::string(c.cross_stream_reuse ? "true" : "false"); }},
+      {"nvtx", [](Config& c, auto o, const auto& kv) { c.nvtx = bool_value(o, kv); },
+       [](const Config& c) { return std::string(c.nvtx ? "true" : "false"); }},
+      {"nvtx_mem", [](Config& c, auto o, const auto& kv) { c.nvtx_mem = bool_value(o, kv); },
+       [](const Config& c) { return std::string(c.nvtx_mem ? "true" : "false"); }},
   };
   return h;
 }

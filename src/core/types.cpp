@@ -46,6 +46,7 @@ const char* to_string(EventType type) noexcept {
     case EventType::segment_unmap: return "segment_unmap";
     case EventType::oom: return "oom";
     case EventType::empty_cache: return "empty_cache";
+    case EventType::record_stream: return "record_stream";
   }
   return "unknown";
 }

@@ -55,7 +55,7 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
 class DeviceReplay final : public ReplayView {
  public:
   DeviceReplay(const ReplayOptions& options, int device)
-      : observed_(options.observer), warmup_(options.warmup) {
+      : attempt_ooms_(options.attempt_ooms), observed_(options.observer), warmup_(options.warmup) {
     TargetOptions opts = options.target;
     opts.device = device;
     target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
@@ -100,6 +100,9 @@ class DeviceReplay final : public ReplayView {
         if (auto it = live_.find(e.addr); it != live_.end()) target_->record_stream(it->second.ptr, e.stream);
         break;
       case Op::stream_sync: target_->stream_synchronized(e.stream); break;
+      case Op::oom:
+        if (attempt_ooms_) attempt_failed(e);
+        break;
       case Op::empty_cache: target_->empty_cache(); break;
       case Op::iteration:
         if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
@@ -192,6 +195,17 @@ class DeviceReplay final : public ReplayView {
     measure();
   }
 
+  // A request that failed in the recording run (ReplayOptions::attempt_ooms).
+  void attempt_failed(const TraceEvent& e) {
+    if (e.size == 0) return;
+    try {
+      target_->deallocate(target_->allocate(e.size, e.stream), e.size, e.stream);
+    } catch (const OutOfMemoryError&) {
+      ++result_.ooms;
+    }
+    measure();
+  }
+
   // free_requested ends a block's life; a lone free_completed (a trace without requests) too.
   void free(const TraceEvent& e, bool requested) {
     auto it = live_.find(e.addr);
@@ -221,6 +235,7 @@ class DeviceReplay final : public ReplayView {
     }
   }
 
+  const bool attempt_ooms_;
   std::unique_ptr<ReplayTarget> target_;
   ReplayObserver* const observed_;   // ReplayOptions::observer
   ReplayObserver* observer_ = nullptr;  // observed_ during the measured pass, null before

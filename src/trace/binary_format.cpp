@@ -3,7 +3,9 @@
 //
 // A file is: magic, version (u32 LE), header (source, metadata), then records, each starting with
 // a tag byte: an event (tag < 0x80), a label definition (0x80), an extension (0xC0..0xFF, skipped)
-// or the end record (0x81: event count, CRC-32 of every byte before the CRC). Events are coded
+// or the end record (0x81: event count, CRC-32 of every byte before the CRC); a live recording
+// also writes checkpoints (extension 0xC0 with the same two fields) after each flushed batch,
+// which a reader verifies and a tolerant reader reports. Events are coded
 // against the previous event (device, stream, time, address), so the reader and writer carry
 // that state and nothing that grows with the number of events.
 #include <fmt/format.h>
@@ -39,6 +41,7 @@ constexpr std::uint8_t kCtxReserved = 0xF0;
 constexpr std::uint8_t kRecordLabel = 0x80;
 constexpr std::uint8_t kRecordEnd = 0x81;
 constexpr std::uint8_t kRecordExtension = 0xC0;  // 0xC0..0xFF: length-prefixed, skipped
+constexpr std::uint8_t kRecordCheckpoint = 0xC0;  // the extension a live recorder writes
 
 /// The longest event record: tag, context, flags and six varints of at most 10 bytes.
 constexpr std::size_t kMaxEventBytes = 3 + 6 * kMaxVarintBytes;
@@ -73,7 +76,13 @@ class BinaryReader final : public TraceReader {
   void read_label();
   std::uint32_t version_ = kBinaryFormatVersion;  // of the file, from its header
   void read_end();
+  void read_checkpoint();
   void skip_extension(std::uint8_t tag);
+  std::uint32_t read_crc(SlowCursor& c);
+  [[noreturn]] void fail_cut(std::string problem) {
+    mark_cut();
+    fail(std::move(problem));
+  }
   std::string read_string(const char* what, const char* field);
 
   template <class Cursor>
@@ -100,7 +109,7 @@ class BinaryReader final : public TraceReader {
 
 std::uint8_t BinaryReader::get_byte(const char* what) {
   if (!source_->has_more()) {
-    fail(fmt::format("truncated {}: the file ends at byte {}", what, source_->offset()));
+    fail_cut(fmt::format("truncated {}: the file ends at byte {}", what, source_->offset()));
   }
   const std::uint8_t b = *source_->data();
   source_->advance(1);
@@ -168,7 +177,7 @@ bool BinaryReader::read_next(TraceEvent& out) {
   for (;;) {
     record_start_ = source_->offset();
     if (!source_->has_more()) {
-      fail(fmt::format("truncated: missing end record (the file ends after {} events)", events_read_));
+      fail_cut(fmt::format("truncated: missing end record (the file ends after {} events)", events_read_));
     }
     const std::uint8_t* p = source_->data();
     const std::uint8_t tag = *p;
@@ -190,6 +199,8 @@ bool BinaryReader::read_next(TraceEvent& out) {
     } else if (tag == kRecordEnd) {
       read_end();
       return false;
+    } else if (tag == kRecordCheckpoint) {
+      read_checkpoint();
     } else if (tag >= kRecordExtension) {
       skip_extension(tag);
     } else {
@@ -208,8 +219,8 @@ std::string BinaryReader::read_string(const char* what, const char* field) {
   std::string s;
   for (std::uint64_t left = n; left > 0;) {
     if (!source_->has_more()) {
-      fail(fmt::format("truncated {}: the file ends at byte {} inside a {}-byte {}", what,
-                       source_->offset(), n, field));
+      fail_cut(fmt::format("truncated {}: the file ends at byte {} inside a {}-byte {}", what,
+                           source_->offset(), n, field));
     }
     const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(left, source_->available()));
     s.append(reinterpret_cast<const char*>(source_->data()), k);
@@ -246,16 +257,22 @@ void BinaryReader::read_label() {
   labels_.push_back(read_string("label definition", "label"));
 }
 
-void BinaryReader::read_end() {
-  SlowCursor c{this, "end record"};
-  const std::uint64_t count = varint(c, "event count");
+// Reads the stored CRC-32 that follows and checks it against every byte before it.
+std::uint32_t BinaryReader::read_crc(SlowCursor& c) {
   const std::uint32_t actual = source_->crc();  // every byte before the checksum field
   std::uint32_t stored = 0;
   for (int i = 0; i < 4; ++i) stored |= std::uint32_t{c.byte()} << (8 * i);
   if (stored != actual) {
-    fail(fmt::format("checksum mismatch: the end record says 0x{:08X} but the file's bytes give "
-                     "0x{:08X} (the file is corrupted)", stored, actual));
+    fail(fmt::format("checksum mismatch: the {} says 0x{:08X} but the file's bytes give "
+                     "0x{:08X} (the file is corrupted)", c.what, stored, actual));
   }
+  return stored;
+}
+
+void BinaryReader::read_end() {
+  SlowCursor c{this, "end record"};
+  const std::uint64_t count = varint(c, "event count");
+  read_crc(c);
   if (count != events_read_) {
     fail(fmt::format("event count mismatch: the end record says {} events but the file has {}",
                      count, events_read_));
@@ -263,12 +280,30 @@ void BinaryReader::read_end() {
   if (source_->has_more()) fail_at(source_->offset(), "unexpected data after the end record");
 }
 
+// A checkpoint: extension length, event count, CRC-32 of every byte before the CRC.
+void BinaryReader::read_checkpoint() {
+  SlowCursor c{this, "checkpoint record"};
+  const std::uint64_t length = varint(c, "checkpoint length");
+  const std::uint64_t payload_start = source_->offset();
+  const std::uint64_t count = varint(c, "checkpoint event count");
+  read_crc(c);
+  if (source_->offset() - payload_start != length) {
+    fail(fmt::format("malformed checkpoint record: its length says {} bytes but its event count "
+                     "and checksum take {}", length, source_->offset() - payload_start));
+  }
+  if (count != events_read_) {
+    fail(fmt::format("event count mismatch: the checkpoint says {} events but the file has {} "
+                     "before it", count, events_read_));
+  }
+  mark_verified(events_read_, source_->offset());
+}
+
 void BinaryReader::skip_extension(std::uint8_t tag) {
   SlowCursor c{this, "extension record"};
   for (std::uint64_t left = varint(c, "extension length"); left > 0;) {
     if (!source_->has_more()) {
-      fail(fmt::format("truncated extension record 0x{:02X}: the file ends at byte {}", tag,
-                       source_->offset()));
+      fail_cut(fmt::format("truncated extension record 0x{:02X}: the file ends at byte {}", tag,
+                           source_->offset()));
     }
     const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(left, source_->available()));
     source_->advance(k);
@@ -292,6 +327,9 @@ class BinaryWriter final : public TraceWriter {
   void on_label(std::uint32_t id, std::string_view text) override;
   void on_event(const TraceEvent& e) override;
   void on_finish() override;
+  void on_checkpoint() override;
+  /// The CRC-32 of every byte written so far, as the end and checkpoint records store it.
+  void put_crc();
 
   // The previous event's fields (see BinaryReader).
   std::uint16_t device_ = 0;
@@ -355,11 +393,24 @@ void BinaryWriter::on_event(const TraceEvent& e) {
   if (e.addr != 0) addr_ = e.addr;
 }
 
+void BinaryWriter::put_crc() {
+  const std::uint32_t crc = sink_->crc();  // every byte before the checksum field
+  for (int i = 0; i < 4; ++i) sink_->put_byte(static_cast<std::uint8_t>(crc >> (8 * i)));
+}
+
 void BinaryWriter::on_finish() {
   sink_->put_byte(kRecordEnd);
   sink_->put_varint(events_written_);
-  const std::uint32_t crc = sink_->crc();  // every byte before the checksum field
-  for (int i = 0; i < 4; ++i) sink_->put_byte(static_cast<std::uint8_t>(crc >> (8 * i)));
+  put_crc();
+}
+
+void BinaryWriter::on_checkpoint() {
+  std::uint8_t count[kMaxVarintBytes];
+  const auto count_bytes = static_cast<std::size_t>(put_varint(count, events_written_) - count);
+  sink_->put_byte(kRecordCheckpoint);
+  sink_->put_varint(count_bytes + 4);  // the payload: event count and CRC
+  sink_->put(count, count_bytes);
+  put_crc();
 }
 
 }  // namespace

@@ -99,14 +99,22 @@ TraceReader::TraceReader(std::unique_ptr<detail::FileSource> source, Format form
 
 TraceReader::~TraceReader() = default;
 
-std::unique_ptr<TraceReader> detail::open_reader(std::unique_ptr<FileSource> source) {
+std::unique_ptr<TraceReader> detail::open_reader(std::unique_ptr<FileSource> source,
+                                                 const ReadOptions& options) {
   source->refill();
-  if (detect_format(*source) == Format::binary) return open_binary_reader(std::move(source));
-  return open_jsonl_reader(std::move(source));
+  std::unique_ptr<TraceReader> reader = detect_format(*source) == Format::binary
+                                            ? open_binary_reader(std::move(source))
+                                            : open_jsonl_reader(std::move(source));
+  reader->options_ = options;
+  return reader;
 }
 
 std::unique_ptr<TraceReader> TraceReader::open(const std::string& path) {
-  return detail::open_reader(std::make_unique<detail::FileSource>(path));
+  return open(path, ReadOptions{});
+}
+
+std::unique_ptr<TraceReader> TraceReader::open(const std::string& path, const ReadOptions& options) {
+  return detail::open_reader(std::make_unique<detail::FileSource>(path), options);
 }
 
 const std::string& TraceReader::label(std::uint32_t id) const {
@@ -129,10 +137,22 @@ bool TraceReader::next(TraceEvent& out) {
     }
     done_ = true;
     return false;
+  } catch (const TraceFormatError& e) {
+    if (end_at_cut(e)) return false;
+    error_ = std::current_exception();
+    throw;
   } catch (...) {
     error_ = std::current_exception();
     throw;
   }
+}
+
+bool TraceReader::end_at_cut(const TraceFormatError& error) {
+  if (!cut_ || !options_.allow_truncated) return false;
+  done_ = true;
+  truncation_ = Truncation{error.position(), source_->offset(), events_read_, verified_events_,
+                           verified_bytes_, error.what()};
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -159,7 +179,12 @@ TraceWriter::~TraceWriter() = default;  // ~FileSink removes the temporary unles
 
 std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, Format format,
                                                const TraceInfo& info) {
-  auto sink = std::make_unique<detail::FileSink>(path);
+  return open(path, format, info, WriteOptions{});
+}
+
+std::unique_ptr<TraceWriter> TraceWriter::open(const std::string& path, Format format,
+                                               const TraceInfo& info, const WriteOptions& options) {
+  auto sink = std::make_unique<detail::FileSink>(path, options.temp_path);
   if (format == Format::binary) return detail::open_binary_writer(std::move(sink), info);
   return detail::open_jsonl_writer(std::move(sink), info);
 }
@@ -172,13 +197,7 @@ void TraceWriter::throw_unusable() const {
 template <class Step>
 void TraceWriter::guarded(Step&& step) {
   check_usable();
-  try {
-    step();
-  } catch (...) {
-    failed_ = true;
-    sink_->discard();
-    throw;
-  }
+  detail::write_or_discard(*sink_, failed_, std::forward<Step>(step));
 }
 
 std::uint32_t TraceWriter::intern(std::string_view text) {
@@ -218,6 +237,15 @@ void TraceWriter::write(TraceEvent event, std::string_view label_text) {
   event.label = intern(label_text);
   write(event);
 }
+
+void TraceWriter::checkpoint() {
+  guarded([&] {
+    on_checkpoint();
+    sink_->flush_to_os();
+  });
+}
+
+const std::string& TraceWriter::temp_path() const noexcept { return sink_->temp_path(); }
 
 void TraceWriter::finish() {
   guarded([&] {
@@ -261,7 +289,8 @@ void write_trace(const std::string& path, const Trace& trace, Format format) {
   writer->finish();
 }
 
-void detail::copy_trace(TraceReader& reader, const std::string& out, Format out_format) {
+std::optional<Truncation> detail::copy_trace(TraceReader& reader, const std::string& out,
+                                             Format out_format) {
   auto writer = TraceWriter::open(out, out_format, reader.info());
   std::vector<std::uint32_t> ids{0};  // reader's id -> writer's id, grown as labels appear
   TraceEvent e;
@@ -271,10 +300,16 @@ void detail::copy_trace(TraceReader& reader, const std::string& out, Format out_
     writer->write(e);
   }
   writer->finish();
+  return reader.truncation();
 }
 
 void convert_trace(const std::string& in, const std::string& out, Format out_format) {
   detail::copy_trace(*TraceReader::open(in), out, out_format);
+}
+
+std::optional<Truncation> convert_trace(const std::string& in, const std::string& out,
+                                        Format out_format, const ReadOptions& options) {
+  return detail::copy_trace(*TraceReader::open(in, options), out, out_format);
 }
 
 }  // namespace tensorpool::trace

@@ -120,25 +120,43 @@ std::string temp_name(const std::string& target) {
   return fmt::format("{}.tmp-{:016x}", target, r);
 }
 
+/// True if `path` exists and is not a regular file (a device, a FIFO, a socket).
+bool is_special_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  return !ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+         !std::filesystem::is_directory(status);
+}
+
 }  // namespace
 
-FileSink::FileSink(std::string target) : target_(std::move(target)) {
+FileSink::FileSink(std::string target, std::string temp) : target_(std::move(target)) {
   int err = 0;
+  if (is_special_file(target_)) {
+    in_place_ = true;
+    temp_ = target_;
+    file_ = std::fopen(target_.c_str(), "wb");
+    err = errno;
+  }
   // "x": fail if the name exists, so a temporary never truncates someone else's file.
-  for (int attempt = 0; attempt < 16 && file_ == nullptr; ++attempt) {
-    temp_ = temp_name(target_);
+  for (int attempt = 0; attempt < 16 && file_ == nullptr && !in_place_; ++attempt) {
+    temp_ = temp.empty() ? temp_name(target_) : temp;
     file_ = std::fopen(temp_.c_str(), "wbx");
     err = errno;
-    if (file_ == nullptr && err != EEXIST) break;
+    if (file_ == nullptr && (err != EEXIST || !temp.empty())) break;
   }
   if (file_ == nullptr) {
-    throw Error(fmt::format("cannot create trace file '{}' (temporary '{}'): {}", target_, temp_,
+    throw Error(fmt::format("cannot create trace file {}: {}", describe(),
                             os_error(err)));
   }
   buffer_ = std::make_unique<std::uint8_t[]>(kBufferBytes);
 }
 
 FileSink::~FileSink() { discard(); }
+
+std::string FileSink::describe() const {
+  return in_place_ ? fmt::format("'{}'", target_) : fmt::format("'{}' (temporary '{}')", target_, temp_);
+}
 
 std::uint8_t* FileSink::reserve(std::size_t n) {
   if (kBufferBytes - used_ < n) flush();
@@ -167,11 +185,19 @@ void FileSink::flush() {
   if (file_ == nullptr) throw Error(fmt::format("trace file '{}' is closed", target_));
   crc();
   if (used_ != 0 && std::fwrite(buffer_.get(), 1, used_, file_) != used_) {
-    throw Error(fmt::format("cannot write trace file '{}' (temporary '{}'): {}", target_, temp_,
+    throw Error(fmt::format("cannot write trace file {}: {}", describe(),
                             os_error(errno)));
   }
   flushed_ += used_;
   used_ = crc_mark_ = 0;
+}
+
+void FileSink::flush_to_os() {
+  flush();
+  if (std::fflush(file_) != 0) {
+    throw Error(fmt::format("cannot write trace file {}: {}", describe(),
+                            os_error(errno)));
+  }
 }
 
 void FileSink::commit() {
@@ -180,17 +206,17 @@ void FileSink::commit() {
     int failed = std::fflush(file_);
 #ifdef TENSORPOOL_HAVE_FSYNC
     // Data on disk before the rename, so a crash never leaves an empty file under the target.
-    if (failed == 0) failed = ::fsync(::fileno(file_));
+    if (failed == 0 && !in_place_) failed = ::fsync(::fileno(file_));
 #endif
     const int err = errno;
     failed |= std::fclose(file_);
     file_ = nullptr;
     if (failed != 0) {
-      throw Error(fmt::format("cannot write trace file '{}' (temporary '{}'): {}", target_, temp_,
+      throw Error(fmt::format("cannot write trace file {}: {}", describe(),
                               os_error(err)));
     }
     std::error_code ec;
-    std::filesystem::rename(temp_, target_, ec);
+    if (!in_place_) std::filesystem::rename(temp_, target_, ec);
     if (ec) {
       throw Error(fmt::format("cannot rename '{}' to trace file '{}': {}", temp_, target_,
                               ec.message()));
@@ -207,7 +233,7 @@ void FileSink::discard() noexcept {
     std::fclose(file_);
     file_ = nullptr;
   }
-  if (!committed_ && !temp_.empty()) {
+  if (!committed_ && !in_place_ && !temp_.empty()) {
     std::error_code ec;
     std::filesystem::remove(temp_, ec);
     temp_.clear();

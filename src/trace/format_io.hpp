@@ -87,19 +87,23 @@ class FileSource {
 
 /// Buffered writing to a temporary file next to a target path; commit() syncs it and renames it
 /// to the target, the destructor (or discard()) removes it otherwise. Keeps the CRC-32 of every
-/// byte written.
+/// byte written. A target that exists and is not a regular file (a device such as /dev/null or
+/// /dev/full, a FIFO) is written in place: there is no file to replace, and nothing is removed.
 class FileSink {
  public:
   /// The largest reserve() request.
   static constexpr std::size_t kBufferBytes = std::size_t{1} << 16;
 
   /// Creates the temporary file exclusively (never reusing an existing file); throws Error.
-  explicit FileSink(std::string target);
+  /// `temp` names it; "" picks a fresh TARGET.tmp-<random>.
+  explicit FileSink(std::string target, std::string temp = {});
   ~FileSink();
   FileSink(const FileSink&) = delete;
   FileSink& operator=(const FileSink&) = delete;
 
   const std::string& target() const noexcept { return target_; }
+  /// Where the bytes go until commit(): the temporary file, or the target written in place.
+  const std::string& temp_path() const noexcept { return temp_; }
 
   /// Room for `n` <= kBufferBytes bytes: write them at the returned pointer, then call
   /// commit_reserved() with the end of what was written.
@@ -115,6 +119,9 @@ class FileSink {
   std::uint32_t crc() noexcept;
   std::uint64_t bytes_written() const noexcept { return flushed_ + used_; }
 
+  /// Hands the buffered bytes to the OS: a process killed afterwards leaves them in the file.
+  /// Throws Error.
+  void flush_to_os();
   /// Flushes, syncs and closes the temporary file, then renames it to the target. Throws Error
   /// (the temporary file is then removed).
   void commit();
@@ -123,6 +130,8 @@ class FileSink {
 
  private:
   void flush();
+  /// The file for error messages: "'TARGET' (temporary 'TEMP')", or "'TARGET'" in place.
+  std::string describe() const;
 
   std::string target_;
   std::string temp_;
@@ -133,7 +142,21 @@ class FileSink {
   std::uint32_t crc_ = 0;
   std::uint64_t flushed_ = 0;
   bool committed_ = false;
+  bool in_place_ = false;  // the target is not a regular file: written directly, never removed
 };
+
+/// Runs `step`, a write to `sink`; if it throws, sets `failed` and discards the sink (removing its
+/// temporary file) before the exception goes on: a writer is unusable after an error.
+template <class Step>
+void write_or_discard(FileSink& sink, bool& failed, Step&& step) {
+  try {
+    step();
+  } catch (...) {
+    failed = true;
+    sink.discard();
+    throw;
+  }
+}
 
 // -----------------------------------------------------------------------------------------------
 // The two formats (binary_format.cpp, jsonl_format.cpp), created by TraceReader::open and
@@ -151,11 +174,13 @@ std::unique_ptr<TraceReader> open_binary_reader(std::unique_ptr<FileSource> sour
 std::unique_ptr<TraceReader> open_jsonl_reader(std::unique_ptr<FileSource> source);
 
 /// TraceReader::open on a source already opened (and possibly refilled, nothing consumed).
-std::unique_ptr<TraceReader> open_reader(std::unique_ptr<FileSource> source);
+std::unique_ptr<TraceReader> open_reader(std::unique_ptr<FileSource> source,
+                                         const ReadOptions& options = {});
 /// The rest of `reader`'s events in memory (read_trace's body).
 Trace read_all(TraceReader& reader);
-/// The rest of `reader`'s events written to `out` (convert_trace's body).
-void copy_trace(TraceReader& reader, const std::string& out, Format out_format);
+/// The rest of `reader`'s events written to `out` (convert_trace's body); the reader's
+/// truncation(), if it was opened with allow_truncated and the file is cut.
+std::optional<Truncation> copy_trace(TraceReader& reader, const std::string& out, Format out_format);
 
 std::unique_ptr<TraceWriter> open_binary_writer(std::unique_ptr<FileSink> sink, const TraceInfo& info);
 std::unique_ptr<TraceWriter> open_jsonl_writer(std::unique_ptr<FileSink> sink, const TraceInfo& info);

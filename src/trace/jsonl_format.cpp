@@ -161,7 +161,7 @@ class JsonlReader final : public TraceReader {
   bool read_line();
   std::uint32_t version_ = kJsonlFormatVersion;  // of the file, from its header
   bool next_nonblank_line();
-  json parse_line() const;
+  json parse_line();
   void read_header();
   void read_end_line(const json& j) const;
   void parse_event(const json& j, TraceEvent& e);
@@ -178,6 +178,7 @@ class JsonlReader final : public TraceReader {
 
   std::string line_;            // the current line, without its line end
   std::uint64_t line_no_ = 0;   // 1-based number of line_
+  bool line_ended_ = false;     // line_ ended with '\n' (false: the last line of the file)
   bool ended_ = false;          // the end object was read
   std::unordered_map<std::string, std::uint32_t> label_ids_;  // inverse of labels_
 };
@@ -194,6 +195,7 @@ bool JsonlReader::read_line() {
     if (k > kMaxLineBytes - line_.size()) fail(fmt::format("line longer than {} bytes", kMaxLineBytes));
     line_.append(reinterpret_cast<const char*>(p), k);
     source_->advance(nl != nullptr ? k + 1 : k);
+    line_ended_ = nl != nullptr;
     if (nl != nullptr || !source_->has_more()) break;
   }
   if (!line_.empty() && line_.back() == '\r') line_.pop_back();
@@ -208,13 +210,14 @@ bool JsonlReader::next_nonblank_line() {
   return false;
 }
 
-json JsonlReader::parse_line() const {
+json JsonlReader::parse_line() {
   if (nesting_depth(line_) > kMaxJsonDepth) {
     fail(fmt::format("JSON nested deeper than {} levels (events are flat objects)", kMaxJsonDepth));
   }
   try {
     return json::parse(line_);
   } catch (const json::exception& e) {
+    if (!line_ended_) mark_cut();  // the last line, without its line end: the file was cut
     fail("malformed JSON: " + parse_error_text(e));
   }
 }

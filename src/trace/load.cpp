@@ -101,14 +101,22 @@ LoadedTrace load(const std::string& path) {
 Trace load_trace(const std::string& path) { return load(path).trace; }
 
 SourceKind convert_to_native(const std::string& in, const std::string& out, Format format) {
+  return convert_to_native(in, out, format, ReadOptions{}).kind;
+}
+
+Conversion convert_to_native(const std::string& in, const std::string& out, Format format,
+                             const ReadOptions& options) {
   OpenTrace t = open(in);
-  const SourceKind kind = t.kind;
-  if (is_native(kind)) {
-    detail::copy_trace(*detail::open_reader(std::move(t.source)), out, format);
+  Conversion result{.kind = t.kind, .truncation = std::nullopt};
+  if (is_native(t.kind)) {
+    result.truncation = detail::copy_trace(*detail::open_reader(std::move(t.source), options), out, format);
+  } else if (options.allow_truncated) {
+    throw UsageError(fmt::format("{}: allow_truncated (--allow-truncated) applies to tensorpool traces "
+                                 "(.tptrace or .jsonl), not to a {}", in, to_string(t.kind)));
   } else {
     write_trace(out, import(t, in), format);
   }
-  return kind;
+  return result;
 }
 
 }  // namespace tensorpool::trace

@@ -21,7 +21,8 @@ void HistoryRecorder::on_event(const AllocatorEvent& event) noexcept {
   try {
     std::lock_guard lock(mutex_);
     ++recorded_;
-    if (max_entries_ == 0) return;
+    // A snapshot has no record_stream action: such an entry would only take a slot.
+    if (max_entries_ == 0 || event.type == EventType::record_stream) return;
     if (entries_.size() == max_entries_) entries_.pop_front();
     entries_.push_back(HistoryEntry{event, 0});
   } catch (...) {
@@ -85,7 +86,8 @@ const char* action_name(const AllocatorEvent& e) {
     case EventType::segment_map: return "segment_map";
     case EventType::segment_unmap: return "segment_unmap";
     case EventType::oom: return "oom";
-    case EventType::empty_cache: break;
+    case EventType::empty_cache:
+    case EventType::record_stream: break;
   }
   return nullptr;
 }

@@ -19,6 +19,7 @@ check "replay --json keys" 0 '"upstream_after_first_iteration"' -- "$bin" replay
 for key in peak_requested_bytes peak_reserved_bytes utilization upstream_allocs upstream_frees upstream_ops seeding_upstream_ops upstream_ops_with_seeding syncs ooms host_ns_per_op; do
   check "compare --json has $key" 0 "\"$key\"" -- "$bin" compare "$work/g.tptrace" --json
 done
+check "replay --attempt-ooms" 0 "tensorpool" -- "$bin" replay "$work/g.tptrace" --attempt-ooms
 check "compare --warmup" 0 '"warmup": 1' -- "$bin" compare "$work/g.tptrace" --warmup 1 --json
 check "bad --warmup" 2 "warmup" -- "$bin" replay "$work/g.tptrace" --warmup -3
 check "replay explains its first OOM" 0 "first OOM of tensorpool" -- "$bin" replay "$work/g.tptrace" --capacity 64MiB
@@ -36,12 +37,19 @@ printf 'not a trace at all' >"$work/junk.bin"
 check "junk file" 1 "junk.bin" -- "$bin" info "$work/junk.bin"
 head -c 40 "$work/g.tptrace" >"$work/cut.tptrace"
 check "truncated trace names the offset" 1 "cut.tptrace: byte" -- "$bin" replay "$work/cut.tptrace"
+head -c 3000 "$work/g.tptrace" >"$work/killed.tptrace"  # as a killed recording leaves it
+check "convert --allow-truncated salvages a cut trace" 0 "cut short: kept the" -- "$bin" convert "$work/killed.tptrace" "$work/salvaged.tptrace" --allow-truncated
+check "the salvaged trace replays" 0 "tensorpool" -- "$bin" replay "$work/salvaged.tptrace"
+check "--allow-truncated still refuses a cut header" 1 "truncated header" -- "$bin" convert "$work/cut.tptrace" "$work/x.tptrace" --allow-truncated
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000001,allocate,0x1000,4096,0x0\n' >"$work/ok.csv"
+check "--allow-truncated is refused for an RMM log" 1 "applies to tensorpool traces" -- "$bin" convert "$work/ok.csv" "$work/x.tptrace" --allow-truncated
 printf '\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00}\x94(' >"$work/cut.pickle"
 check "truncated pickle names the offset" 1 "offset" -- "$bin" info "$work/cut.pickle"
 printf '\x80\x02cos\nsystem\n.' >"$work/evil.pickle"
 check "pickle with a global is refused" 1 "GLOBAL" -- "$bin" info "$work/evil.pickle"
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00:000001,allocate,0x1000,12x,0x0\n' >"$work/bad.csv"
 check "bad RMM log names the line" 1 "bad.csv:2" -- "$bin" info "$work/bad.csv"
+check "--allow-truncated is for tensorpool traces" 1 "applies to tensorpool traces" -- "$bin" convert "$work/bad.csv" "$work/x.tptrace" --allow-truncated
 check "missing file" 1 "nope.pickle" -- "$bin" info "$work/nope.pickle"
 check "convert refuses an unknown extension" 1 ".tptrace" -- "$bin" convert "$work/g.tptrace" "$work/out.txt"
 test ! -e "$work/out.txt" && passes=$((passes + 1)) || { echo "FAIL: a failed convert left a file"; failures=$((failures + 1)); }

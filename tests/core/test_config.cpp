@@ -84,3 +84,18 @@ TEST_CASE("Config::from_env reads TENSORPOOL_CONF", "[config]") {
   ::unsetenv("TENSORPOOL_CONF");
   REQUIRE(Config::from_env().max_split_size == 0);
 }
+
+TEST_CASE("config: the nvtx keys are read, printed and refused when bad", "[config]") {
+  const Config defaults;
+  REQUIRE_FALSE(defaults.nvtx);
+  REQUIRE_FALSE(defaults.nvtx_mem);
+  const Config c = Config::parse("nvtx:on,nvtx_mem:true");
+  REQUIRE(c.nvtx);
+  REQUIRE(c.nvtx_mem);
+  REQUIRE_THAT(c.to_string(), Contains("nvtx:true") && Contains("nvtx_mem:true"));
+  const Config back = Config::parse(c.to_string());
+  REQUIRE(back.nvtx);
+  REQUIRE(back.nvtx_mem);
+  REQUIRE_FALSE(Config::parse("nvtx:off").nvtx);
+  REQUIRE_THROWS_WITH(Config::parse("nvtx_mem:loud"), Contains("'nvtx_mem'") && Contains("true or false"));
+}

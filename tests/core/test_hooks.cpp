@@ -22,7 +22,7 @@ struct Recorder : Observer {
 
 }  // namespace
 
-TEST_CASE("observers see allocs, frees, segments, empty_cache and OOMs", "[hooks]") {
+TEST_CASE("observers see allocs, record_stream, frees, segments, empty_cache and OOMs", "[hooks]") {
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 64 * MiB});
   Allocator alloc(device, Config{});
   auto rec = std::make_shared<Recorder>();
@@ -40,13 +40,18 @@ TEST_CASE("observers see allocs, frees, segments, empty_cache and OOMs", "[hooks
   REQUIRE(rec->events[1].stream == s);
 
   alloc.record_stream(p, other);
+  REQUIRE(rec->types().back() == T::record_stream);
+  REQUIRE(rec->events.back().address == reinterpret_cast<Address>(p));
+  REQUIRE(rec->events.back().requested == 3000);
+  REQUIRE(rec->events.back().stream == other);
   alloc.deallocate(p);
   REQUIRE(rec->types().back() == T::free_requested);  // completion waits for `other`
   device->complete_stream(other);
   alloc.empty_cache();
-  REQUIRE(rec->types() == std::vector<T>{T::segment_alloc, T::alloc, T::free_requested,
-                                         T::free_completed, T::segment_free, T::empty_cache});
-  REQUIRE(rec->events[3].requested == 3000);
+  REQUIRE(rec->types() == std::vector<T>{T::segment_alloc, T::alloc, T::record_stream,
+                                         T::free_requested, T::free_completed, T::segment_free,
+                                         T::empty_cache});
+  REQUIRE(rec->events[4].requested == 3000);
 
   REQUIRE_THROWS_AS(alloc.allocate(100 * MiB), OutOfMemoryError);
   REQUIRE(rec->types().back() == T::oom);

@@ -380,6 +380,61 @@ class InstallTest(unittest.TestCase):
         self.assertIn("second install: tensorpool.install(): PyTorch refused the allocator", r.stdout)
 
 
+class RecordingTest(unittest.TestCase):
+    """TENSORPOOL_TRACE records a run with no code change: allocations through the library (its
+    PyTorch entry points where it has them) in a child interpreter, the file read back."""
+
+    SIZES = [3 * MiB + 100, 700, 40 * MiB, 5000]
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.dir.name, "run-%p.tptrace")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def run_recorded(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = run_python(
+            f"import sys; sys.path.insert(0, {here!r})\n"
+            "import tensorpool, test_tensorpool_module as t\n"
+            "t.setUpModule()\n"
+            "w = t.Workload()\n"
+            f"for size in {self.SIZES!r}: w.alloc(size)\n"
+            "w.free_all()\n"
+            "tensorpool.empty_cache()\n"
+            "print('pid', __import__('os').getpid())\n",
+            TENSORPOOL_TRACE=self.path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        pid = r.stdout.split()[-1]
+        return self.path.replace("%p", pid)
+
+    def test_the_file_is_complete_and_current(self):
+        path = self.run_recorded()
+        self.assertEqual(os.listdir(self.dir.name), [os.path.basename(path)])  # no .partial left
+        with open(path, "rb") as f:
+            head = f.read(12)
+        self.assertEqual(head[:8], b"\x89TPT\r\n\x1a\n")
+        self.assertEqual(int.from_bytes(head[8:12], "little"), 2)  # the format version written
+
+    @unittest.skipUnless(os.environ.get("TENSORPOOL_CLI"), "TENSORPOOL_CLI not set")
+    def test_tensorpool_info_reads_it(self):
+        path = self.run_recorded()
+        out = subprocess.run([os.environ["TENSORPOOL_CLI"], "info", path, "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        info = json.loads(out)
+        self.assertEqual(info["source"], "tensorpool-recording")
+        self.assertEqual(info["devices"], [0])
+        self.assertEqual(info["ops"]["alloc"], len(self.SIZES))
+        self.assertEqual(info["ops"]["free_requested"], len(self.SIZES))
+        self.assertEqual(info["ops"]["empty_cache"], 1)
+        self.assertEqual(info["peak_requested_bytes"], sum(self.SIZES))
+        config = [m for m in info["metadata"] if m.startswith("config=")]
+        self.assertEqual(len(config), 1, info["metadata"])
+        self.assertIn("max_split_size:", config[0])  # the settings a replay takes ...
+        self.assertNotIn("backend", config[0])       # ... without the registry's backend key
+
+
 def torch_importable():
     try:
         import torch  # noqa: F401

@@ -56,11 +56,12 @@ int run(const std::string& target, const std::string& bytes) {
 TEST_CASE("fuzz corpus: pickle", "[fuzz-corpus]") { CHECK(replay("pickle") >= 5); }
 TEST_CASE("fuzz corpus: pytorch_snapshot", "[fuzz-corpus]") { CHECK(replay("pytorch_snapshot") >= 5); }
 TEST_CASE("fuzz corpus: trace", "[fuzz-corpus]") { CHECK(replay("trace") >= 4); }
+TEST_CASE("fuzz corpus: recording", "[fuzz-corpus]") { CHECK(replay("recording") >= 6); }
 TEST_CASE("fuzz corpus: rmm_log", "[fuzz-corpus]") { CHECK(replay("rmm_log") >= 4); }
 TEST_CASE("fuzz corpus: config", "[fuzz-corpus]") { CHECK(replay("config") >= 5); }
 
 TEST_CASE("fuzz harness: every target refuses garbage without crashing", "[fuzz-corpus]") {
-  for (const char* target : {"pickle", "pytorch_snapshot", "trace", "rmm_log", "config"}) {
+  for (const char* target : {"pickle", "pytorch_snapshot", "trace", "recording", "rmm_log", "config"}) {
     INFO(target);
     CHECK_NOTHROW(run(target, ""));
     CHECK_NOTHROW(run(target, std::string("\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff", 11)));

@@ -68,6 +68,12 @@ struct ReplayOptions {
   /// address still live frees the old block first, seed segments are adopted only once, and only
   /// the last pass is measured.
   int warmup = 0;
+  /// Presents the requests that failed in the recording run (oom events) to the target too, as
+  /// allocations expected to fail: a failed attempt has effects (the target releases cached
+  /// memory before it gives up), which a replay must repeat to follow a live recording of the
+  /// same allocator exactly. A request the target can serve is freed at once (the program did
+  /// not get the memory); one it refuses counts in ooms. Off: oom events are only read.
+  bool attempt_ooms = false;
   /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
   /// UsageError for a target that cannot export: before replaying anything for a registered
   /// one, when the first device's target is built for one from make_target.

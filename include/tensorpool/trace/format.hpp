@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,12 +68,40 @@ class TraceFormatError : public Error {
   std::string problem_;
 };
 
+struct ReadOptions {
+  /// Accept a file that ends early, such as a live recording cut by a crash or a kill: next()
+  /// returns false where the file is cut and truncation() says where and what was cut. Only the
+  /// end of the file is forgiven (an incomplete last record, a missing end record or, in JSON
+  /// lines, an unfinished last line); every other error is thrown as in the strict mode, and a
+  /// file cut inside its header still fails to open.
+  bool allow_truncated = false;
+};
+
+/// How a file read with ReadOptions::allow_truncated ended early.
+struct Truncation {
+  std::uint64_t position = 0;  // byte offset (binary) or line (JSON lines) of the cut record
+  std::uint64_t file_bytes = 0;      // the size of the file
+  std::uint64_t events = 0;          // events before the cut, all returned by next()
+  /// The last checkpoint record (binary files of a live recording, docs/trace-format.md): the
+  /// first verified_events events, the file's first verified_bytes bytes, passed its CRC-32.
+  std::uint64_t verified_events = 0;
+  std::uint64_t verified_bytes = 0;
+  std::string problem;  // the strict reader's error message
+};
+
+class TraceReader;
+namespace detail {
+/// TraceReader::open on an opened source (src/trace/format.cpp; load.cpp uses it too).
+std::unique_ptr<TraceReader> open_reader(std::unique_ptr<FileSource> source, const ReadOptions& options);
+}  // namespace detail
+
 /// Streams the events of a trace file, in file order.
 class TraceReader {
  public:
   /// Opens `path` and reads its header; the format is chosen from the file's first bytes (the
   /// binary magic, or '{' for JSON lines), not from its name.
   static std::unique_ptr<TraceReader> open(const std::string& path);
+  static std::unique_ptr<TraceReader> open(const std::string& path, const ReadOptions& options);
 
   virtual ~TraceReader();
   TraceReader(const TraceReader&) = delete;
@@ -99,8 +128,20 @@ class TraceReader {
   /// The number of the line read last (JSON lines); 0 for binary files.
   virtual std::uint64_t line() const noexcept { return 0; }
 
+  /// Set once next() has returned false at a cut, with ReadOptions::allow_truncated.
+  const std::optional<Truncation>& truncation() const noexcept { return truncation_; }
+
  protected:
   TraceReader(std::unique_ptr<detail::FileSource> source, Format format);
+
+  /// Called by a format just before it throws the error of a file that ends early, so that the
+  /// tolerant mode ends the trace there instead.
+  void mark_cut() noexcept { cut_ = true; }
+  /// Called by a format after verifying a checkpoint.
+  void mark_verified(std::uint64_t events, std::uint64_t bytes) noexcept {
+    verified_events_ = events;
+    verified_bytes_ = bytes;
+  }
 
   /// The format's next(): the next event, or false at the end (checked). Called until it returns
   /// false or throws, never after.
@@ -114,8 +155,24 @@ class TraceReader {
   std::uint64_t events_read_ = 0;
 
  private:
+  friend std::unique_ptr<TraceReader> detail::open_reader(std::unique_ptr<detail::FileSource>,
+                                                         const ReadOptions&);
+  bool end_at_cut(const TraceFormatError& error);
+
+  ReadOptions options_;  // set once by detail::open_reader
   bool done_ = false;
+  bool cut_ = false;  // the error being thrown is that of a file ending early
+  std::uint64_t verified_events_ = 0;
+  std::uint64_t verified_bytes_ = 0;
+  std::optional<Truncation> truncation_;
   std::exception_ptr error_;  // the exception read_next() threw, rethrown by later calls
+};
+
+struct WriteOptions {
+  /// The name of the temporary file finish() renames to the target ("": TARGET.tmp-<random>).
+  /// A live recording names it, so that a process killed before finish() leaves a file one
+  /// can find. It is created exclusively all the same.
+  std::string temp_path;
 };
 
 /// Writes a trace file as a stream of events. The data goes to a temporary file next to `path`
@@ -127,6 +184,8 @@ class TraceWriter {
   /// Creates the temporary file and writes the header. Throws Error if it cannot be created.
   static std::unique_ptr<TraceWriter> open(const std::string& path, Format format,
                                            const TraceInfo& info);
+  static std::unique_ptr<TraceWriter> open(const std::string& path, Format format,
+                                           const TraceInfo& info, const WriteOptions& options);
 
   virtual ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
@@ -142,9 +201,17 @@ class TraceWriter {
   /// Appends `event` with its label given as text (interned; "" = no label).
   void write(TraceEvent event, std::string_view label_text);
 
+  /// Hands everything written so far to the OS, after a checkpoint record in binary files (the
+  /// event count and the CRC-32 of every byte before it): a process killed afterwards leaves a
+  /// temporary file that ReadOptions::allow_truncated reads up to here, verified. Throws Error
+  /// like write().
+  void checkpoint();
+
   /// Writes the end of the trace, flushes and syncs the file and renames it to path(). Throws
   /// Error on failure, after removing the temporary file.
   void finish();
+  /// The file the data goes to until finish() (path() itself for a device or a FIFO).
+  const std::string& temp_path() const noexcept;
 
   Format format() const noexcept { return format_; }
   const std::string& path() const noexcept { return path_; }
@@ -159,6 +226,8 @@ class TraceWriter {
   virtual void on_label(std::uint32_t id, std::string_view text) = 0;
   virtual void on_event(const TraceEvent& event) = 0;
   virtual void on_finish() = 0;
+  /// Appends a checkpoint record, in formats that have one.
+  virtual void on_checkpoint() {}
 
   /// Owns the temporary file: its destructor removes it unless committed. Never null.
   std::unique_ptr<detail::FileSink> sink_;
@@ -193,5 +262,9 @@ void write_trace(const std::string& path, const Trace& trace, Format format);
 
 /// Streams `in` (either format) into `out` in `out_format`; memory is independent of the length.
 void convert_trace(const std::string& in, const std::string& out, Format out_format);
+/// The same with `options`: with allow_truncated, a file that ends early (a killed recording) is
+/// converted up to its cut into a complete file, and the truncation is returned.
+std::optional<Truncation> convert_trace(const std::string& in, const std::string& out,
+                                        Format out_format, const ReadOptions& options);
 
 }  // namespace tensorpool::trace

@@ -3,6 +3,7 @@
 // reader then consumes.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "tensorpool/trace/event.hpp"
@@ -33,5 +34,15 @@ Trace load_trace(const std::string& path);
 /// native inputs are streamed (memory independent of their length), the others imported whole.
 /// Returns the kind of `in`.
 SourceKind convert_to_native(const std::string& in, const std::string& out, Format format);
+
+struct Conversion {
+  SourceKind kind = SourceKind::native_binary;
+  std::optional<Truncation> truncation;  // where a native input was cut (allow_truncated only)
+};
+/// The same with `options`: with allow_truncated, a native trace that ends early (a killed live
+/// recording) is converted up to its cut into a complete file. Throws UsageError for
+/// allow_truncated on a PyTorch snapshot or an RMM log (the option is the native readers').
+Conversion convert_to_native(const std::string& in, const std::string& out, Format format,
+                             const ReadOptions& options);
 
 }  // namespace tensorpool::trace

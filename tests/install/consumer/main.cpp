@@ -1,7 +1,8 @@
-// Uses the installed allocator (virtual-memory mode on a simulated device), the workload and the
-// replay layers.
+// Uses the installed allocator (virtual-memory mode on a simulated device), a live recording, and
+// the workload and replay layers.
 #include <cstdio>
 
+#include "tensorpool/record.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/workload/generator.hpp"
 
@@ -12,8 +13,10 @@ int main() {
   using namespace tensorpool;
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * GiB});
   Allocator alloc(device, Config::parse("mode:vmm"));
+  Recording rec = start_recording(alloc, "/dev/null");  // a device: written in place
   void* p = alloc.allocate(100 * MiB);
   alloc.deallocate(p);
+  if (!rec.stop() || rec.status().events_written == 0) return 1;
   alloc.empty_cache();
   if (alloc.usage().reserved != 0) return 1;
 
