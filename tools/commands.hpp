@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tensorpool/cost_model.hpp"
+#include "tensorpool/replay/fit.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/types.hpp"
 #include "tensorpool/workload/generator.hpp"
@@ -39,7 +40,8 @@ int cmd_demo(bool json);
 int cmd_allocators(bool json);
 /// export.cpp: replays against options.allocators[0] and writes a PyTorch memory snapshot.
 int cmd_export(const RunOptions& options, const std::string& out, std::size_t max_entries);
-/// report_cmd.cpp: replays against options.allocators and writes an HTML report to `out`.
-int cmd_report(const RunOptions& options, const std::string& out);
+/// report_cmd.cpp: replays against options.allocators and writes an HTML report to `out`; with
+/// `fit` (--fit), each allocator's smallest device too (its threads and tolerances).
+int cmd_report(const RunOptions& options, const std::string& out, const replay::FitOptions* fit);
 
 }  // namespace tensorpool::cli

@@ -2,10 +2,12 @@
 // as a table (with the first OOM just below each fit explained) or as JSON.
 #include "fit.hpp"
 
+#include <algorithm>
 #include <iostream>
 
 #include <fmt/format.h>
 
+#include "progress.hpp"
 #include "report.hpp"
 #include "tensorpool/trace/load.hpp"
 
@@ -91,13 +93,32 @@ std::vector<replay::FitTarget> fit_targets(const RunOptions& run) {
   return targets;
 }
 
+std::uint64_t expected_fit_replays(const trace::Trace& t, const replay::FitOptions& o) {
+  replay::TraceSource source(t);
+  std::uint64_t replays = 0;
+  for (const auto& d : replay::baseline(source, "requested", o.device).devices) {
+    const std::size_t peak = d.result.peak_requested;
+    std::size_t hi = std::max<std::size_t>((peak + peak / 4 + MiB - 1) / MiB * MiB, 2 * MiB);
+    std::size_t lo = peak > 0 ? peak - 1 : 0;
+    replays += 2;  // the upper bound, the check 1% below
+    const auto tolerance = std::max({static_cast<std::size_t>(static_cast<double>(hi) * o.relative_tolerance),
+                                     o.absolute_tolerance, std::size_t{1}});
+    for (; hi - lo > tolerance; ++replays) lo += (hi - lo) / 2;
+  }
+  return replays * o.targets.size();
+}
+
 int cmd_fit(const RunOptions& run, const replay::FitOptions& search) {
   const trace::Trace t = trace::load_trace(run.trace);
   replay::FitOptions o = search;
   o.targets = fit_targets(run);
   o.device = run.device;
   o.warmup = run.warmup;
+  Progress progress(Progress::wanted(run.quiet, run.json), expected_fit_replays(t, o));
+  progress.step(fmt::format("fit: {} allocator(s)", o.targets.size()));
+  if (progress.enabled()) o.on_replay = [&progress] { progress.add(1); };
   const auto results = replay::fit(t, o);
+  progress.finish();
   if (run.json) {
     const nlohmann::json j = {{"trace", run.trace},
                               {"relative_tolerance", o.relative_tolerance},

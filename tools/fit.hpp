@@ -17,9 +17,13 @@ namespace tensorpool::cli {
 /// and compare (its --conf and --allocator-conf settings, the --cost-model).
 std::vector<replay::FitTarget> fit_targets(const RunOptions& run);
 
-/// fit: run.trace, run.allocators, run.confs, run.device, run.warmup, run.json; from `search`
-/// its threads and tolerances (--threads, --precision-pct, --precision-bytes).
+/// fit: run.trace, run.allocators, run.confs, run.device, run.warmup, run.json, run.quiet; from
+/// `search` its threads and tolerances (--threads, --precision-pct, --precision-bytes).
 int cmd_fit(const RunOptions& run, const replay::FitOptions& search);
+
+/// About how many replays replay::fit(trace, options) makes (for a progress bar): per target and
+/// device, the first upper bound, the bisection down to the tolerance, and the check 1% below.
+std::uint64_t expected_fit_replays(const trace::Trace& trace, const replay::FitOptions& options);
 
 /// The fit table (one row per allocator and device) and each first OOM just below a fit;
 /// `options`: the search's (for the tolerance the legend states).

@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "progress.hpp"
+#include "tensorpool/replay/fit.hpp"
 #include "tensorpool/replay/memory_map.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/replay/timeline.hpp"
@@ -32,6 +33,7 @@ struct AllocatorPanel {
   replay::Timeline timeline;            // memory over time (TimelineRecorder)
   std::optional<replay::MemoryMap> peak_map;  // at timeline.peak_event (nullopt: keeps no map)
   std::optional<replay::MemoryMap> oom_map;   // at result.first_oom
+  std::optional<replay::DeviceFit> fit;       // with --fit: the smallest device it replays on
 };
 
 /// Allocation sites by the bytes they held at the trace's peak of requested bytes.
@@ -65,12 +67,14 @@ struct ReportData {
 int report_device(const trace::Trace& trace, int requested);
 
 /// Replays the device's events against each allocator twice (the timeline and first OOM, then
-/// the map at the peak of reserved), counting every event read on `progress`.
+/// the map at the peak of reserved) and, with `fit` (--fit: its threads and tolerances), searches
+/// each allocator's smallest device (replay::fit), counting every event read on `progress`.
 ReportData collect_report(const trace::Trace& trace, const std::string& kind, const RunOptions& options,
-                          Progress& progress);
+                          const replay::FitOptions* fit, Progress& progress);
 
-/// Work units collect_report() counts on its Progress for `trace` (events read by its replays).
-std::uint64_t report_work(const trace::Trace& trace, const RunOptions& options);
+/// Work units collect_report() counts on its Progress for `trace` (events read by its replays;
+/// the fit's replays estimated).
+std::uint64_t report_work(const trace::Trace& trace, const RunOptions& options, const replay::FitOptions* fit);
 
 /// The page: inline CSS and script, the data as JSON in the page.
 std::string render_html(const ReportData& data);

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "fit.hpp"
 #include "html_report.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/timeline.hpp"
@@ -129,6 +130,21 @@ AllocatorPanel replay_panel(const trace::Trace& t, int device, const RunOptions&
   return panel;
 }
 
+// --fit: each allocator's smallest device for the report's device (replay::fit, in parallel).
+void fit_panels(const trace::Trace& t, int device, const RunOptions& o, const replay::FitOptions& search,
+                Progress& progress, std::vector<AllocatorPanel>& panels) {
+  replay::FitOptions f = search;
+  f.targets = fit_targets(o);
+  f.device = device;
+  f.warmup = o.warmup;
+  const std::uint64_t pass = t.events.size() * static_cast<std::uint64_t>(o.warmup + 1);
+  if (progress.enabled()) f.on_replay = [&progress, pass] { progress.add(pass); };
+  progress.step(fmt::format("report: fit of {} allocator(s)", f.targets.size()));
+  const std::vector<replay::FitResult> fits = replay::fit(t, f);
+  for (std::size_t i = 0; i < fits.size() && i < panels.size(); ++i)
+    if (!fits[i].devices.empty()) panels[i].fit = fits[i].devices.front();
+}
+
 }  // namespace
 
 int report_device(const trace::Trace& t, int requested) {
@@ -151,15 +167,23 @@ int report_device(const trace::Trace& t, int requested) {
   return best;
 }
 
-std::uint64_t report_work(const trace::Trace& t, const RunOptions& o) {
+std::uint64_t report_work(const trace::Trace& t, const RunOptions& o, const replay::FitOptions* fit) {
   const int device = report_device(t, o.device);
   const auto events = static_cast<std::uint64_t>(
       std::count_if(t.events.begin(), t.events.end(), [&](const TraceEvent& e) { return e.device == device; }));
-  return events * static_cast<std::uint64_t>(o.warmup + 1) * 2 * o.allocators.size();
+  const std::uint64_t pass = events * static_cast<std::uint64_t>(o.warmup + 1);
+  std::uint64_t work = pass * 2 * o.allocators.size();
+  if (fit != nullptr) {
+    replay::FitOptions f = *fit;
+    f.targets = fit_targets(o);
+    f.device = device;
+    work += pass * expected_fit_replays(t, f);
+  }
+  return work;
 }
 
 ReportData collect_report(const trace::Trace& full, const std::string& kind, const RunOptions& o,
-                          Progress& progress) {
+                          const replay::FitOptions* fit, Progress& progress) {
   ReportData data;
   data.trace_path = o.trace;
   data.kind = kind;
@@ -181,6 +205,7 @@ ReportData collect_report(const trace::Trace& full, const std::string& kind, con
   top_sites_at_peak(t, data);
   for (std::size_t i = 0; i < o.allocators.size(); ++i)
     data.allocators.push_back(replay_panel(t, data.device, o, i, progress));
+  if (fit != nullptr) fit_panels(t, data.device, o, *fit, progress, data.allocators);
   return data;
 }
 

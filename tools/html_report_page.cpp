@@ -12,7 +12,8 @@
 //   top_sites [{label, bytes, blocks}]
 //   allocators [{name, conf, result {...}, allocated/reserved/unallocated {min[], max[]},
 //                largest_free [] (empty: no map), peak {event, time_us, reserved, allocated},
-//                peak_map, first_oom, oom_map}]
+//                peak_map, oom_map, fit (null without --fit: {fits, capacity, ratio, verified,
+//                monotone, replays})}]
 //   labels {id: text}                          the labels the rest names
 // A map is {segments: [[address, size, stream, heap, [[offset, size, state, stream, label,
 // requested], ...]], ...]}; state 0 free, 1 allocated, 2 pending free, 3 unmapped; stream -1:
@@ -65,6 +66,12 @@ json map_json(const std::optional<replay::MemoryMap>& m, std::set<std::uint32_t>
   return {{"segments", std::move(segments)}};
 }
 
+json fit_json(const std::optional<replay::DeviceFit>& f) {
+  if (!f) return nullptr;
+  return {{"fits", f->fits},         {"capacity", f->capacity}, {"ratio", f->ratio},
+          {"verified", f->verified}, {"monotone", f->monotone}, {"replays", f->replays}};
+}
+
 json band_json(const replay::Band& b) { return {{"min", b.min}, {"max", b.max}}; }
 
 json histogram_json(const trace::Histogram& h) {
@@ -83,7 +90,8 @@ json panel_json(const AllocatorPanel& p, const trace::Trace& labels_of, std::set
             {"peak", {{"event", t.peak_event}, {"time_us", t.peak_time_us}, {"reserved", t.peak_reserved},
                       {"allocated", t.allocated_at_peak}}},
             {"peak_map", map_json(p.peak_map, labels)},
-            {"oom_map", map_json(p.oom_map, labels)}};
+            {"oom_map", map_json(p.oom_map, labels)},
+            {"fit", fit_json(p.fit)}};
   if (p.result.first_oom && p.result.first_oom->label != 0) labels.insert(p.result.first_oom->label);
   return j;
 }

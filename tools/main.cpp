@@ -151,6 +151,8 @@ int main(int argc, char** argv) {
   add_run_options(report_cmd);
   report_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
   report_cmd->add_option("-o,--output", out_path, "Report to write (.html)")->required();
+  bool report_fit = false;
+  report_cmd->add_flag("--fit", report_fit, "Also the smallest device each allocator fits (as tensorpool fit: 0.5% or 2 MiB)");
   report_cmd->get_option("--device")->description("Report on this device of the trace (default: the one with the most allocations)");
 
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
@@ -185,7 +187,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 50.0));
   fit_cmd->add_option("--precision-bytes", precision_bytes,
                       "... or this many bytes, whichever is larger (default 2MiB; 0: the percentage only)");
-  fit_cmd->add_flag("--json", json, "Machine-readable output");
+  fit_cmd->add_flag("--json", json, "Machine-readable output (no progress bar)");
+  fit_cmd->add_flag("-q,--quiet", quiet, "No progress bar (drawn on stderr only when it is a terminal)");
 
   cli::WorkloadArgs plan_args;
   auto* plan_cmd = app.add_subcommand("plan", "The largest micro-batch each allocator fits, and the changes that fit a larger one");
@@ -195,7 +198,8 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
   add_target_options(plan_cmd);
   plan_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
-  plan_cmd->add_flag("--json", json, "Machine-readable output");
+  plan_cmd->add_flag("--json", json, "Machine-readable output (no progress bar)");
+  plan_cmd->add_flag("-q,--quiet", quiet, "No progress bar (drawn on stderr only when it is a terminal)");
 
   try {
     app.parse(argc, argv);
@@ -237,7 +241,7 @@ int main(int argc, char** argv) {
     if (!parse_bytes(precision_bytes, fit_search.absolute_tolerance))
       throw CLI::ValidationError("--precision-bytes", "'" + precision_bytes + "' is not a size such as 2MiB or 0");
     if (plan_cmd->parsed()) {
-      plan = {cli::workload_setup(plan_args), {}, run.capacity, threads, json};
+      plan = {cli::workload_setup(plan_args), {}, run.capacity, threads, json, quiet, {}};
       cli::check_plan(plan.setup);
     }
   } catch (const CLI::ValidationError& e) {
@@ -265,7 +269,7 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path, allow_truncated);
     if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
-    if (report_cmd->parsed()) return cli::cmd_report(run, out_path);
+    if (report_cmd->parsed()) return cli::cmd_report(run, out_path, report_fit ? &fit_search : nullptr);
     if (generate->parsed())
       return gen_args.given() ? cli::cmd_generate_workload(out_path, workload_setup) : cli::cmd_generate(out_path, generator);
     if (fit_cmd->parsed()) return cli::cmd_fit(run, fit_search);

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "progress.hpp"
 #include "report.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
@@ -70,7 +71,7 @@ std::size_t peak_requested_at(const WorkloadSetup& s, std::uint64_t mb) {
 std::vector<PlanFit> search(const WorkloadSetup& s, const PlanOptions& o, const std::vector<std::uint64_t>& candidates,
                             unsigned threads) {
   const auto& targets = o.targets;
-  const auto found = replay::largest_fitting(candidates, family_of(s), targets, o.capacity, threads);
+  const auto found = replay::largest_fitting(candidates, family_of(s), targets, o.capacity, threads, o.on_replay);
   std::vector<PlanFit> fits;
   for (const auto& f : found) {
     PlanFit p;
@@ -228,8 +229,21 @@ nlohmann::json plan_json(const PlanReport& r) {
           {"changes", changes}};
 }
 
-int cmd_plan(const PlanOptions& o) {
+// About how many replays make_plan() makes: a bisection over the candidates per allocator, for
+// the setup and for each change.
+std::uint64_t expected_plan_replays(const PlanOptions& o) {
+  std::uint64_t per_search = 0;
+  for (std::size_t n = micro_batch_candidates(o.setup).size() + 1; n > 1; n = (n + 1) / 2) ++per_search;
+  return per_search * o.targets.size() * (1 + workload::setup_changes(o.setup).size());
+}
+
+int cmd_plan(const PlanOptions& options) {
+  PlanOptions o = options;
+  Progress progress(Progress::wanted(o.quiet, o.json), expected_plan_replays(o));
+  progress.step(fmt::format("plan: {} allocator(s), the setup and its changes", o.targets.size()));
+  if (progress.enabled()) o.on_replay = [&progress] { progress.add(1); };
   const PlanReport r = make_plan(o);
+  progress.finish();
   if (o.json) {
     std::cout << plan_json(r).dump(2) << "\n";
   } else {

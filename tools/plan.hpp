@@ -4,6 +4,7 @@
 // a larger micro-batch fit, ranked by the memory they save.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,10 @@ struct PlanOptions {
   std::size_t capacity = 0;
   unsigned threads = 0;  // 0: one per core
   bool json = false;
+  bool quiet = false;    // no progress bar (progress.hpp)
+  /// Called after each replay of the searches, from any of their threads (thread-safe); empty:
+  /// never. cmd_plan() sets it to its progress bar.
+  std::function<void()> on_replay;
 };
 
 /// What one allocator fits with one setup.

@@ -71,7 +71,10 @@ void Progress::draw(bool force) {
   const auto now = std::chrono::steady_clock::now();
   if (!force && now - last_draw_ < kRedrawEvery) return;
   last_draw_ = now;
-  const double fraction = static_cast<double>(done_) / static_cast<double>(total_);
+  // Short of 100% until finish(): a total that was an estimate (fit's bisections) may be reached
+  // early.
+  const double counted = static_cast<double>(done_) / static_cast<double>(total_);
+  const double fraction = finished_ ? 1.0 : std::min(counted, 0.99);
   const int filled = static_cast<int>(fraction * kBarWidth);
   std::string bar(static_cast<std::size_t>(filled), '=');
   if (filled < kBarWidth) bar += '>' + std::string(static_cast<std::size_t>(kBarWidth - filled - 1), ' ');

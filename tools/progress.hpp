@@ -22,7 +22,8 @@ class Progress {
   /// Whether a bar should be drawn: stderr is a terminal, and neither --quiet nor --json.
   static bool wanted(bool quiet, bool json);
 
-  /// A bar over `total` units of work (events replayed, ...); draws nothing unless `enabled`.
+  /// A bar over `total` units of work (events replayed, replays, ...); draws nothing unless
+  /// `enabled`. The total may be an estimate: the bar stays below 100% until finish().
   Progress(bool enabled, std::uint64_t total);
   ~Progress();
   Progress(const Progress&) = delete;

@@ -15,7 +15,7 @@
 
 namespace tensorpool::cli {
 
-int cmd_report(const RunOptions& o, const std::string& out) {
+int cmd_report(const RunOptions& o, const std::string& out, const replay::FitOptions* fit) {
   const trace::LoadedTrace loaded = trace::load(o.trace);
   try {
     report_device(loaded.trace, o.device);
@@ -23,8 +23,8 @@ int cmd_report(const RunOptions& o, const std::string& out) {
     fmt::print(stderr, "tensorpool: error: {}\n", e.what());
     return 2;
   }
-  Progress progress(Progress::wanted(o.quiet, o.json), report_work(loaded.trace, o));
-  const ReportData data = collect_report(loaded.trace, trace::to_string(loaded.kind), o, progress);
+  Progress progress(Progress::wanted(o.quiet, o.json), report_work(loaded.trace, o, fit));
+  const ReportData data = collect_report(loaded.trace, trace::to_string(loaded.kind), o, fit, progress);
   const std::string page = render_html(data);
   trace::pytorch::write_file_atomically(out, page);
   progress.finish();

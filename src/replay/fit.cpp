@@ -222,12 +222,15 @@ std::vector<FitResult> fit(const trace::Trace& trace, const FitOptions& options)
     std::map<std::size_t, std::string> refused;  // capacities the target could not be built on
     DeviceFit d = search_capacity(
         [&](std::size_t capacity) {
+          ReplayResult r;
           try {
-            return replay_at(trace, target, capacity, device, options.warmup).total;
+            r = replay_at(trace, target, capacity, device, options.warmup).total;
           } catch (const ConfigError& e) {
             refused[capacity] = e.what();
-            return refused_result(target.allocator, device);
+            r = refused_result(target.allocator, device);
           }
+          if (options.on_replay) options.on_replay();
+          return r;
         },
         floor, options);
     if (d.below && refused.count(d.below_capacity) != 0) d.below_refused = refused[d.below_capacity];
@@ -294,7 +297,8 @@ bool no_oom(const ReplayReport& r) { return r.total.ooms == 0; }
 std::vector<LargestFit> largest_fitting(const std::vector<std::uint64_t>& candidates,
                                         const TraceFamily& family,
                                         const std::vector<FitTarget>& targets,
-                                        std::size_t capacity, unsigned threads) {
+                                        std::size_t capacity, unsigned threads,
+                                        const std::function<void()>& on_replay) {
   FamilyCache cache(candidates, family);
   std::vector<LargestFit> results(targets.size());
   parallel_for(targets.size(), threads, [&](std::size_t t) {
@@ -309,6 +313,7 @@ std::vector<LargestFit> largest_fitting(const std::vector<std::uint64_t>& candid
       std::shared_ptr<const trace::Trace> member = cache.get(static_cast<std::size_t>(mid));
       ReplayReport r = replay_at(*member, targets[t], capacity);
       ++out.replays;
+      if (on_replay) on_replay();
       if (no_oom(r)) {
         lo = mid;
         out.at_best = std::move(r);

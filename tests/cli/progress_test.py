@@ -101,5 +101,22 @@ with tempfile.TemporaryDirectory() as work:
     status, out, tty = on_tty([binary, "compare", small])
     check("compare of a small trace: no bar", status == 0 and not bar_frames(tty), repr(tty[:200]))
 
+    # fit and plan: a bar over their replays (whose number the bar estimates), ending at 100%.
+    status, out, tty = on_tty([binary, "fit", small, "--allocators", "tensorpool,pytorch"])
+    frames = bar_frames(tty)
+    check("fit draws a bar that finishes", status == 0 and frames and "fit: 2 allocator(s)" in tty
+          and "100%" in frames[-1] and all("100%" not in f for f in frames[:-1]), repr(tty[:300]))
+    check("fit's table stays on stdout", "fits GiB" in out and "\r" not in out, repr(out[:200]))
+    status, out, tty = on_tty([binary, "fit", small, "--allocators", "tensorpool", "--json"])
+    check("fit --json: no bar, JSON on stdout", status == 0 and not bar_frames(tty) and json.loads(out)["allocators"], repr(tty))
+    plan = [binary, "plan", "--model", "custom", "--global-batch", "16", "--capacity", "3GiB", "--allocators", "tensorpool",
+            "--options", "layers:2,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:4000,seq:512,steps:1"]
+    status, out, tty = on_tty(plan)
+    frames = bar_frames(tty)
+    check("plan draws a bar that finishes", status == 0 and frames and "plan: 1 allocator(s)" in tty and "100%" in frames[-1],
+          repr(tty[:300]))
+    status, out, err = piped(plan)
+    check("plan piped: no bar", status == 0 and "\r" not in err and "ETA" not in err, repr(err[:200]))
+
 print(f"{passes} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """`tensorpool report` pages rendered in headless Chromium: every panel is there, every chart is
 drawn (its SVG has non-empty paths, a map has blocks), the page says it rendered without error
-and the console shows nothing. Rendered: a generated trace (always), the same on a device too
-small for it (the OOM panel and its maps), and a shared PyTorch snapshot when ../shared/traces
-has it. A deliberately broken page must be caught by the same checks.
+and the console shows nothing. Rendered: a generated trace with --fit (the summary's fit column),
+the same on a device too small for it (the OOM panel and its maps), and a shared PyTorch
+snapshot when ../shared/traces has it. A deliberately broken page must be caught by the same checks.
 
 Needs Debian's `chromium` (scripts/install-deps.sh report installs it); exits 77, which CTest
 counts as skipped, when no Chromium is found.
@@ -85,7 +85,7 @@ def render(page_path, work):
     return p.stdout.decode(errors="replace"), console
 
 
-def problems(page_path, work, expect_ooms=0, allocators=8):
+def problems(page_path, work, expect_ooms=0, allocators=8, expect_fit=False):
     """What is wrong with the rendered page (empty: nothing)."""
     dom, console = render(page_path, work)
     page = Page()
@@ -112,8 +112,10 @@ def problems(page_path, work, expect_ooms=0, allocators=8):
     oom_maps = sum(1 for panel, _, _ in kinds.get("map", []) if panel == "oom")
     if oom_maps != expect_ooms or page.verdicts != expect_ooms:
         out.append(f"{oom_maps} maps and {page.verdicts} explanations in the OOM panel, expected {expect_ooms}")
-    ms = page.body.get("data-render-ms")
-    print(f"  {os.path.basename(page_path)}: {len(page.charts)} charts, drawn in {ms} ms")
+    if ("<th>fits in</th>" in dom) != expect_fit:
+        out.append("the summary's fit column is " + ("missing" if expect_fit else "there without --fit"))
+    ms = page.body.get("data-open-ms")
+    print(f"  {os.path.basename(page_path)}: {len(page.charts)} charts, open in {ms} ms")
     return out
 
 
@@ -139,8 +141,8 @@ with tempfile.TemporaryDirectory() as work:
     subprocess.run([binary, "generate", fixture, "--options", "layers:4,hidden:1024,vocab:8000,iterations:4"],
                    check=True, capture_output=True)
     page = os.path.join(work, "fixture.html")
-    report(fixture, page)
-    expect("the fixture's report", problems(page, work))
+    report(fixture, page, "--fit")
+    expect("the fixture's report", problems(page, work, expect_fit=True))
 
     oom_page = os.path.join(work, "oom.html")
     report(fixture, oom_page, "--capacity", "256MiB", "--allocators", "tensorpool,pytorch,cub")

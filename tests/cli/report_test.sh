@@ -41,6 +41,14 @@ others=$(grep -Eo 'https?://[^"'"'"' )]*' "$work/r.html" | grep -v '^http://www.
 [ "$(report_json "$work/r.html" "all(a['result']['first_oom'] is None for a in d['allocators'])")" = "True" ] \
   && pass || fail "an OOM on an 80 GiB device"
 
+# --fit: each allocator's smallest device, as `tensorpool fit` finds it; without it, none.
+[ "$(report_json "$work/r.html" "all(a['fit'] is None for a in d['allocators'])")" = "True" ] && pass || fail "a fit without --fit"
+"$bin" report "$work/g.tptrace" -o "$work/fit.html" --fit --allocators tensorpool,pytorch -q 2>/dev/null
+"$bin" fit "$work/g.tptrace" --allocators tensorpool,pytorch --json >"$work/fit.json"
+want=$(python3 -c "import json,sys; print([a['capacity_bytes'] for a in json.load(open(sys.argv[1]))['allocators']])" "$work/fit.json")
+got=$(report_json "$work/fit.html" "[a['fit']['capacity'] for a in d['allocators'] if a['fit']['fits'] and a['fit']['verified']]")
+[ -n "$want" ] && [ "$want" = "$got" ] && pass || fail "report --fit gives $got, tensorpool fit $want"
+
 # A device too small: the first OOM of each allocator, and the map at that moment.
 "$bin" report "$work/g.tptrace" -o "$work/oom.html" --capacity 64MiB --allocators tensorpool,pytorch -q 2>/dev/null
 [ "$(report_json "$work/oom.html" "all(a['result']['first_oom'] and a['oom_map'] for a in d['allocators'])")" = "True" ] \
@@ -62,7 +70,7 @@ printf 'old report' >"$work/keep.html"
 printf 'not a trace' >"$work/junk.bin"
 check "bad trace" 1 "junk.bin" -- "$bin" report "$work/junk.bin" -o "$work/keep.html"
 [ "$(cat "$work/keep.html")" = "old report" ] && pass || fail "a failed report changed the old one"
-leftovers=$(ls -A "$work" | grep -v -E '^(g.tptrace|r.html|oom.html|keep.html|junk.bin)$')
+leftovers=$(ls -A "$work" | grep -v -E '^(g.tptrace|r.html|fit.html|fit.json|oom.html|keep.html|junk.bin)$')
 [ -z "$leftovers" ] && pass || fail "files left behind: $leftovers"
 
 finish

@@ -249,3 +249,31 @@ TEST_CASE("fit on the shared traces: every answer is checked 1% below", "[fit][s
     CHECK(replay_at(t, FitTarget{r.allocator, ""}, r.capacity).total.ooms == 0);
   }
 }
+
+TEST_CASE("fit and largest_fitting call on_replay once per replay, from any thread", "[fit][progress]") {
+  std::atomic<int> calls{0};
+  FitOptions o;
+  o.targets = {{"tensorpool", ""}, {"pytorch", ""}, {"raw", ""}};
+  o.threads = 3;
+  o.on_replay = [&] { ++calls; };
+  const auto results = fit(fixture(), o);
+  int replays = 0;
+  for (const FitResult& r : results)
+    for (const DeviceFit& d : r.devices) replays += d.replays;
+  CHECK(replays > 3 * 3);
+  CHECK(calls.load() == replays);
+
+  workload::WorkloadSetup base = workload::WorkloadSetup::for_model("custom");
+  base.apply("layers:2,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:4000,seq:512,global_batch:16,steps:1");
+  const TraceFamily family = [&](std::uint64_t mb) {
+    workload::WorkloadSetup s = base;
+    s.micro_batch = mb;
+    return std::make_shared<const trace::Trace>(workload::generate_workload(s));
+  };
+  calls = 0;
+  const auto found = largest_fitting({1, 2, 4, 8, 16}, family, o.targets, GiB, 2, [&] { ++calls; });
+  int searched = 0;
+  for (const LargestFit& f : found) searched += f.replays;
+  CHECK(searched >= 3);
+  CHECK(calls.load() == searched);
+}

@@ -316,7 +316,8 @@
         cell(ms(r.modelled_upstream_ns), r.modelled_upstream_ns === best.time && pool.includes(a) ? 'best' : ''),
         cell(count(r.syncs)),
         cell(count(r.ooms), r.ooms > 0 ? 'bad' : '')]);
-      if (hasFit) row.append(a.fit ? cell(a.fit.fits ? bytes(a.fit.capacity) : 'no fit', a.fit.fits && a.fit.capacity === best.fit ? 'best' : '')
+      if (hasFit) row.append(a.fit ? cell(a.fit.fits ? bytes(a.fit.capacity) + (a.fit.monotone ? '' : ' (not monotone)') : 'no fit',
+                                          a.fit.fits && a.fit.capacity === best.fit ? 'best' : '')
                                    : cell('-'));
       rows.push(row);
     }
@@ -324,7 +325,9 @@
                h('p', { cls: 'note', text: 'utilization: peak requested / peak reserved; waste: peak reserved - peak requested; ' +
                         'upstream calls: device allocations, frees, maps and unmaps (with those made for the blocks live at the ' +
                         'window start); modelled time: what the simulated device\'s cost model charges for them. Best value of each column in green ' +
-                        '(among the allocators without an OOM).' }));
+                        '(among the allocators without an OOM).' +
+                        (hasFit ? ' fits in (--fit): the smallest device on which the allocator replays the trace without an OOM, as ' +
+                                  'tensorpool fit finds it (bisection, the answer checked 1% below; "not monotone": a larger device ran out).' : '') }));
     const scatter = h('div', { style: 'max-width:640px' });
     sec.append(scatter);
     drawScatter(scatter);

@@ -63,6 +63,9 @@ struct FitOptions {
   /// has an OOM.
   double max_ratio = 64.0;
   unsigned threads = 0;  // 0: std::thread::hardware_concurrency()
+  /// Called after each replay of the search (for progress bars), from the thread that ran it:
+  /// from several threads at once when threads > 1, so it must be thread-safe. Empty: never.
+  std::function<void()> on_replay;
 };
 
 /// The search for one allocator on one device of the trace.
@@ -133,10 +136,12 @@ struct LargestFit {
 
 /// Bisection over `candidates` (ascending) for each target: a member fits when its replay on
 /// devices of `capacity` bytes has no OOM on any device. One result per target, in order.
+/// `on_replay` as FitOptions::on_replay.
 std::vector<LargestFit> largest_fitting(const std::vector<std::uint64_t>& candidates,
                                         const TraceFamily& family,
                                         const std::vector<FitTarget>& targets,
-                                        std::size_t capacity, unsigned threads = 0);
+                                        std::size_t capacity, unsigned threads = 0,
+                                        const std::function<void()>& on_replay = {});
 
 /// Runs task(i) for every i in [0, n) on up to `threads` threads (0: hardware concurrency);
 /// rethrows the first exception a task threw, after every thread has finished.
