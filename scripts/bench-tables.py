@@ -233,6 +233,78 @@ def table_empty_cache(_):
     return "\n".join(out) + "\n"
 
 
+# --- does it fit? (scripts/fit-tables.py records these) ------------------------------------------
+
+def fit_cell(d):
+    if not d["fits"]:
+        return "none"
+    cell = "%.3f (%.4f)" % (d["capacity_bytes"] / GIB, d["ratio_to_peak_requested"])
+    if not d["verified"]:
+        cell += " not checked"
+    if not d["monotone"]:
+        cell += " (OOM at %.3f above)" % (d["oom_above_bytes"] / GIB)
+    return cell
+
+
+def first_stamp(metas, template):
+    metas = [m for m in metas if m]
+    if not metas:
+        return ""
+    commits = sorted({m.get("commit", "?") for m in metas})
+    dates = sorted(m.get("date", "?") for m in metas)
+    return "Commit `%s`, %s to %s, %s; per trace: `%s`\n\n" % (
+        ", ".join(commits), dates[0], dates[-1], metas[0].get("machine", "?"), template)
+
+
+def table_fit_shared(_):
+    names = sorted(p[len(RESULTS) + 1:-5] for p in glob.glob(os.path.join(RESULTS, "fit-shared-*.json"))
+                   if not p.endswith(".meta.json"))
+    if not names:
+        return "(no results: run `scripts/fit-tables.py`)\n"
+    loaded = [load(n) for n in names]
+    allocators = [a["allocator"] for a in loaded[0][0]["allocators"]]
+    out = [first_stamp([m for _, m in loaded], "tensorpool fit TRACE --json"),
+           "Fit GiB (its ratio to the peak requested), per device:\n",
+           "| trace | device | peak requested GiB | " + " | ".join(allocators) + " |",
+           "|---|---|---|" + "---|" * len(allocators)]
+    for data, _ in loaded:
+        by = {a["allocator"]: a for a in data["allocators"]}
+        for i, dev in enumerate(by[allocators[0]]["devices"]):
+            out.append("| %s | %d | %.3f | %s |" % (
+                trace_name(data["trace"]), dev["device"], dev["peak_requested_bytes"] / GIB,
+                " | ".join(fit_cell(by[a]["devices"][i]) for a in allocators)))
+    return "\n".join(out) + "\n"
+
+
+def table_fit_suite(_):
+    manifest, _ = load("fit-suite")
+    if not manifest:
+        return "(no results: run `scripts/fit-tables.py`)\n"
+    out = []
+    for item in manifest["suite"]:
+        compared, mc = load("fit-suite-%s-compare" % item["id"])
+        fitted, mf = load("fit-suite-%s-fit" % item["id"])
+        if not compared or not fitted:
+            out.append("**%s**: (no results)\n" % item["name"])
+            continue
+        fits = {a["allocator"]: a for a in fitted["allocators"]}
+        out.append("**%s**: `tensorpool generate T.tptrace %s`, then `tensorpool compare T.tptrace --capacity %s "
+                   "--json` and `tensorpool fit T.tptrace --json` (commit `%s`, %s)\n" % (
+                       item["name"], " ".join(item["generate"]), item["capacity"], mc.get("commit", "?"),
+                       mc.get("date", "?")))
+        out.append("| allocator | peak requested GiB | peak reserved GiB at %s | utilization | OOMs at %s | "
+                   "upstream ops | fits GiB (x peak requested) |" % (item["capacity"], item["capacity"]))
+        out.append("|---|---|---|---|---|---|---|")
+        for r in compared["allocators"]:
+            f = fits[r["allocator"]]
+            cell = fit_cell(f["devices"][0]) if len(f["devices"]) == 1 else "%.3f" % (f["capacity_bytes"] / GIB)
+            out.append("| %s | %.3f | %.3f | %.4f | %d | %d | %s |" % (
+                r["allocator"], r["peak_requested_bytes"] / GIB, r["peak_reserved_bytes"] / GIB,
+                r["utilization"], r["ooms"], r["upstream_ops"], cell))
+        out.append("")
+    return "\n".join(out)
+
+
 # --- the GPU run --------------------------------------------------------------------------------
 
 def table_gpu(_):
@@ -279,7 +351,8 @@ def table_gpu(_):
 
 
 TABLES = {"cub-side-by-side": table_cub, "cub-validation": table_cub_validation, "rmm": table_rmm,
-          "empty-cache": table_empty_cache, "gpu": table_gpu}
+          "empty-cache": table_empty_cache, "gpu": table_gpu, "fit-shared": table_fit_shared,
+          "fit-suite": table_fit_suite}
 
 
 def render():

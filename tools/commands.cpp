@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "fit.hpp"
 #include "report.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/format.hpp"
@@ -227,8 +228,9 @@ int cmd_demo(bool as_json) {
   if (as_json) {
     json rows = json::array();
     for (const auto& r : reports) rows.push_back(report_json(r, t));
-    std::cout << json{{"trace", g.to_string()}, {"events", t.events.size()}, {"allocators", rows}}.dump(2)
-              << "\n";
+    json j{{"trace", g.to_string()}, {"events", t.events.size()}, {"allocators", rows}};
+    demo_fit_and_plan(t, &j);
+    std::cout << j.dump(2) << "\n";
     return 0;
   }
   fmt::print("tensorpool demo: a built-in LLM training trace ({} events)\n  {}\n", t.events.size(),
@@ -239,8 +241,10 @@ int cmd_demo(bool as_json) {
   fmt::print("{}\n", comparison_table(rows));
   fmt::print("req/rsv GiB: peak requested / peak reserved; util = requested / reserved peak;\n"
              "seg+/seg-: device allocations/frees during the trace (start: calls made for the blocks\n"
-             "live when a trace begins mid-run); ns/op: host time per alloc or free.\n"
-             "Try: tensorpool compare <your PyTorch snapshot.pickle>\n");
+             "live when a trace begins mid-run); ns/op: host time per alloc or free.\n");
+  fmt::print("{}\nTry: tensorpool compare <your PyTorch snapshot.pickle>, tensorpool fit <it>,\n"
+             "     tensorpool plan --model llama2-7b --capacity 80GiB --global-batch 64 --zero 3 --dp 8\n",
+             demo_fit_and_plan(t, nullptr));
   return 0;
 }
 

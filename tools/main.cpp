@@ -12,11 +12,14 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "fit.hpp"
+#include "plan.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/trace/pytorch_export.hpp"
 #include "tensorpool/workload/generator.hpp"
+#include "workload_args.hpp"
 
 using namespace tensorpool;
 
@@ -91,7 +94,7 @@ int main(int argc, char** argv) {
   int warmup = 0;
   bool attempt_ooms = false;
 
-  auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator");
+  auto* demo = app.add_subcommand("demo", "Replay a built-in LLM training trace against every allocator, fit it, plan a micro-batch");
   demo->add_flag("--json", json, "Machine-readable output");
 
   auto* allocators_cmd = app.add_subcommand("allocators", "List the allocators and the settings each takes");
@@ -101,9 +104,8 @@ int main(int argc, char** argv) {
   info->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
   info->add_flag("--json", json, "Machine-readable output");
 
-  auto add_run_options = [&](CLI::App* cmd) {
-    cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
-    cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
+  // The allocators' settings and the simulated device's costs: replay, compare, export, fit, plan.
+  auto add_target_options = [&](CLI::App* cmd) {
     cmd->add_option("--conf", conf, "Allocator settings, key:value,...; each allocator that takes "
                                     "every key gets them (see `tensorpool allocators`)");
     cmd->add_option("--allocator-conf", allocator_confs,
@@ -112,6 +114,11 @@ int main(int argc, char** argv) {
     cmd->add_option("--cost-model", cost_model_path,
                     "Cost of upstream calls for the simulated devices (file format: docs/cli.md); "
                     "default: flat 10-20 us per call");
+  };
+  auto add_run_options = [&](CLI::App* cmd) {
+    cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
+    cmd->add_option("--capacity", capacity, "Simulated device memory (default 80GiB)");
+    add_target_options(cmd);
     cmd->add_option("--device", device, "Replay only this device of the trace (default: all)");
     cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass (steady state)")
         ->check(CLI::Range(0, 100));
@@ -147,7 +154,38 @@ int main(int argc, char** argv) {
   auto* generate = app.add_subcommand("generate", "Write a synthetic LLM-style trace");
   generate->add_option("out", out_path, "Output file; .tptrace (binary) or .jsonl")->required();
   generate->add_option("--options", gen_options,
-                       "key:value,... of " + join(workload::GeneratorOptions::keys()));
+                       "key:value,... of " + join(workload::GeneratorOptions::keys()) +
+                           "; with --model: of " + join(workload::WorkloadSetup::keys()));
+  cli::WorkloadArgs gen_args;
+  cli::add_workload_flags(generate, gen_args, true);
+
+  unsigned threads = 0;
+  double precision_pct = 0.5;
+  std::string precision_bytes = "2MiB";
+  auto* fit_cmd = app.add_subcommand("fit", "The smallest device capacity each allocator replays a trace on without an OOM");
+  fit_cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();
+  fit_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
+  add_target_options(fit_cmd);
+  fit_cmd->add_option("--device", device, "Only this device of the trace (default: each device on its own)");
+  fit_cmd->add_option("--warmup", warmup, "Replay the window N times before the measured pass")->check(CLI::Range(0, 100));
+  fit_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
+  fit_cmd->add_option("--precision-pct", precision_pct,
+                      "Bisect until the capacities with and without an OOM are this many percent of the "
+                      "answer apart (default 0.5)")
+      ->check(CLI::Range(0.001, 50.0));
+  fit_cmd->add_option("--precision-bytes", precision_bytes,
+                      "... or this many bytes, whichever is larger (default 2MiB; 0: the percentage only)");
+  fit_cmd->add_flag("--json", json, "Machine-readable output");
+
+  cli::WorkloadArgs plan_args;
+  auto* plan_cmd = app.add_subcommand("plan", "The largest micro-batch each allocator fits, and the changes that fit a larger one");
+  cli::add_workload_flags(plan_cmd, plan_args, false);
+  plan_cmd->add_option("--options", plan_args.options, "key:value,... of " + join(workload::WorkloadSetup::keys()));
+  plan_cmd->add_option("--capacity", capacity, "Device memory (default 80GiB)");
+  plan_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
+  add_target_options(plan_cmd);
+  plan_cmd->add_option("--threads", threads, "Replays at once (default: one per core)");
+  plan_cmd->add_flag("--json", json, "Machine-readable output");
 
   try {
     app.parse(argc, argv);
@@ -158,6 +196,9 @@ int main(int argc, char** argv) {
 
   cli::RunOptions run;
   workload::GeneratorOptions generator;
+  workload::WorkloadSetup workload_setup;
+  cli::PlanOptions plan;
+  replay::FitOptions fit_search;
   try {
     run.trace = trace_path;
     run.json = json;
@@ -175,7 +216,20 @@ int main(int argc, char** argv) {
       replay::require_export(allocator);         // an allocator that cannot export
       trace::pytorch::check_writable(out_path);  // an output that cannot be written
     }
-    generator.apply(gen_options, "--options");
+    if (generate->parsed() && gen_args.given()) {
+      gen_args.options = gen_options;
+      workload_setup = cli::workload_setup(gen_args);
+    } else {
+      generator.apply(gen_options, "--options");
+    }
+    fit_search.threads = threads;
+    fit_search.relative_tolerance = precision_pct / 100.0;
+    if (!parse_bytes(precision_bytes, fit_search.absolute_tolerance))
+      throw CLI::ValidationError("--precision-bytes", "'" + precision_bytes + "' is not a size such as 2MiB or 0");
+    if (plan_cmd->parsed()) {
+      plan = {cli::workload_setup(plan_args), {}, run.capacity, threads, json};
+      cli::check_plan(plan.setup);
+    }
   } catch (const CLI::ValidationError& e) {
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;
@@ -191,6 +245,7 @@ int main(int argc, char** argv) {
     std::cerr << "tensorpool: error: --cost-model: " << e.what() << "\n";
     return kBadInput;
   }
+  plan.targets = cli::fit_targets(run);
 
   try {
     if (demo->parsed()) return cli::cmd_demo(json);
@@ -200,7 +255,10 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path, allow_truncated);
     if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
-    if (generate->parsed()) return cli::cmd_generate(out_path, generator);
+    if (generate->parsed())
+      return gen_args.given() ? cli::cmd_generate_workload(out_path, workload_setup) : cli::cmd_generate(out_path, generator);
+    if (fit_cmd->parsed()) return cli::cmd_fit(run, fit_search);
+    if (plan_cmd->parsed()) return cli::cmd_plan(plan);
   } catch (const ConfigError& e) {  // a setting the --capacity device cannot hold (rmm-arena's arena_size)
     std::cerr << "tensorpool: error: " << e.what() << "\n";
     return kBadArguments;

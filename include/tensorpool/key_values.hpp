@@ -53,6 +53,8 @@ std::optional<std::size_t> size_or_none(std::string_view origin, const KeyValue&
 /// A whole number in [lo, hi], digits only (it counts something: no size suffixes).
 std::uint64_t whole_number(std::string_view origin, const KeyValue& item, std::uint64_t lo,
                            std::uint64_t hi);
+/// A decimal number in [lo, hi], digits and at most one '.' ("1.25", "3").
+double decimal_number(std::string_view origin, const KeyValue& item, double lo, double hi);
 /// true/True/1/on/yes or false/False/0/off/no.
 bool bool_value(std::string_view origin, const KeyValue& item);
 

@@ -86,6 +86,19 @@ std::optional<std::size_t> size_or_none(std::string_view origin, const KeyValue&
   return out;
 }
 
+namespace {
+// "a number from 1 to 4" with the bounds as short as they print.
+std::string fmt_range(double lo, double hi) {
+  const auto text = [](double v) {
+    std::string t = std::to_string(v);
+    t.erase(t.find_last_not_of('0') + 1);
+    if (!t.empty() && t.back() == '.') t.pop_back();
+    return t;
+  };
+  return "a number from " + text(lo) + " to " + text(hi) + " (digits and a '.')";
+}
+}  // namespace
+
 std::uint64_t whole_number(std::string_view origin, const KeyValue& item, std::uint64_t lo,
                            std::uint64_t hi) {
   std::uint64_t out = 0;
@@ -100,6 +113,18 @@ std::uint64_t whole_number(std::string_view origin, const KeyValue& item, std::u
                         ? "a whole number of at least " + std::to_string(lo)
                         : "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi));
   }
+  return out;
+}
+
+double decimal_number(std::string_view origin, const KeyValue& item, double lo, double hi) {
+  double out = 0.0;
+  const char* first = item.value.data();
+  const char* last = first + item.value.size();
+  const bool plain = !item.value.empty() &&
+                     item.value.find_first_not_of("0123456789.") == std::string::npos;
+  const auto [end, ec] = std::from_chars(first, last, out, std::chars_format::fixed);
+  if (!plain || ec != std::errc{} || end != last || !(out >= lo) || !(out <= hi))
+    throw_bad_value(origin, item, fmt_range(lo, hi));
   return out;
 }
 

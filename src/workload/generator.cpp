@@ -9,50 +9,11 @@
 
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
+#include "trace_builder.hpp"
 
 namespace tensorpool::workload {
 
-using trace::TraceEvent;
-using trace::Op;
-
 namespace {
-
-constexpr std::uint64_t kComputeStream = 0;
-constexpr std::uint64_t kCommStream = 0x5eed;  // a second stream's handle in the trace
-
-class Builder {
- public:
-  explicit Builder(trace::Trace& t) : t_(t) {}
-
-  std::uint64_t alloc(std::uint64_t bytes, const char* label, std::uint64_t stream = kComputeStream) {
-    const std::uint64_t addr = next_addr_;
-    next_addr_ += (bytes + 511) / 512 * 512 + 512;  // unique, never reused
-    push(Op::alloc, addr, bytes, stream, label);
-    return addr;
-  }
-  void free(std::uint64_t addr) {
-    push(Op::free_requested, addr, 0, kComputeStream, "");
-    push(Op::free_completed, addr, 0, kComputeStream, "");
-  }
-  void record_stream(std::uint64_t addr, std::uint64_t stream) { push(Op::record_stream, addr, 0, stream, ""); }
-  void iteration(std::uint64_t n) { push(Op::iteration, 0, n, kComputeStream, ""); }
-  void sync(std::uint64_t stream) { push(Op::stream_sync, 0, 0, stream, ""); }
-
- private:
-  void push(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream, const char* label) {
-    TraceEvent e;
-    e.op = op;
-    e.addr = addr;
-    e.size = size;
-    e.stream = stream;
-    e.time_us = static_cast<std::int64_t>(time_++);
-    e.label = t_.intern(label);
-    t_.events.push_back(e);
-  }
-  trace::Trace& t_;
-  std::uint64_t next_addr_ = 0x7f0000000000;
-  std::uint64_t time_ = 0;
-};
 
 struct Layer {
   std::vector<std::uint64_t> weights;  // bf16 parameters
@@ -212,7 +173,7 @@ class LlmTrace {
   }
 
   const GeneratorOptions& o_;
-  Builder b_;
+  TraceBuilder b_;
   std::mt19937_64 rng_;
   std::uint64_t embedding_ = 0;
   std::uint64_t head_ = 0;

@@ -13,6 +13,9 @@ source "$(dirname "$0")/check.sh"
 
 check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
 check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json
+check "demo fits the trace" 0 "Does it fit?" -- "$bin" demo
+check "demo plans a micro-batch where pytorch fits less" 0 "PyTorch's allocator (the pytorch model) fits micro-batch" -- "$bin" demo
+check "demo --json has the plan" 0 '"plan_command"' -- "$bin" demo --json
 check "generate" 0 "wrote" -- "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3
 check "info" 0 "allocation sizes" -- "$bin" info "$work/g.tptrace"
 check "info --json" 0 '"lifetime_histogram"' -- "$bin" info "$work/g.tptrace" --json
@@ -103,12 +106,81 @@ b=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --
 c=$("$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:0 --allocator-conf cub=max_cached_bytes:none --json | grep '"upstream_frees"' | head -1)
 if [ -n "$a" ] && [ "$a" != "$b" ] && [ "$a" = "$c" ]; then passes=$((passes + 1)); else echo "FAIL: --allocator-conf did not win over --conf: $a / $b / $c"; failures=$((failures + 1)); fi
 
+# fit: the smallest capacity per allocator, checked 1% below; per device; JSON keys.
+check "fit" 0 "1% less" -- "$bin" fit "$work/g.tptrace" --allocators tensorpool,pytorch --threads 2
+check "fit explains the OOM just below" 0 "just below the fit" -- "$bin" fit "$work/g.tptrace" --allocators cub
+for key in capacity_bytes ratio_to_peak_requested verified monotone oom_above_bytes first_oom_below largest_free_block_bytes at_capacity; do
+  check "fit --json has $key" 0 "\"$key\"" -- "$bin" fit "$work/g.tptrace" --allocators raw --json
+done
+check "fit --json: the answer is verified" 0 '"verified": true' -- "$bin" fit "$work/g.tptrace" --allocators tensorpool --json
+check "fit --precision-pct" 0 "0.1% or 0 B, whichever is larger" -- "$bin" fit "$work/g.tptrace" --allocators raw --precision-pct 0.1 --precision-bytes 0
+check "fit --json states the precision" 0 '"relative_tolerance": 0.001' -- "$bin" fit "$work/g.tptrace" --allocators raw --precision-pct 0.1 --json
+check "bad --precision-pct" 2 "precision-pct" -- "$bin" fit "$work/g.tptrace" --precision-pct 0
+check "bad --precision-bytes" 2 "--precision-bytes" -- "$bin" fit "$work/g.tptrace" --precision-bytes lots
+check "bad fit --warmup" 2 "warmup" -- "$bin" fit "$work/g.tptrace" --warmup -1
+check "fit: unknown allocator" 2 "unknown allocator 'nope'" -- "$bin" fit "$work/g.tptrace" --allocators nope
+check "fit: a device the trace lacks" 1 "device 9 has no events" -- "$bin" fit "$work/g.tptrace" --device 9
+
+# generate --model: workload traces of presets; bad setups refused naming the option.
+small="hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,layers:4,seq:1024"
+check "generate --model" 0 "wrote" -- "$bin" generate "$work/w.tptrace" --model custom --options "$small" --global-batch 8 --micro-batch 2
+check "a workload trace records its setup" 0 "metadata: workload=model:custom,layers:4" -- "$bin" info "$work/w.tptrace"
+check "generate pipeline stages as devices" 0 "wrote" -- "$bin" generate "$work/pp.tptrace" --model custom --options "$small" --pp 2 --global-batch 4
+check "fit per device" 0 "tensorpool              1" -- "$bin" fit "$work/pp.tptrace" --allocators tensorpool
+check "generate inference" 0 "inference" -- "$bin" generate "$work/inf.tptrace" --model llama2-7b --mode inference --options layers:2,requests:8
+check "unknown model lists the presets" 2 "known models: gpt2, gpt2-xl, gpt2-1.5b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, mixtral-8x7b" -- "$bin" generate "$work/x.tptrace" --model llama9
+check "tp must divide the heads" 2 "option 'tp' (3) does not divide heads (32 in llama2-7b)" -- "$bin" generate "$work/x.tptrace" --model llama2-7b --tp 3
+check "micro-batch above the global batch" 2 "option 'micro_batch' (128) x dp (1) is above global_batch (64)" -- "$bin" generate "$work/x.tptrace" --model llama2-7b --micro-batch 128 --global-batch 64
+check "pp must divide the layers" 2 "option 'pp' (3) does not divide layers" -- "$bin" plan --model llama2-7b --pp 3 --global-batch 8
+check "a flag takes one value" 2 "--seq: bad value '4,zero:3'" -- "$bin" generate "$work/x.tptrace" --model gpt2 --seq 4,zero:3
+check "bad workload option" 2 "--options: unknown key 'layerz'" -- "$bin" generate "$work/x.tptrace" --model gpt2 --options layerz:2
+test ! -e "$work/x.tptrace" && passes=$((passes + 1)) || { echo "FAIL: a refused generate --model wrote a file"; failures=$((failures + 1)); }
+
+# plan: the largest micro-batch per allocator, accumulation, headroom, the changes that help.
+check "plan needs a global batch" 2 "--global-batch" -- "$bin" plan --model gpt2
+check "plan is for training" 2 "must be training" -- "$bin" plan --model gpt2 --global-batch 8 --options mode:inference
+check "plan" 0 "accumulation" -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool,pytorch
+check "plan lists the changes that help" 0 "full activation checkpointing (checkpointing:full)" -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool
+"$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --json >"$work/plan.json" 2>&1
+for key in micro_batch accumulation peak_reserved_bytes headroom_bytes next_first_oom changes saves_bytes trace_options; do
+  if grep -q "\"$key\"" "$work/plan.json"; then passes=$((passes + 1)); else echo "FAIL: plan --json lacks $key"; failures=$((failures + 1)); fi
+done
+# The plan's micro-batch fits and the next one does not, replayed here from generated traces.
+python3 - "$work/plan.json" >"$work/plan.tsv" <<'PY'
+import json, sys
+for a in json.load(open(sys.argv[1]))["allocators"]:
+    print(a["allocator"], a["micro_batch"], a["trace_options"], a["next_trace_options"], sep="\t")
+PY
+while IFS=$'\t' read -r alloc mb opts next_opts; do
+  [ "$mb" == None ] && opts=$next_opts
+  "$bin" generate "$work/best.tptrace" --model custom --options "$opts" 2>/dev/null
+  "$bin" generate "$work/next.tptrace" --model custom --options "$next_opts" 2>/dev/null
+  best=$("$bin" replay "$work/best.tptrace" --allocator "$alloc" --capacity 3GiB --json | grep -m1 '"ooms"')
+  next=$("$bin" replay "$work/next.tptrace" --allocator "$alloc" --capacity 3GiB --json | grep -m1 '"ooms"')
+  # None: not even the smallest micro-batch fits (rmm-arena holds half of the 3 GiB device).
+  if [[ ( "$mb" == None || "$best" == *'"ooms": 0,'* ) && "$next" != *'"ooms": 0,'* ]]; then passes=$((passes + 1));
+  else echo "FAIL: plan's micro-batch $mb for $alloc: $best; the next: $next"; failures=$((failures + 1)); fi
+done <"$work/plan.tsv"
+n_allocators=$("$bin" allocators --json | grep -c '"name"')
+[ "$(wc -l <"$work/plan.tsv")" -eq "$n_allocators" ] && passes=$((passes + 1)) || { echo "FAIL: plan --json lists $(wc -l <"$work/plan.tsv") allocators, not $n_allocators"; failures=$((failures + 1)); }
+# fit and plan take the allocators' settings and the cost model as replay does: an rmm-arena of a
+# fixed 1 GiB does not fit a smaller device, whatever the trace needs.
+check "fit --allocator-conf: a fixed arena sets the fit" 0 "not built there" -- "$bin" fit "$work/g.tptrace" --allocators rmm-arena --allocator-conf rmm-arena=arena_size:1GiB
+"$bin" fit "$work/g.tptrace" --allocators rmm-arena --allocator-conf rmm-arena=arena_size:1GiB --json >"$work/arena.json"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["allocators"][0]["devices"][0]; sys.exit(0 if d["capacity_bytes"] >= 2**30 and d["capacity_bytes"] <= 2**30 + 8*2**20 and d["refused_below"] else 1)' "$work/arena.json" \
+  && passes=$((passes + 1)) || { echo "FAIL: fit of a 1 GiB arena is not just above 1 GiB: $(grep -m1 capacity_bytes "$work/arena.json")"; failures=$((failures + 1)); }
+check "fit --allocator-conf is checked" 2 "--allocator-conf cub: bin_growth must be at least 2" -- "$bin" fit "$work/g.tptrace" --allocators cub --allocator-conf cub=bin_growth:1
+check "fit --cost-model" 0 '"modelled_upstream_ns": 0,' -- "$bin" fit "$work/g.tptrace" --allocators raw --cost-model "$work/cost.txt" --json
+check "plan --allocator-conf: an arena above the device" 2 "arena_size must be" -- "$bin" plan --model custom --options "$small" --global-batch 8 --capacity 3GiB --allocators rmm-arena --allocator-conf rmm-arena=arena_size:4GiB
+check "plan --allocator-conf" 0 "rmm-pool" -- "$bin" plan --model custom --options "$small" --global-batch 8 --capacity 3GiB --allocators rmm-pool --allocator-conf rmm-pool=initial_pool_size:0
+
 # A real PyTorch snapshot, when the shared traces are here.
 if [ -f "$shared/small-from-empty.pickle" ]; then
   check "info on a PyTorch snapshot" 0 "recorded allocator" -- "$bin" info "$shared/small-from-empty.pickle"
   check "compare shows PyTorch's actual" 0 "pytorch-actual" -- "$bin" compare "$shared/small-from-empty.pickle"
   check "convert a snapshot" 0 "wrote" -- "$bin" convert "$shared/small-from-empty.pickle" "$work/s.tptrace"
   check "the converted snapshot keeps PyTorch's figures" 0 "pytorch-actual" -- "$bin" compare "$work/s.tptrace"
+  check "fit on a PyTorch snapshot" 0 "yes" -- "$bin" fit "$shared/small-from-empty.pickle"
 else
   echo "shared traces not found at $shared: snapshot checks skipped"
 fi

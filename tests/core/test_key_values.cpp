@@ -57,6 +57,13 @@ TEST_CASE("typed readers return the value or say what they expected", "[key_valu
   REQUIRE_THROWS_WITH(whole_number("o", item("n", "18446744073709551616"), 0, max),
                       Contains("a whole number of at least 0"));
 
+  CHECK(decimal_number("o", item("x", "1.25"), 1.0, 4.0) == 1.25);
+  CHECK(decimal_number("o", item("x", "4"), 1.0, 4.0) == 4.0);
+  for (const char* bad : {"0.5", "4.5", "-1", "1e2", "", "1.2.3", "nan", "x"})
+    REQUIRE_THROWS_WITH(decimal_number("o", item("x", bad), 1.0, 4.0),
+                        Contains("for key 'x': expected a number from 1 to 4"));
+  REQUIRE_THROWS_WITH(decimal_number("o", item("x", "9"), 0.0, 0.5), Contains("from 0 to 0.5"));
+
   for (const char* yes : {"true", "True", "1", "on", "yes"}) CHECK(bool_value("o", item("b", yes)));
   for (const char* no : {"false", "False", "0", "off", "no"}) CHECK_FALSE(bool_value("o", item("b", no)));
   REQUIRE_THROWS_WITH(bool_value("o", item("b", "maybe")),

@@ -10,7 +10,8 @@
 //   waste              peak reserved - peak requested;
 //   upstream calls     device calls made after the seed events (the window's own cost), and
 //                      those made for the seed events (building the window's start state);
-//   OOMs               allocations the target refused on a device of the given capacity;
+//   OOMs               allocations the target refused on a device of the given capacity (and
+//                      seed segments a target that adopts them had no room for);
 //   host ns per op     wall time of the replay loop / (allocations + frees).
 // baseline() reads the same numbers for the recording allocator from the trace's own segment
 // events (PyTorch's actual behaviour), without replaying anything.

@@ -1,0 +1,163 @@
+// tensorpool/workload/setup.hpp: a training or inference run of a model shape (model.hpp), and
+// the trace of the allocations one rank of it makes.
+//
+// Training (mode:training): the trace of one data-parallel rank; with pipeline parallelism each
+// stage is a device of the trace (device s = stage s, 1F1B schedule, so stage s keeps up to
+// pp - s micro-batches of activations). Per optimizer step, micro-batches of micro_batch
+// sequences (global_batch / (micro_batch x dp) of them: gradient accumulation), each a forward
+// pass that keeps what backward needs and a backward pass in reverse layer order that frees it.
+// What a layer keeps follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+// Transformer Models"): s*b*h*(34 + 5*a*s/h) bytes for a GPT block in 16-bit precision with
+// dropout and without recompute; flash attention keeps no s x s tensor (only a log-sum-exp per
+// row); selective recompute drops the attention core (recomputed in backward); full recompute
+// keeps only each layer's input (2*s*b*h) and runs the layer's forward again in its backward.
+// Tensor parallelism (tp) shards heads, the MLP and the vocabulary; layer norms, their inputs and
+// the dropout masks outside attention stay whole (sequence parallelism is not modelled).
+// Model states (ZeRO paper, Rajbhandari et al. 2020): fp32 training keeps weights, gradients and
+// Adam's two moments in fp32 (16 bytes per parameter); bf16/fp16 mixed precision keeps 16-bit
+// weights and gradients, an fp32 master copy and the moments (2 + 2 + 12 = 16 bytes per
+// parameter). ZeRO over dp ranks shards the optimizer states (stage 1), the gradients too
+// (stage 2: each layer's gradients go to a bucket that is reduce-scattered on a communication
+// stream and freed there, a cross-stream free) and the weights too (stage 3: each layer's weights
+// are all-gathered before its forward and again before its backward, one layer ahead). Without
+// ZeRO, dp > 1 all-reduces each layer's gradients on the communication stream (record_stream).
+// Optimizer states are created with the weights (as DeepSpeed and Megatron do).
+// Sequence lengths come from a distribution (seq_dist); with batching:dynamic each micro-batch
+// holds about micro_batch x seq tokens whatever its length. An MoE layer routes each token to
+// top_k of the experts; moe_imbalance is the load of the busiest expert over the mean load.
+//
+// Inference (mode:inference): the weights, then a stream of requests (arrivals per decode step,
+// prompt and output lengths from distributions) served with continuous batching: up to max_batch
+// sequences decode together, a new request is admitted (its prompt prefilled) as soon as there is
+// room, and a finished one frees its KV cache at once. KV cache: 2 x layers x kv_heads x head_dim
+// x bytes per token, either one contiguous tensor per request and layer sized for its prompt and
+// output (kv:contiguous), or blocks of kv_block tokens for all layers, allocated as the sequence
+// grows (kv:paged).
+//
+// Every allocation's label says what it is: "weights:...", "grads:...", "optimizer:...",
+// "activations:..." (kept for backward), "recompute:..." (kept again during a layer's backward),
+// "temporaries:...", "loss:...", "inputs:...", "zero:...", "pipeline:...", "kv_cache:...".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensorpool/trace/event.hpp"
+#include "tensorpool/workload/model.hpp"
+
+namespace tensorpool::workload {
+
+enum class Mode : std::uint8_t { training, inference };
+enum class Precision : std::uint8_t { fp32, bf16, fp16 };
+enum class Checkpointing : std::uint8_t { none, selective, full };
+enum class Attention : std::uint8_t { flash, eager };
+enum class Batching : std::uint8_t { fixed, dynamic };
+enum class KvLayout : std::uint8_t { contiguous, paged };
+enum class Arrival : std::uint8_t { poisson, fixed, burst };
+
+/// Lengths (of sequences, prompts, outputs) from a distribution over [min, max]:
+///   fixed: always max; uniform: uniform over [min, max];
+///   lognormal: median sqrt(min * max), 95% within [min, max] (sigma = ln(max/min) / 4), clipped.
+struct LengthDistribution {
+  enum class Kind : std::uint8_t { fixed, uniform, lognormal };
+  Kind kind = Kind::fixed;
+  std::uint64_t min = 1;
+  std::uint64_t max = 1;
+};
+
+struct WorkloadSetup {
+  ModelShape model;  // a preset (model:NAME) and the shape keys on top
+  Mode mode = Mode::training;
+  Precision precision = Precision::bf16;
+  Attention attention = Attention::flash;
+  int tp = 1;  // tensor-parallel degree
+  std::uint64_t seed = 1;
+
+  // training
+  std::uint64_t micro_batch = 1;
+  std::uint64_t global_batch = 0;  // 0: micro_batch x dp (no accumulation)
+  std::uint64_t seq = 0;           // 0: the model's context; the longest sequence with seq_dist
+  std::uint64_t seq_min = 0;       // 0: seq / 2
+  LengthDistribution::Kind seq_dist = LengthDistribution::Kind::fixed;
+  Batching batching = Batching::fixed;
+  Checkpointing checkpointing = Checkpointing::none;
+  int zero = 0;  // ZeRO stage 0-3
+  int dp = 1;    // data-parallel degree (what ZeRO shards over)
+  int pp = 1;    // pipeline-parallel degree: the trace's devices are the stages
+  int steps = 2; // optimizer steps
+  /// Micro-batches of each step put in the trace (0: all); the rest repeat what the last one
+  /// does, so a few suffice for the peak (what `plan` uses to keep traces short).
+  std::uint64_t trace_micro_batches = 0;
+  double moe_imbalance = 1.0;
+
+  // inference
+  std::uint64_t requests = 64;
+  Arrival arrival = Arrival::poisson;
+  double arrival_rate = 0.5;  // requests per decode step (poisson, fixed)
+  std::uint64_t prompt = 1024, prompt_min = 0;  // prompt tokens; min 0: prompt / 16
+  LengthDistribution::Kind prompt_dist = LengthDistribution::Kind::lognormal;
+  std::uint64_t output = 512, output_min = 0;   // tokens generated; min 0: output / 16
+  LengthDistribution::Kind output_dist = LengthDistribution::Kind::lognormal;
+  std::uint64_t max_batch = 32;
+  KvLayout kv = KvLayout::paged;
+  std::uint64_t kv_block = 16;  // tokens per block (kv:paged)
+
+  /// The preset `name` (or "custom": the shape as it is) with the defaults of a run of it.
+  static WorkloadSetup for_model(std::string_view name);
+
+  /// "key:value,..." with the keys of keys(); `model:NAME` is applied first wherever it is.
+  /// Throws ConfigError naming `origin`, the key and what was expected (UsageError for an unknown
+  /// model, listing the known ones). Call validate() once every option is in.
+  void apply(std::string_view text, std::string_view origin = "workload options");
+  /// Refuses a setup that cannot run, naming the option: tp not dividing heads, kv_heads, ffn;
+  /// pp not dividing layers; micro_batch x dp above global_batch or not dividing it; ... Throws
+  /// ConfigError.
+  void validate() const;
+  static const std::vector<std::string>& keys();
+  std::string to_string() const;  // every key, apply() reads it back
+
+  std::uint64_t sequence() const { return seq == 0 ? model.context : seq; }
+  /// The length distributions, with their defaults filled in.
+  LengthDistribution sequence_lengths() const;
+  LengthDistribution prompt_lengths() const;
+  LengthDistribution output_lengths() const;
+  std::uint64_t effective_global_batch() const;
+  /// Micro-batches per optimizer step on each rank.
+  std::uint64_t accumulation() const;
+  /// Vocabulary rows of one tensor-parallel rank (the vocabulary padded to a multiple of tp).
+  std::uint64_t vocab_per_rank() const;
+  /// Bytes of the KV cache per token (all layers, one tensor-parallel rank):
+  /// 2 x layers x kv_heads / tp x head_dim x bytes per element.
+  std::uint64_t kv_bytes_per_token() const;
+  /// Bytes of one element of weights and activations (4 for fp32, 2 otherwise).
+  std::uint64_t element_bytes() const { return precision == Precision::fp32 ? 4 : 2; }
+  /// One line for people: the model, its parameters and the options that matter for memory.
+  std::string describe() const;
+};
+
+/// The allocations of `setup` (validated first).
+trace::Trace generate_workload(const WorkloadSetup& setup);
+
+/// A change to a training setup that saves memory: what it is, its options, the changed setup.
+struct SetupChange {
+  std::string description;  // "full activation checkpointing"
+  std::string options;      // "checkpointing:full"
+  WorkloadSetup setup;
+};
+/// The changes worth trying on a training setup: mixed precision (from fp32), selective and full
+/// activation checkpointing, flash attention (from eager), each higher ZeRO stage (with dp > 1),
+/// half the sequence length. Only changes that apply (and pass validate()) are listed.
+std::vector<SetupChange> setup_changes(const WorkloadSetup& setup);
+
+std::string to_string(Mode v);
+std::string to_string(Precision v);
+std::string to_string(Checkpointing v);
+std::string to_string(Attention v);
+std::string to_string(Batching v);
+std::string to_string(KvLayout v);
+std::string to_string(Arrival v);
+std::string to_string(LengthDistribution::Kind v);
+
+}  // namespace tensorpool::workload

@@ -1,0 +1,36 @@
+// layout.hpp: what the training and inference builders share (internal to tensorpool::workload):
+// the parameter tensors of one tensor-parallel rank, and lengths drawn from a distribution.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensorpool/workload/setup.hpp"
+
+namespace tensorpool::workload {
+
+/// A parameter tensor of one tensor-parallel rank: its name (the label after "weights:") and
+/// element count. Biases are counted with their weight.
+struct Param {
+  std::string name;
+  std::uint64_t elements = 0;
+};
+
+/// One transformer layer: norms, the fused QKV projection, the output projection, the MLP (or
+/// the router and every expert). Heads, the MLP's width and the experts' widths are divided by tp.
+std::vector<Param> layer_params(const WorkloadSetup& s);
+/// The token embedding (vocabulary rows divided by tp) and the learned positions, if any.
+std::vector<Param> embedding_params(const WorkloadSetup& s);
+/// The final norm and, unless it is tied to the token embedding on the same device, the output
+/// layer (a pipeline's last stage keeps its own copy of a tied embedding).
+std::vector<Param> head_params(const WorkloadSetup& s);
+
+std::uint64_t total_elements(const std::vector<Param>& params);
+
+/// A length from `d` (see LengthDistribution); `granule` rounds drawn lengths down (not below
+/// d.min, and never for Kind::fixed).
+std::uint64_t draw_length(const LengthDistribution& d, std::mt19937_64& rng, std::uint64_t granule = 1);
+
+}  // namespace tensorpool::workload

@@ -1,0 +1,327 @@
+// setup.cpp: reading, checking and describing a workload setup (setup.hpp), and the changes to a
+// training setup that save memory.
+#include "tensorpool/workload/setup.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "tensorpool/errors.hpp"
+#include "tensorpool/key_values.hpp"
+#include "builders.hpp"
+
+namespace tensorpool::workload {
+
+namespace {
+
+constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+constexpr std::uint64_t kMaxInt = std::numeric_limits<int>::max();
+
+// The name of each value of an enum, in value order.
+template <class E>
+const std::vector<std::string>& names_of();
+template <> const std::vector<std::string>& names_of<Mode>() { static const std::vector<std::string> n{"training", "inference"}; return n; }
+template <> const std::vector<std::string>& names_of<Precision>() { static const std::vector<std::string> n{"fp32", "bf16", "fp16"}; return n; }
+template <> const std::vector<std::string>& names_of<Checkpointing>() { static const std::vector<std::string> n{"none", "selective", "full"}; return n; }
+template <> const std::vector<std::string>& names_of<Attention>() { static const std::vector<std::string> n{"flash", "eager"}; return n; }
+template <> const std::vector<std::string>& names_of<Batching>() { static const std::vector<std::string> n{"fixed", "dynamic"}; return n; }
+template <> const std::vector<std::string>& names_of<KvLayout>() { static const std::vector<std::string> n{"contiguous", "paged"}; return n; }
+template <> const std::vector<std::string>& names_of<Arrival>() { static const std::vector<std::string> n{"poisson", "fixed", "burst"}; return n; }
+template <> const std::vector<std::string>& names_of<LengthDistribution::Kind>() { static const std::vector<std::string> n{"fixed", "uniform", "lognormal"}; return n; }
+template <> const std::vector<std::string>& names_of<MlpKind>() { static const std::vector<std::string> n{"gelu", "gated"}; return n; }
+template <> const std::vector<std::string>& names_of<NormKind>() { static const std::vector<std::string> n{"layernorm", "rmsnorm"}; return n; }
+
+template <class E>
+E enum_value(std::string_view origin, const KeyValue& item) {
+  const auto& names = names_of<E>();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (item.value == names[i]) return static_cast<E>(i);
+  throw_bad_value(origin, item, "one of " + join(names, ", "));
+}
+
+template <class E>
+std::string name_of(E v) {
+  return names_of<E>()[static_cast<std::size_t>(v)];
+}
+
+[[noreturn]] void refuse(const std::string& message) { throw ConfigError("bad setup: " + message); }
+
+std::string num(std::uint64_t v) { return std::to_string(v); }
+
+// "%.4g" without trailing zeros: what to_string() writes for a decimal and apply() reads back.
+std::string decimal_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6f", v);
+  std::string t = buf;
+  t.erase(t.find_last_not_of('0') + 1);
+  if (t.back() == '.') t.pop_back();
+  return t;
+}
+
+// Sets `field` to `value`; a change of the preset's shape makes the model "custom".
+template <class T>
+void set_shape(ModelShape& m, T& field, T value) {
+  if (field != value) m.name = "custom";
+  field = value;
+}
+
+}  // namespace
+
+std::string to_string(Mode v) { return name_of(v); }
+std::string to_string(Precision v) { return name_of(v); }
+std::string to_string(Checkpointing v) { return name_of(v); }
+std::string to_string(Attention v) { return name_of(v); }
+std::string to_string(Batching v) { return name_of(v); }
+std::string to_string(KvLayout v) { return name_of(v); }
+std::string to_string(Arrival v) { return name_of(v); }
+std::string to_string(LengthDistribution::Kind v) { return name_of(v); }
+
+WorkloadSetup WorkloadSetup::for_model(std::string_view name) {
+  WorkloadSetup s;
+  if (name != "custom") s.model = model_preset(name);
+  return s;
+}
+
+const std::vector<std::string>& WorkloadSetup::keys() {
+  static const std::vector<std::string> k = {
+      "model", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "top_k", "mlp",
+      "norm", "biases", "dropout", "tied_embeddings", "positions", "context",
+      "mode", "precision", "attention", "tp", "seed",
+      "micro_batch", "global_batch", "seq", "seq_min", "seq_dist", "batching", "checkpointing",
+      "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
+      "requests", "arrival", "arrival_rate", "prompt", "prompt_min", "prompt_dist", "output",
+      "output_min", "output_dist", "max_batch", "kv", "kv_block"};
+  return k;
+}
+
+void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
+  const std::vector<KeyValue> items = parse_key_values(text, origin);
+  for (const KeyValue& e : items)  // the preset first: the other keys change it
+    if (e.key == "model") model = for_model(e.value).model;
+  for (const KeyValue& e : items) {
+    const auto number = [&](std::uint64_t lo, std::uint64_t hi) { return whole_number(origin, e, lo, hi); };
+    const auto count = [&](std::uint64_t lo) { return static_cast<int>(number(lo, kMaxInt)); };
+    ModelShape& m = model;
+    const std::string& k = e.key;
+    if (k == "model") continue;
+    if (k == "layers") set_shape(m, m.layers, count(1));
+    else if (k == "hidden") set_shape(m, m.hidden, number(8, kMax));
+    else if (k == "heads") set_shape(m, m.heads, count(1));
+    else if (k == "kv_heads") set_shape(m, m.kv_heads, count(1));
+    else if (k == "ffn") set_shape(m, m.ffn, number(1, kMax));
+    else if (k == "vocab") set_shape(m, m.vocab, number(1, kMax));
+    else if (k == "experts") set_shape(m, m.experts, count(1));
+    else if (k == "top_k") set_shape(m, m.top_k, count(1));
+    else if (k == "mlp") set_shape(m, m.mlp, enum_value<MlpKind>(origin, e));
+    else if (k == "norm") set_shape(m, m.norm, enum_value<NormKind>(origin, e));
+    else if (k == "biases") set_shape(m, m.biases, bool_value(origin, e));
+    else if (k == "dropout") set_shape(m, m.dropout, bool_value(origin, e));
+    else if (k == "tied_embeddings") set_shape(m, m.tied_embeddings, bool_value(origin, e));
+    else if (k == "positions") set_shape(m, m.positions, number(0, kMax));
+    else if (k == "context") set_shape(m, m.context, number(1, kMax));
+    else if (k == "mode") mode = enum_value<Mode>(origin, e);
+    else if (k == "precision") precision = enum_value<Precision>(origin, e);
+    else if (k == "attention") attention = enum_value<Attention>(origin, e);
+    else if (k == "tp") tp = count(1);
+    else if (k == "seed") seed = number(0, kMax);
+    else if (k == "micro_batch") micro_batch = number(1, kMax);
+    else if (k == "global_batch") global_batch = number(0, kMax);
+    else if (k == "seq") seq = number(0, kMax);
+    else if (k == "seq_min") seq_min = number(0, kMax);
+    else if (k == "seq_dist") seq_dist = enum_value<LengthDistribution::Kind>(origin, e);
+    else if (k == "batching") batching = enum_value<Batching>(origin, e);
+    else if (k == "checkpointing") checkpointing = enum_value<Checkpointing>(origin, e);
+    else if (k == "zero") zero = static_cast<int>(number(0, 3));
+    else if (k == "dp") dp = count(1);
+    else if (k == "pp") pp = count(1);
+    else if (k == "steps") steps = count(1);
+    else if (k == "trace_micro_batches") trace_micro_batches = number(0, kMax);
+    else if (k == "moe_imbalance") moe_imbalance = decimal_number(origin, e, 1.0, 1024.0);
+    else if (k == "requests") requests = number(1, kMax);
+    else if (k == "arrival") arrival = enum_value<Arrival>(origin, e);
+    else if (k == "arrival_rate") arrival_rate = decimal_number(origin, e, 0.0001, 1e6);
+    else if (k == "prompt") prompt = number(1, kMax);
+    else if (k == "prompt_min") prompt_min = number(0, kMax);
+    else if (k == "prompt_dist") prompt_dist = enum_value<LengthDistribution::Kind>(origin, e);
+    else if (k == "output") output = number(1, kMax);
+    else if (k == "output_min") output_min = number(0, kMax);
+    else if (k == "output_dist") output_dist = enum_value<LengthDistribution::Kind>(origin, e);
+    else if (k == "max_batch") max_batch = number(1, kMax);
+    else if (k == "kv") kv = enum_value<KvLayout>(origin, e);
+    else if (k == "kv_block") kv_block = number(1, kMax);
+    else throw_unknown_key(origin, e, keys());
+  }
+}
+
+std::string WorkloadSetup::to_string() const {
+  const ModelShape& m = model;
+  const auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  return "model:" + m.name + ",layers:" + num(static_cast<std::uint64_t>(m.layers)) +
+         ",hidden:" + num(m.hidden) + ",heads:" + num(static_cast<std::uint64_t>(m.heads)) +
+         ",kv_heads:" + num(static_cast<std::uint64_t>(m.kv_heads)) + ",ffn:" + num(m.ffn) +
+         ",vocab:" + num(m.vocab) + ",experts:" + num(static_cast<std::uint64_t>(m.experts)) +
+         ",top_k:" + num(static_cast<std::uint64_t>(m.top_k)) + ",mlp:" + workload::to_string(m.mlp) +
+         ",norm:" + workload::to_string(m.norm) + ",biases:" + b(m.biases) + ",dropout:" + b(m.dropout) +
+         ",tied_embeddings:" + b(m.tied_embeddings) + ",positions:" + num(m.positions) +
+         ",context:" + num(m.context) + ",mode:" + name_of(mode) + ",precision:" + name_of(precision) +
+         ",attention:" + name_of(attention) + ",tp:" + num(static_cast<std::uint64_t>(tp)) +
+         ",seed:" + num(seed) + ",micro_batch:" + num(micro_batch) + ",global_batch:" + num(global_batch) +
+         ",seq:" + num(seq) + ",seq_min:" + num(seq_min) + ",seq_dist:" + name_of(seq_dist) +
+         ",batching:" + name_of(batching) + ",checkpointing:" + name_of(checkpointing) +
+         ",zero:" + num(static_cast<std::uint64_t>(zero)) + ",dp:" + num(static_cast<std::uint64_t>(dp)) +
+         ",pp:" + num(static_cast<std::uint64_t>(pp)) + ",steps:" + num(static_cast<std::uint64_t>(steps)) +
+         ",trace_micro_batches:" + num(trace_micro_batches) + ",moe_imbalance:" + decimal_text(moe_imbalance) +
+         ",requests:" + num(requests) + ",arrival:" + name_of(arrival) +
+         ",arrival_rate:" + decimal_text(arrival_rate) + ",prompt:" + num(prompt) +
+         ",prompt_min:" + num(prompt_min) + ",prompt_dist:" + name_of(prompt_dist) +
+         ",output:" + num(output) + ",output_min:" + num(output_min) + ",output_dist:" + name_of(output_dist) +
+         ",max_batch:" + num(max_batch) + ",kv:" + name_of(kv) + ",kv_block:" + num(kv_block);
+}
+
+LengthDistribution WorkloadSetup::sequence_lengths() const {
+  const std::uint64_t longest = sequence();
+  return {seq_dist, seq_min == 0 ? std::max<std::uint64_t>(1, longest / 2) : seq_min, longest};
+}
+LengthDistribution WorkloadSetup::prompt_lengths() const {
+  return {prompt_dist, prompt_min == 0 ? std::max<std::uint64_t>(1, prompt / 16) : prompt_min, prompt};
+}
+LengthDistribution WorkloadSetup::output_lengths() const {
+  return {output_dist, output_min == 0 ? std::max<std::uint64_t>(1, output / 16) : output_min, output};
+}
+
+std::uint64_t WorkloadSetup::effective_global_batch() const {
+  return global_batch == 0 ? micro_batch * static_cast<std::uint64_t>(dp) : global_batch;
+}
+
+std::uint64_t WorkloadSetup::accumulation() const {
+  return effective_global_batch() / (micro_batch * static_cast<std::uint64_t>(dp));
+}
+
+std::uint64_t WorkloadSetup::vocab_per_rank() const {
+  const auto t = static_cast<std::uint64_t>(tp);
+  return (model.vocab + t - 1) / t;
+}
+
+std::uint64_t WorkloadSetup::kv_bytes_per_token() const {
+  return 2 * static_cast<std::uint64_t>(model.layers) * model.kv_dim() / static_cast<std::uint64_t>(tp) *
+         element_bytes();
+}
+
+// --- validate -------------------------------------------------------------------------------
+
+namespace {
+
+void check_divides(const char* option, std::uint64_t degree, const char* what, std::uint64_t value,
+                   const std::string& model) {
+  if (value % degree != 0)
+    refuse("option '" + std::string(option) + "' (" + num(degree) + ") does not divide " + what +
+           " (" + num(value) + " in " + model + ")");
+}
+
+void check_shape(const ModelShape& m) {
+  const auto heads = static_cast<std::uint64_t>(m.heads);
+  if (m.hidden % heads != 0)
+    refuse("hidden (" + num(m.hidden) + ") is not a multiple of heads (" + num(heads) + ")");
+  if (m.kv_heads > m.heads || m.heads % m.kv_heads != 0)
+    refuse("kv_heads (" + num(static_cast<std::uint64_t>(m.kv_heads)) + ") does not divide heads (" +
+           num(heads) + ")");
+  if (m.top_k > m.experts)
+    refuse("top_k (" + num(static_cast<std::uint64_t>(m.top_k)) + ") is above experts (" +
+           num(static_cast<std::uint64_t>(m.experts)) + ")");
+}
+
+void check_training(const WorkloadSetup& s) {
+  const ModelShape& m = s.model;
+  check_divides("pp", static_cast<std::uint64_t>(s.pp), "layers", static_cast<std::uint64_t>(m.layers), m.name);
+  const std::uint64_t per_step = s.micro_batch * static_cast<std::uint64_t>(s.dp);
+  if (s.global_batch != 0 && per_step > s.global_batch)
+    refuse("option 'micro_batch' (" + num(s.micro_batch) + ") x dp (" + num(static_cast<std::uint64_t>(s.dp)) +
+           ") is above global_batch (" + num(s.global_batch) + ")");
+  if (s.global_batch % per_step != 0)
+    refuse("option 'global_batch' (" + num(s.global_batch) + ") is not a multiple of micro_batch x dp (" +
+           num(per_step) + ")");
+  if (s.zero >= 2 && s.pp > 1)
+    refuse("option 'zero' (" + num(static_cast<std::uint64_t>(s.zero)) +
+           ") with pp > 1: ZeRO stages 2 and 3 shard what the pipeline keeps per stage; use zero:1");
+  const std::uint64_t seq = s.sequence();
+  if (s.seq_min > seq)
+    refuse("option 'seq_min' (" + num(s.seq_min) + ") is above seq (" + num(seq) + ")");
+  const double most = static_cast<double>(m.experts) / static_cast<double>(m.top_k);
+  if (s.moe_imbalance > most)
+    refuse("option 'moe_imbalance' (" + decimal_text(s.moe_imbalance) + ") is above experts / top_k (" +
+           decimal_text(most) + "): an expert gets each token at most once");
+}
+
+void check_inference(const WorkloadSetup& s) {
+  if (s.pp != 1) refuse("option 'pp' (" + num(static_cast<std::uint64_t>(s.pp)) + ") is for training; inference runs with pp:1");
+  if (s.dp != 1 || s.zero != 0) refuse("options 'dp' and 'zero' are for training; inference runs with dp:1, zero:0");
+  if (s.checkpointing != Checkpointing::none) refuse("option 'checkpointing' is for training; inference keeps no activations");
+  if (s.prompt_min > s.prompt) refuse("option 'prompt_min' (" + num(s.prompt_min) + ") is above prompt (" + num(s.prompt) + ")");
+  if (s.output_min > s.output) refuse("option 'output_min' (" + num(s.output_min) + ") is above output (" + num(s.output) + ")");
+}
+
+}  // namespace
+
+void WorkloadSetup::validate() const {
+  check_shape(model);
+  const auto t = static_cast<std::uint64_t>(tp);
+  check_divides("tp", t, "heads", static_cast<std::uint64_t>(model.heads), model.name);
+  check_divides("tp", t, "kv_heads", static_cast<std::uint64_t>(model.kv_heads), model.name);
+  check_divides("tp", t, "ffn", model.ffn, model.name);
+  if (mode == Mode::training) check_training(*this);
+  else check_inference(*this);
+}
+
+std::string WorkloadSetup::describe() const {
+  const double billions = static_cast<double>(model.parameters()) / 1e9;
+  char params[32];
+  std::snprintf(params, sizeof params, "%.3gB", billions);
+  std::string out = model.name + " (" + params + " parameters): " + name_of(mode) + ", " + name_of(precision);
+  if (mode == Mode::training) {
+    out += ", seq " + num(sequence()) + (seq_dist == LengthDistribution::Kind::fixed ? "" : " (" + name_of(seq_dist) + ")") +
+           ", global batch " + num(effective_global_batch()) + ", " + name_of(attention) + " attention" +
+           ", checkpointing " + name_of(checkpointing) + ", ZeRO " + num(static_cast<std::uint64_t>(zero)) +
+           ", dp " + num(static_cast<std::uint64_t>(dp)) + ", tp " + num(static_cast<std::uint64_t>(tp)) +
+           ", pp " + num(static_cast<std::uint64_t>(pp));
+  } else {
+    out += ", " + num(requests) + " requests, prompts up to " + num(prompt) + ", outputs up to " + num(output) +
+           ", batch up to " + num(max_batch) + ", " + name_of(kv) + " KV cache, tp " + num(static_cast<std::uint64_t>(tp));
+  }
+  return out;
+}
+
+trace::Trace generate_workload(const WorkloadSetup& s) {
+  s.validate();
+  return s.mode == Mode::training ? generate_training_trace(s) : generate_inference_trace(s);
+}
+
+// --- setup changes --------------------------------------------------------------------------
+
+std::vector<SetupChange> setup_changes(const WorkloadSetup& s) {
+  std::vector<SetupChange> out;
+  const auto add = [&](std::string description, const std::string& options) {
+    WorkloadSetup changed = s;
+    changed.apply(options, "setup change");
+    try {
+      changed.validate();
+    } catch (const ConfigError&) {
+      return;  // a change that does not apply to this setup
+    }
+    out.push_back({std::move(description), options, std::move(changed)});
+  };
+  if (s.mode != Mode::training) return out;
+  if (s.precision == Precision::fp32) add("bf16 mixed precision", "precision:bf16");
+  if (s.attention == Attention::eager) add("flash attention", "attention:flash");
+  if (s.checkpointing == Checkpointing::none && s.attention == Attention::eager)
+    add("selective activation recomputation", "checkpointing:selective");
+  if (s.checkpointing != Checkpointing::full) add("full activation checkpointing", "checkpointing:full");
+  if (s.dp > 1)
+    for (int stage = s.zero + 1; stage <= 3; ++stage)
+      add("ZeRO stage " + std::to_string(stage), "zero:" + std::to_string(stage));
+  const std::uint64_t half = s.sequence() / 2;
+  if (half >= 64) add("sequence length " + num(half), "seq:" + num(half) + ",seq_min:0");
+  return out;
+}
+
+}  // namespace tensorpool::workload
