@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "fit.hpp"
+#include "progress.hpp"
 #include "report.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/format.hpp"
@@ -136,11 +137,17 @@ replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
 namespace {
 
 std::vector<replay::ReplayReport> run_all(const trace::Trace& t, const RunOptions& o) {
+  const std::uint64_t work = t.events.size() * static_cast<std::uint64_t>(o.warmup + 1) * o.allocators.size();
+  Progress progress(work >= kProgressFromEvents && Progress::wanted(o.quiet, o.json), work);
   std::vector<replay::ReplayReport> reports;
   for (std::size_t i = 0; i < o.allocators.size(); ++i) {
+    progress.step(fmt::format("replay {} ({}/{})", o.allocators[i], i + 1, o.allocators.size()));
+    replay::ReplayOptions ro = replay_options(o, i);
+    ro.progress = progress.replay_counter();
     replay::TraceSource source(t);
-    reports.push_back(replay::replay(source, replay_options(o, i)));
+    reports.push_back(replay::replay(source, ro));
   }
+  progress.finish();
   return reports;
 }
 
@@ -224,6 +231,7 @@ int cmd_demo(bool as_json) {
   const trace::Trace t = workload::generate_llm_trace(g);
   RunOptions o;
   o.allocators = replay::target_names();
+  o.json = as_json;
   const auto reports = run_all(t, o);
   if (as_json) {
     json rows = json::array();
@@ -259,7 +267,8 @@ int cmd_allocators(bool as_json) {
                       {"description", d.description},
                       {"settings", d.settings},
                       {"holds_memory_until_destroyed", d.holds_memory_until_destroyed},
-                      {"exports", d.exports}});
+                      {"exports", d.exports},
+                      {"maps", d.maps}});
     std::cout << rows.dump(2) << "\n";
     return 0;
   }
@@ -269,6 +278,7 @@ int cmd_allocators(bool as_json) {
     if (d.holds_memory_until_destroyed)
       fmt::print("{:<20} holds its memory until destroyed (empty_cache gives nothing back)\n", "");
     if (d.exports) fmt::print("{:<20} exports a snapshot (tensorpool export)\n", "");
+    if (d.maps) fmt::print("{:<20} shows its segments and blocks (tensorpool report)\n", "");
   }
   return 0;
 }

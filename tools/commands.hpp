@@ -24,6 +24,7 @@ struct RunOptions {
   int warmup = 0;  // passes over the window before the measured one
   bool attempt_ooms = false;  // ReplayOptions::attempt_ooms
   bool json = false;
+  bool quiet = false;  // no progress bar (progress.hpp)
 };
 
 /// The replay of options.allocators[i] with its settings (options.confs[i]).
@@ -38,5 +39,7 @@ int cmd_demo(bool json);
 int cmd_allocators(bool json);
 /// export.cpp: replays against options.allocators[0] and writes a PyTorch memory snapshot.
 int cmd_export(const RunOptions& options, const std::string& out, std::size_t max_entries);
+/// report_cmd.cpp: replays against options.allocators and writes an HTML report to `out`.
+int cmd_report(const RunOptions& options, const std::string& out);
 
 }  // namespace tensorpool::cli

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "progress.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
 #include "tensorpool/trace/pytorch_export.hpp"
@@ -17,8 +18,13 @@ int cmd_export(const RunOptions& o, const std::string& out, std::size_t max_entr
   ro.record_history = true;
   ro.target.history_entries = max_entries;
   const trace::Trace t = trace::load_trace(o.trace);
+  const std::uint64_t work = t.events.size() * static_cast<std::uint64_t>(o.warmup + 1);
+  Progress progress(work >= kProgressFromEvents && Progress::wanted(o.quiet, o.json), work);
+  progress.step("export " + ro.allocator);
+  ro.progress = progress.replay_counter();
   replay::TraceSource source(t);
   const replay::ReplayReport r = replay::replay(source, ro);
+  progress.finish();
   trace::pytorch::write_file_atomically(
       out, trace::pytorch::snapshot_pickle(r.memory, trace::pytorch::settings_from_conf(r.settings)));
   std::size_t events = 0, segments = 0;

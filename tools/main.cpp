@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "tensorpool 0.1.0");
 
   bool json = false;
+  bool quiet = false;
   std::string trace_path, out_path, allocators, capacity = "80GiB", conf, gen_options;
   std::string allocator = "tensorpool";
   std::string cost_model_path;
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
     cmd->add_flag("--attempt-ooms", attempt_ooms,
                   "Present the requests that failed in the recording (oom events) to the allocator "
                   "too, as a live recording of it saw them");
-    cmd->add_flag("--json", json, "Machine-readable output");
+    cmd->add_flag("--json", json, "Machine-readable output (no progress bar)");
+    cmd->add_flag("-q,--quiet", quiet, "No progress bar (drawn on stderr only when it is a terminal)");
   };
   auto* replay_cmd = app.add_subcommand("replay", "Replay a trace against one allocator");
   add_run_options(replay_cmd);
@@ -142,6 +144,14 @@ int main(int argc, char** argv) {
                          "One of " + join(replay::exporting_target_names()) + " (default tensorpool)");
   export_cmd->add_option("-o,--output", out_path, "Snapshot to write (.pickle)")->required();
   export_cmd->add_option("--max-entries", max_entries, "Keep the newest N events (default 1000000)");
+
+  auto* report_cmd = app.add_subcommand(
+      "report", "Replay a trace against several allocators and write one self-contained HTML report "
+                "(memory over time, fragmentation, block maps at peak and at the first OOM, histograms)");
+  add_run_options(report_cmd);
+  report_cmd->add_option("--allocators", allocators, "Comma-separated list (default: all)");
+  report_cmd->add_option("-o,--output", out_path, "Report to write (.html)")->required();
+  report_cmd->get_option("--device")->description("Report on this device of the trace (default: the one with the most allocations)");
 
   auto* convert = app.add_subcommand("convert", "Convert a trace to tensorpool's format (.tptrace or .jsonl)");
   convert->add_option("in", trace_path, "Input trace (any supported kind)")->required();
@@ -202,6 +212,7 @@ int main(int argc, char** argv) {
   try {
     run.trace = trace_path;
     run.json = json;
+    run.quiet = quiet;
     run.device = device;
     run.warmup = warmup;
     run.attempt_ooms = attempt_ooms;
@@ -212,10 +223,9 @@ int main(int argc, char** argv) {
     check_allocators(run.allocators);
     run.confs = replay::share_conf(run.allocators, conf, "--conf");
     add_allocator_confs(allocator_confs, run);
-    if (export_cmd->parsed()) {  // refused before the trace is read:
-      replay::require_export(allocator);         // an allocator that cannot export
-      trace::pytorch::check_writable(out_path);  // an output that cannot be written
-    }
+    // Refused before the trace is read: an allocator that cannot export, an unwritable output.
+    if (export_cmd->parsed()) replay::require_export(allocator);
+    if (export_cmd->parsed() || report_cmd->parsed()) trace::pytorch::check_writable(out_path);
     if (generate->parsed() && gen_args.given()) {
       gen_args.options = gen_options;
       workload_setup = cli::workload_setup(gen_args);
@@ -255,6 +265,7 @@ int main(int argc, char** argv) {
     if (compare->parsed()) return cli::cmd_compare(run);
     if (convert->parsed()) return cli::cmd_convert(trace_path, out_path, allow_truncated);
     if (export_cmd->parsed()) return cli::cmd_export(run, out_path, max_entries);
+    if (report_cmd->parsed()) return cli::cmd_report(run, out_path);
     if (generate->parsed())
       return gen_args.given() ? cli::cmd_generate_workload(out_path, workload_setup) : cli::cmd_generate(out_path, generator);
     if (fit_cmd->parsed()) return cli::cmd_fit(run, fit_search);

@@ -51,10 +51,11 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
   return t;
 }
 
-// The replay of one device of the trace.
-class DeviceReplay {
+// The replay of one device of the trace; the view its observer gets.
+class DeviceReplay final : public ReplayView {
  public:
-  DeviceReplay(const ReplayOptions& options, int device) : attempt_ooms_(options.attempt_ooms) {
+  DeviceReplay(const ReplayOptions& options, int device)
+      : attempt_ooms_(options.attempt_ooms), observed_(options.observer), warmup_(options.warmup) {
     TargetOptions opts = options.target;
     opts.device = device;
     target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
@@ -68,7 +69,12 @@ class DeviceReplay {
       throw std::logic_error("replay target '" + options.allocator +
                              "' exports by its descriptor but records no history");
     }
+    if (warmup_ == 0) observer_ = observed_;
   }
+
+  // --- ReplayView ---
+  const ReplayTarget& target() const override { return *target_; }
+  std::optional<MemoryMap> memory_map() const override;
 
   // The target's memory for a snapshot export (ReplayOptions::record_history).
   trace::pytorch::DeviceMemory memory_state() const {
@@ -78,7 +84,8 @@ class DeviceReplay {
   }
   std::string settings() const { return target_->settings(); }
 
-  void apply(const TraceEvent& e) {
+  // Inlined into the event loop (run_pass), as it was before the loop had variants.
+  [[gnu::always_inline]] void apply(const TraceEvent& e) {
     ++result_.events;
     if (!window_started_ && !is_seed(e.op)) start_window();
     switch (e.op) {
@@ -104,6 +111,13 @@ class DeviceReplay {
     }
   }
 
+  // After apply(e) in the measured pass, when there is an observer.
+  void observe(const TraceEvent& e) const {
+    observer_->after_event(ReplayPoint{result_.device, result_.events - 1, &e, requested_,
+                                       target_->allocated(), target_->reserved()},
+                           *this);
+  }
+
   // A warm-up pass ended: measure the next pass only. The target and the live blocks carry over
   // (the program runs on); the measurements start again from the current state.
   void start_next_pass() {
@@ -116,6 +130,7 @@ class DeviceReplay {
     result_.device = device;
     failed_.clear();
     window_started_ = false;
+    if (pass_ == warmup_) observer_ = observed_;
     measure();
   }
 
@@ -134,7 +149,9 @@ class DeviceReplay {
     void* ptr;
     std::uint64_t size;
     std::uint64_t stream;
+    std::uint32_t label;
   };
+
 
   void start_window() {
     window_started_ = true;
@@ -158,8 +175,9 @@ class DeviceReplay {
   }
 
   void refused(const TraceEvent& e, const OutOfMemoryError& oom) {
-    if (++result_.ooms == 1)
-      result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
+    if (++result_.ooms != 1) return;
+    result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
+    if (observer_ != nullptr) observer_->on_first_oom(*result_.first_oom, *this);
   }
 
   void allocate(const TraceEvent& e, bool seed) {
@@ -168,7 +186,7 @@ class DeviceReplay {
     ++result_.allocs;
     try {
       void* p = seed ? target_->seed_alloc(e) : target_->allocate(e.size, e.stream);
-      live_.emplace(e.addr, Live{p, e.size, e.stream});
+      live_.emplace(e.addr, Live{p, e.size, e.stream, e.label});
       requested_ += e.size;
     } catch (const OutOfMemoryError& oom) {
       refused(e, oom);
@@ -219,6 +237,9 @@ class DeviceReplay {
 
   const bool attempt_ooms_;
   std::unique_ptr<ReplayTarget> target_;
+  ReplayObserver* const observed_;   // ReplayOptions::observer
+  ReplayObserver* observer_ = nullptr;  // observed_ during the measured pass, null before
+  const int warmup_;
   ReplayResult result_;
   std::unordered_map<std::uint64_t, Live> live_;
   std::unordered_set<std::uint64_t> failed_;  // addresses whose allocation raised OOM
@@ -229,12 +250,62 @@ class DeviceReplay {
   UpstreamCounts at_second_iteration_;
 };
 
+// The target's map with each live block's request and label from the trace.
+std::optional<MemoryMap> DeviceReplay::memory_map() const {
+  std::optional<MemoryMap> map = target_->memory_map();
+  if (!map) return map;
+  std::unordered_map<Address, const Live*> by_pointer;
+  by_pointer.reserve(live_.size());
+  for (const auto& [addr, live] : live_) by_pointer.emplace(reinterpret_cast<Address>(live.ptr), &live);
+  for (MapSegment& s : map->segments) {
+    for (MapBlock& b : s.blocks) {
+      const auto it = b.state == BlockState::allocated ? by_pointer.find(b.address) : by_pointer.end();
+      if (it == by_pointer.end()) continue;
+      b.requested = it->second->size;
+      b.label = it->second->label;
+    }
+  }
+  return map;
+}
+
+using Devices = std::map<int, std::unique_ptr<DeviceReplay>>;
+
+struct ProgressCount {
+  std::uint64_t read;   // events read, every pass
+  std::uint64_t every;  // ReplayOptions::progress_every (at least 1)
+  std::uint64_t next;   // the count at which the callback is called next
+};
+
+// One pass over the source. Without a progress callback (kProgress false) nothing is counted,
+// and without an observer of this pass (kObserve false) nothing is observed: the loop without
+// either is the loop before they existed.
+template <bool kProgress, bool kObserve>
+void run_pass(EventSource& source, TraceEvent& e, const ReplayOptions& options, Devices& devices,
+              ProgressCount& progress) {
+  while (source.next(e)) {
+    if constexpr (kProgress) {
+      if (++progress.read == progress.next) {
+        options.progress(progress.read);
+        progress.next += progress.every;
+      }
+    }
+    const int d = e.device;
+    if (options.device >= 0 && d != options.device) continue;
+    auto& slot = devices[d];
+    if (!slot) slot = std::make_unique<DeviceReplay>(options, d);
+    slot->apply(e);
+    if constexpr (kObserve) slot->observe(e);
+  }
+}
+
 }  // namespace
 
 ReplayReport replay(EventSource& source, const ReplayOptions& options) {
   if (options.record_history && !options.make_target) require_export(options.allocator);  // before any work
-  std::map<int, std::unique_ptr<DeviceReplay>> devices;
+  Devices devices;
   TraceEvent e;
+  ProgressCount progress{0, std::max<std::uint64_t>(options.progress_every, 1), 0};
+  progress.next = progress.every;
   auto start = std::chrono::steady_clock::now();
   for (int pass = 0; pass <= options.warmup; ++pass) {
     if (pass > 0) {
@@ -242,15 +313,18 @@ ReplayReport replay(EventSource& source, const ReplayOptions& options) {
       for (auto& [d, replay] : devices) replay->start_next_pass();
       start = std::chrono::steady_clock::now();
     }
-    while (source.next(e)) {
-      const int d = e.device;
-      if (options.device >= 0 && d != options.device) continue;
-      auto& slot = devices[d];
-      if (!slot) slot = std::make_unique<DeviceReplay>(options, d);
-      slot->apply(e);
+    const bool observed = options.observer != nullptr && pass == options.warmup;  // the measured pass
+    if (options.progress) {
+      observed ? run_pass<true, true>(source, e, options, devices, progress)
+               : run_pass<true, false>(source, e, options, devices, progress);
+    } else {
+      observed ? run_pass<false, true>(source, e, options, devices, progress)
+               : run_pass<false, false>(source, e, options, devices, progress);
     }
   }
+  const std::uint64_t read = progress.read;
   const auto elapsed = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start);
+  if (options.progress) options.progress(read);
   ReplayReport report;
   for (auto& [d, replay] : devices) report.devices.push_back(replay->finish_result());
   report.total = sum(report.devices, options.allocator);

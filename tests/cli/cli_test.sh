@@ -4,11 +4,6 @@
 set -u
 bin=$1
 shared=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-
 source "$(dirname "$0")/check.sh"
 
 check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
@@ -185,5 +180,4 @@ else
   echo "shared traces not found at $shared: snapshot checks skipped"
 fi
 
-echo "$passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -5,13 +5,6 @@
 # Usage: export_test.sh TENSORPOOL_BINARY
 set -u
 bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-passes=0
-pass() { passes=$((passes + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
 source "$(dirname "$0")/check.sh"
 
 json_field() {  # json_field FILE PYTHON_EXPRESSION_ON_d
@@ -75,5 +68,4 @@ printf 'junk' >"$work/junk.bin"
 check "a bad trace names the file" 1 "junk.bin" -- "$bin" export "$work/junk.bin" -o "$work/j.pickle"
 test ! -e "$work/j.pickle" && pass || fail "a failed export left a file"
 
-echo "export: $passes passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish export

@@ -5,6 +5,7 @@
 // registry; the rules peculiar to one target are tested in its own file (test_models.cpp, ...).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/replay/target.hpp"
+#include "tensorpool/replay/timeline.hpp"
 #include "tensorpool/trace/load.hpp"
 #include "tensorpool/workload/generator.hpp"
 
@@ -366,6 +368,96 @@ TEST_CASE("conformance: a target exports a snapshot iff its descriptor says so, 
       CHECK(allocs >= 3);  // the window's three allocations at least (seeds may add theirs)
       CHECK(frees == 3);
       CHECK(!r.settings.empty());
+    }
+  }
+}
+
+namespace {
+
+// A map's structure: segments in address order, apart, each tiled exactly by its blocks; what it
+// shows agrees with the target's own counts.
+void check_map(const MemoryMap& m, const ReplayTarget& t) {
+  Address end_of_previous = 0;
+  for (const MapSegment& s : m.segments) {
+    REQUIRE(s.size > 0);
+    REQUIRE(s.address >= end_of_previous);
+    end_of_previous = s.address + s.size;
+    Address at = s.address;
+    for (const MapBlock& b : s.blocks) {
+      REQUIRE(b.address == at);
+      REQUIRE(b.size > 0);
+      REQUIRE((b.mapped || b.state == BlockState::free));
+      at += b.size;
+    }
+    REQUIRE(at == s.address + s.size);
+  }
+  REQUIRE(m.mapped_bytes() <= t.reserved());      // vmm: pages cached unmapped have no address
+  REQUIRE(m.allocated_bytes() >= t.allocated());  // blocks may be larger than the target counts
+  REQUIRE(m.largest_free_block() <= m.mapped_bytes() - m.allocated_bytes());
+}
+
+}  // namespace
+
+TEST_CASE("conformance: a target shows its memory map iff its descriptor says so, and the map is "
+          "its memory", "[conformance][map]") {
+  const std::size_t capacity = 1 * GiB;
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const TargetDescriptor& d = target.descriptor;
+    DYNAMIC_SECTION(d.name) {
+      auto t = make(target, capacity);
+      REQUIRE(t->memory_map().has_value() == d.maps);
+      if (!d.maps) continue;
+      int step = 0;
+      std::size_t most_allocated = 0;
+      const auto check = [&](const ReplayTarget& now) {
+        if (++step % 97 != 0) return;  // a map is linear in the blocks: every 97th step
+        const std::optional<MemoryMap> m = now.memory_map();
+        REQUIRE(m.has_value());
+        check_map(*m, now);
+        most_allocated = std::max(most_allocated, m->allocated_bytes());
+      };
+      const testing::WorkloadResult w = testing::run_random_workload(*t, capacity, true, check);
+      CHECK(most_allocated > 0);
+      const std::size_t live = w.live.size();
+      for (const auto& l : w.live) t->deallocate(l.p, l.bytes, 0);
+      for (Stream s = 0; s < 3; ++s) t->stream_synchronized(s);
+      const MemoryMap end = *t->memory_map();
+      check_map(end, *t);
+      CHECK(end.allocated_bytes() == 0);
+      INFO(live << " blocks were live before the last frees");
+      t->empty_cache();
+      check_map(*t->memory_map(), *t);
+      if (!d.holds_memory_until_destroyed) CHECK(t->memory_map()->mapped_bytes() == 0);
+    }
+  }
+}
+
+TEST_CASE("conformance: the engine's map names each live block's request and allocation site",
+          "[conformance][map]") {
+  trace::Trace t = seeded_trace();
+  const std::uint32_t site = t.intern("model.py:42 forward");
+  for (auto& e : t.events)
+    if (e.op == Op::alloc && e.addr == 0x10000000) e.label = site;  // the 3 MiB block live at the end
+  for (const ConformanceTarget& target : testing::conformance_targets()) {
+    const TargetDescriptor& d = target.descriptor;
+    DYNAMIC_SECTION(d.name) {
+      MapCapture at_end(0, t.events.size() - 1);
+      ReplayOptions o = replay_options(target, GiB);
+      o.observer = &at_end;
+      TraceSource source(t);
+      tensorpool::replay::replay(source, o);
+      REQUIRE(at_end.map().has_value() == d.maps);
+      if (!d.maps) continue;
+      std::size_t requested = 0;
+      bool labelled = false;
+      for (const MapSegment& s : at_end.map()->segments)
+        for (const MapBlock& b : s.blocks) {
+          requested += b.requested;
+          labelled = labelled || (b.label == site && b.requested == 3 * MiB);
+          if (b.state != BlockState::allocated) CHECK(b.requested == 0);
+        }
+      CHECK(requested == 4096 + 3 * MiB);  // the blocks live at the end, as asked for
+      CHECK(labelled);
     }
   }
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tensorpool/errors.hpp"
+#include "tensorpool/replay/observer.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/trace/event.hpp"
 
@@ -77,6 +78,13 @@ struct ReplayOptions {
   /// UsageError for a target that cannot export: before replaying anything for a registered
   /// one, when the first device's target is built for one from make_target.
   bool record_history = false;
+  /// Watches the measured pass (observer.hpp); not owned, null: none. Zero cost when null but
+  /// one branch per event.
+  ReplayObserver* observer = nullptr;
+  /// Called with the number of events read so far (every pass, every device) after each
+  /// `progress_every` events, and once at the end; for progress bars. Empty: never.
+  std::function<void(std::uint64_t events_read)> progress;
+  std::uint64_t progress_every = 1U << 15;
 };
 
 /// The first allocation a target refused in the measured pass: where in the trace, and the

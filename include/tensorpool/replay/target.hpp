@@ -12,10 +12,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tensorpool/replay/memory_map.hpp"
 #include "tensorpool/simulated_device.hpp"
 #include "tensorpool/trace/event.hpp"
 #include "tensorpool/trace/pytorch_export.hpp"
@@ -100,10 +102,18 @@ class ReplayTarget {
   virtual trace::pytorch::DeviceMemory memory_state() const { return {}; }
   /// Its settings as "key:value,..." text (the snapshot's allocator_settings).
   virtual std::string settings() const { return {}; }
+
+  // --- memory map (`tensorpool report`) ---
+  /// Its segments and blocks now, with the trace's stream ids (labels and requests are left 0:
+  /// the engine fills them in, ReplayView::memory_map()). nullopt (the default): the target keeps
+  /// no map it can show; a value exactly for the targets whose descriptor says `maps`. Not on the
+  /// hot path: may take time linear in its blocks.
+  virtual std::optional<MemoryMap> memory_map() const { return std::nullopt; }
 };
 
 /// What the registry knows of a target before building one: its name, a line saying what it is,
-/// the settings keys its TargetOptions::conf accepts, and whether it can export a snapshot.
+/// the settings keys its TargetOptions::conf accepts, whether it can export a snapshot and
+/// whether it can show its memory map.
 struct TargetDescriptor {
   std::string name;
   std::string description;
@@ -114,6 +124,7 @@ struct TargetDescriptor {
   /// allocated gives every byte back.
   bool holds_memory_until_destroyed = false;
   bool exports = false;               // its record_history() is true (`tensorpool export`)
+  bool maps = false;                  // its memory_map() has a value (`tensorpool report`)
 
   bool takes(const std::string& key) const;
 };

@@ -92,6 +92,7 @@ class CubModel final : public ReplayTarget {
   std::size_t reserved() const override { return reserved_; }
   std::size_t allocated() const override { return allocated_; }
   UpstreamCounts upstream() const override { return upstream_of(device_); }
+  std::optional<MemoryMap> memory_map() const override;
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
@@ -218,6 +219,22 @@ void CubModel::free_all_cached() {
   cached_bytes_ = 0;
 }
 
+// Every block is a cudaMalloc of its own: one segment each, live or cached (free, held by the
+// stream it was last allocated on), of its device size.
+std::optional<MemoryMap> CubModel::memory_map() const {
+  std::vector<MapSegment> segments;
+  const auto add = [&](const Block& b, BlockState state) {
+    segments.push_back(MapSegment{b.addr, b.device_bytes, b.stream, false,
+                                  {MapBlock{b.addr, b.device_bytes, state, true, b.stream, 0, 0}}});
+  };
+  for (const auto& [addr, b] : live_) add(b, BlockState::allocated);
+  for (const auto& list : cache_)
+    for (const Block& b : list) add(b, BlockState::free);
+  std::sort(segments.begin(), segments.end(),
+            [](const MapSegment& a, const MapSegment& b) { return a.address < b.address; });
+  return MemoryMap{std::move(segments)};
+}
+
 [[noreturn]] void CubModel::throw_oom(std::size_t bytes, const Block& b, Stream stream) {
   OutOfMemoryInfo info = model::oom_info(device_, bytes, b.bytes, stream, reserved_, allocated_);
   for (const auto& list : cache_)
@@ -268,7 +285,8 @@ std::unique_ptr<ReplayTarget> make_cub_target(const TargetOptions& options) {
 }
 
 TargetEntry cub_entry() {
-  return {{kName, "a model of CUB's CachingDeviceAllocator", model::cub_settings_keys()},
+  return {{kName, "a model of CUB's CachingDeviceAllocator", model::cub_settings_keys(),
+           /*holds_memory_until_destroyed=*/false, /*exports=*/false, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) { model::parse_cub_settings(conf, origin); },
           make_cub_target};
 }

@@ -78,6 +78,11 @@ class FreeRanges {
   }
 
   std::size_t total() const noexcept { return total_; }
+  /// Calls visit(addr, size) for each range, in address order.
+  template <typename Visit>
+  void for_each(Visit&& visit) const {
+    for (const auto& [addr, size] : by_addr_) visit(addr, size);
+  }
   std::size_t largest() const noexcept { return by_size_.empty() ? 0 : std::prev(by_size_.end())->first; }
   bool empty() const noexcept { return by_addr_.empty(); }
 

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <limits>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/target.hpp"
@@ -52,6 +54,30 @@ inline void add_cached(OutOfMemoryInfo& info, Stream stream, std::size_t bytes, 
                              [](const StreamCachedBytes& c, Stream s) { return c.stream < s; });
   if (it == v.end() || it->stream != stream) it = v.insert(it, StreamCachedBytes{stream, 0});
   it->bytes += bytes;
+}
+
+/// The map of `segments` (in address order, blocks empty) tiled by `pieces` (live and free ranges
+/// of the model, in any order, together covering every segment exactly): each piece is cut where
+/// it crosses a segment boundary (a model's free range may span two upstream blocks).
+inline MemoryMap tile_segments(std::vector<MapSegment> segments, std::vector<MapBlock> pieces) {
+  std::sort(pieces.begin(), pieces.end(),
+            [](const MapBlock& a, const MapBlock& b) { return a.address < b.address; });
+  auto piece = pieces.begin();
+  for (MapSegment& s : segments) {
+    const Address end = s.address + s.size;
+    while (piece != pieces.end() && piece->address < end) {
+      MapBlock b = *piece;
+      if (b.address + b.size <= end) {
+        ++piece;
+      } else {  // the rest stays for the next segment
+        b.size = end - b.address;
+        piece->address = end;
+        piece->size -= b.size;
+      }
+      s.blocks.push_back(b);
+    }
+  }
+  return MemoryMap{std::move(segments)};
 }
 
 /// The simulated device of a model of a cudaMalloc-based allocator: no virtual memory, segments

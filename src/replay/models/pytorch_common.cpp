@@ -228,11 +228,28 @@ void CachingModel::note(EventType type, Address addr, std::size_t requested, std
                                         std::chrono::duration_cast<std::chrono::nanoseconds>(now).count())});
 }
 
+namespace {
+
+BlockState state_of(const Block& b) noexcept {
+  return b.allocated ? BlockState::allocated : b.pending ? BlockState::pending_free : BlockState::free;
+}
+
+}  // namespace
+
+// Segments are chains of address neighbours: `visit(head)` for each chain's first block, in
+// address order.
+template <typename Visit>
+void CachingModel::for_each_segment(Visit&& visit) const {
+  std::vector<const Block*> heads;
+  for (const auto& [addr, owned] : blocks_)
+    if (owned->prev == nullptr) heads.push_back(owned.get());
+  std::sort(heads.begin(), heads.end(), [](const Block* a, const Block* b) { return a->addr < b->addr; });
+  for (const Block* head : heads) visit(head);
+}
+
 trace::pytorch::DeviceMemory CachingModel::memory_state() const {
   trace::pytorch::DeviceMemory m;
-  for (const auto& [addr, owned] : blocks_) {
-    const Block* head = owned.get();
-    if (head->prev != nullptr) continue;  // segments are chains of address neighbours
+  for_each_segment([&](const Block* head) {
     SegmentInfo s;
     s.address = head->addr;
     s.stream = head->stream;
@@ -243,18 +260,27 @@ trace::pytorch::DeviceMemory CachingModel::memory_state() const {
       info.address = b->addr;
       info.size = b->size;
       info.mapped = b->mapped;
-      info.state = b->allocated ? BlockState::allocated
-                   : b->pending ? BlockState::pending_free
-                                : BlockState::free;
+      info.state = state_of(*b);
       info.requested = info.state == BlockState::free ? 0 : b->requested;
       s.size += b->size;
       s.blocks.push_back(info);
     }
     m.state.segments.push_back(std::move(s));
-  }
-  std::sort(m.state.segments.begin(), m.state.segments.end(),
-            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
+  });
   if (history_) m.history = history_->entries();
+  return m;
+}
+
+std::optional<MemoryMap> CachingModel::memory_map() const {
+  MemoryMap m;
+  for_each_segment([&](const Block* head) {
+    MapSegment s{head->addr, 0, head->stream, head->segment != nullptr, {}};
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      s.size += b->size;
+      s.blocks.push_back(MapBlock{b->addr, b->size, state_of(*b), b->mapped, b->stream, 0, 0});
+    }
+    m.segments.push_back(std::move(s));
+  });
   return m;
 }
 

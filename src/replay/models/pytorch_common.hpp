@@ -90,6 +90,8 @@ class CachingModel : public ReplayTarget {
   UpstreamCounts seeding_excluded() const override { return baseline_; }
   /// The blocks as segments (chains of address neighbours) and the history, if recorded.
   trace::pytorch::DeviceMemory memory_state() const override;
+  /// The same segments, each block with its stream.
+  std::optional<MemoryMap> memory_map() const override;
   std::string settings() const override { return std::string("model:") + name_ + "," + conf_; }
 
  protected:
@@ -134,6 +136,9 @@ class CachingModel : public ReplayTarget {
   std::optional<SeededPlace> seeded_place(std::uint64_t addr) const;
   void exclude_from_window(const UpstreamCounts& before);
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
+  /// Calls visit(head) for the first block of each segment (chain of neighbours), by address.
+  template <typename Visit>
+  void for_each_segment(Visit&& visit) const;
   /// Snapshot export: attaches the history recorder (record_history() of a model that exports).
   void start_history();
   /// Records an event in the history, when there is one.

@@ -478,7 +478,8 @@ std::unique_ptr<ReplayTarget> make_pytorch_expandable_target(const TargetOptions
 }
 
 TargetEntry pytorch_expandable_entry() {
-  return {{kName, "the pytorch model with expandable_segments:True", pytorch_rules::settings_keys()},
+  return {{kName, "the pytorch model with expandable_segments:True", pytorch_rules::settings_keys(),
+           /*holds_memory_until_destroyed=*/false, /*exports=*/false, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) {
             pytorch_rules::parse_settings(conf, origin, true);
           },

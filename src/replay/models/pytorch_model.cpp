@@ -267,7 +267,7 @@ TargetEntry pytorch_entry() {
            "a model of PyTorch's native CUDA caching allocator, started from PyTorch's own "
            "segments at the window start",
            pytorch_rules::settings_keys(), /*holds_memory_until_destroyed=*/false,
-           /*exports=*/true},
+           /*exports=*/true, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) {
             pytorch_rules::parse_settings(conf, origin, false);
           },

@@ -4,6 +4,9 @@
 // Rounding follows what the CUDA driver does with cudaMalloc: requests of 2 MiB and more take
 // whole 2 MiB pages; smaller ones are packed into shared pages, modelled as 512-byte rounding.
 // The simulated device therefore has a 512-byte granularity.
+#include <algorithm>
+#include <unordered_map>
+
 #include "replay/models/model_support.hpp"
 #include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
@@ -42,6 +45,7 @@ class RawTarget final : public ReplayTarget {
     void* p = device_.allocate_segment(size, stream);
     if (p == nullptr) throw OutOfMemoryError(oom_info(bytes, size, stream));
     reserved_ += size;
+    live_.emplace(reinterpret_cast<Address>(p), Live{size, stream});
     return p;
   }
 
@@ -49,6 +53,18 @@ class RawTarget final : public ReplayTarget {
     const std::size_t size = raw_rounding(bytes);
     device_.free_segment(ptr, size, stream);
     reserved_ -= size;
+    live_.erase(reinterpret_cast<Address>(ptr));
+  }
+
+  // Every allocation is a segment of its own, wholly allocated.
+  std::optional<MemoryMap> memory_map() const override {
+    MemoryMap m;
+    for (const auto& [addr, live] : live_)
+      m.segments.push_back(MapSegment{addr, live.size, live.stream, false,
+                                      {MapBlock{addr, live.size, BlockState::allocated, true, live.stream, 0, 0}}});
+    std::sort(m.segments.begin(), m.segments.end(),
+              [](const MapSegment& a, const MapSegment& b) { return a.address < b.address; });
+    return m;
   }
 
   std::size_t reserved() const override { return reserved_; }
@@ -60,8 +76,14 @@ class RawTarget final : public ReplayTarget {
     return model::oom_info(device_, bytes, size, stream, reserved_, reserved_);
   }
 
+  struct Live {
+    std::size_t size;  // rounded
+    Stream stream;
+  };
+
   SimulatedDevice device_;
-  std::size_t reserved_ = 0;
+  std::size_t reserved_ = 0;  // == the sum of live_ sizes
+  std::unordered_map<Address, Live> live_;  // for memory_map()
 };
 
 }  // namespace
@@ -71,7 +93,8 @@ std::unique_ptr<ReplayTarget> make_raw_target(const TargetOptions& options) {
 }
 
 TargetEntry raw_entry() {
-  return {{"raw", "no caching: every allocation and free goes to the device", {}},
+  return {{"raw", "no caching: every allocation and free goes to the device", {},
+           /*holds_memory_until_destroyed=*/false, /*exports=*/false, /*maps=*/true},
           check_settings, make_raw_target};
 }
 

@@ -104,7 +104,8 @@ class RmmArenaModel final : public ReplayTarget {
         device_(device_options(o)) {
     void* base = device_.allocate_segment(arena_size_, kDefaultStream);
     if (base == nullptr) throw ConfigError(std::string(kOrigin) + ": the arena does not fit the device");
-    global_.insert(reinterpret_cast<Address>(base), arena_size_);
+    base_ = reinterpret_cast<Address>(base);
+    global_.insert(base_, arena_size_);
   }
 
   std::string name() const override { return kName; }
@@ -114,6 +115,7 @@ class RmmArenaModel final : public ReplayTarget {
   std::size_t reserved() const override { return arena_size_; }
   std::size_t allocated() const override { return allocated_; }
   UpstreamCounts upstream() const override { return upstream_of(device_); }
+  std::optional<MemoryMap> memory_map() const override;
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
@@ -126,7 +128,8 @@ class RmmArenaModel final : public ReplayTarget {
   void defragment();
   [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, Stream stream);
 
-  std::size_t arena_size_;       // held from the device for the model's lifetime
+  std::size_t arena_size_;       // held from the device for the model's lifetime, at base_
+  Address base_ = 0;
   std::size_t superblock_size_;  // also the threshold above which the global arena places a request
   SimulatedDevice device_;
   model::FreeRanges global_;
@@ -197,6 +200,23 @@ void RmmArenaModel::free_small(Arena& arena, Address addr, std::size_t size) {
   }
 }
 
+// The arena as one segment: live blocks, the free ranges of each stream's superblocks, and the
+// global arena's free ranges, which no stream holds.
+std::optional<MemoryMap> RmmArenaModel::memory_map() const {
+  std::vector<MapBlock> pieces;
+  for (const auto& [addr, live] : live_)
+    pieces.push_back(MapBlock{addr, live.size, BlockState::allocated, true, live.stream, 0, 0});
+  const auto add_free = [&](const model::FreeRanges& ranges, Stream stream) {
+    ranges.for_each([&](Address addr, std::size_t size) {
+      pieces.push_back(MapBlock{addr, size, BlockState::free, true, stream, 0, 0});
+    });
+  };
+  add_free(global_, kNoStream);
+  for (const auto& [stream, arena] : arenas_)
+    for (const auto& [base, sb] : arena) add_free(sb.free, stream);
+  return model::tile_segments({MapSegment{base_, arena_size_, kNoStream, false, {}}}, std::move(pieces));
+}
+
 // RMM synchronizes the device and cleans every arena before giving up. Superblocks go back as
 // soon as they are free here, so only the synchronization remains to count.
 void RmmArenaModel::defragment() { device_.synchronize_device(); }
@@ -220,7 +240,7 @@ TargetEntry rmm_arena_entry() {
   return {{kName,
            "a model of RMM's arena_memory_resource (a fixed global arena, per-stream arenas of "
            "superblocks)",
-           settings_keys(), /*holds_memory_until_destroyed=*/true},
+           settings_keys(), /*holds_memory_until_destroyed=*/true, /*exports=*/false, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
           make_rmm_arena_target};
 }

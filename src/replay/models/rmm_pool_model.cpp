@@ -114,6 +114,7 @@ class RmmPoolModel final : public ReplayTarget {
   std::size_t reserved() const override { return reserved_; }
   std::size_t allocated() const override { return allocated_; }
   UpstreamCounts upstream() const override { return upstream_of(device_); }
+  std::optional<MemoryMap> memory_map() const override;
 
  private:
   static SimulatedDeviceOptions device_options(const TargetOptions& o) {
@@ -129,6 +130,7 @@ class RmmPoolModel final : public ReplayTarget {
   PoolSizes sizes_;
   SimulatedDevice device_;
   std::map<Stream, model::FreeRanges> free_;  // per stream, ordered for deterministic stealing
+  std::map<Address, std::size_t> upstream_blocks_;  // what grow_by() took, by address
   std::unordered_map<Address, Live> live_;
   std::size_t reserved_ = 0;
   std::size_t allocated_ = 0;
@@ -187,7 +189,23 @@ bool RmmPoolModel::grow_by(std::size_t bytes, Stream stream) {
   if (p == nullptr) return false;
   reserved_ += bytes;
   free_[stream].insert(reinterpret_cast<Address>(p), bytes);
+  upstream_blocks_.emplace(reinterpret_cast<Address>(p), bytes);
   return true;
+}
+
+// The upstream blocks as segments of the pool (no stream's own), tiled by the live blocks and
+// each stream's free ranges (a range that spans two adjacent upstream blocks is cut in two).
+std::optional<MemoryMap> RmmPoolModel::memory_map() const {
+  std::vector<MapSegment> segments;
+  for (const auto& [addr, size] : upstream_blocks_) segments.push_back(MapSegment{addr, size, kNoStream, false, {}});
+  std::vector<MapBlock> pieces;
+  for (const auto& [addr, live] : live_)
+    pieces.push_back(MapBlock{addr, live.size, BlockState::allocated, true, live.stream, 0, 0});
+  for (const auto& [stream, ranges] : free_)
+    ranges.for_each([&, s = stream](Address addr, std::size_t size) {
+      pieces.push_back(MapBlock{addr, size, BlockState::free, true, s, 0, 0});
+    });
+  return model::tile_segments(std::move(segments), std::move(pieces));
 }
 
 void RmmPoolModel::deallocate(void* ptr, std::size_t /*bytes*/, Stream /*stream*/) {
@@ -214,7 +232,7 @@ std::unique_ptr<ReplayTarget> make_rmm_pool_target(const TargetOptions& options)
 TargetEntry rmm_pool_entry() {
   return {{kName,
            "a model of RMM's pool_memory_resource (coalescing best fit, grown from cudaMalloc)",
-           settings_keys(), /*holds_memory_until_destroyed=*/true},
+           settings_keys(), /*holds_memory_until_destroyed=*/true, /*exports=*/false, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) { parse_settings(conf, origin); },
           make_rmm_pool_target};
 }

@@ -4,7 +4,7 @@
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
 // trace stream ids are mapped to simulated streams on first use, and back in OOM reports and
-// exported snapshots (the history recorder is attached on record_history()).
+// exported snapshots (the history recorder is attached on record_history()) and memory maps.
 #include <algorithm>
 #include <unordered_map>
 
@@ -84,6 +84,10 @@ class TensorpoolTarget final : public ReplayTarget {
 
   std::string settings() const override { return alloc_.config().to_string(); }
 
+  std::optional<MemoryMap> memory_map() const override {
+    return map_of_snapshot(alloc_.snapshot(), [this](Stream s) { return trace_id(s); });
+  }
+
  private:
   Stream map(Stream trace_stream) {
     if (trace_stream == 0) return kDefaultStream;
@@ -130,7 +134,7 @@ TargetEntry tensorpool_entry() {
   return {{"tensorpool",
            "tensorpool's allocator with fixed segments (settings: include/tensorpool/config.hpp)",
            replay_keys(), /*holds_memory_until_destroyed=*/false,
-           /*exports=*/true},
+           /*exports=*/true, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) {
             target_config(Mode::fixed, conf, origin);
           },
@@ -140,7 +144,7 @@ TargetEntry tensorpool_entry() {
 TargetEntry tensorpool_vmm_entry() {
   return {{"tensorpool-vmm", "tensorpool's allocator in virtual-memory mode (mode:vmm preset)",
            replay_keys(), /*holds_memory_until_destroyed=*/false,
-           /*exports=*/true},
+           /*exports=*/true, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) {
             target_config(Mode::vmm, conf, origin);
           },

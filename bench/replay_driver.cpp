@@ -1,0 +1,48 @@
+// replay_driver.cpp: replays of a generated training trace against tensorpool, for instruction
+// counts under valgrind's callgrind, which do not depend on the machine's load
+// (docs/benchmarks.md: the replay engine's observer hook costs nothing when no observer is set):
+//   valgrind --tool=callgrind tensorpool_replay_driver ITERATIONS REPLAYS [observe]
+// The instructions of one replay: Ir at REPLAYS=3 minus Ir at REPLAYS=1, halved. With `observe`,
+// a do-nothing observer watches each replay (what an attached observer costs).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "tensorpool/replay/replay.hpp"
+#include "tensorpool/workload/generator.hpp"
+
+using namespace tensorpool;
+
+namespace {
+
+#ifdef TENSORPOOL_DRIVER_OBSERVER
+struct Nothing final : replay::ReplayObserver {
+  std::size_t seen = 0;
+  void after_event(const replay::ReplayPoint& p, const replay::ReplayView&) override { seen += p.event & 1; }
+};
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s ITERATIONS REPLAYS [observe]\n", argv[0]);
+    return 2;
+  }
+  workload::GeneratorOptions g;
+  g.iterations = std::atoi(argv[1]);
+  const trace::Trace t = workload::generate_llm_trace(g);
+  const long replays = std::atol(argv[2]);
+  replay::ReplayOptions o;
+#ifdef TENSORPOOL_DRIVER_OBSERVER
+  Nothing nothing;
+  if (argc > 3 && std::strcmp(argv[3], "observe") == 0) o.observer = &nothing;
+#endif
+  std::size_t peak = 0;
+  for (long i = 0; i < replays; ++i) {
+    replay::TraceSource source(t);
+    peak += replay::replay(source, o).total.peak_reserved;
+  }
+  std::printf("%zu events, %ld replays, peak reserved %zu\n", t.events.size(), replays, peak / static_cast<std::size_t>(replays));
+  return 0;
+}

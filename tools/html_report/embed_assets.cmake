@@ -1,0 +1,31 @@
+# embed_assets.cmake: writes OUT, a C++ file that holds the report page's assets (page.html,
+# report.css, report.js of DIR) as strings: report_page(), report_css(), report_js() in
+# tensorpool::cli. Run at build time (cmake -DDIR=... -DOUT=... -P embed_assets.cmake) whenever
+# an asset changes. Each asset is cut into raw string literals of at most 16000 bytes (ISO C++
+# compilers need only accept 65536 characters in one literal) and joined at run time.
+set(content "// Generated from tools/html_report/ by embed_assets.cmake: do not edit.\n")
+string(APPEND content "#include <cstddef>\n#include <string>\n\nnamespace tensorpool::cli {\n\nnamespace {\n\n")
+string(APPEND content "template <std::size_t N>\nstd::string joined(const char* const (&parts)[N]) {\n")
+string(APPEND content "  std::string out;\n  for (const char* p : parts) out += p;\n  return out;\n}\n\n")
+set(functions "")
+foreach(asset "page.html;report_page" "report.css;report_css" "report.js;report_js")
+  list(GET asset 0 file)
+  list(GET asset 1 name)
+  file(READ "${DIR}/${file}" text)
+  string(FIND "${text}" ")tpasset\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${DIR}/${file} contains the raw-string delimiter )tpasset\"")
+  endif()
+  string(APPEND content "const char* const k_${name}[] = {\n")
+  string(LENGTH "${text}" length)
+  set(at 0)
+  while(at LESS length)
+    string(SUBSTRING "${text}" ${at} 16000 part)
+    string(APPEND content "R\"tpasset(${part})tpasset\",\n")
+    math(EXPR at "${at} + 16000")
+  endwhile()
+  string(APPEND content "\"\"};\n\n")
+  string(APPEND functions "const std::string& ${name}() {\n  static const std::string text = joined(k_${name});\n  return text;\n}\n\n")
+endforeach()
+string(APPEND content "}  // namespace\n\n${functions}}  // namespace tensorpool::cli\n")
+file(WRITE "${OUT}" "${content}")
