@@ -10,7 +10,10 @@
 // configure_device_allocators(), or else those of TENSORPOOL_CONF; the "backend" key
 // (Config::backend: async, malloc, vmm or simulated) picks the DeviceBackend. Creation is
 // thread-safe (one allocator per device however many threads race to it); a failed creation
-// (bad settings, no such device) throws and is retried by the next call.
+// (bad settings, no such device) throws and is retried by the next call. Each allocator is
+// recorded when TENSORPOOL_TRACE is set (tensorpool/record.hpp) and gets the NVTX annotations
+// of the nvtx / nvtx_mem keys in builds with the CUDA toolkit (without it, those keys on are a
+// ConfigError); the C API's own allocators too.
 //
 // Lifetime: the allocators are never destroyed (they outlive static destructors, so that
 // memory freed during process exit, e.g. by a framework's own teardown, is still accepted;

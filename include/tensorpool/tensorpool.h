@@ -20,6 +20,10 @@
  *    (async, malloc, vmm or simulated; default async). It lives until the process exits and
  *    is what libtensorpool_torch.so allocates from.
  *
+ * Every allocator of either kind is recorded into a trace file when TENSORPOOL_TRACE is set
+ * (docs/recording.md), and annotated for Nsight / Compute Sanitizer by the nvtx and nvtx_mem
+ * settings keys in builds with the CUDA toolkit (refused, TENSORPOOL_ERROR_CONFIG, without it).
+ *
  * Streams are cudaStream_t values cast to tensorpool_stream (0: the default stream) on the CUDA
  * backends; on the simulated backend they come from tensorpool_create_stream().
  * Thread safety: every function may be called from any thread.

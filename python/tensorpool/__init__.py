@@ -16,7 +16,9 @@ PyTorch's key names. See docs/pytorch.md.
 
 The library is found, in this order, at $TENSORPOOL_LIBRARY, next to this file, then by the
 dynamic loader's search path (LD_LIBRARY_PATH, ...). Settings come from TENSORPOOL_CONF or
-install(conf=...) ("key:value,...", with backend:async|malloc|vmm|simulated).
+install(conf=...) ("key:value,...", with backend:async|malloc|vmm|simulated). With
+TENSORPOOL_TRACE=path the library records every device's allocator events into a trace file
+(docs/recording.md).
 """
 
 import collections

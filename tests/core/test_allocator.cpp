@@ -143,7 +143,7 @@ TEST_CASE("empty_cache returns every free segment", "[allocator]") {
   f.alloc.check_invariants();
 }
 
-TEST_CASE("stats track current, peak and cumulative values; reset_peaks", "[allocator][stats]") {
+TEST_CASE("stats track current, peak and cumulative values, reset_peaks", "[allocator][stats]") {
   Fixture f;
   void* a = f.alloc.allocate(3 * MiB);
   void* b = f.alloc.allocate(2 * MiB);

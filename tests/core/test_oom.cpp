@@ -75,7 +75,7 @@ TEST_CASE("a request larger than the device fails at once, keeping the cache", "
   REQUIRE(f.alloc.stats().ooms == 2);
 }
 
-TEST_CASE("OOM observers see the failure; free-memory callbacks can resolve it", "[oom][hooks]") {
+TEST_CASE("OOM observers see the failure, free-memory callbacks can resolve it", "[oom][hooks]") {
   Fixture f({}, {.capacity = 64 * MiB});
   void* held = f.alloc.allocate(40 * MiB);
   int oom_calls = 0;

@@ -106,7 +106,7 @@ TEST_CASE("the OOM ladder waits for pending frees instead of failing", "[streams
   f.alloc.check_invariants();
 }
 
-TEST_CASE("a failed event creation on free falls back to a stream sync; nothing is lost", "[streams][faults]") {
+TEST_CASE("a failed event creation on free falls back to a stream sync, nothing is lost", "[streams][faults]") {
   Fixture f;
   const Stream s1 = f.device->create_stream();
   const Stream s2 = f.device->create_stream();

@@ -24,7 +24,7 @@ Address addr(void* p) { return reinterpret_cast<Address>(p); }
 
 }  // namespace
 
-TEST_CASE("vmm: blocks are carved from one mapped heap; reserved is physical memory", "[vmm]") {
+TEST_CASE("vmm: blocks are carved from one mapped heap, reserved is physical memory", "[vmm]") {
   Fixture f;
   void* a = f.alloc.allocate(30 * MiB);
   void* b = f.alloc.allocate(30 * MiB);

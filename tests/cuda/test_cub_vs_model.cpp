@@ -138,7 +138,7 @@ TEST_CASE("cub model = real CUB: per-stream reuse, stream syncs and cudaFree's d
   CHECK(comparison.real.total.upstream.syncs >= 1);
 }
 
-TEST_CASE("cub model = real CUB: a failed cudaMalloc empties the cache and retries; impossible requests",
+TEST_CASE("cub model = real CUB: a failed cudaMalloc empties the cache and retries, impossible requests",
           "[cuda][cub]") {
   Builder b;
   const auto a = b.alloc(2 * MiB);

@@ -85,7 +85,7 @@ TEST_CASE("double: capacity, device count and immediate completion are configura
 
 // --- calls and devices ----------------------------------------------------------------------
 
-TEST_CASE("every backend call runs on the backend's device; the caller's device is restored",
+TEST_CASE("every backend call runs on the backend's device, the caller's device is restored",
           "[cuda][guard]") {
   Env env(2);
   for (const CudaBackendKind kind : kAllKinds) {
@@ -352,7 +352,7 @@ TEST_CASE("a failed VMM step undoes the steps before it", "[cuda][vmm][errors]")
   nothing_left();
 }
 
-TEST_CASE("the VMM backend's free_segment waits for the segment's stream; unmap does not",
+TEST_CASE("the VMM backend's free_segment waits for the segment's stream, unmap does not",
           "[cuda][vmm]") {
   Env env;
   CudaVmmBackend vmm(0);

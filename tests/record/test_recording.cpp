@@ -205,7 +205,7 @@ TEST_CASE("the recorded events are the allocator's, field by field", "[record]")
   static_assert(trace::kBinaryFormatVersion == 2);
 }
 
-TEST_CASE("a live allocator's state becomes seed events; several allocators share a file", "[record]") {
+TEST_CASE("a live allocator's state becomes seed events, several allocators share a file", "[record]") {
   TempDir dir("tensorpool_test_record");
   const std::string path = dir.file("two.tptrace");
   auto dev0 = make_device(0);

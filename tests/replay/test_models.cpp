@@ -58,7 +58,7 @@ trace::TraceEvent seed(std::size_t size, bool small, Stream stream = 0) {
 // pytorch
 // ============================================================================================
 
-TEST_CASE("pytorch: requests round up to 512 B; small ones share 2 MiB segments", "[models][pytorch]") {
+TEST_CASE("pytorch: requests round up to 512 B, small ones share 2 MiB segments", "[models][pytorch]") {
   auto t = pytorch();
   REQUIRE(t->name() == "pytorch");
   void* a = t->allocate(1, 0);
@@ -234,7 +234,7 @@ TEST_CASE("pytorch: max_split_size keeps oversize blocks whole and for oversize 
   REQUIRE(t->upstream().allocs == 3);
 }
 
-TEST_CASE("pytorch: max_split_size must be above 20 MiB; unknown keys are refused",
+TEST_CASE("pytorch: max_split_size must be above 20 MiB, unknown keys are refused",
           "[models][pytorch]") {
   REQUIRE_THROWS_AS(pytorch("max_split_size:20MiB"), ConfigError);
   REQUIRE_NOTHROW(pytorch("max_split_size:21MiB"));
@@ -529,7 +529,7 @@ TEST_CASE("cub: a failed cudaMalloc frees the whole cache and retries once", "[m
   REQUIRE_THROWS_AS(t->allocate(~std::size_t{0}, 0), OutOfMemoryError);
 }
 
-TEST_CASE("cub: bins are configurable; bad settings are refused", "[models][cub]") {
+TEST_CASE("cub: bins are configurable, bad settings are refused", "[models][cub]") {
   auto t = cub("bin_growth:2, min_bin:10, max_bin:20");
   t->allocate(1, 0);
   REQUIRE(t->allocated() == 1024);

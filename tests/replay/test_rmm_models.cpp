@@ -49,7 +49,7 @@ TEST_CASE("rmm-pool: the initial pool (default half the device) is taken at once
   REQUIRE(pool("initial_pool_size:1GiB")->reserved() == 1 * GiB);
 }
 
-TEST_CASE("rmm-pool: sizes align to 256 B; best fit, split from the front", "[models][rmm]") {
+TEST_CASE("rmm-pool: sizes align to 256 B, best fit, split from the front", "[models][rmm]") {
   auto t = pool("initial_pool_size:64MiB");
   void* a = t->allocate(1, 0);
   REQUIRE(t->allocated() == 256);
@@ -102,7 +102,7 @@ TEST_CASE("rmm-pool: a refused growth is retried at half the size, down to the r
   t->deallocate(a, 0, 0);
 }
 
-TEST_CASE("rmm-pool: free lists are per stream; another stream's list is taken over when needed",
+TEST_CASE("rmm-pool: free lists are per stream, another stream's list is taken over when needed",
           "[models][rmm]") {
   auto t = pool("initial_pool_size:32MiB");
   void* a = t->allocate(32 * MiB, 1);
@@ -127,7 +127,7 @@ TEST_CASE("rmm-pool: bad settings are refused", "[models][rmm]") {
 
 // --- rmm-arena --------------------------------------------------------------------------------
 
-TEST_CASE("rmm-arena: one fixed arena of half the device, taken at once; never grows", "[models][rmm]") {
+TEST_CASE("rmm-arena: one fixed arena of half the device, taken at once, never grows", "[models][rmm]") {
   auto t = arena("");
   REQUIRE(t->name() == "rmm-arena");
   REQUIRE(t->reserved() == 40 * GiB);
@@ -155,7 +155,7 @@ TEST_CASE("rmm-arena: small requests share a superblock of their stream's arena,
   for (void* p : {b, c, d}) t->deallocate(p, 0, 0);
 }
 
-TEST_CASE("rmm-arena: a free superblock returns to the global arena; large requests go there directly",
+TEST_CASE("rmm-arena: a free superblock returns to the global arena, large requests go there directly",
           "[models][rmm]") {
   auto t = arena("arena_size:1MiB");
   void* small = t->allocate(4 * KiB, 0);  // superblock [0, 256 KiB)

@@ -71,7 +71,7 @@ TEST_CASE("empty_cache: not when a block is live in the segment, an oom is next 
   CHECK(mark_empty_cache_calls(retried) == 0);
 }
 
-TEST_CASE("empty_cache: devices are separate; a run ends where the device's frees end", "[trace][empty_cache]") {
+TEST_CASE("empty_cache: devices are separate, a run ends where the device's frees end", "[trace][empty_cache]") {
   Trace t;
   t.events = {ev(Op::alloc, 0x1000, 100, 1),        ev(Op::segment_free, 0x9000, 4096, 0),
               ev(Op::segment_free, 0x1000, 4096, 1),  // device 1's segment holds a live block
@@ -83,7 +83,7 @@ TEST_CASE("empty_cache: devices are separate; a run ends where the device's free
   CHECK(count(t, Op::empty_cache) == 1);
 }
 
-TEST_CASE("empty_cache: imported from a PyTorch snapshot; the oom path's free is not one", "[trace][empty_cache]") {
+TEST_CASE("empty_cache: imported from a PyTorch snapshot, the oom path's free is not one", "[trace][empty_cache]") {
   const Trace t = pytorch::import_snapshot(kFixture);
   REQUIRE(count(t, Op::empty_cache) == 1);
   const auto call = std::find_if(t.events.begin(), t.events.end(), [](const trace::TraceEvent& e) { return e.op == Op::empty_cache; });

@@ -717,7 +717,7 @@ TEST_CASE("JSON lines: malformed lines are reported with their line number", "[f
   }
 }
 
-TEST_CASE("JSON lines: a cut line is an error; the end object catches a cut at a line end", "[format]") {
+TEST_CASE("JSON lines: a cut line is an error, the end object catches a cut at a line end", "[format]") {
   TempDir dir;
   write_trace(dir.file("t.jsonl"), every_op_trace(), Format::jsonl);
   const std::string full = read_bytes(dir.file("t.jsonl"));

@@ -225,7 +225,7 @@ TEST_CASE("continuous batching: at most max_batch requests hold a cache, freed a
   CHECK(slow.allocations == k.allocations);
 }
 
-TEST_CASE("pipeline stages are the trace's devices; stage s keeps pp - s micro-batches in flight", "[workload]") {
+TEST_CASE("pipeline stages are the trace's devices, stage s keeps pp - s micro-batches in flight", "[workload]") {
   const WorkloadSetup s = setup("custom", "layers:8,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,"
                                           "micro_batch:1,global_batch:8,pp:4,steps:2");
   const trace::Trace t = generate_workload(s);
