@@ -5,6 +5,8 @@
 // be written.
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.hpp"
 #include "progress.hpp"
 #include "tensorpool/replay/replay.hpp"
@@ -33,9 +35,10 @@ int cmd_export(const RunOptions& o, const std::string& out, std::size_t max_entr
     segments += d.state.segments.size();
   }
   if (o.json) {
-    fmt::print("{{\"output\": \"{}\", \"allocator\": \"{}\", \"devices\": {}, \"events\": {}, "
-               "\"segments\": {}}}\n",
-               out, ro.allocator, r.memory.size(), events, segments);
+    const nlohmann::json j = {{"output", out}, {"allocator", ro.allocator},
+                              {"devices", r.memory.size()}, {"events", events},
+                              {"segments", segments}};
+    fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print(stderr, "wrote {}: {} device(s), {} events, {} segments at the end ({} replayed)\n",
                out, r.memory.size(), events, segments, ro.allocator);

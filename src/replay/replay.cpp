@@ -200,8 +200,8 @@ class DeviceReplay final : public ReplayView {
     if (e.size == 0) return;
     try {
       target_->deallocate(target_->allocate(e.size, e.stream), e.size, e.stream);
-    } catch (const OutOfMemoryError&) {
-      ++result_.ooms;
+    } catch (const OutOfMemoryError& oom) {
+      refused(e, oom);  // an OOM like any other: first_oom is set when ooms > 0
     }
     measure();
   }

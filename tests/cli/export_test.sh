@@ -56,6 +56,12 @@ if command -v python3 >/dev/null; then
   s=$(python3 -c "import pickle,sys; d=pickle.load(open(sys.argv[1],'rb'))['allocator_settings']; print(d['mode'], d['vmm_max_chunk'])" "$work/v.pickle")
   [ "$s" = "vmm $((64 * 1024 * 1024))" ] && pass || fail "tensorpool --conf not in the settings: $s"
 fi
+if command -v python3 >/dev/null; then
+  # --json is JSON whatever the output's name holds (a quote, a backslash).
+  odd="$work/a \"quoted\" \\ name.pickle"
+  "$bin" export "$work/g.tptrace" -o "$odd" --json >"$work/odd.json" 2>/dev/null
+  [ "$(json_field "$work/odd.json" "d['output']")" = "$odd" ] && pass || fail "export --json: the output's name is not read back: $(cat "$work/odd.json")"
+fi
 check "a --conf the allocator does not take is refused" 2 "unknown key 'bin_growth' for pytorch" -- \
   "$bin" export "$work/g.tptrace" --allocator pytorch --conf bin_growth:4 -o "$work/b.pickle"
 check "backend is not a replay setting" 2 "unknown key 'backend'" -- \

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <string>
 
@@ -42,13 +43,20 @@ std::string payload_of(const nvtxEventAttributes_t* a) {
 
 // --- core and domain entry points ------------------------------------------------------------
 
+/// Domain names and registered strings, kept for the life of the process like the handles that
+/// point into them (a deque never moves its elements).
+const std::string& kept(const char* s) {
+  static std::deque<std::string> strings;
+  std::lock_guard<std::mutex> lock(log_mutex);
+  return strings.emplace_back(s);
+}
+
 nvtxDomainHandle_t NVTX_API domain_create(const char* name) {
   log_line(std::string("domain ") + name);
-  return reinterpret_cast<nvtxDomainHandle_t>(new std::string(name));
+  return reinterpret_cast<nvtxDomainHandle_t>(const_cast<std::string*>(&kept(name)));
 }
 nvtxStringHandle_t NVTX_API register_string(nvtxDomainHandle_t, const char* s) {
-  // The copy lives as long as the process, like the handle.
-  return reinterpret_cast<nvtxStringHandle_t>(const_cast<char*>((new std::string(s))->c_str()));
+  return reinterpret_cast<nvtxStringHandle_t>(const_cast<char*>(kept(s).c_str()));
 }
 void NVTX_API mark(nvtxDomainHandle_t, const nvtxEventAttributes_t* a) {
   log_line(std::string("mark ") + text_of(a) + " " + payload_of(a));

@@ -87,6 +87,7 @@ void check_replay_matches(const replay::ReplayResult& r, const LiveFigures& live
   CHECK(r.upstream.maps == live.maps);
   CHECK(r.upstream.unmaps == live.unmaps);
   CHECK(r.ooms == live.ooms);
+  CHECK(r.first_oom.has_value() == (r.ooms > 0));  // an attempted failure is an OOM like any other
 }
 
 std::vector<trace::TraceEvent> read_events(const std::string& path, trace::ReadOptions options = {}) {
