@@ -217,7 +217,9 @@ std::vector<FitResult> fit(const trace::Trace& trace, const FitOptions& options)
   const std::size_t per_target = devices.size();
   parallel_for(results.size() * per_target, options.threads, [&](std::size_t task) {
     const std::size_t t = task / per_target;
-    const auto& [device, floor] = devices[task % per_target];
+    // Not a structured binding: clang before 16 cannot capture one in the lambda below.
+    const int device = devices[task % per_target].first;
+    const std::size_t floor = devices[task % per_target].second;
     const FitTarget& target = options.targets[t];
     std::map<std::size_t, std::string> refused;  // capacities the target could not be built on
     DeviceFit d = search_capacity(
