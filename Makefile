@@ -62,14 +62,14 @@ test-tsan: deps
 	@if setarch "$$(uname -m)" -R true 2>/dev/null; then setarch "$$(uname -m)" -R ctest --preset tsan; \
 	 else ctest --preset tsan; fi
 
-# Builds the libFuzzer targets with clang (preset fuzz, build-fuzz) and runs each for
+# Builds the libFuzzer targets (only those) with clang (preset fuzz, build-fuzz) and runs each for
 # FUZZ_SECONDS from its seed corpus (fuzz/corpus/TARGET); new inputs go to fuzz-corpus-TARGET/,
 # crashes to fuzz-corpus-crashes/, logs to fuzz-corpus-logs/. Fails on the first crash.
 fuzz:
 	@bash scripts/install-deps.sh fuzz
 	@command -v clang++ >/dev/null || { echo "make fuzz: needs clang++ and libclang-rt-14-dev"; exit 1; }
 	@cmake --preset fuzz >/dev/null
-	@cmake --build --preset fuzz -j $(JOBS)
+	@cmake --build --preset fuzz -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
 	@mkdir -p fuzz-corpus-crashes fuzz-corpus-logs
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p fuzz-corpus-$$t; \

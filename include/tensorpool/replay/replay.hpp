@@ -72,7 +72,8 @@ struct ReplayOptions {
   /// allocations expected to fail: a failed attempt has effects (the target releases cached
   /// memory before it gives up), which a replay must repeat to follow a live recording of the
   /// same allocator exactly. A request the target can serve is freed at once (the program did
-  /// not get the memory); one it refuses counts in ooms. Off: oom events are only read.
+  /// not get the memory); one it refuses is an OOM like any other (ooms, first_oom). Off: oom
+  /// events are only read.
   bool attempt_ooms = false;
   /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
   /// UsageError for a target that cannot export: before replaying anything for a registered
