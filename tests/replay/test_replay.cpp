@@ -67,6 +67,7 @@ TEST_CASE("replay measures requested, allocated and reserved peaks", "[replay]")
   REQUIRE(raw.peak_reserved == 4 * MiB + 4 * MiB + 1024);  // 2 MiB pages above 2 MiB, 512 B below
   REQUIRE(raw.upstream.allocs == 4);
   REQUIRE(raw.upstream.frees == 4);
+  REQUIRE(raw.upstream.syncs == 4);  // each cudaFree waits for the device
   REQUIRE(raw.final_reserved == 0);
   REQUIRE(raw.utilization == Approx(static_cast<double>(7 * MiB + 1000) / (8 * MiB + 1024)));
   REQUIRE(raw.waste == raw.peak_reserved - raw.peak_requested);

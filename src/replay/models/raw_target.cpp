@@ -1,5 +1,7 @@
 // raw_target.cpp: no caching at all: every allocation and free goes to the device, as
-// cudaMalloc/cudaFree (or cudaMallocAsync with a zero release threshold) would.
+// cudaMalloc/cudaFree would. cudaFree waits for the device to be idle (CUDA's documented
+// behaviour), so each free is counted as a host synchronization, as in the cub model.
+// (cudaMallocAsync with a zero release threshold holds the same memory without those waits.)
 //
 // Rounding follows what the CUDA driver does with cudaMalloc: requests of 2 MiB and more take
 // whole 2 MiB pages; smaller ones are packed into shared pages, modelled as 512-byte rounding.
@@ -52,6 +54,7 @@ class RawTarget final : public ReplayTarget {
   void deallocate(void* ptr, std::size_t bytes, Stream stream) override {
     const std::size_t size = raw_rounding(bytes);
     device_.free_segment(ptr, size, stream);
+    device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
     reserved_ -= size;
     live_.erase(reinterpret_cast<Address>(ptr));
   }
