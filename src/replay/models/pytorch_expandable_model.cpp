@@ -49,8 +49,9 @@
 //                 as one segment_map / segment_unmap event, so they compare with baseline(). The
 //                 driver maps and unmaps page by page: those calls number the pages created and
 //                 released;
-//  syncs          host waits: pending events completed by a release, and the stream
-//                 synchronization before each unmap operation.
+//  syncs          host waits: pending events completed by a release, the stream
+//                 synchronization before each unmap operation, and the cudaFree of a native
+//                 segment (it waits for the device).
 // Reserving and releasing address space is not counted (it holds no memory).
 //
 // Not modelled: garbage_collection_threshold, the per-process memory fraction, CUDA graph private
@@ -353,6 +354,7 @@ void ExpandableModel::release_segment(Block* b) {
   } else {
     free_set(b->pool).erase(b);
     device_.free_segment(reinterpret_cast<void*>(s->base), s->size, s->stream);
+    device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
     reserved_ -= s->size;
   }
   blocks_.erase(b->addr);

@@ -2,6 +2,7 @@
 // allocator (cudaMalloc segments, not expandable segments), as its documentation, public
 // discussions and memory snapshots describe it. The model decides what PyTorch would do; its
 // segment calls go to a SimulatedDevice of its own, whose counters are the target's upstream calls.
+// Each cudaFree of a segment waits for the device and counts as a host synchronization.
 //
 // The rules modelled (constants, rounding, pools and settings shared with "pytorch-expandable"
 // live in pytorch_rules.hpp):
@@ -192,6 +193,7 @@ void PyTorchModel::release_cached() {
 void PyTorchModel::release_segment(Block* b) {
   const std::size_t size = b->size;
   device_.free_segment(reinterpret_cast<void*>(b->addr), size, b->stream);
+  device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
   note(EventType::segment_free, b->addr, 0, size, b->stream);
   reserved_ -= size;
   blocks_.erase(b->addr);
