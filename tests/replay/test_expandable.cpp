@@ -403,6 +403,7 @@ TEST_CASE("pytorch-expandable: a seed without kFlagExpandable is a native segmen
   t->empty_cache();  // the native segment is entirely free: cudaFree'd whole
   REQUIRE(t->reserved() == 20 * MiB);
   REQUIRE(t->upstream().frees == 1);
+  REQUIRE(t->upstream().syncs == 1);  // the cudaFree waits for the device
   REQUIRE(t->upstream().unmaps == 0);
 }
 
