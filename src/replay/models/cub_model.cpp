@@ -205,9 +205,8 @@ void* CubModel::device_malloc(const Block& b) {
 }
 
 void CubModel::device_free(const Block& b) {
-  device_.free_segment(reinterpret_cast<void*>(b.addr), b.device_bytes, b.stream);
+  model::cuda_free(device_, reinterpret_cast<void*>(b.addr), b.device_bytes, b.stream);
   reserved_ -= b.device_bytes;
-  device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
   clock_.synchronized_all();
 }
 

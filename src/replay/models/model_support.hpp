@@ -95,6 +95,13 @@ inline SimulatedDeviceOptions malloc_device_options(const TargetOptions& o, cons
   return d;
 }
 
+/// cudaFree of a segment: the memory goes back to the device, and the host waits for the device
+/// to be idle first (CUDA's documented behaviour), counted as a host synchronization.
+inline void cuda_free(SimulatedDevice& device, void* segment, std::size_t bytes, Stream stream) {
+  device.free_segment(segment, bytes, stream);
+  device.synchronize_device();
+}
+
 /// Counts host synchronizations per stream, so that work "recorded" on a stream at some moment
 /// can later be asked whether it completed: it did once the host synchronized that stream after
 /// the moment. Replays have no device clock; stream_sync events are the only completion signal.

@@ -353,8 +353,7 @@ void ExpandableModel::release_segment(Block* b) {
     device_.release_address_range(s->base, s->size);
   } else {
     free_set(b->pool).erase(b);
-    device_.free_segment(reinterpret_cast<void*>(s->base), s->size, s->stream);
-    device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
+    model::cuda_free(device_, reinterpret_cast<void*>(s->base), s->size, s->stream);
     reserved_ -= s->size;
   }
   blocks_.erase(b->addr);

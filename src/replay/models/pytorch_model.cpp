@@ -192,8 +192,7 @@ void PyTorchModel::release_cached() {
 // `b` is a whole free segment, already out of its free set.
 void PyTorchModel::release_segment(Block* b) {
   const std::size_t size = b->size;
-  device_.free_segment(reinterpret_cast<void*>(b->addr), size, b->stream);
-  device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
+  model::cuda_free(device_, reinterpret_cast<void*>(b->addr), size, b->stream);
   note(EventType::segment_free, b->addr, 0, size, b->stream);
   reserved_ -= size;
   blocks_.erase(b->addr);

@@ -53,8 +53,7 @@ class RawTarget final : public ReplayTarget {
 
   void deallocate(void* ptr, std::size_t bytes, Stream stream) override {
     const std::size_t size = raw_rounding(bytes);
-    device_.free_segment(ptr, size, stream);
-    device_.synchronize_device();  // cudaFree waits for the device: counted as a sync
+    model::cuda_free(device_, ptr, size, stream);
     reserved_ -= size;
     live_.erase(reinterpret_cast<Address>(ptr));
   }
