@@ -36,6 +36,11 @@
 //                                  Chunks unmap only whole: smaller chunks let free pages beside
 //                                  live blocks be reclaimed near capacity, larger ones cost fewer
 //                                  calls for large tensors
+//   vmm_chunk_divisor    0         vmm: 0 = off; N: a new chunk is at most 1/N of the request
+//                                  that makes it (a power of two, at least a page, at most
+//                                  vmm_max_chunk), and chunks end at the pages around where the
+//                                  request's block ends. Fits closer to the device's capacity,
+//                                  for many more calls (docs/vmm.md)
 //   backend              async     the device backend of the per-device registry
 //                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
 //                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
@@ -80,6 +85,7 @@ struct Config {
   std::size_t vmm_growth_divisor = 128;
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
   std::size_t vmm_idle_divisor = 16;
+  std::size_t vmm_chunk_divisor = 0;  // 0: chunks of vmm_max_chunk; N: request/N (see above)
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
   bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
   Backend backend = Backend::async;  // read by the registry only

@@ -15,6 +15,8 @@
 // chunks cached unmapped, from chunks that are entirely free somewhere else (unmapped there after
 // synchronizing their stream: done when idle physical memory exceeds the idle limit, or when
 // nothing more can be created), and finally from a new chunk (at least growth_step() bytes).
+// New chunks are at most vmm_max_chunk; with vmm_chunk_divisor N, at most request/N, and they
+// end at the pages around where the request's block ends (new_chunk_size()).
 // Mapped memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
 // See docs/vmm.md.
 #include <algorithm>
@@ -70,6 +72,8 @@ class VmmHeaps final : public SegmentSource {
     Block* hole;        // an unmapped free block
     std::size_t bytes;  // to map at its start (a growth step)
     std::size_t need;   // of which the request needs at least this much
+    std::size_t request = 0;  // the request's size
+    Address block_end = 0;    // where the request's block will end, if it is placed here
   };
 
   Heap* heap_of(const StreamState& ss, Pool pool) const;
@@ -77,6 +81,7 @@ class VmmHeaps final : public SegmentSource {
   std::size_t growth_step(Pool pool) const noexcept;
   std::size_t idle_limit(Pool pool) const noexcept;
   Placement place(const Heap& heap, std::size_t size) const;
+  std::size_t new_chunk_size(const Placement& where, Address at, Address end) const;
   Block* map_into(Heap& heap, const Placement& where, Pool pool, bool& complete);
   bool create_chunk(std::size_t bytes, Pool pool, Chunk& out);
   std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
@@ -141,10 +146,11 @@ VmmHeaps::Placement VmmHeaps::place(const Heap& heap, std::size_t size) const {
   for (const auto& [addr, hole] : heap.unmapped) {
     const std::size_t before = free_mapped(hole->prev) ? hole->prev->size : 0;
     const std::size_t need = size > before ? round_up(size - before, page_) : page_;
+    const Address block_end = (before != 0 ? hole->prev->addr : hole->addr) + size;
     if (need <= hole->size)
-      return {hole, std::min(std::max(need, growth_step(heap.segment->pool)), hole->size), need};
+      return {hole, std::min(std::max(need, growth_step(heap.segment->pool)), hole->size), need, size, block_end};
     const std::size_t after = free_mapped(hole->next) ? hole->next->size : 0;
-    if (before + hole->size + after >= size) return {hole, hole->size, hole->size};
+    if (before + hole->size + after >= size) return {hole, hole->size, hole->size, size, block_end};
   }
   return {nullptr, 0, 0};
 }
@@ -157,6 +163,26 @@ std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
   const std::size_t held = st_.counters.reserved(pool);
   const Config& c = st_.config;
   return round_up(std::clamp(held / c.vmm_growth_divisor, page_, std::max(page_, c.vmm_max_growth)), page_);
+}
+
+// The size of the next new chunk, mapped at `at` by a growth that maps up to `end`: at most
+// vmm_max_chunk. With vmm_chunk_divisor N also at most the largest power of two of pages not
+// above request/N, and a chunk never crosses the page boundaries around the end of the
+// request's block: the memory after the block then lies in chunks of its own, which can be
+// unmapped whole once free, while the block lives. Small chunks are what lets a heap near the
+// device's capacity give back free pages beside live blocks; the price is calls.
+std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address end) const {
+  std::size_t limit = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
+  const std::size_t divisor = st_.config.vmm_chunk_divisor;
+  if (divisor == 0) return std::min(end - at, limit);
+  std::size_t pow2 = page_;
+  while (pow2 <= where.request / divisor / 2) pow2 *= 2;
+  limit = std::min(limit, pow2);
+  const Address last_page = where.block_end / page_ * page_;  // page holding the block's end
+  const Address past_block = round_up(where.block_end, page_);
+  if (at < last_page) limit = std::min<std::size_t>(limit, last_page - at);
+  else if (at < past_block) limit = std::min<std::size_t>(limit, past_block - at);
+  return std::min(end - at, limit);
 }
 
 // Idle physical memory (free chunks, cached or mapped under free blocks) a growth tolerates
@@ -262,15 +288,14 @@ Block* VmmHeaps::map_into(Heap& heap, const Placement& where, Pool pool, bool& c
       cached_.erase(cached_.begin() + i);
       place_chunk(c);
     }
-    // New memory in chunks of at most vmm_max_chunk: a chunk is unmapped only whole, so
-    // smaller chunks let free pages next to live blocks be reclaimed under pressure.
-    const std::size_t max_chunk = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
+    // New memory: a chunk is unmapped only whole, so smaller chunks let free pages next to
+    // live blocks be reclaimed under pressure (new_chunk_size()).
     Chunk fresh;
     while (cursor < end) {
-      if (!create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) {
+      if (!create_chunk(new_chunk_size(where, cursor, end), pool, fresh)) {
         if (cursor >= needed_end) break;
         end = needed_end;  // the step does not fit: map only what the request needs
-        if (!create_chunk(std::min(end - cursor, max_chunk), pool, fresh)) break;
+        if (!create_chunk(new_chunk_size(where, cursor, end), pool, fresh)) break;
       }
       place_chunk(fresh);
     }

@@ -42,6 +42,9 @@ TEST_CASE("Config::parse sets every key", "[config]") {
   REQUIRE_FALSE(c.cross_stream_reuse);
   const Config v = Config::parse("mode:vmm,vmm_growth_divisor:32,vmm_max_chunk:1GiB,vmm_max_growth:256MiB,vmm_idle_divisor:4");
   REQUIRE(v.vmm_idle_divisor == 4);
+  REQUIRE(Config().vmm_chunk_divisor == 0);
+  REQUIRE(Config::parse("vmm_chunk_divisor:16").vmm_chunk_divisor == 16);
+  REQUIRE(Config::parse("vmm_chunk_divisor:0").vmm_chunk_divisor == 0);
   REQUIRE(v.vmm_growth_divisor == 32);
   REQUIRE(v.vmm_max_chunk == GiB);
   REQUIRE(v.vmm_max_growth == 256 * MiB);
@@ -69,6 +72,8 @@ TEST_CASE("Config errors name the key, the value and what was expected", "[confi
     REQUIRE_THROWS_WITH(Config::parse(bad), Contains("'vmm_growth_divisor'") && Contains("whole number from 1 to"));
   REQUIRE_THROWS_WITH(Config::parse("vmm_max_chunk:huge"), Contains("'vmm_max_chunk'") && Contains("a size"));
   REQUIRE_THROWS_WITH(Config::parse("vmm_idle_divisor:0"), Contains("'vmm_idle_divisor'") && Contains("whole number"));
+  REQUIRE_THROWS_WITH(Config::parse("vmm_chunk_divisor:-1"), Contains("'vmm_chunk_divisor'") && Contains("whole number"));
+  REQUIRE_THROWS_WITH(Config::parse("vmm_chunk_divisor:4MiB"), Contains("'vmm_chunk_divisor'") && Contains("whole number"));
   REQUIRE_THROWS_WITH(Config::parse("small_size"), Contains("key:value"));
   REQUIRE_THROWS_WITH(Config::parse("small_size:"), Contains("'small_size'"));
   REQUIRE_THROWS_WITH(Config::parse("max_split_size:1MiB"), Contains("at least large_segment_size"));

@@ -56,6 +56,39 @@ TEST_CASE("vmm: new memory comes in chunks of at most vmm_max_chunk, one create 
   }
 }
 
+TEST_CASE("vmm: vmm_chunk_divisor makes chunks of 1/N of the request, split where its block ends", "[vmm]") {
+  // 1 GiB from empty: 128 MiB chunks by default, 1 GiB / 32 = 32 MiB ones with the divisor.
+  for (const auto& [conf, chunks] : {std::pair{"mode:vmm", 8}, std::pair{"mode:vmm,vmm_chunk_divisor:32", 32},
+                                     std::pair{"mode:vmm,vmm_chunk_divisor:3", 8}}) {  // 341 MiB: 256, capped at 128
+    Fixture f(conf);
+    void* p = f.alloc.allocate(GiB);
+    INFO(conf);
+    REQUIRE(f.device->counters().physical_creates == static_cast<std::uint64_t>(chunks));
+    REQUIRE(f.reserved() == GiB);
+    f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+  }
+  // A 5 MiB request in a pool of 512 MiB grows it by a 64 MiB step (1/8). In one chunk, the 59
+  // free MiB after the block cannot be given back while the block lives; split at the pages
+  // around its end (4 MiB chunks: [0, 4), [4, 6), then [6, 10) ...), all but 6 MiB can.
+  for (const auto& [conf, kept] : {std::pair{"mode:vmm,vmm_growth_divisor:8", 64 * MiB},
+                                   std::pair{"mode:vmm,vmm_growth_divisor:8,vmm_chunk_divisor:1", 6 * MiB}}) {
+    Fixture f(conf);
+    void* big = f.alloc.allocate(512 * MiB);
+    void* small = f.alloc.allocate(5 * MiB);
+    INFO(conf);
+    REQUIRE(f.reserved() == 576 * MiB);
+    f.alloc.empty_cache();
+    REQUIRE(f.reserved() == 512 * MiB + kept);
+    REQUIRE(f.device->used_bytes() == f.reserved());
+    f.alloc.check_invariants();
+    void* again = f.alloc.allocate(40 * MiB);  // maps the released pages back, beside the block
+    f.alloc.check_invariants();
+    for (void* p : {big, small, again}) f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+  }
+}
+
 TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most vmm_max_growth", "[vmm]") {
   // The pool holds 512 MiB, all live; a 2 MiB request then grows it by the step.
   for (const auto& [conf, step] : {std::pair{"mode:vmm", 4 * MiB}, std::pair{"mode:vmm,vmm_growth_divisor:8", 64 * MiB},
