@@ -5,7 +5,8 @@
 // program tests/cuda/cub_vs_model_table.cpp.
 //
 // The double is reset for the replay: one simulated device per trace device, of `capacity`
-// bytes, cudaMalloc rounding to 512 B (as the model's device does), stream work completing
+// bytes, cudaMalloc taking whole 2 MiB pages from 2 MiB up and rounding to 512 B below (as the
+// model's cudaMalloc does), stream work completing
 // only when the trace synchronizes a stream or a cudaFree synchronizes the device.
 #pragma once
 
@@ -24,7 +25,7 @@ struct CubComparison {
 };
 
 /// Resets the double for replays through "cub-real": `devices` simulated devices of `capacity`
-/// bytes, cudaMalloc rounding to 512 B, stream work completing only on a synchronization.
+/// bytes, cudaMalloc rounding to 512 B below 2 MiB, stream work completing only on a synchronization.
 inline void reset_double_for_cub(int devices, std::size_t capacity) {
   cuda_double::Options o;
   o.device_count = devices;

@@ -45,8 +45,10 @@ struct DeviceOptions {
   std::size_t capacity = 16 * GiB;
   /// cuMemGetAllocationGranularity; a multiple of 2 MiB.
   std::size_t vm_granularity = 2 * MiB;
-  /// What cudaMalloc rounds sizes up to: a power of two from 512 B to 2 MiB (2 MiB, the default,
-  /// charges every allocation whole pages; 512 B counts bytes as a sub-allocating driver would).
+  /// What cudaMalloc rounds sizes below 2 MiB up to: a power of two from 512 B to 2 MiB (2 MiB,
+  /// the default, charges every allocation whole pages; 512 B counts small allocations as a
+  /// driver packing them into shared pages would). A device allocation of 2 MiB or more always
+  /// takes whole 2 MiB pages, as the replay models' cudaMalloc does (model::cuda_malloc_bytes).
   std::size_t malloc_granularity = 2 * MiB;
 };
 

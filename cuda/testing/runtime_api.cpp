@@ -22,7 +22,11 @@ cudaError_t allocate(State& s, int dev, std::size_t size, AllocKind kind, void**
   *out = nullptr;
   if (size == 0) return cudaSuccess;
   SimulatedDevice& sim = device(s, dev);
-  const std::size_t bytes = round_up(size, sim.properties().segment_granularity);
+  // The driver's rule (DeviceOptions::malloc_granularity): from 2 MiB up, whole 2 MiB pages.
+  const std::size_t granularity = dev >= 0 && size >= kSegmentGranularity
+                                      ? kSegmentGranularity
+                                      : sim.properties().segment_granularity;
+  const std::size_t bytes = round_up(size, granularity);
   void* p = sim.allocate_segment(bytes, kDefaultStream);
   if (p == nullptr) return cudaErrorMemoryAllocation;
   const int region = dev == -1 ? kHostRegion : dev;

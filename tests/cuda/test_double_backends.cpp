@@ -58,6 +58,23 @@ TEST_CASE("double: the current device is per thread and events belong to a devic
   TP_CUDA_OK(cudaEventDestroy(e));
 }
 
+TEST_CASE("double: cudaMalloc packs small allocations, and takes whole pages from 2 MiB up",
+          "[cuda][double]") {
+  Env env;
+  dbl::Options o;
+  o.device.malloc_granularity = 512;  // as the cub comparison sets it
+  dbl::reset(o);
+  void* small = nullptr;
+  void* large = nullptr;
+  TP_CUDA_OK(cudaMalloc(&small, 1000));
+  REQUIRE(dbl::used_bytes(0) == 1024);
+  TP_CUDA_OK(cudaMalloc(&large, 3 * MiB));
+  REQUIRE(dbl::used_bytes(0) == 1024 + 4 * MiB);  // the replay models' cudaMalloc: the same rule
+  TP_CUDA_OK(cudaFree(large));
+  TP_CUDA_OK(cudaFree(small));
+  REQUIRE(dbl::used_bytes(0) == 0);
+}
+
 TEST_CASE("double: capacity, device count and immediate completion are configurable",
           "[cuda][double]") {
   Env env;

@@ -23,10 +23,12 @@
 //    the real CUB code on the CUDA-runtime test double: cuda/replay/cub_real_target.cpp and the
 //    test tests/cuda/test_cub_vs_model.cpp keep the two in step.)
 //
-// Device granularity: the simulated device takes segments in multiples of 512 B, not PyTorch's
-// 2 MiB: real cudaMalloc packs small allocations into shared pages, so charging each 512 B bin a
-// 2 MiB page would overstate what CUB holds. Exact-size (unbinned) requests are rounded up to
-// 512 B for the device call; reserved() counts those device sizes.
+// Device sizes: each block is one cudaMalloc, charged as the raw target charges one
+// (model::cuda_malloc_bytes): blocks of 2 MiB or more take whole 2 MiB pages, smaller ones are
+// packed by the driver into shared pages (512-byte rounding), so a 512 B bin is not charged a
+// page. An unbinned request of 3 MiB holds 4 MiB of the device. reserved() counts device sizes.
+// (The model used to round every block to 512 B: CUB then fitted devices smaller than the
+// same cudaMalloc calls made by the raw target did.)
 //
 // Invariants:
 //  - reserved_ == sum of device sizes of live and cached blocks;
@@ -54,7 +56,7 @@ using model::kUnlimited;
 using model::round_up;
 
 constexpr const char* kName = "cub";
-constexpr std::size_t kGranule = 512;  // of the simulated device (see the banner)
+constexpr std::size_t kGranule = 512;  // of the simulated device: its allocation granularity
 constexpr unsigned kUnbinned = ~0U;
 
 // bin_growth^power, or kUnlimited when it does not fit in size_t.
@@ -70,7 +72,7 @@ std::size_t power_of(std::size_t base, unsigned power) noexcept {
 struct Block {
   Address addr = 0;
   std::size_t bytes = 0;         // CUB's size: the bin size, or the exact request when unbinned
-  std::size_t device_bytes = 0;  // what the device holds for it (bytes rounded to kGranule)
+  std::size_t device_bytes = 0;  // what the device holds for it (model::cuda_malloc_bytes)
   unsigned bin = kUnbinned;
   Stream stream = kDefaultStream;  // the stream it was last allocated on
   std::uint64_t mark = 0;          // StreamClock mark of `stream` when it was cached
@@ -141,7 +143,7 @@ Block CubModel::bin_for(std::size_t bytes) const noexcept {
     b.bin = power;
     b.bytes = rounded;
   }
-  b.device_bytes = round_up(std::max<std::size_t>(b.bytes, 1), kGranule);
+  b.device_bytes = model::cuda_malloc_bytes(b.bytes);
   return b;
 }
 

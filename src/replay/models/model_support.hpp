@@ -26,6 +26,17 @@ inline constexpr std::size_t round_up(std::size_t value, std::size_t multiple) n
   return (value + multiple - 1) / multiple * multiple;
 }
 
+/// What a cudaMalloc of `bytes` holds on the device, for every model that calls it ("raw", "cub"):
+/// a request of 2 MiB or more takes whole 2 MiB pages; a smaller one is packed with others into
+/// shared pages by the driver, modelled as 512-byte rounding. (The CUDA-runtime double's
+/// cudaMalloc follows the same rule when its granularity is 512 B.) To be checked on a GPU:
+/// docs/gpu-validation.md.
+inline constexpr std::size_t cuda_malloc_bytes(std::size_t bytes) noexcept {
+  constexpr std::size_t kPage = 2 * MiB;
+  constexpr std::size_t kGranule = 512;
+  return bytes >= kPage ? round_up(bytes, kPage) : round_up(std::max<std::size_t>(bytes, 1), kGranule);
+}
+
 /// What an OutOfMemoryError reports about a model over `device` that failed a request of `requested`
 /// bytes (`rounded` after rounding) on `stream`, holding `reserved` bytes of which `allocated` are
 /// in live blocks. largest_free_block and memory_limit are left to the caller (0: none).

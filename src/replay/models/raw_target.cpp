@@ -19,10 +19,7 @@ namespace tensorpool::replay {
 
 namespace {
 
-std::size_t raw_rounding(std::size_t bytes) {
-  const std::size_t page = 2 * MiB;
-  return bytes >= page ? (bytes + page - 1) / page * page : round_size(bytes);
-}
+std::size_t raw_rounding(std::size_t bytes) { return model::cuda_malloc_bytes(bytes); }
 
 // raw takes no settings: any key is unknown.
 void check_settings(std::string_view conf, std::string_view origin) {
