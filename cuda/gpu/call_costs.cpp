@@ -3,7 +3,11 @@
 // threshold 0, so each call goes to the driver), cuMemCreate, cuMemMap, cuMemSetAccess,
 // cuMemUnmap, cuMemRelease. Medians of REPS calls per size. Writes OUT/cost-model.txt (the format
 // the simulated device reads: tensorpool/cost_model.hpp, `tensorpool replay --cost-model`) and
-// OUT/call-costs.json. Run by scripts/gpu/run.sh (from scripts/gpu-check.sh); built with -DTENSORPOOL_GPU_BENCH=ON.
+// OUT/call-costs.json. Also what a cudaMalloc of each of a few sizes holds on the device (the
+// drop in cudaMemGetInfo's free memory, over 16 live allocations of the size, per allocation):
+// the replay models charge whole 2 MiB pages from 2 MiB up and 512 B below
+// (src/replay/models/model_support.hpp, cuda_malloc_bytes); OUT/malloc-footprint.json says
+// whether the GPU agrees. Run by scripts/gpu/run.sh (from scripts/gpu-check.sh); built with -DTENSORPOOL_GPU_BENCH=ON.
 //
 //   call_costs OUT_DIR [REPS]
 #include <cuda.h>
@@ -39,6 +43,35 @@ double ns(F&& f) {
   const auto t0 = Clock::now();
   f();
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+}
+
+// Device bytes one cudaMalloc of `bytes` holds: 16 live at once, from the drop in free memory.
+double malloc_footprint(std::size_t bytes) {
+  constexpr int kLive = 16;
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  rt(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  rt(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
+  std::vector<void*> live(kLive, nullptr);
+  for (void*& p : live) rt(cudaMalloc(&p, bytes), "cudaMalloc");
+  rt(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
+  for (void* p : live) rt(cudaFree(p), "cudaFree");
+  return static_cast<double>(free_before - free_after) / kLive;
+}
+
+void write_footprints(const std::string& out) {
+  std::ofstream json(out + "/malloc-footprint.json");
+  json << "{\"live_per_size\": 16, \"sizes\": [";
+  const std::size_t sizes[] = {512, 1000, 64 << 10, 1 << 20, (1 << 20) + 1, 2 << 20, (2 << 20) + 1, 3 << 20,
+                               (10 << 20) + 1, (100 << 20) + 512};
+  bool first = true;
+  for (std::size_t bytes : sizes) {
+    const std::size_t model = bytes >= (2u << 20) ? (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20)
+                                                   : (bytes + 511) / 512 * 512;
+    json << (first ? "" : ", ") << "{\"bytes\": " << bytes << ", \"device_bytes_each\": " << malloc_footprint(bytes)
+         << ", \"model_bytes\": " << model << "}";
+    first = false;
+  }
+  json << "]}\n";
 }
 
 }  // namespace
@@ -114,6 +147,7 @@ int main(int argc, char** argv) {
     json << "]";
   }
   json << "}}\n";
-  std::printf("call_costs: wrote %s/cost-model.txt and call-costs.json\n", out.c_str());
+  write_footprints(out);
+  std::printf("call_costs: wrote %s/cost-model.txt, call-costs.json and malloc-footprint.json\n", out.c_str());
   return 0;
 }

@@ -5,8 +5,9 @@
 # others' results:
 #   a. call costs: cudaMalloc, cudaFree, cudaMallocAsync/FreeAsync, cuMemCreate, cuMemMap,
 #      cuMemSetAccess, cuMemUnmap, cuMemRelease at 2 MiB..1 GiB (medians) ->
-#      cost-model.txt (the simulated device's cost model: tensorpool replay --cost-model) and
-#      call-costs.json;
+#      cost-model.txt (the simulated device's cost model: tensorpool replay --cost-model),
+#      call-costs.json, and malloc-footprint.json (what cudaMalloc of each size holds, against
+#      the replay models' rule);
 #   b. replay of the traces on the GPU (raw, cudaMallocAsync, tensorpool on each backend, CUB,
 #      RMM's pool when built with it) -> replay-TRACE.jsonl, and the simulated figures for the
 #      same traces with the measured cost model -> simulated-TRACE.json;

@@ -29,8 +29,8 @@ inline constexpr std::size_t round_up(std::size_t value, std::size_t multiple) n
 /// What a cudaMalloc of `bytes` holds on the device, for every model that calls it ("raw", "cub"):
 /// a request of 2 MiB or more takes whole 2 MiB pages; a smaller one is packed with others into
 /// shared pages by the driver, modelled as 512-byte rounding. (The CUDA-runtime double's
-/// cudaMalloc follows the same rule when its granularity is 512 B.) To be checked on a GPU:
-/// docs/gpu-validation.md.
+/// cudaMalloc follows the same rule when its granularity is 512 B.) The GPU run measures what
+/// cudaMalloc really holds (cuda/gpu/call_costs.cpp, malloc-footprint.json).
 inline constexpr std::size_t cuda_malloc_bytes(std::size_t bytes) noexcept {
   constexpr std::size_t kPage = 2 * MiB;
   constexpr std::size_t kGranule = 512;
