@@ -276,6 +276,42 @@ def table_fit_shared(_):
     return "\n".join(out) + "\n"
 
 
+def table_fit_vmm(_):
+    names = sorted(p[len(RESULTS) + 1 + len("fit-vmm-"):-5] for p in glob.glob(os.path.join(RESULTS, "fit-vmm-*.json"))
+                   if not p.endswith(".meta.json"))
+    if not names:
+        return "(no results: run the commands below)\n"
+    others = ("pytorch", "pytorch-expandable", "cub", "raw")
+    metas = []
+    out = []
+    rows = ["| trace | device | peak requested GiB | best other GiB | tensorpool-vmm GiB (/ best) | "
+            "`vmm_chunk_divisor:16` GiB (/ best) |", "|---|---|---|---|---|---|"]
+    for name in names:
+        data, meta = load("fit-vmm-" + name)
+        fine, fine_meta = load("fit-vmm16-" + name)
+        metas += [meta, fine_meta]
+        by = {a["allocator"]: a for a in data["allocators"]}
+        vmm = by["tensorpool-vmm"]["devices"]
+        fine_devices = fine["allocators"][0]["devices"] if fine else [None] * len(vmm)
+        for i, dev in enumerate(vmm):
+            best = min(others, key=lambda a: by[a]["devices"][i]["capacity_bytes"])
+            best_bytes = by[best]["devices"][i]["capacity_bytes"]
+
+            def cell(d):
+                if d is None or not d["fits"]:
+                    return "-"
+                ratio = d["capacity_bytes"] / best_bytes
+                return "%.3f (%.4f)%s" % (d["capacity_bytes"] / GIB, ratio, "" if ratio <= 1.005 else " above 1.005")
+
+            rows.append("| %s | %d | %.3f | %s %.3f | %s | %s |" % (
+                trace_name(data["trace"]), dev["device"], dev["peak_requested_bytes"] / GIB, best, best_bytes / GIB,
+                cell(dev), cell(fine_devices[i])))
+    out.append(first_stamp(metas, "tensorpool fit TRACE --allocators tensorpool-vmm,pytorch,pytorch-expandable,cub,raw "
+                                  "--precision-pct 0.05 --json` and `tensorpool fit TRACE --allocators tensorpool-vmm "
+                                  "--allocator-conf tensorpool-vmm=vmm_chunk_divisor:16 --precision-pct 0.05 --json"))
+    return "\n".join(out + rows) + "\n"
+
+
 def table_fit_suite(_):
     manifest, _ = load("fit-suite")
     if not manifest:
@@ -352,7 +388,7 @@ def table_gpu(_):
 
 TABLES = {"cub-side-by-side": table_cub, "cub-validation": table_cub_validation, "rmm": table_rmm,
           "empty-cache": table_empty_cache, "gpu": table_gpu, "fit-shared": table_fit_shared,
-          "fit-suite": table_fit_suite}
+          "fit-suite": table_fit_suite, "fit-vmm": table_fit_vmm}
 
 
 def render():
