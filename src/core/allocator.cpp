@@ -132,6 +132,8 @@ void Allocator::Impl::release_block(Block* b) {
   b->state = BlockState::free;
   b->requested = 0;
   b = coalesce(b);
+  // The first block of a vmm heap, free: the heap may hold it (vmm_heaps.cpp, trim()).
+  if (TP_UNLIKELY(seg->heap) && b->prev == nullptr && (b = source_->trim(b)) == nullptr) return;
   seg->index->insert(b);
 }
 

@@ -88,15 +88,16 @@ struct AllocatorState {
   }
 
   /// Merges free block b (in no index) with its free neighbours of the same mapping, taking them
-  /// out of their index; returns the merged block (in no index).
+  /// out of their index; returns the merged block (in no index). A held neighbour (a vmm heap's
+  /// held pages, in no index) stays apart.
   TP_ALWAYS_INLINE Block* coalesce(Block* b) {
     Segment* seg = b->segment;
-    if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped) {
+    if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped && !p->held) {
       seg->index->remove(p);
       b = p;
       blocks.absorb_next(b);
     }
-    if (Block* n = b->next; n != nullptr && n->state == BlockState::free && n->mapped == b->mapped) {
+    if (Block* n = b->next; n != nullptr && n->state == BlockState::free && n->mapped == b->mapped && !n->held) {
       seg->index->remove(n);
       blocks.absorb_next(b);
     }

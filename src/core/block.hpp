@@ -6,7 +6,8 @@
 // physical chunks (a vmm heap). Its blocks tile it exactly, in address order through prev/next.
 // Invariants (checked by Allocator::check_invariants):
 //  - first->addr == segment->addr; b->next->addr == b->addr + b->size; the sizes sum to size;
-//  - no two address-adjacent blocks with the same `mapped` are both free (frees coalesce at once);
+//  - no two address-adjacent blocks with the same `mapped` and `held` are both free (frees
+//    coalesce at once);
 //  - every block's size is a multiple of kMinBlockSize; blocks == number of blocks;
 //  - a block of an oversize segment is never split (blocks == 1);
 //  - a block with mapped == false is free and lies in a heap.
@@ -38,6 +39,8 @@ struct Block {
   Block* free_next = nullptr;
   BlockState state = BlockState::free;
   bool mapped = true;              // physical memory lies under the whole block (false: a vmm hole)
+  bool held = false;               // free and mapped, but kept out of the free index: a vmm
+                                   // heap's held pages (vmm_heaps.cpp, trim()); never in fixed mode
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
 };

@@ -67,6 +67,13 @@ FragmentationReport Allocator::Impl::fragmentation() const {
     }
   }
   r.largest_free = largest_free_block();
+  source_->for_each_held([&](const Block* b) {  // free memory, though kept out of the index
+    r.total_free += b->size;
+    ++r.free_blocks;
+    r.inactive_split += b->size;
+    ++r.inactive_split_blocks;
+    r.largest_free = std::max(r.largest_free, b->size);
+  });
   r.utilization = r.reserved == 0 ? 1.0 : static_cast<double>(r.allocated) / static_cast<double>(r.reserved);
   r.external_fragmentation =
       r.total_free == 0 ? 0.0
@@ -130,8 +137,10 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
     if (b->addr != seg.addr + covered) fail("gap or overlap before block " + hex(b->addr));
     if (b->next != nullptr && b->next->prev != b) fail("broken prev link after " + hex(b->addr));
     if (b->next != nullptr && b->state == BlockState::free && b->next->state == BlockState::free &&
-        b->mapped == b->next->mapped)
+        b->mapped == b->next->mapped && b->held == b->next->held)
       fail("adjacent free blocks at " + hex(b->addr) + " were not coalesced");
+    if (b->held && (b->state != BlockState::free || !b->mapped || !seg.heap))
+      fail("held block " + hex(b->addr) + " is not a free mapped block of a heap");
     if (!b->mapped && b->state != BlockState::free)
       fail("block " + hex(b->addr) + " is in use but has no pages");
     covered += b->size;
@@ -146,7 +155,7 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
     if (b->state != BlockState::free) {
       rc.add(seg.pool, Metric::active_bytes, sz);
       rc.add(seg.pool, Metric::active_blocks, 1);
-    } else if (b->mapped) {
+    } else if (b->mapped && !b->held) {
       ++free_blocks;
     }
     if (b->state == BlockState::pending_free && b->pending_events == 0)

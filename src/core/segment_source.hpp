@@ -14,6 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,6 +54,11 @@ class SegmentSource {
   /// check_invariants, the source's part: its own structures, the mapping state of its
   /// segments' blocks, and its recount of reserved bytes and segments per pool (into rc).
   virtual void check(Recount& rc) const = 0;
+  /// The first block of a heap segment was freed and coalesced (in no index): returns it for
+  /// the free index, or nullptr when the source keeps it out of the index (held). Fixed: b.
+  virtual Block* trim(Block* b) { return b; }
+  /// Calls f(block) for every held block (free, mapped, in no index).
+  virtual void for_each_held(const std::function<void(const Block*)>& f) const { (void)f; }
 };
 
 /// The source Config::mode asks for (the only place that looks at the mode). May narrow the

@@ -18,10 +18,19 @@
 // New chunks are at most vmm_max_chunk; with vmm_chunk_divisor N, at most request/N, and they
 // end at the pages around where the request's block ends (new_chunk_size()).
 // Mapped memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
+//
+// Held pages: when a heap's last allocated block is freed, its mapped memory is not put in the
+// free index but held (trim()), and comes back a growth step at a time, without device calls,
+// when nothing in the index fits (from_held()), exactly as the heap first grew from the
+// device. A program that runs its steps again from an empty heap thus places its blocks as it
+// did the first time, instead of spreading them over one large free block (the steady state of
+// docs/vmm.md). Held pages are free memory (stats, fragmentation, snapshots say so); growth that
+// they cannot serve, pressure and release() give them back to the index first.
 // See docs/vmm.md.
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -56,6 +65,7 @@ struct Heap {
   Segment* segment = nullptr;          // the reserved range, in AllocatorState::segments
   std::map<Address, Chunk> chunks;     // mapped chunks by address
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
+  std::map<Address, Block*> held;      // held pages: free mapped blocks kept out of the index
 };
 
 class VmmHeaps final : public SegmentSource {
@@ -66,6 +76,8 @@ class VmmHeaps final : public SegmentSource {
   std::size_t release(ReleaseGoal goal) override;
   void destroy() override;
   void check(Recount& rc) const override;
+  Block* trim(Block* b) override;
+  void for_each_held(const std::function<void(const Block*)>& f) const override;
 
  private:
   struct Placement {
@@ -77,6 +89,9 @@ class VmmHeaps final : public SegmentSource {
   };
 
   Heap* heap_of(const StreamState& ss, Pool pool) const;
+  Block* from_held(Heap& heap, Pool pool, std::size_t size);
+  Block* unhold(Heap& heap, Block* r, std::size_t bytes);
+  void release_held(Pool pool);
   Heap& heap_for(StreamState& ss, Pool pool);
   std::size_t growth_step(Pool pool) const noexcept;
   std::size_t idle_limit(Pool pool) const noexcept;
@@ -98,6 +113,7 @@ class VmmHeaps final : public SegmentSource {
   std::map<Address, Heap> heaps_;          // by the address of their range
   std::unordered_map<const StreamState*, std::array<Heap*, kNumPools>> by_stream_;  // into heaps_
   std::vector<Chunk> cached_;              // physical chunks mapped nowhere (addr == 0)
+  std::array<std::size_t, kNumPools> held_bytes_{};  // bytes of held blocks, per pool (invariant)
 };
 
 VmmHeaps::VmmHeaps(AllocatorState& state, VirtualMemory& vm)
@@ -160,7 +176,9 @@ VmmHeaps::Placement VmmHeaps::place(const Heap& heap, std::size_t size) const {
 // calls few while bounding the memory mapped ahead of need at any peak to that fraction.
 std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
   if (pool == Pool::small) return page_;
-  const std::size_t held = st_.counters.reserved(pool);
+  // What the pool has exposed (held pages aside): the same figure at the same point of a
+  // repeated step as when the pool grew there.
+  const std::size_t held = st_.counters.reserved(pool) - held_bytes_[static_cast<int>(pool)];
   const Config& c = st_.config;
   return round_up(std::clamp(held / c.vmm_growth_divisor, page_, std::max(page_, c.vmm_max_growth)), page_);
 }
@@ -194,6 +212,8 @@ std::size_t VmmHeaps::idle_limit(Pool pool) const noexcept {
 
 Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   Heap& heap = heap_for(ss, pool);
+  if (Block* b = from_held(heap, pool, size)) return b;
+  release_held(pool);  // too few held pages: they join the free block before the hole, for place()
   const std::size_t want = round_up(size, page_);
   const bool pressure = !st_.within_limit(want) || want > st_.device->free_memory();
   if (pressure || idle_physical(pool) > idle_limit(pool)) {
@@ -310,6 +330,82 @@ Block* VmmHeaps::map_into(Heap& heap, const Placement& where, Pool pool, bool& c
   return record_mapped();
 }
 
+// b, the first block of its heap, was just freed and coalesced (in no index). When the heap has
+// nothing allocated any more (no block but free, unmapped or held ones: the walk stops at the
+// first block in use), all its free mapped memory is held: b and any free block after an
+// unmapped hole. Returns b for the free index, or nullptr when it is held.
+Block* VmmHeaps::trim(Block* b) {
+  for (const Block* x = b->next; x != nullptr; x = x->next)
+    if (x->state != BlockState::free) return b;
+  Heap& heap = heaps_.at(b->segment->addr);
+  const auto hold = [&](Block* x) {
+    x->held = true;
+    held_bytes_[static_cast<int>(x->segment->pool)] += x->size;
+    if (x->next != nullptr && x->next->held) {  // one held block per run of mapped memory
+      heap.held.erase(x->next->addr);
+      st_.blocks.absorb_next(x);
+    }
+    heap.held.emplace(x->addr, x);
+  };
+  for (Block* x = b->next; x != nullptr; x = x->next) {
+    if (x->mapped && !x->held) {  // free and in the index: move it
+      x->segment->index->remove(x);
+      hold(x);
+    }
+  }
+  hold(b);
+  return nullptr;
+}
+
+// Serves a request from held pages when a held block (with the free block before it) fits: as
+// a growth would map (the shortfall in pages, at least a growth step), unholds the front of it
+// and returns the free block it joined, in the index.
+Block* VmmHeaps::from_held(Heap& heap, Pool pool, std::size_t size) {
+  const std::size_t step = growth_step(pool);
+  for (const auto& [addr, r] : heap.held) {
+    const Block* p = r->prev;
+    const std::size_t before = p != nullptr && p->state == BlockState::free && p->mapped && !p->held ? p->size : 0;
+    if (before + r->size < size) continue;
+    const std::size_t need = size > before ? round_up(size - before, page_) : page_;
+    Block* front = unhold(heap, r, std::min(r->size, std::max(need, step)));
+    Block* merged = st_.coalesce(front);
+    heap.segment->index->insert(merged);
+    return merged;
+  }
+  return nullptr;
+}
+
+// Takes the first `bytes` of held block r out of the held pages; returns them as a free block
+// in no index (not yet coalesced). The rest stays held.
+Block* VmmHeaps::unhold(Heap& heap, Block* r, std::size_t bytes) {
+  heap.held.erase(r->addr);
+  if (bytes < r->size) {
+    Block* rest = st_.blocks.split_at(r, bytes);
+    rest->held = true;
+    heap.held.emplace(rest->addr, rest);
+  }
+  r->held = false;
+  held_bytes_[static_cast<int>(r->segment->pool)] -= r->size;
+  return r;
+}
+
+// Gives every held block of `pool` back to the free index (before mapping, reclaiming, releasing).
+void VmmHeaps::release_held(Pool pool) {
+  for (auto& [base, heap] : heaps_) {
+    if (heap.segment->pool != pool) continue;
+    while (!heap.held.empty()) {
+      Block* r = heap.held.begin()->second;
+      Block* merged = st_.coalesce(unhold(heap, r, r->size));
+      heap.segment->index->insert(merged);
+    }
+  }
+}
+
+void VmmHeaps::for_each_held(const std::function<void(const Block*)>& f) const {
+  for (const auto& [base, heap] : heaps_)
+    for (const auto& [addr, b] : heap.held) f(b);
+}
+
 // Physical memory doing nothing: cached chunks plus chunks that lie entirely under free blocks.
 std::size_t VmmHeaps::idle_physical(Pool pool) const {
   std::size_t idle = 0;
@@ -418,6 +514,8 @@ std::size_t VmmHeaps::release_cached_chunks() {
 // Unmaps every entirely free chunk (empty_cache: but the first vmm_reserve bytes of them, over
 // both pools) and releases every cached one.
 std::size_t VmmHeaps::release(ReleaseGoal goal) {
+  release_held(Pool::small);
+  release_held(Pool::large);
   std::size_t keep = goal == ReleaseGoal::empty_cache ? st_.config.vmm_reserve : 0;
   reclaim_free_chunks(Pool::small, keep);
   reclaim_free_chunks(Pool::large, keep);
@@ -463,6 +561,10 @@ void VmmHeaps::check(Recount& rc) const {
       rc.add(c.pool, Metric::segments, 1);
     }
   }
+  std::array<std::size_t, kNumPools> held{};
+  for (const auto& [base, heap] : heaps_)
+    for (const auto& [addr, b] : heap.held) held[static_cast<int>(b->segment->pool)] += b->size;
+  if (held != held_bytes_) invariant_failed("the held byte counts are wrong");
   for (const Chunk& c : cached_) {
     if (c.addr != 0) invariant_failed("a cached chunk claims to be mapped");
     rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
@@ -484,6 +586,7 @@ void VmmHeaps::check_heap(const Heap& h) const {
     prev_end = c.end();
   }
   std::size_t unmapped = 0;
+  std::size_t held = 0;
   auto chunk_at = [&](Address addr) -> const Chunk* {  // the chunk covering addr, if any
     auto it = h.chunks.upper_bound(addr);
     if (it == h.chunks.begin()) return nullptr;
@@ -491,6 +594,12 @@ void VmmHeaps::check_heap(const Heap& h) const {
     return addr < it->second.end() ? &it->second : nullptr;
   };
   for (const Block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->held) {
+      ++held;
+      auto it = h.held.find(b->addr);
+      if (it == h.held.end() || it->second != b) invariant_failed("held block " + hex(b->addr) + " is not listed");
+      if (b->next != nullptr && b->next->held) invariant_failed("held blocks at " + hex(b->addr) + " were not merged");
+    }
     if (b->mapped) {
       // Every page under the block is mapped: walk the chunks across it.
       for (Address at = b->addr; at < b->addr + b->size;) {
@@ -511,6 +620,7 @@ void VmmHeaps::check_heap(const Heap& h) const {
     }
   }
   if (unmapped != h.unmapped.size()) invariant_failed("the heap's unmapped list has stale entries");
+  if (held != h.held.size()) invariant_failed("the heap's held list has stale entries");
 }
 
 }  // namespace

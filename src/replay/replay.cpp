@@ -120,13 +120,15 @@ class DeviceReplay final : public ReplayView {
   }
 
   // A warm-up pass ended: measure the next pass only. The target carries over (the program runs
-  // on), and the next pass starts from the window's starting state: the blocks this pass allocated
-  // and left live are freed, in address order, since the seed blocks the next pass allocates again
-  // stand for them (without this, the next pass would hold both, and ask for more than the window
-  // does: 5 GiB more on cs336-2.7b). The measurements start again from the current state.
+  // on), and the next pass starts from the window's starting state: every live block is freed,
+  // in the trace's address order, and the next pass allocates the seed blocks again. (The blocks
+  // the window left live stand for the seeds of the next pass: kept beside them, the next pass
+  // would ask for more than the window does, 5 GiB more on cs336-2.7b. A seed still live would
+  // be freed before its allocation anyway; freed here, it lets each allocator start the pass
+  // from its cache alone.) The measurements start again from the current state.
   void start_next_pass() {
     if (!window_started_) start_window();
-    free_window_blocks();
+    free_all_live();
     ++pass_;
     const std::string name = result_.allocator;
     const int device = result_.device;
@@ -155,13 +157,12 @@ class DeviceReplay final : public ReplayView {
     std::uint64_t size;
     std::uint64_t stream;
     std::uint32_t label;
-    bool seed;  // allocated by a seed_alloc (live at the window's start)
   };
 
-  void free_window_blocks() {
+  void free_all_live() {
     std::vector<std::uint64_t> addrs;
-    for (const auto& [addr, live] : live_)
-      if (!live.seed) addrs.push_back(addr);
+    addrs.reserve(live_.size());
+    for (const auto& [addr, live] : live_) addrs.push_back(addr);
     std::sort(addrs.begin(), addrs.end());
     for (const std::uint64_t addr : addrs) free_live(live_.find(addr));
   }
@@ -200,7 +201,7 @@ class DeviceReplay final : public ReplayView {
     ++result_.allocs;
     try {
       void* p = seed ? target_->seed_alloc(e) : target_->allocate(e.size, e.stream);
-      live_.emplace(e.addr, Live{p, e.size, e.stream, e.label, seed});
+      live_.emplace(e.addr, Live{p, e.size, e.stream, e.label});
       requested_ += e.size;
     } catch (const OutOfMemoryError& oom) {
       refused(e, oom);

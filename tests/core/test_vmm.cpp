@@ -89,6 +89,66 @@ TEST_CASE("vmm: vmm_chunk_divisor makes chunks of 1/N of the request, split wher
   }
 }
 
+TEST_CASE("vmm: a heap left with nothing allocated holds its pages and grows from them as it first grew", "[vmm]") {
+  Fixture f("mode:vmm,vmm_growth_divisor:4,vmm_idle_divisor:1");  // no remapping of idle chunks
+  // One step of a program, then everything freed. While the heap grows, the 30 MiB request
+  // finds the free block left by the last growth step (39 MiB) smaller than the freed 40 MiB
+  // one, and best fit takes it; the 100 MiB grows the heap further. A second step carved from
+  // all of the first step's memory at once would find a 139 MiB block there, and put the 30 MiB
+  // into the 40 MiB hole instead.
+  auto step = [&] {
+    std::vector<void*> live;
+    std::vector<Address> addrs;
+    for (std::size_t mib : {64, 40, 64, 3}) live.push_back(f.alloc.allocate(mib * MiB));
+    f.alloc.deallocate(live[1]);
+    live[1] = f.alloc.allocate(30 * MiB);
+    live.push_back(f.alloc.allocate(100 * MiB));
+    for (void* p : live) addrs.push_back(addr(p));
+    f.alloc.check_invariants();
+    for (void* p : live) f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+    return addrs;
+  };
+  const std::vector<Address> first = step();
+  const DeviceCounters after_first = f.device->counters();
+  const std::size_t reserved = f.reserved();
+  // Held pages are free memory: reserved, mapped, reported free, and in no block the fast path
+  // would find (the second step would otherwise carve everything from one large free block).
+  const FragmentationReport r = f.alloc.fragmentation();
+  REQUIRE(r.total_free == reserved);
+  REQUIRE(r.largest_free == reserved);
+  REQUIRE(f.device->mapped_bytes() == reserved);
+  const std::vector<Address> second = step();
+  REQUIRE(second == first);  // the same places, grown again a step at a time
+  REQUIRE(f.device->counters().physical_creates == after_first.physical_creates);
+  REQUIRE(f.device->counters().maps == after_first.maps);
+  REQUIRE(f.device->counters().unmaps == 0);
+  REQUIRE(f.reserved() == reserved);
+  // empty_cache() gives the held pages back.
+  f.alloc.empty_cache();
+  REQUIRE(f.reserved() == 0);
+  REQUIRE(f.device->used_bytes() == 0);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("vmm: another stream's held pages serve a growth when the device is full", "[vmm]") {
+  Fixture f("mode:vmm", {.capacity = 256 * MiB});
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* a = f.alloc.allocate(200 * MiB, s1);
+  f.alloc.deallocate(a);  // s1's heap holds its 200 MiB
+  f.alloc.check_invariants();
+  REQUIRE(f.reserved() == 200 * MiB);
+  void* b = f.alloc.allocate(150 * MiB, s2);  // 56 MiB free on the device: the held pages move
+  REQUIRE(b != nullptr);
+  REQUIRE(f.device->counters().unmaps >= 1);
+  REQUIRE(f.reserved() <= 256 * MiB);
+  REQUIRE(f.reserved() == f.device->used_bytes());
+  f.alloc.check_invariants();
+  f.alloc.deallocate(b);
+  f.alloc.check_invariants();
+}
+
 TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most vmm_max_growth", "[vmm]") {
   // The pool holds 512 MiB, all live; a 2 MiB request then grows it by the step.
   for (const auto& [conf, step] : {std::pair{"mode:vmm", 4 * MiB}, std::pair{"mode:vmm,vmm_growth_divisor:8", 64 * MiB},

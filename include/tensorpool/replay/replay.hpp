@@ -64,12 +64,11 @@ struct ReplayOptions {
   TargetOptions target;  // capacity and target-specific conf
   int device = -1;       // replay only this device of the trace; -1: every device
   /// Replays the window this many times before the measured pass, as if the program had run it
-  /// before (steady state). Each pass starts from the window's starting state: the blocks a pass
-  /// allocated and left live are freed when it ends (the program frees them later; the seed
-  /// blocks, live at the window's start, stand for them in the next pass), the seed blocks are
-  /// allocated again (one still live is freed first, like any allocation at a live address), seed
-  /// segments are adopted only once, and the target and its cache carry over. Only the last pass
-  /// is measured, and it asks for what the first asked for.
+  /// before (steady state). Each pass starts from the window's starting state: every block live
+  /// when a pass ends is freed (the program frees those the window allocated later on; the seed
+  /// blocks, live at the window's start, stand for them in the next pass, which allocates them
+  /// again), seed segments are adopted only once, and the target and its cache carry over. Only
+  /// the last pass is measured, and it asks for what the first asked for.
   int warmup = 0;
   /// Presents the requests that failed in the recording run (oom events) to the target too, as
   /// allocations expected to fail: a failed attempt has effects (the target releases cached
