@@ -338,19 +338,27 @@ Block* VmmHeaps::trim(Block* b) {
   for (const Block* x = b->next; x != nullptr; x = x->next)
     if (x->state != BlockState::free) return b;
   Heap& heap = heaps_.at(b->segment->addr);
+  // Holds free block x (in no index), merged with held neighbours (one held block per run of
+  // mapped memory); returns the held block x is now part of.
   const auto hold = [&](Block* x) {
     x->held = true;
     held_bytes_[static_cast<int>(x->segment->pool)] += x->size;
-    if (x->next != nullptr && x->next->held) {  // one held block per run of mapped memory
+    if (x->next != nullptr && x->next->held) {
       heap.held.erase(x->next->addr);
       st_.blocks.absorb_next(x);
     }
-    heap.held.emplace(x->addr, x);
+    if (x->prev != nullptr && x->prev->held) {
+      x = x->prev;
+      st_.blocks.absorb_next(x);
+    } else {
+      heap.held.emplace(x->addr, x);
+    }
+    return x;
   };
   for (Block* x = b->next; x != nullptr; x = x->next) {
     if (x->mapped && !x->held) {  // free and in the index: move it
       x->segment->index->remove(x);
-      hold(x);
+      x = hold(x);
     }
   }
   hold(b);
