@@ -6,7 +6,7 @@
 // OUT/call-costs.json. Also what a cudaMalloc of each of a few sizes holds on the device (the
 // drop in cudaMemGetInfo's free memory, over 16 live allocations of the size, per allocation):
 // the replay models charge whole 2 MiB pages from 2 MiB up and 512 B below
-// (src/replay/models/model_support.hpp, cuda_malloc_bytes); OUT/malloc-footprint.json says
+// (src/replay/models/cuda_malloc_rule.hpp, included here); OUT/malloc-footprint.json says
 // whether the GPU agrees. Run by scripts/gpu/run.sh (from scripts/gpu-check.sh); built with -DTENSORPOOL_GPU_BENCH=ON.
 //
 //   call_costs OUT_DIR [REPS]
@@ -21,6 +21,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "replay/models/cuda_malloc_rule.hpp"
 
 namespace {
 
@@ -45,9 +47,10 @@ double ns(F&& f) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
 
-// Device bytes one cudaMalloc of `bytes` holds: 16 live at once, from the drop in free memory.
+constexpr int kLive = 16;  // allocations of a size live at once in malloc_footprint()
+
+// Device bytes one cudaMalloc of `bytes` holds: kLive live at once, from the drop in free memory.
 double malloc_footprint(std::size_t bytes) {
-  constexpr int kLive = 16;
   std::size_t free_before = 0, free_after = 0, total = 0;
   rt(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   rt(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
@@ -60,15 +63,13 @@ double malloc_footprint(std::size_t bytes) {
 
 void write_footprints(const std::string& out) {
   std::ofstream json(out + "/malloc-footprint.json");
-  json << "{\"live_per_size\": 16, \"sizes\": [";
+  json << "{\"live_per_size\": " << kLive << ", \"sizes\": [";
   const std::size_t sizes[] = {512, 1000, 64 << 10, 1 << 20, (1 << 20) + 1, 2 << 20, (2 << 20) + 1, 3 << 20,
                                (10 << 20) + 1, (100 << 20) + 512};
   bool first = true;
   for (std::size_t bytes : sizes) {
-    const std::size_t model = bytes >= (2u << 20) ? (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20)
-                                                   : (bytes + 511) / 512 * 512;
     json << (first ? "" : ", ") << "{\"bytes\": " << bytes << ", \"device_bytes_each\": " << malloc_footprint(bytes)
-         << ", \"model_bytes\": " << model << "}";
+         << ", \"model_bytes\": " << tensorpool::replay::model::cuda_malloc_bytes(bytes) << "}";
     first = false;
   }
   json << "]}\n";

@@ -48,7 +48,7 @@ struct DeviceOptions {
   /// What cudaMalloc rounds sizes below 2 MiB up to: a power of two from 512 B to 2 MiB (2 MiB,
   /// the default, charges every allocation whole pages; 512 B counts small allocations as a
   /// driver packing them into shared pages would). A device allocation of 2 MiB or more always
-  /// takes whole 2 MiB pages, as the replay models' cudaMalloc does (model::cuda_malloc_bytes).
+  /// takes whole 2 MiB pages, as the replay models' cudaMalloc does (src/replay/models/cuda_malloc_rule.hpp).
   std::size_t malloc_granularity = 2 * MiB;
 };
 

@@ -45,7 +45,10 @@ namespace tensorpool::detail {
 
 namespace {
 
-bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState::free && b->mapped; }
+// A free block a request can use: mapped, and not held (held pages are in no index).
+bool free_mapped(const Block* b) {
+  return b != nullptr && b->state == BlockState::free && b->mapped && !b->held;
+}
 bool free_unmapped(const Block* b) { return b != nullptr && b->state == BlockState::free && !b->mapped; }
 
 /// A physical allocation (one handle) of whole pages.
@@ -178,9 +181,9 @@ std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
   if (pool == Pool::small) return page_;
   // What the pool has exposed (held pages aside): the same figure at the same point of a
   // repeated step as when the pool grew there.
-  const std::size_t held = st_.counters.reserved(pool) - held_bytes_[static_cast<int>(pool)];
+  const std::size_t exposed = st_.counters.reserved(pool) - held_bytes_[static_cast<int>(pool)];
   const Config& c = st_.config;
-  return round_up(std::clamp(held / c.vmm_growth_divisor, page_, std::max(page_, c.vmm_max_growth)), page_);
+  return round_up(std::clamp(exposed / c.vmm_growth_divisor, page_, std::max(page_, c.vmm_max_growth)), page_);
 }
 
 // The size of the next new chunk, mapped at `at` by a growth that maps up to `end`: at most
@@ -356,7 +359,7 @@ Block* VmmHeaps::trim(Block* b) {
     return x;
   };
   for (Block* x = b->next; x != nullptr; x = x->next) {
-    if (x->mapped && !x->held) {  // free and in the index: move it
+    if (free_mapped(x)) {  // in the index: move it
       x->segment->index->remove(x);
       x = hold(x);
     }
@@ -371,8 +374,7 @@ Block* VmmHeaps::trim(Block* b) {
 Block* VmmHeaps::from_held(Heap& heap, Pool pool, std::size_t size) {
   const std::size_t step = growth_step(pool);
   for (const auto& [addr, r] : heap.held) {
-    const Block* p = r->prev;
-    const std::size_t before = p != nullptr && p->state == BlockState::free && p->mapped && !p->held ? p->size : 0;
+    const std::size_t before = free_mapped(r->prev) ? r->prev->size : 0;
     if (before + r->size < size) continue;
     const std::size_t need = size > before ? round_up(size - before, page_) : page_;
     Block* front = unhold(heap, r, std::min(r->size, std::max(need, step)));

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "replay/models/cuda_malloc_rule.hpp"  // cuda_malloc_bytes: what "raw" and "cub" charge
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/simulated_device.hpp"
@@ -24,17 +25,6 @@ inline constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max(
 
 inline constexpr std::size_t round_up(std::size_t value, std::size_t multiple) noexcept {
   return (value + multiple - 1) / multiple * multiple;
-}
-
-/// What a cudaMalloc of `bytes` holds on the device, for every model that calls it ("raw", "cub"):
-/// a request of 2 MiB or more takes whole 2 MiB pages; a smaller one is packed with others into
-/// shared pages by the driver, modelled as 512-byte rounding. (The CUDA-runtime double's
-/// cudaMalloc follows the same rule when its granularity is 512 B.) The GPU run measures what
-/// cudaMalloc really holds (cuda/gpu/call_costs.cpp, malloc-footprint.json).
-inline constexpr std::size_t cuda_malloc_bytes(std::size_t bytes) noexcept {
-  constexpr std::size_t kPage = 2 * MiB;
-  constexpr std::size_t kGranule = 512;
-  return bytes >= kPage ? round_up(bytes, kPage) : round_up(std::max<std::size_t>(bytes, 1), kGranule);
 }
 
 /// What an OutOfMemoryError reports about a model over `device` that failed a request of `requested`

@@ -13,13 +13,10 @@
 #include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/key_values.hpp"
-#include "tensorpool/size_classes.hpp"
 
 namespace tensorpool::replay {
 
 namespace {
-
-std::size_t raw_rounding(std::size_t bytes) { return model::cuda_malloc_bytes(bytes); }
 
 // raw takes no settings: any key is unknown.
 void check_settings(std::string_view conf, std::string_view origin) {
@@ -40,7 +37,7 @@ class RawTarget final : public ReplayTarget {
 
   void* allocate(std::size_t bytes, Stream stream) override {
     if (bytes > device_.properties().capacity) throw OutOfMemoryError(oom_info(bytes, bytes, stream));
-    const std::size_t size = raw_rounding(bytes);
+    const std::size_t size = model::cuda_malloc_bytes(bytes);
     void* p = device_.allocate_segment(size, stream);
     if (p == nullptr) throw OutOfMemoryError(oom_info(bytes, size, stream));
     reserved_ += size;
@@ -49,7 +46,7 @@ class RawTarget final : public ReplayTarget {
   }
 
   void deallocate(void* ptr, std::size_t bytes, Stream stream) override {
-    const std::size_t size = raw_rounding(bytes);
+    const std::size_t size = model::cuda_malloc_bytes(bytes);
     model::cuda_free(device_, ptr, size, stream);
     reserved_ -= size;
     live_.erase(reinterpret_cast<Address>(ptr));
