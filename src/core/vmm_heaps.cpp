@@ -15,8 +15,9 @@
 // chunks cached unmapped, from chunks that are entirely free somewhere else (unmapped there after
 // synchronizing their stream: done when idle physical memory exceeds the idle limit, or when
 // nothing more can be created), and finally from a new chunk (at least growth_step() bytes).
-// New chunks are at most vmm_max_chunk; with vmm_chunk_divisor N, at most request/N, and they
-// end at the pages around where the request's block ends (new_chunk_size()).
+// New chunks are at most vmm_max_chunk; with vmm_chunk_divisor N, at most request/N (but at
+// least a floor set by the device's capacity, chunk_floor()), and they end at the pages around
+// where the request's block ends (new_chunk_size()).
 // Mapped memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
 //
 // Held pages: when a heap's last allocated block is freed, its mapped memory is not put in the
@@ -100,6 +101,7 @@ class VmmHeaps final : public SegmentSource {
   std::size_t idle_limit(Pool pool) const noexcept;
   Placement place(const Heap& heap, std::size_t size) const;
   std::size_t new_chunk_size(const Placement& where, Address at, Address end) const;
+  std::size_t chunk_floor(bool past_block) const noexcept;
   Block* map_into(Heap& heap, const Placement& where, Pool pool, bool& complete);
   bool create_chunk(std::size_t bytes, Pool pool, Chunk& out);
   std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
@@ -188,22 +190,37 @@ std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
 
 // The size of the next new chunk, mapped at `at` by a growth that maps up to `end`: at most
 // vmm_max_chunk. With vmm_chunk_divisor N also at most the largest power of two of pages not
-// above request/N, and a chunk never crosses the page boundaries around the end of the
-// request's block: the memory after the block then lies in chunks of its own, which can be
-// unmapped whole once free, while the block lives. Small chunks are what lets a heap near the
-// device's capacity give back free pages beside live blocks; the price is calls.
+// above request/N (but at least chunk_floor()), and a chunk never crosses the page boundaries
+// around the end of the request's block: the memory after the block then lies in chunks of its
+// own, which can be unmapped whole once free, while the block lives. Small chunks are what lets
+// a heap near the device's capacity give back free pages beside live blocks; the price is calls.
 std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address end) const {
   std::size_t limit = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
   const std::size_t divisor = st_.config.vmm_chunk_divisor;
   if (divisor == 0) return std::min(end - at, limit);
-  std::size_t pow2 = page_;
-  while (pow2 <= where.request / divisor / 2) pow2 *= 2;
-  limit = std::min(limit, pow2);
   const Address last_page = where.block_end / page_ * page_;  // page holding the block's end
   const Address past_block = round_up(where.block_end, page_);
+  std::size_t pow2 = page_;
+  while (pow2 <= where.request / divisor / 2) pow2 *= 2;
+  limit = std::min(limit, std::max(pow2, chunk_floor(at >= past_block)));
   if (at < last_page) limit = std::min<std::size_t>(limit, last_page - at);
   else if (at < past_block) limit = std::min<std::size_t>(limit, past_block - at);
   return std::min(end - at, limit);
+}
+
+// The smallest chunk vmm_chunk_divisor makes: the largest power of two of pages not above
+// 1/vmm_chunk_floor_divisor of the memory the allocator may use (the device's capacity, or the
+// memory limit if lower), twice that for the chunks a growth maps past the request's block
+// (memory mapped ahead of need). What a free partly used chunk strands is then a bounded share
+// of the device, while a request of a few MiB no longer makes chunks of a page or two.
+std::size_t VmmHeaps::chunk_floor(bool past_block) const noexcept {
+  const std::size_t divisor = st_.config.vmm_chunk_floor_divisor;
+  if (divisor == 0) return page_;
+  const std::size_t room = st_.limit == 0 ? st_.props.capacity : std::min(st_.limit, st_.props.capacity);
+  const std::size_t target = room / divisor * (past_block ? 2 : 1);
+  std::size_t floor = page_;
+  while (floor <= target / 2) floor *= 2;
+  return floor;
 }
 
 // Idle physical memory (free chunks, cached or mapped under free blocks) a growth tolerates

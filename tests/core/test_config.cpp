@@ -45,6 +45,9 @@ TEST_CASE("Config::parse sets every key", "[config]") {
   REQUIRE(Config().vmm_chunk_divisor == 0);
   REQUIRE(Config::parse("vmm_chunk_divisor:16").vmm_chunk_divisor == 16);
   REQUIRE(Config::parse("vmm_chunk_divisor:0").vmm_chunk_divisor == 0);
+  REQUIRE(Config().vmm_chunk_floor_divisor == 2048);
+  REQUIRE(Config::parse("vmm_chunk_floor_divisor:0").vmm_chunk_floor_divisor == 0);
+  REQUIRE(Config::parse("vmm_chunk_floor_divisor:512").vmm_chunk_floor_divisor == 512);
   REQUIRE(v.vmm_growth_divisor == 32);
   REQUIRE(v.vmm_max_chunk == GiB);
   REQUIRE(v.vmm_max_growth == 256 * MiB);
@@ -74,6 +77,7 @@ TEST_CASE("Config errors name the key, the value and what was expected", "[confi
   REQUIRE_THROWS_WITH(Config::parse("vmm_idle_divisor:0"), Contains("'vmm_idle_divisor'") && Contains("whole number"));
   REQUIRE_THROWS_WITH(Config::parse("vmm_chunk_divisor:-1"), Contains("'vmm_chunk_divisor'") && Contains("whole number"));
   REQUIRE_THROWS_WITH(Config::parse("vmm_chunk_divisor:4MiB"), Contains("'vmm_chunk_divisor'") && Contains("whole number"));
+  REQUIRE_THROWS_WITH(Config::parse("vmm_chunk_floor_divisor:1/2"), Contains("'vmm_chunk_floor_divisor'") && Contains("whole number"));
   REQUIRE_THROWS_WITH(Config::parse("small_size"), Contains("key:value"));
   REQUIRE_THROWS_WITH(Config::parse("small_size:"), Contains("'small_size'"));
   REQUIRE_THROWS_WITH(Config::parse("max_split_size:1MiB"), Contains("at least large_segment_size"));

@@ -89,6 +89,32 @@ TEST_CASE("vmm: vmm_chunk_divisor makes chunks of 1/N of the request, split wher
   }
 }
 
+TEST_CASE("vmm: vmm_chunk_divisor's chunks are at least a share of the device, twice that past the block", "[vmm]") {
+  // As above: a 5 MiB request grows a 512 MiB pool by 64 MiB. Chunks of 5 MiB / 1 (4 MiB) with no
+  // floor: [0, 4), [4, 6), then 15 for the 58 MiB after the block. On an 80 GiB device the floor
+  // is 32 MiB (80 GiB / 2048), 64 MiB past the block: [0, 4), [4, 6), [6, 64). Under a 1 GiB
+  // memory limit with a divisor of 64 it is 16 MiB, 32 past the block: [6, 38), [38, 64).
+  struct Case {
+    const char* conf;
+    std::uint64_t chunks;
+  };
+  for (const Case& c : {Case{"vmm_chunk_floor_divisor:0", 21}, Case{"", 7},
+                        Case{"memory_limit:1GiB,vmm_chunk_floor_divisor:64", 8}}) {
+    const std::string conf = std::string("mode:vmm,vmm_growth_divisor:8,vmm_chunk_divisor:1") + (*c.conf ? "," : "") + c.conf;
+    Fixture f(conf.c_str());
+    INFO(conf);
+    void* big = f.alloc.allocate(512 * MiB);  // 4 chunks of 128 MiB
+    void* small = f.alloc.allocate(5 * MiB);
+    REQUIRE(f.reserved() == 576 * MiB);
+    REQUIRE(f.device->counters().physical_creates == c.chunks);
+    f.alloc.empty_cache();  // each way, only the pages under the block and its end stay
+    REQUIRE(f.reserved() == 518 * MiB);
+    f.alloc.check_invariants();
+    for (void* p : {big, small}) f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+  }
+}
+
 TEST_CASE("vmm: a heap left with nothing allocated holds its pages and grows from them as it first grew", "[vmm]") {
   Fixture f("mode:vmm,vmm_growth_divisor:4,vmm_idle_divisor:1");  // no remapping of idle chunks
   // One step of a program, then everything freed. While the heap grows, the 30 MiB request
