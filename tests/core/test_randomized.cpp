@@ -129,8 +129,8 @@ TEST_CASE("randomized: virtual-memory mode, 100k operations", "[random][vmm]") {
   run_random(4242, 100000, "mode:vmm,memory_limit:1GiB,vmm_max_growth:32MiB,vmm_max_chunk:32MiB");
 }
 
-TEST_CASE("randomized: virtual-memory mode, chunks of 1/8 of the request", "[random][vmm]") {
-  run_random(4243, 60000, "mode:vmm,memory_limit:1GiB,vmm_chunk_divisor:8");
+TEST_CASE("randomized: virtual-memory mode, chunks of 1/8 of the request, at least 1/64 of the limit", "[random][vmm]") {
+  run_random(4243, 60000, "mode:vmm,memory_limit:1GiB,vmm_chunk_divisor:8,vmm_chunk_floor_divisor:64");
 }
 
 TEST_CASE("randomized: virtual-memory mode with a reserve", "[random][vmm]") {

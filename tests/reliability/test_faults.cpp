@@ -225,8 +225,8 @@ TEST_CASE("faults: sweep, vmm mode, map", "[faults][sweep][vmm]") {
   sweep("mode:vmm,memory_limit:1GiB", true, FaultSite::map, 14);
 }
 
-TEST_CASE("faults: sweep, vmm mode, chunks of 1/4 of the request, map", "[faults][sweep][vmm]") {
-  sweep("mode:vmm,memory_limit:1GiB,vmm_chunk_divisor:4", true, FaultSite::map, 16);
+TEST_CASE("faults: sweep, vmm mode, chunks of 1/4 of the request, at least 1/128 of the limit, map", "[faults][sweep][vmm]") {
+  sweep("mode:vmm,memory_limit:1GiB,vmm_chunk_divisor:4,vmm_chunk_floor_divisor:128", true, FaultSite::map, 16);
 }
 
 TEST_CASE("faults: sweep, vmm mode, event creation", "[faults][sweep][vmm]") {
