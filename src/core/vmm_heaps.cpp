@@ -191,7 +191,8 @@ std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
 // The size of the next new chunk, mapped at `at` by a growth that maps up to `end`: at most
 // vmm_max_chunk. With vmm_chunk_divisor N also at most the largest power of two of pages not
 // above request/N (but at least chunk_floor()), and a chunk never crosses the page boundaries
-// around the end of the request's block: the memory after the block then lies in chunks of its
+// around the end of the request's block (a request within one chunk: the page after it only):
+// the memory after the block then lies in chunks of its
 // own, which can be unmapped whole once free, while the block lives. Small chunks are what lets
 // a heap near the device's capacity give back free pages beside live blocks; the price is calls.
 std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address end) const {
@@ -203,24 +204,27 @@ std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address
   std::size_t pow2 = page_;
   while (pow2 <= where.request / divisor / 2) pow2 *= 2;
   limit = std::min(limit, std::max(pow2, chunk_floor(at >= past_block)));
+  // A request no larger than one chunk gets one chunk up to the page past its block, the page
+  // holding its end included: one call fewer per growth, and what a live neighbour on that page
+  // can pin is at most one such chunk.
+  if (at < past_block && where.request <= limit && past_block - at <= limit)
+    return std::min(end - at, past_block - at);
   if (at < last_page) limit = std::min<std::size_t>(limit, last_page - at);
   else if (at < past_block) limit = std::min<std::size_t>(limit, past_block - at);
   return std::min(end - at, limit);
 }
 
-// The smallest chunk vmm_chunk_divisor makes: the largest power of two of pages not above
-// 1/vmm_chunk_floor_divisor of the memory the allocator may use (the device's capacity, or the
-// memory limit if lower), twice that for the chunks a growth maps past the request's block
-// (memory mapped ahead of need). What a free partly used chunk strands is then a bounded share
-// of the device, while a request of a few MiB no longer makes chunks of a page or two.
+// The smallest chunk vmm_chunk_divisor makes: 1/vmm_chunk_floor_divisor of the memory the
+// allocator may use (the device's capacity, or the memory limit if lower), in whole pages, and
+// twice that for the chunks a growth maps past the request's block (memory mapped ahead of
+// need). What a free, partly used chunk strands is then a bounded share of the device, while a
+// request of a few MiB no longer makes chunks of a page or two.
 std::size_t VmmHeaps::chunk_floor(bool past_block) const noexcept {
   const std::size_t divisor = st_.config.vmm_chunk_floor_divisor;
   if (divisor == 0) return page_;
   const std::size_t room = st_.limit == 0 ? st_.props.capacity : std::min(st_.limit, st_.props.capacity);
-  const std::size_t target = room / divisor * (past_block ? 2 : 1);
-  std::size_t floor = page_;
-  while (floor <= target / 2) floor *= 2;
-  return floor;
+  const std::size_t floor = room / divisor * (past_block ? 2 : 1) / page_ * page_;
+  return std::max(page_, floor);
 }
 
 // Idle physical memory (free chunks, cached or mapped under free blocks) a growth tolerates

@@ -57,8 +57,10 @@ TEST_CASE("vmm: new memory comes in chunks of at most vmm_max_chunk, one create 
 }
 
 TEST_CASE("vmm: vmm_chunk_divisor makes chunks of 1/N of the request, split where its block ends", "[vmm]") {
-  // 1 GiB from empty: 128 MiB chunks by default, 1 GiB / 32 = 32 MiB ones with the divisor.
-  for (const auto& [conf, chunks] : {std::pair{"mode:vmm", 8}, std::pair{"mode:vmm,vmm_chunk_divisor:32", 32},
+  // 1 GiB from empty: 128 MiB chunks by default, 1 GiB / 32 = 32 MiB ones with the divisor and no
+  // floor; with the default floor (80 GiB / 2048 = 40 MiB), 25 of 40 MiB and one of 24.
+  for (const auto& [conf, chunks] : {std::pair{"mode:vmm", 8}, std::pair{"mode:vmm,vmm_chunk_divisor:32,vmm_chunk_floor_divisor:0", 32},
+                                     std::pair{"mode:vmm,vmm_chunk_divisor:32", 26},
                                      std::pair{"mode:vmm,vmm_chunk_divisor:3", 8}}) {  // 341 MiB: 256, capped at 128
     Fixture f(conf);
     void* p = f.alloc.allocate(GiB);
@@ -92,14 +94,15 @@ TEST_CASE("vmm: vmm_chunk_divisor makes chunks of 1/N of the request, split wher
 TEST_CASE("vmm: vmm_chunk_divisor's chunks are at least a share of the device, twice that past the block", "[vmm]") {
   // As above: a 5 MiB request grows a 512 MiB pool by 64 MiB. Chunks of 5 MiB / 1 (4 MiB) with no
   // floor: [0, 4), [4, 6), then 15 for the 58 MiB after the block. On an 80 GiB device the floor
-  // is 32 MiB (80 GiB / 2048), 64 MiB past the block: [0, 4), [4, 6), [6, 64). Under a 1 GiB
-  // memory limit with a divisor of 64 it is 16 MiB, 32 past the block: [6, 38), [38, 64).
+  // is 40 MiB (80 GiB / 2048), 80 MiB past the block: the request fits one chunk, so [0, 6) (its
+  // last page included), then [6, 64). Under a 1 GiB memory limit with a divisor of 64 it is
+  // 16 MiB, 32 past the block: [0, 6), [6, 38), [38, 64).
   struct Case {
     const char* conf;
     std::uint64_t chunks;
   };
-  for (const Case& c : {Case{"vmm_chunk_floor_divisor:0", 21}, Case{"", 7},
-                        Case{"memory_limit:1GiB,vmm_chunk_floor_divisor:64", 8}}) {
+  for (const Case& c : {Case{"vmm_chunk_floor_divisor:0", 21}, Case{"", 6},
+                        Case{"memory_limit:1GiB,vmm_chunk_floor_divisor:64", 7}}) {
     const std::string conf = std::string("mode:vmm,vmm_growth_divisor:8,vmm_chunk_divisor:1") + (*c.conf ? "," : "") + c.conf;
     Fixture f(conf.c_str());
     INFO(conf);
