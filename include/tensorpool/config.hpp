@@ -36,15 +36,15 @@
 //                                  Chunks unmap only whole: smaller chunks let free pages beside
 //                                  live blocks be reclaimed near capacity, larger ones cost fewer
 //                                  calls for large tensors
-//   vmm_chunk_divisor    0         vmm: 0 = off; N: a new chunk is at most 1/N of the request
-//                                  that makes it (a power of two, at least a page, at most
-//                                  vmm_max_chunk), and chunks end at the pages around where the
-//                                  request's block ends. Fits closer to the device's capacity,
-//                                  for more calls (docs/vmm.md)
-//   vmm_chunk_floor_divisor 2048   vmm, with vmm_chunk_divisor: a new chunk is at least the
-//                                  largest power of two of pages not above 1/N of the device's
-//                                  capacity (or of memory_limit, if lower), twice that past the
-//                                  request's block; 0 = no floor (chunks down to one page)
+//   vmm_chunk_divisor    16        vmm: a new chunk is at most 1/N of the request that makes it
+//                                  (a power of two of pages, at most vmm_max_chunk), and chunks
+//                                  end at the pages around where the request's block ends: fits
+//                                  closer to the device's capacity, for more calls; 0 = off,
+//                                  chunks of vmm_max_chunk (docs/vmm.md)
+//   vmm_chunk_floor_divisor 2048   vmm, with vmm_chunk_divisor: a new chunk is at least 1/N of
+//                                  the device's capacity (or of memory_limit, if lower) in whole
+//                                  pages, twice that past the request's block; 0 = no floor
+//                                  (chunks down to one page)
 //   backend              async     the device backend of the per-device registry
 //                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
 //                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
@@ -89,7 +89,7 @@ struct Config {
   std::size_t vmm_growth_divisor = 128;
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
   std::size_t vmm_idle_divisor = 16;
-  std::size_t vmm_chunk_divisor = 0;  // 0: chunks of vmm_max_chunk; N: request/N (see above)
+  std::size_t vmm_chunk_divisor = 16;  // N: chunks of request/N (see above); 0: of vmm_max_chunk
   std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
   bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core

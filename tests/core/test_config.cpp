@@ -42,7 +42,7 @@ TEST_CASE("Config::parse sets every key", "[config]") {
   REQUIRE_FALSE(c.cross_stream_reuse);
   const Config v = Config::parse("mode:vmm,vmm_growth_divisor:32,vmm_max_chunk:1GiB,vmm_max_growth:256MiB,vmm_idle_divisor:4");
   REQUIRE(v.vmm_idle_divisor == 4);
-  REQUIRE(Config().vmm_chunk_divisor == 0);
+  REQUIRE(Config().vmm_chunk_divisor == 16);
   REQUIRE(Config::parse("vmm_chunk_divisor:16").vmm_chunk_divisor == 16);
   REQUIRE(Config::parse("vmm_chunk_divisor:0").vmm_chunk_divisor == 0);
   REQUIRE(Config().vmm_chunk_floor_divisor == 2048);

@@ -43,8 +43,10 @@ TEST_CASE("vmm: blocks are carved from one mapped heap, reserved is physical mem
 }
 
 TEST_CASE("vmm: new memory comes in chunks of at most vmm_max_chunk, one create and one map each", "[vmm]") {
-  for (const auto& [conf, chunks] : {std::pair{"mode:vmm", 8}, std::pair{"mode:vmm,vmm_max_chunk:1GiB", 1},
-                                     std::pair{"mode:vmm,vmm_max_chunk:300MiB", 4}}) {
+  // Without vmm_chunk_divisor (0; the default is 16, tested below).
+  for (const auto& [conf, chunks] : {std::pair{"mode:vmm,vmm_chunk_divisor:0", 8},
+                                     std::pair{"mode:vmm,vmm_chunk_divisor:0,vmm_max_chunk:1GiB", 1},
+                                     std::pair{"mode:vmm,vmm_chunk_divisor:0,vmm_max_chunk:300MiB", 4}}) {
     Fixture f(conf);
     void* p = f.alloc.allocate(GiB);  // the pool holds nothing: the request's own bytes only
     INFO(conf);
@@ -57,9 +59,11 @@ TEST_CASE("vmm: new memory comes in chunks of at most vmm_max_chunk, one create 
 }
 
 TEST_CASE("vmm: vmm_chunk_divisor makes chunks of 1/N of the request, split where its block ends", "[vmm]") {
-  // 1 GiB from empty: 128 MiB chunks by default, 1 GiB / 32 = 32 MiB ones with the divisor and no
-  // floor; with the default floor (80 GiB / 2048 = 40 MiB), 25 of 40 MiB and one of 24.
-  for (const auto& [conf, chunks] : {std::pair{"mode:vmm", 8}, std::pair{"mode:vmm,vmm_chunk_divisor:32,vmm_chunk_floor_divisor:0", 32},
+  // 1 GiB from empty: 128 MiB chunks without the divisor, 64 MiB ones with the default (16);
+  // 1 GiB / 32 = 32 MiB ones with no floor; with the default floor (80 GiB / 2048 = 40 MiB),
+  // 25 of 40 MiB and one of 24.
+  for (const auto& [conf, chunks] : {std::pair{"mode:vmm,vmm_chunk_divisor:0", 8}, std::pair{"mode:vmm", 16},
+                                     std::pair{"mode:vmm,vmm_chunk_divisor:32,vmm_chunk_floor_divisor:0", 32},
                                      std::pair{"mode:vmm,vmm_chunk_divisor:32", 26},
                                      std::pair{"mode:vmm,vmm_chunk_divisor:3", 8}}) {  // 341 MiB: 256, capped at 128
     Fixture f(conf);
@@ -73,7 +77,7 @@ TEST_CASE("vmm: vmm_chunk_divisor makes chunks of 1/N of the request, split wher
   // A 5 MiB request in a pool of 512 MiB grows it by a 64 MiB step (1/8). In one chunk, the 59
   // free MiB after the block cannot be given back while the block lives; split at the pages
   // around its end (4 MiB chunks: [0, 4), [4, 6), then [6, 10) ...), all but 6 MiB can.
-  for (const auto& [conf, kept] : {std::pair{"mode:vmm,vmm_growth_divisor:8", 64 * MiB},
+  for (const auto& [conf, kept] : {std::pair{"mode:vmm,vmm_growth_divisor:8,vmm_chunk_divisor:0", 64 * MiB},
                                    std::pair{"mode:vmm,vmm_growth_divisor:8,vmm_chunk_divisor:1", 6 * MiB}}) {
     Fixture f(conf);
     void* big = f.alloc.allocate(512 * MiB);

@@ -80,7 +80,7 @@ TEST_CASE("nvtx_mem:on: a heap per segment, a region per block", "[cuda][nvtx]")
 }
 
 TEST_CASE("nvtx_mem:on in vmm mode: the reserved range is the heap", "[cuda][nvtx]") {
-  Setup s = make("mode:vmm,nvtx:on,nvtx_mem:on");
+  Setup s = make("mode:vmm,vmm_chunk_divisor:0,nvtx:on,nvtx_mem:on");  // one chunk: the request's pages
   attach_nvtx(*s.alloc);
   tool_calls();
   void* p = s.alloc->allocate(3 * MiB);

@@ -66,7 +66,7 @@ TEST_CASE("faults: a failed segment allocation falls back to the exact size", "[
 }
 
 TEST_CASE("faults: vmm, a failed physical creation is an OutOfMemoryError", "[faults][vmm]") {
-  Rig r("mode:vmm");
+  Rig r("mode:vmm,vmm_chunk_divisor:0");  // the request in one chunk (the sweeps cover the divisor)
   r.sim->fail_allocations_above(2 * MiB);  // the growth step and the bare need both fail
   REQUIRE_THROWS_AS(r.alloc.allocate(6 * MiB), OutOfMemoryError);
   r.alloc.check_invariants();
@@ -78,7 +78,7 @@ TEST_CASE("faults: vmm, a failed physical creation is an OutOfMemoryError", "[fa
 }
 
 TEST_CASE("faults: vmm, a failed map is a DeviceError and the pages stay accounted", "[faults][vmm]") {
-  Rig r("mode:vmm");
+  Rig r("mode:vmm,vmm_chunk_divisor:0");  // one chunk for the request
   r.sim->fail_nth(FaultSite::map, 1);
   REQUIRE_THROWS_AS(r.alloc.allocate(4 * MiB), DeviceError);
   r.alloc.check_invariants();
