@@ -285,10 +285,10 @@ def table_fit_vmm(_):
     metas = []
     out = []
     rows = ["| trace | device | peak requested GiB | best other GiB | tensorpool-vmm GiB (/ best) | "
-            "`vmm_chunk_divisor:16` GiB (/ best) |", "|---|---|---|---|---|---|"]
+            "`vmm_chunk_divisor:0` GiB (/ best) |", "|---|---|---|---|---|---|"]
     for name in names:
         data, meta = load("fit-vmm-" + name)
-        fine, fine_meta = load("fit-vmm16-" + name)
+        fine, fine_meta = load("fit-vmm0-" + name)  # the mode without vmm_chunk_divisor
         metas += [meta, fine_meta]
         by = {a["allocator"]: a for a in data["allocators"]}
         vmm = by["tensorpool-vmm"]["devices"]
@@ -308,7 +308,7 @@ def table_fit_vmm(_):
                 cell(dev), cell(fine_devices[i])))
     out.append(first_stamp(metas, "tensorpool fit TRACE --allocators tensorpool-vmm,pytorch,pytorch-expandable,cub,raw "
                                   "--precision-pct 0.05 --json` and `tensorpool fit TRACE --allocators tensorpool-vmm "
-                                  "--allocator-conf tensorpool-vmm=vmm_chunk_divisor:16 --precision-pct 0.05 --json"))
+                                  "--allocator-conf tensorpool-vmm=vmm_chunk_divisor:0 --precision-pct 0.05 --json"))
     return "\n".join(out + rows) + "\n"
 
 
