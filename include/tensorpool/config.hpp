@@ -37,7 +37,8 @@
 //                                  live blocks be reclaimed near capacity, larger ones cost fewer
 //                                  calls for large tensors
 //   vmm_chunk_divisor    16        vmm: a new chunk is at most 1/N of the request that makes it
-//                                  (a power of two of pages, at most vmm_max_chunk), and chunks
+//                                  (a power of two of pages, at most vmm_max_chunk, raised to
+//                                  the floor below), and chunks
 //                                  end at the pages around where the request's block ends: fits
 //                                  closer to the device's capacity, for more calls; 0 = off,
 //                                  chunks of vmm_max_chunk (docs/vmm.md)

@@ -191,10 +191,10 @@ std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
 // The size of the next new chunk, mapped at `at` by a growth that maps up to `end`: at most
 // vmm_max_chunk. With vmm_chunk_divisor N also at most the largest power of two of pages not
 // above request/N (but at least chunk_floor()), and a chunk never crosses the page boundaries
-// around the end of the request's block (a request within one chunk: the page after it only):
-// the memory after the block then lies in chunks of its
-// own, which can be unmapped whole once free, while the block lives. Small chunks are what lets
-// a heap near the device's capacity give back free pages beside live blocks; the price is calls.
+// around the end of the request's block (for a request within one chunk, only the one after
+// it): the memory after the block then lies in chunks of its own, which can be unmapped whole
+// once free, while the block lives. Small chunks are what lets a heap near the device's
+// capacity give back free pages beside live blocks; the price is calls.
 std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address end) const {
   std::size_t limit = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
   const std::size_t divisor = st_.config.vmm_chunk_divisor;
