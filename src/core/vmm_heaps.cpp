@@ -207,9 +207,8 @@ std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address
   // A request no larger than one chunk gets one chunk up to the page past its block, the page
   // holding its end included: one call fewer per growth, and what a live neighbour on that page
   // can pin is at most one such chunk.
-  if (at < past_block && where.request <= limit && past_block - at <= limit)
-    return std::min(end - at, past_block - at);
-  if (at < last_page) limit = std::min<std::size_t>(limit, last_page - at);
+  if (at < past_block && where.request <= limit && past_block - at <= limit) limit = past_block - at;
+  else if (at < last_page) limit = std::min<std::size_t>(limit, last_page - at);
   else if (at < past_block) limit = std::min<std::size_t>(limit, past_block - at);
   return std::min(end - at, limit);
 }
