@@ -1,8 +1,10 @@
 // allocator.cpp: the public API (forwarded to Impl) and the fast path. A cached allocate is:
 // round, lock, find in the stream's free index (O(1)), maybe split, insert into the pointer map,
-// count. A deallocate is: lock, erase from the pointer map, coalesce with free neighbours, insert
-// into the free index, count. Anything that talks to the device is out of line: the OOM ladder
-// (oom_ladder.cpp), stream events (stream_events.cpp), the segment source.
+// count (in vmm mode, a heap that follows a planned layout names the block instead of the index,
+// and every block of a heap is reported to it). A deallocate is: lock, erase from the pointer
+// map, coalesce with free neighbours, insert into the free index, count. Anything that talks to
+// the device is out of line: the OOM ladder (oom_ladder.cpp), stream events
+// (stream_events.cpp), the segment source.
 #include "core/allocator_impl.hpp"
 #include "tensorpool/size_classes.hpp"
 
@@ -51,9 +53,14 @@ void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
   if (TP_UNLIKELY(pending_total_ != 0)) process_events();
   StreamState& ss = streams.get(stream);
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
-  Block* b = bytes <= kMaxAllocationSize ? find_cached(ss, pool, size) : nullptr;
-  if (TP_UNLIKELY(b == nullptr)) b = allocate_slow(ss, pool, size, bytes, lock);
-  b = take(b, size, bytes);
+  Block* b = nullptr;
+  if (TP_UNLIKELY(ss.planned[static_cast<int>(pool)]) && (b = source_->take_planned(ss, pool, size)) != nullptr) {
+    hand_out(b, bytes);
+  } else {
+    b = bytes <= kMaxAllocationSize ? find_cached(ss, pool, size) : nullptr;
+    if (TP_UNLIKELY(b == nullptr)) b = allocate_slow(ss, pool, size, bytes, lock);
+    b = take(b, size, bytes);
+  }
   if (TP_UNLIKELY(b->segment->owner != &ss)) add_use(b, stream);  // taken from another stream
   if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::alloc, b->addr, bytes, b->size, stream);
   debug_check();
@@ -116,11 +123,18 @@ Block* Allocator::Impl::take(Block* b, std::size_t size, std::size_t requested) 
   const std::size_t rest = b->size - size;
   const std::size_t min_rest = seg->pool == Pool::small ? kMinBlockSize : config.min_split_remainder;
   if (!seg->oversize && rest >= min_rest) seg->index->insert(blocks.split_at(b, size));
+  hand_out(b, requested);
+  return b;
+}
+
+// b, free and in no index, becomes the user's.
+void Allocator::Impl::hand_out(Block* b, std::size_t requested) {
+  Segment* seg = b->segment;
   b->state = BlockState::allocated;
   b->requested = requested;
   live_.insert(b->addr, b);
   counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
-  return b;
+  if (TP_UNLIKELY(seg->heap)) source_->on_alloc(b);
 }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.
@@ -131,9 +145,11 @@ void Allocator::Impl::release_block(Block* b) {
     hooks.notify(EventType::free_completed, b->addr, b->requested, b->size, seg->owner->stream);
   b->state = BlockState::free;
   b->requested = 0;
+  const bool heap_emptied = TP_UNLIKELY(seg->heap) && source_->on_release(b);
   b = coalesce(b);
-  // The first block of a vmm heap, free: the heap may hold it (vmm_heaps.cpp, trim()).
-  if (TP_UNLIKELY(seg->heap) && b->prev == nullptr && (b = source_->trim(b)) == nullptr) return;
+  // A vmm heap with nothing allocated any more: it may hold its pages and plan the next epoch
+  // (vmm_heaps.cpp, end_epoch()).
+  if (TP_UNLIKELY(heap_emptied) && (b = source_->end_epoch(b)) == nullptr) return;
   seg->index->insert(b);
 }
 

@@ -76,6 +76,7 @@ class Allocator::Impl : private detail::AllocatorState {
   // --- fast path (allocator.cpp) ---
   Block* find_cached(StreamState& ss, Pool pool, std::size_t size) const noexcept;
   Block* take(Block* b, std::size_t size, std::size_t requested);
+  void hand_out(Block* b, std::size_t requested);
   void release_block(Block* b);
 
   // --- the OOM ladder (oom_ladder.cpp) ---

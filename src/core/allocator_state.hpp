@@ -6,6 +6,7 @@
 // every function that touches it runs with the mutex held.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <deque>
 #include <map>
@@ -33,6 +34,9 @@ struct StreamState {
   Stream stream;
   FreeIndex index[kNumIndexKinds];
   std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
+  /// Per pool: this stream's vmm heap follows a planned layout, so an allocation asks the
+  /// segment source for its planned block before the free index (SegmentSource::take_planned).
+  std::array<bool, kNumPools> planned{};
 };
 
 /// The streams seen so far, with a one-entry cache in front of the hash map for the hot path.

@@ -20,13 +20,25 @@
 // where the request's block ends (new_chunk_size()).
 // Mapped memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
 //
-// Held pages: when a heap's last allocated block is freed, its mapped memory is not put in the
-// free index but held (trim()), and comes back a growth step at a time, without device calls,
-// when nothing in the index fits (from_held()), exactly as the heap first grew from the
-// device. A program that runs its steps again from an empty heap thus places its blocks as it
-// did the first time, instead of spreading them over one large free block (the steady state of
-// docs/vmm.md). Held pages are free memory (stats, fragmentation, snapshots say so); growth that
-// they cannot serve, pressure and release() give them back to the index first.
+// Epochs: the allocator reports every block it hands out of a heap and every one it makes free
+// again (on_alloc(), on_release()); an epoch of a heap runs from a moment it has nothing
+// allocated to the next (end_epoch()), and its allocations are recorded (size, lifetime, offset).
+//
+// Held pages: when an epoch ends, the heap's mapped memory is not put in the free index but held,
+// and comes back a growth step at a time, without device calls, when nothing in the index fits
+// (from_held()), exactly as the heap first grew from the device. Held pages are free memory
+// (stats, fragmentation, snapshots say so); growth that they cannot serve, pressure and
+// release() give them back to the index first.
+//
+// Planned layouts: the recorded epoch is planned offline (layout_plan.hpp: the lower of the
+// recorded layout and a packing by size), and while the next epoch makes the same requests in the
+// same order, each is served at its planned offset (take_planned()), carved from held or free
+// memory, with no device call and no search of the index. The plan needs the memory from the
+// heap's start to its height mapped; if the pages lie elsewhere (remapped under pressure), the
+// free that ends the epoch maps them back there (map_plan()), once. A request the plan did not
+// foresee drops it for the rest of the epoch (the held pages serve it), and that epoch is planned
+// afresh. A program that repeats its steps from an empty heap so runs them at the live peak the
+// packing reaches, with no device call (docs/vmm.md, "Planned layouts").
 // See docs/vmm.md.
 #include <algorithm>
 #include <array>
@@ -38,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/layout_plan.hpp"
 #include "core/logging.hpp"
 #include "core/segment_source.hpp"
 #include "core/util.hpp"
@@ -61,15 +74,42 @@ struct Chunk {
   Address end() const noexcept { return addr + size; }
 };
 
+/// One step of a planned layout: the next allocation of the epoch is `size` bytes at `offset`
+/// from the heap's start; `below` is the step whose block ends closest below it while it lives
+/// (LayoutPlan::kNone: none), where the search for its free block starts.
+struct PlanStep {
+  std::size_t size = 0;
+  std::size_t offset = 0;
+  std::uint32_t below = LayoutPlan::kNone;
+};
+
 /// The mapping state of one heap. Invariants: chunks do not overlap, lie inside the segment and
 /// are of its pool; every page of a block with mapped == true lies in a chunk; a block with
 /// mapped == false is free, page-aligned at both ends, intersects no chunk, and is in
 /// `unmapped` (which holds nothing else).
+///
+/// Epochs: an epoch runs from a moment the heap has nothing allocated to the next. `live` counts
+/// the heap's allocated and pending-free blocks; `log` records the epoch's allocations in order
+/// (size, ticks of the allocation and the free on `clock`, offset), and each such block's
+/// epoch_slot is its entry. While `following` (== the owner stream's planned[pool]) the epoch's
+/// allocations are served by `plan`, step `cursor` next; placed[i] is the block step i got
+/// (checked before use: the Block may have been recycled since).
 struct Heap {
   Segment* segment = nullptr;          // the reserved range, in AllocatorState::segments
   std::map<Address, Chunk> chunks;     // mapped chunks by address
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   std::map<Address, Block*> held;      // held pages: free mapped blocks kept out of the index
+
+  std::size_t live = 0;
+  std::uint64_t clock = 0;
+  std::vector<PlanBlock> log;          // at most vmm_plan_max_blocks entries
+  bool log_full = false;               // the epoch made more allocations: it gets no plan
+  std::vector<PlanStep> plan;
+  std::vector<Block*> placed;
+  std::size_t cursor = 0;
+  bool following = false;
+  bool departed = false;               // this epoch left its plan (a request it did not foresee)
+  std::size_t plan_height = 0;         // mapped bytes from the heap's start the plan needs
 };
 
 class VmmHeaps final : public SegmentSource {
@@ -80,7 +120,10 @@ class VmmHeaps final : public SegmentSource {
   std::size_t release(ReleaseGoal goal) override;
   void destroy() override;
   void check(Recount& rc) const override;
-  Block* trim(Block* b) override;
+  void on_alloc(Block* b) override;
+  bool on_release(Block* b) override;
+  Block* end_epoch(Block* b) override;
+  Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
 
  private:
@@ -93,6 +136,14 @@ class VmmHeaps final : public SegmentSource {
   };
 
   Heap* heap_of(const StreamState& ss, Pool pool) const;
+  static Heap& heap_of(const Block* b) { return *static_cast<Heap*>(b->segment->source_state); }
+  Block* hold(Heap& heap, Block* x);
+  void hold_all(Heap& heap, Block* freed);
+  void plan_next_epoch(Heap& heap);
+  bool map_plan(Heap& heap);
+  void stop_following(Heap& heap, bool departed);
+  Block* find_planned(Heap& heap, const PlanStep& step) const;
+  Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
   Block* from_held(Heap& heap, Pool pool, std::size_t size);
   Block* unhold(Heap& heap, Block* r, std::size_t bytes);
   void release_held(Pool pool);
@@ -107,10 +158,13 @@ class VmmHeaps final : public SegmentSource {
   std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
   std::size_t idle_physical(Pool pool) const;
   std::size_t reclaim_free_chunks(Pool pool, std::size_t& keep);
+  std::size_t reclaim_heap(Heap& heap, std::size_t& keep);
+  void release_held(Heap& heap);
   Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
   void mark_unmapped(Heap& heap, Block* b);
   std::size_t release_cached_chunks();
   void check_heap(const Heap& heap) const;
+  void check_epoch(const Heap& heap) const;
 
   AllocatorState& st_;
   VirtualMemory& vm_;
@@ -154,6 +208,7 @@ Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   seg->first = b;
   Heap& heap = heaps_[base];
   heap.segment = seg.get();
+  seg->source_state = &heap;
   heap.unmapped.emplace(base, b);
   st_.segments.emplace(base, std::move(seg));
   slot = &heap;
@@ -353,39 +408,225 @@ Block* VmmHeaps::map_into(Heap& heap, const Placement& where, Pool pool, bool& c
   return record_mapped();
 }
 
-// b, the first block of its heap, was just freed and coalesced (in no index). When the heap has
-// nothing allocated any more (no block but free, unmapped or held ones: the walk stops at the
-// first block in use), all its free mapped memory is held: b and any free block after an
-// unmapped hole. Returns b for the free index, or nullptr when it is held.
-Block* VmmHeaps::trim(Block* b) {
-  for (const Block* x = b->next; x != nullptr; x = x->next)
-    if (x->state != BlockState::free) return b;
-  Heap& heap = heaps_.at(b->segment->addr);
-  // Holds free block x (in no index), merged with held neighbours (one held block per run of
-  // mapped memory); returns the held block x is now part of.
-  const auto hold = [&](Block* x) {
-    x->held = true;
-    held_bytes_[static_cast<int>(x->segment->pool)] += x->size;
-    if (x->next != nullptr && x->next->held) {
-      heap.held.erase(x->next->addr);
-      st_.blocks.absorb_next(x);
-    }
-    if (x->prev != nullptr && x->prev->held) {
-      x = x->prev;
-      st_.blocks.absorb_next(x);
-    } else {
-      heap.held.emplace(x->addr, x);
-    }
-    return x;
-  };
-  for (Block* x = b->next; x != nullptr; x = x->next) {
-    if (free_mapped(x)) {  // in the index: move it
+// --- epochs: held pages and planned layouts --------------------------------------------------
+
+void VmmHeaps::on_alloc(Block* b) {
+  Heap& heap = heap_of(b);
+  ++heap.live;
+  if (heap.log.size() >= st_.config.vmm_plan_max_blocks) {
+    heap.log_full = true;
+    b->epoch_slot = UINT32_MAX;
+    return;
+  }
+  b->epoch_slot = static_cast<std::uint32_t>(heap.log.size());
+  heap.log.push_back(PlanBlock{b->size, heap.clock++, 0, b->addr - heap.segment->addr});
+}
+
+bool VmmHeaps::on_release(Block* b) {
+  Heap& heap = heap_of(b);
+  if (b->epoch_slot != UINT32_MAX) heap.log[b->epoch_slot].end = heap.clock++;
+  b->epoch_slot = UINT32_MAX;
+  return --heap.live == 0;
+}
+
+// b, free and coalesced (in no index), leaves its heap with nothing allocated: the epoch ends.
+// All the heap's free mapped memory is held (b and every free block after an unmapped hole),
+// and the epoch just recorded is planned for the next one.
+Block* VmmHeaps::end_epoch(Block* b) {
+  Heap& heap = heap_of(b);
+  hold_all(heap, b);
+  plan_next_epoch(heap);
+  heap.log.clear();
+  heap.log_full = false;
+  heap.clock = 0;
+  return nullptr;
+}
+
+// Holds free block x (in no index), merged with held neighbours (one held block per run of
+// mapped memory); returns the held block x is now part of.
+Block* VmmHeaps::hold(Heap& heap, Block* x) {
+  x->held = true;
+  held_bytes_[static_cast<int>(x->segment->pool)] += x->size;
+  if (x->next != nullptr && x->next->held) {
+    heap.held.erase(x->next->addr);
+    st_.blocks.absorb_next(x);
+  }
+  if (x->prev != nullptr && x->prev->held) {
+    x = x->prev;
+    st_.blocks.absorb_next(x);
+  } else {
+    heap.held.emplace(x->addr, x);
+  }
+  return x;
+}
+
+// Holds every free mapped block of the heap: `freed` (in no index) and those in the index.
+void VmmHeaps::hold_all(Heap& heap, Block* freed) {
+  for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
+    if (x != freed && free_mapped(x)) {
       x->segment->index->remove(x);
-      x = hold(x);
+      x = hold(heap, x);
     }
   }
-  hold(b);
-  return nullptr;
+  hold(heap, freed);
+}
+
+// The heap is empty and its epoch recorded: the next epoch follows a plan of it when it can.
+// An epoch that followed its plan to the end without departing keeps it (the same requests in
+// the same order; no planning cost); any other plans afresh. A plan needs the memory from the
+// heap's start up to its height mapped (map_plan()); without that, or without a complete record,
+// the next epoch runs unplanned from the held pages.
+void VmmHeaps::plan_next_epoch(Heap& heap) {
+  const bool kept = !heap.following && !heap.departed && !heap.plan.empty() && heap.cursor == heap.plan.size() &&
+                    heap.log.size() == heap.plan.size();
+  stop_following(heap, false);
+  heap.departed = false;
+  if (heap.log_full || heap.log.empty()) {
+    heap.plan.clear();
+    return;
+  }
+  if (!kept) {
+    try {
+      const LayoutPlan layout = plan_layout(heap.log);
+      heap.plan.resize(heap.log.size());
+      for (std::size_t i = 0; i < heap.log.size(); ++i)
+        heap.plan[i] = PlanStep{heap.log[i].size, layout.offsets[i], layout.below[i]};
+      heap.plan_height = round_up(layout.height, page_);
+    } catch (const std::exception& e) {  // a free must not fail for want of a plan
+      log().error("vmm: planning an epoch of {} allocations failed: {}", heap.log.size(), e.what());
+      heap.plan.clear();
+      return;
+    }
+  }
+  if (!map_plan(heap)) {
+    heap.plan.clear();
+    return;
+  }
+  heap.placed.assign(heap.plan.size(), nullptr);
+  heap.cursor = 0;
+  heap.following = true;
+  heap.segment->owner->planned[static_cast<int>(heap.segment->pool)] = true;
+}
+
+// Makes [start, start + plan_height) of the empty heap mapped (and held), if the physical memory
+// the heap and the cache hold can: when it is not already, every chunk of the heap is unmapped
+// (after synchronizing its stream) and chunks are mapped back from the heap's start, its own and
+// the cached ones, until the plan's height is covered. No memory is created for a plan.
+bool VmmHeaps::map_plan(Heap& heap) {
+  const Address start = heap.segment->addr;
+  const Address end = start + heap.plan_height;
+  Address covered = start;
+  for (auto it = heap.chunks.begin(); it != heap.chunks.end() && it->first == covered && covered < end; ++it)
+    covered = it->second.end();
+  if (covered >= end) return true;
+  const Pool pool = heap.segment->pool;
+  std::size_t physical = 0;
+  for (const auto& [a, c] : heap.chunks) physical += c.size;
+  for (const Chunk& c : cached_)
+    if (c.pool == pool) physical += c.size;
+  if (physical < heap.plan_height) return false;
+  // Unmap everything (the heap is empty: every chunk lies under a free block); the heap becomes
+  // one unmapped hole, as when it was made, and is mapped again from its start. This is the one
+  // place a free makes device calls (and waits for the heap's stream): once, when an epoch ends
+  // whose plan the pages are not laid out for.
+  try {
+    release_held(heap);
+    std::size_t keep = 0;
+    reclaim_heap(heap, keep);
+    Block* hole = heap.segment->first;
+    if (hole->mapped || hole->state != BlockState::free) return false;
+    bool complete = false;
+    Block* mapped = map_into(heap, Placement{hole, heap.plan_height, heap.plan_height, 0, 0}, pool, complete);
+    if (mapped == nullptr) return false;
+    mapped->segment->index->remove(mapped);
+    hold(heap, mapped);
+    return complete;
+  } catch (const DeviceError& e) {  // the heap stays consistent, partly mapped; no plan then
+    log().warn("vmm: laying out the pages of a planned heap failed: {}", e.what());
+    return false;
+  }
+}
+
+void VmmHeaps::stop_following(Heap& heap, bool departed) {
+  heap.following = false;
+  heap.departed = heap.departed || departed;
+  heap.segment->owner->planned[static_cast<int>(heap.segment->pool)] = false;
+}
+
+Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size) {
+  Heap* heap = heap_of(ss, pool);
+  if (heap == nullptr || !heap->following) {
+    ss.planned[static_cast<int>(pool)] = false;
+    return nullptr;
+  }
+  const PlanStep& step = heap->plan[heap->cursor];
+  Block* x = step.size == size ? find_planned(*heap, step) : nullptr;
+  if (x == nullptr) {
+    stop_following(*heap, true);
+    return nullptr;
+  }
+  Block* b = carve(*heap, x, heap->segment->addr + step.offset, size);
+  if (b == nullptr) {
+    stop_following(*heap, true);
+    return nullptr;
+  }
+  heap->placed[heap->cursor] = b;
+  if (++heap->cursor == heap->plan.size()) stop_following(*heap, false);
+  return b;
+}
+
+// The free mapped block (in the index or held) that holds the start of the step's range, or
+// nullptr. The search starts after the block of the step `below` when that block is still
+// there (allocated at its planned address), else at the heap's start.
+Block* VmmHeaps::find_planned(Heap& heap, const PlanStep& step) const {
+  const Address at = heap.segment->addr + step.offset;
+  Block* x = heap.segment->first;
+  if (step.below != LayoutPlan::kNone) {
+    const Block* anchor = heap.placed[step.below];
+    const Address anchor_at = heap.segment->addr + heap.plan[step.below].offset;
+    if (anchor != nullptr && anchor->segment == heap.segment && anchor->addr == anchor_at &&
+        anchor->state != BlockState::free && anchor->addr + anchor->size <= at)
+      x = anchor->next;
+  }
+  while (x != nullptr && x->addr + x->size <= at) x = x->next;
+  if (x == nullptr || x->state != BlockState::free || !x->mapped || x->addr > at) return nullptr;
+  return x;
+}
+
+// Cuts [at, at + size) out of the free mapped memory that starts with x (free, mapped, in the
+// index or held, holding `at`): x and the free mapped blocks after it that the range needs are
+// taken out of the index or the held pages and merged; the pieces before and after the range go
+// to the index. Returns the range as a free block in no index, or nullptr (nothing changed but
+// the merge) when free mapped memory does not reach its end.
+Block* VmmHeaps::carve(Heap& heap, Block* x, Address at, std::size_t size) {
+  const auto take_out = [&](Block* y) {
+    if (y->held) {
+      heap.held.erase(y->addr);
+      held_bytes_[static_cast<int>(y->segment->pool)] -= y->size;
+      y->held = false;
+    } else {
+      y->segment->index->remove(y);
+    }
+  };
+  take_out(x);
+  x = st_.coalesce(x);
+  for (Block* n = x->next; x->addr + x->size < at + size && n != nullptr && n->state == BlockState::free && n->mapped;
+       n = x->next) {
+    take_out(n);
+    st_.blocks.absorb_next(x);
+  }
+  FreeIndex& index = *x->segment->index;
+  if (x->addr + x->size < at + size) {
+    index.insert(st_.coalesce(x));
+    return nullptr;
+  }
+  Block* mid = x;
+  if (at > x->addr) {
+    mid = st_.blocks.split_at(x, at - x->addr);
+    index.insert(x);
+  }
+  if (mid->size > size) index.insert(st_.blocks.split_at(mid, size));
+  return mid;
 }
 
 // Serves a request from held pages when a held block (with the free block before it) fits: as
@@ -421,13 +662,15 @@ Block* VmmHeaps::unhold(Heap& heap, Block* r, std::size_t bytes) {
 
 // Gives every held block of `pool` back to the free index (before mapping, reclaiming, releasing).
 void VmmHeaps::release_held(Pool pool) {
-  for (auto& [base, heap] : heaps_) {
-    if (heap.segment->pool != pool) continue;
-    while (!heap.held.empty()) {
-      Block* r = heap.held.begin()->second;
-      Block* merged = st_.coalesce(unhold(heap, r, r->size));
-      heap.segment->index->insert(merged);
-    }
+  for (auto& [base, heap] : heaps_)
+    if (heap.segment->pool == pool) release_held(heap);
+}
+
+void VmmHeaps::release_held(Heap& heap) {
+  while (!heap.held.empty()) {
+    Block* r = heap.held.begin()->second;
+    Block* merged = st_.coalesce(unhold(heap, r, r->size));
+    heap.segment->index->insert(merged);
   }
 }
 
@@ -461,34 +704,44 @@ std::size_t VmmHeaps::idle_physical(Pool pool) const {
 std::size_t VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t& keep) {
   std::size_t reclaimed = 0;
   for (auto& [stream, ss] : st_.streams) {
-    Heap* heap = heap_of(*ss, pool);
-    if (heap == nullptr) continue;
-    std::vector<std::pair<Block*, std::vector<Chunk>>> work;
-    heap->segment->index->for_each([&](Block* b) {
-      if (b->segment != heap->segment) return;
-      std::vector<Chunk> inside;
-      for (auto it = heap->chunks.lower_bound(b->addr);
-           it != heap->chunks.end() && it->second.end() <= b->addr + b->size; ++it) {
-        if (it->second.size <= keep) {
-          keep -= it->second.size;
-          continue;
-        }
-        inside.push_back(it->second);
+    if (Heap* heap = heap_of(*ss, pool)) reclaimed += reclaim_heap(*heap, keep);
+  }
+  return reclaimed;
+}
+
+// reclaim_free_chunks() for one heap.
+std::size_t VmmHeaps::reclaim_heap(Heap& heap, std::size_t& keep) {
+  std::vector<std::pair<Block*, std::vector<Chunk>>> work;
+  heap.segment->index->for_each([&](Block* b) {
+    if (b->segment != heap.segment) return;
+    std::vector<Chunk> inside;
+    for (auto it = heap.chunks.lower_bound(b->addr);
+         it != heap.chunks.end() && it->second.end() <= b->addr + b->size; ++it) {
+      if (it->second.size <= keep) {
+        keep -= it->second.size;
+        continue;
       }
-      if (!inside.empty()) work.emplace_back(b, std::move(inside));
-    });
-    if (work.empty()) continue;
-    st_.device->synchronize_stream(ss->stream);
-    st_.counters.count(&Stats::syncs);
-    for (auto& [block, chunks] : work) {
-      Block* cur = block;
-      cur->segment->index->remove(cur);
+      inside.push_back(it->second);
+    }
+    if (!inside.empty()) work.emplace_back(b, std::move(inside));
+  });
+  if (work.empty()) return 0;
+  st_.device->synchronize_stream(heap.segment->owner->stream);
+  st_.counters.count(&Stats::syncs);
+  std::size_t reclaimed = 0;
+  for (auto& [block, chunks] : work) {
+    Block* cur = block;
+    cur->segment->index->remove(cur);
+    try {
       for (const Chunk& c : chunks) {
-        cur = unmap_chunk(*heap, cur, c);
+        cur = unmap_chunk(heap, cur, c);
         reclaimed += c.size;
       }
+    } catch (...) {  // the device refused an unmap: what is left of the block stays free, mapped
       if (cur != nullptr) cur->segment->index->insert(cur);
+      throw;
     }
+    if (cur != nullptr) cur->segment->index->insert(cur);
   }
   return reclaimed;
 }
@@ -497,13 +750,13 @@ std::size_t VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t& keep) {
 // before c go back to the index, the unmapped middle to Heap::unmapped. Returns the piece after
 // c (out of the index; nullptr if c ended b).
 Block* VmmHeaps::unmap_chunk(Heap& heap, Block* b, const Chunk& c) {
+  vm_.unmap(c.addr, c.size);  // first: if the device refuses, nothing has changed
   Block* mid = b;
   if (c.addr > b->addr) {
     mid = st_.blocks.split_at(b, c.addr - b->addr);
     b->segment->index->insert(b);
   }
   Block* after = mid->size > c.size ? st_.blocks.split_at(mid, c.size) : nullptr;
-  vm_.unmap(c.addr, c.size);
   st_.counters.count(&Stats::vm_unmaps);
   if (st_.hooks.observed())
     st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.segment->owner->stream);
@@ -651,6 +904,35 @@ void VmmHeaps::check_heap(const Heap& h) const {
   }
   if (unmapped != h.unmapped.size()) invariant_failed("the heap's unmapped list has stale entries");
   if (held != h.held.size()) invariant_failed("the heap's held list has stale entries");
+  check_epoch(h);
+}
+
+// The epoch's record: `live` counts the blocks in use; each has its open entry in the log (or
+// none, past vmm_plan_max_blocks); a heap follows its plan iff its stream says so, and then has
+// steps left.
+void VmmHeaps::check_epoch(const Heap& h) const {
+  const Segment& seg = *h.segment;
+  std::size_t in_use = 0;
+  std::size_t open = 0;
+  for (const Block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->state == BlockState::free) continue;
+    ++in_use;
+    if (b->epoch_slot == UINT32_MAX) continue;
+    if (b->epoch_slot >= h.log.size() || h.log[b->epoch_slot].end != 0 ||
+        h.log[b->epoch_slot].start >= h.clock || h.log[b->epoch_slot].size != b->size)
+      invariant_failed("block " + hex(b->addr) + " has no open entry in its heap's epoch record");
+    ++open;
+  }
+  if (in_use != h.live) invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(h.live) +
+                                         " blocks in use, not " + std::to_string(in_use));
+  std::size_t open_entries = 0;
+  for (const PlanBlock& e : h.log) open_entries += e.end == 0 ? 1 : 0;
+  if (open_entries != open) invariant_failed("the heap's epoch record has stale open entries");
+  if (h.log.size() > st_.config.vmm_plan_max_blocks) invariant_failed("the heap's epoch record is too long");
+  if (h.following != seg.owner->planned[static_cast<int>(seg.pool)])
+    invariant_failed("the heap at " + hex(seg.addr) + " and its stream disagree on following a plan");
+  if (h.following && (h.cursor >= h.plan.size() || h.placed.size() != h.plan.size()))
+    invariant_failed("the heap at " + hex(seg.addr) + " follows a plan with no step left");
 }
 
 }  // namespace

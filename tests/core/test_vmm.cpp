@@ -123,7 +123,9 @@ TEST_CASE("vmm: vmm_chunk_divisor's chunks are at least a share of the device, t
 }
 
 TEST_CASE("vmm: a heap left with nothing allocated holds its pages and grows from them as it first grew", "[vmm]") {
-  Fixture f("mode:vmm,vmm_growth_divisor:4,vmm_idle_divisor:1");  // no remapping of idle chunks
+  // No remapping of idle chunks, and no planned layout (tested below: it would place the second
+  // step lower).
+  Fixture f("mode:vmm,vmm_growth_divisor:4,vmm_idle_divisor:1,vmm_plan_max_blocks:0");
   // One step of a program, then everything freed. While the heap grows, the 30 MiB request
   // finds the free block left by the last growth step (39 MiB) smaller than the freed 40 MiB
   // one, and best fit takes it; the 100 MiB grows the heap further. A second step carved from
@@ -162,6 +164,121 @@ TEST_CASE("vmm: a heap left with nothing allocated holds its pages and grows fro
   REQUIRE(f.reserved() == 0);
   REQUIRE(f.device->used_bytes() == 0);
   f.alloc.check_invariants();
+}
+
+namespace {
+
+// One epoch of a program: a and b alive, a freed, c alive with b; then everything freed. Online,
+// c (60 MiB) does not fit a's hole (40) and goes above b: 140 MiB of address range for 100 MiB
+// alive at the peak. Planned (test_layout_plan.cpp): c at 0, a at 0, b at 60: 100 MiB.
+std::vector<Address> abc_epoch(Fixture& f, std::size_t c_size = 60 * MiB) {
+  void* a = f.alloc.allocate(40 * MiB);
+  void* b = f.alloc.allocate(40 * MiB);
+  f.alloc.deallocate(a);
+  void* c = f.alloc.allocate(c_size);
+  const std::vector<Address> at = {addr(a), addr(b), addr(c)};
+  f.alloc.check_invariants();
+  f.alloc.deallocate(b);
+  f.alloc.check_invariants();
+  f.alloc.deallocate(c);
+  f.alloc.check_invariants();
+  return at;
+}
+
+bool same_calls(const DeviceCounters& a, const DeviceCounters& b) {
+  return a.physical_creates == b.physical_creates && a.physical_releases == b.physical_releases &&
+         a.maps == b.maps && a.unmaps == b.unmaps && a.syncs() == b.syncs();
+}
+
+}  // namespace
+
+TEST_CASE("vmm: an epoch that runs again is served at its planned offsets, with no device call", "[vmm][plan]") {
+  Fixture f("mode:vmm,vmm_idle_divisor:1");  // no remapping of idle chunks: the heap stays in one piece
+  const std::vector<Address> first = abc_epoch(f);
+  const Address base = first[0];
+  REQUIRE(first == std::vector<Address>{base, base + 40 * MiB, base + 80 * MiB});
+  const DeviceCounters after_first = f.device->counters();
+  const std::size_t reserved = f.reserved();
+  REQUIRE(reserved >= 140 * MiB);
+  for (int run = 0; run < 3; ++run) {
+    INFO("run " << run);
+    REQUIRE(abc_epoch(f) == std::vector<Address>{base, base + 60 * MiB, base});
+    REQUIRE(same_calls(f.device->counters(), after_first));
+    REQUIRE(f.reserved() == reserved);
+  }
+  // Held pages and planned blocks are all free again: empty_cache gives everything back.
+  f.alloc.empty_cache();
+  REQUIRE(f.reserved() == 0);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("vmm: a plan whose memory is not mapped from the heap's start remaps the heap's pages there first",
+          "[vmm][plan]") {
+  // With the default idle rule, c's growth unmaps a's free chunk and maps it above b: the heap
+  // ends the epoch with a hole at its start. The plan needs [0, 100 MiB) mapped, so when the heap
+  // empties its chunks are unmapped and mapped again from its start (calls made then, in the
+  // first epoch); the next epochs make none.
+  Fixture f("mode:vmm");
+  const std::vector<Address> first = abc_epoch(f);
+  const Address base = first[0];
+  REQUIRE(first[2] >= base + 80 * MiB);  // c went above b
+  const DeviceCounters after_first = f.device->counters();
+  REQUIRE(after_first.unmaps > 0);
+  for (int run = 0; run < 3; ++run) {
+    INFO("run " << run);
+    REQUIRE(abc_epoch(f) == std::vector<Address>{base, base + 60 * MiB, base});
+    REQUIRE(same_calls(f.device->counters(), after_first));
+  }
+}
+
+TEST_CASE("vmm: a failed map while a plan's memory is remapped leaves no plan and loses nothing",
+          "[vmm][plan][faults]") {
+  Fixture f("mode:vmm");
+  void* a = f.alloc.allocate(40 * MiB);
+  void* b = f.alloc.allocate(40 * MiB);
+  f.alloc.deallocate(a);
+  void* c = f.alloc.allocate(60 * MiB);
+  f.alloc.deallocate(b);
+  const std::size_t reserved = f.reserved();
+  f.device->fail_nth(FaultSite::map, 1);
+  REQUIRE_NOTHROW(f.alloc.deallocate(c));  // the heap empties: the remap fails, and is dropped
+  REQUIRE(f.device->counters().faults_injected == 1);
+  f.alloc.check_invariants();
+  REQUIRE(f.reserved() == reserved);  // the chunks are cached, not lost
+  REQUIRE(f.reserved() == f.device->used_bytes());
+  // The next epoch runs unplanned, and the one after it planned again.
+  abc_epoch(f);
+  const Address base = addr(f.alloc.allocate(MiB));
+  f.alloc.deallocate(reinterpret_cast<void*>(base));
+  f.alloc.check_invariants();
+  f.alloc.empty_cache();
+  REQUIRE(f.reserved() == 0);
+  REQUIRE(f.device->used_bytes() == 0);
+}
+
+TEST_CASE("vmm: a request the plan did not foresee drops it, and the epoch is planned afresh", "[vmm][plan]") {
+  Fixture f("mode:vmm,vmm_idle_divisor:1");
+  const Address base = abc_epoch(f)[0];
+  // c is 50 MiB this time: a and b still come where the plan says, c leaves the plan.
+  const std::vector<Address> departed = abc_epoch(f, 50 * MiB);
+  REQUIRE(departed[0] == base);
+  REQUIRE(departed[1] == base + 60 * MiB);
+  const DeviceCounters after = f.device->counters();
+  // The epoch with a 50 MiB c is what the next plan follows: c at 0, a at 0, b at 50.
+  for (int run = 0; run < 2; ++run) {
+    REQUIRE(abc_epoch(f, 50 * MiB) == std::vector<Address>{base, base + 50 * MiB, base});
+    REQUIRE(same_calls(f.device->counters(), after));
+  }
+}
+
+TEST_CASE("vmm: an epoch longer than vmm_plan_max_blocks, or vmm_plan_max_blocks:0, is not planned", "[vmm][plan]") {
+  for (const char* conf : {"mode:vmm,vmm_idle_divisor:1,vmm_plan_max_blocks:2", "mode:vmm,vmm_idle_divisor:1,vmm_plan_max_blocks:0"}) {
+    INFO(conf);
+    Fixture f(conf);
+    const std::vector<Address> first = abc_epoch(f);
+    // The held pages alone: the second epoch grows again as the first did, to the same places.
+    REQUIRE(abc_epoch(f) == first);
+  }
 }
 
 TEST_CASE("vmm: another stream's held pages serve a growth when the device is full", "[vmm]") {

@@ -517,21 +517,23 @@ void Runner::free_op(std::uint64_t pick) {
   if (order_.empty()) return;
   const Address a = take_live(pick);
   const LiveBlock b = live_.at(a);
-  // The user's work on every stream that used the block precedes the free: mark it first.
+  // The user's work on every stream that used the block precedes the free: mark it first. From
+  // the call on, the block is the allocator's, guarded by that work: the free itself may give its
+  // pages back (a vmm heap left empty remaps them for its planned layout), once that work is done.
   Guard guard{a + b.bytes, {}};
   for (const Stream s : b.users) guard.by.push_back({s, mark(s, false)});
-  alloc_->deallocate(reinterpret_cast<void*>(a));  // never throws here: any exception fails
-  ++free_calls_;
   live_.erase(a);
   extents_.erase(a);
-  requested_ -= b.bytes;
-  rounded_ -= round_size(b.bytes);
-  waste_ -= waste_bound(b.bytes);
   auto next = guards_.lower_bound(a);
   TP_EXPECT(next == guards_.end() || next->first >= guard.end, "model", "guards overlap at " << hex(a));
   if (next != guards_.begin())
     TP_EXPECT(std::prev(next)->second.end <= a, "model", "guards overlap at " << hex(a));
   guards_.emplace(a, std::move(guard));
+  alloc_->deallocate(reinterpret_cast<void*>(a));  // never throws here: any exception fails
+  ++free_calls_;
+  requested_ -= b.bytes;
+  rounded_ -= round_size(b.bytes);
+  waste_ -= waste_bound(b.bytes);
   if (freed_.size() < 64) freed_.push_back(a);
   else freed_[free_calls_ % 64] = a;
 }

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Issue 12's four criteria for the virtual-memory mode, measured on every shared trace (and, for
+the time criterion, on the generated suite of scripts/fit-tables.py), printed as Markdown tables.
+
+Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [--cost-model FILE]
+                               [--conf SETTINGS] [--only 1,2,3,4]
+
+  1. fit:          tensorpool fit T --allocators tensorpool-vmm,pytorch,pytorch-expandable,cub,raw
+                   --precision-pct 0.05: tensorpool-vmm at most 0.5% above the smallest of the
+                   others, on every device of every shared trace;
+  2. steady state: tensorpool compare T --warmup 1 (80 GiB): utilization at least both PyTorch
+                   models', upstream calls at most the pytorch model's plus 2;
+  3. one pass:     tensorpool compare T (80 GiB): utilization at least 0.97 and both PyTorch models';
+  4. time:         on the traces that start from an empty cache (small-from-empty, qwen3, the
+                   generated suite at its capacity), modelled upstream time at most
+                   pytorch-expandable's (with --cost-model FILE, that model; default: the
+                   simulated device's default model).
+--conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). Exit status 0 when
+every criterion measured is met, 1 when one is not, 2 on a usage or tool error.
+"""
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VMM = "tensorpool-vmm"
+OTHERS = ["pytorch", "pytorch-expandable", "cub", "raw"]
+FROM_EMPTY = ["small-from-empty", "qwen3-0.6b-varlen-expandable-3gpu"]
+
+
+def run_json(args):
+    out = subprocess.run(args, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def suite():
+    spec = importlib.util.spec_from_file_location("fit_tables", os.path.join(ROOT, "scripts", "fit-tables.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SUITE
+
+
+def by_name(report):
+    return {a["allocator"]: a for a in report["allocators"]}
+
+
+def vmm_conf(args):
+    return ["--allocator-conf", VMM + "=" + args.conf] if args.conf else []
+
+
+def fit_rows(args, traces):
+    rows, met = [], 0
+    for name, path in traces:
+        report = run_json([args.tensorpool, "fit", path, "--allocators", ",".join([VMM] + OTHERS),
+                           "--precision-pct", "0.05", "--json", "-q"] + vmm_conf(args))
+        fits = {a["allocator"]: {d["device"]: d["capacity_bytes"] for d in a["devices"]} for a in report["allocators"]}
+        for device, vmm in sorted(fits[VMM].items()):
+            best_name, best = min(((o, fits[o][device]) for o in OTHERS), key=lambda x: x[1])
+            ratio = vmm / best
+            ok = ratio <= 1.005
+            met += ok
+            rows.append("| %s | %d | %s %.3f | %.3f | %.4f | %s |" % (
+                name, device, best_name, best / 2**30, vmm / 2**30, ratio, "yes" if ok else "**no**"))
+    head = ["| trace | device | best other GiB | tensorpool-vmm GiB | ratio | within 0.5% |", "|---|---|---|---|---|---|"]
+    return head + rows, met, len(rows)
+
+
+def compare(args, path, warmup, capacity="80GiB", cost_model=None):
+    cmd = [args.tensorpool, "compare", path, "--allocators", VMM + ",pytorch,pytorch-expandable",
+           "--capacity", capacity, "--json", "-q"] + vmm_conf(args)
+    if warmup:
+        cmd += ["--warmup", str(warmup)]
+    if cost_model:
+        cmd += ["--cost-model", cost_model]
+    return by_name(run_json(cmd))
+
+
+def steady_rows(args, traces):
+    rows, met = [], 0
+    for name, path in traces:
+        r = compare(args, path, 1)
+        v, p, e = r[VMM], r["pytorch"], r["pytorch-expandable"]
+        ok = v["utilization"] >= max(p["utilization"], e["utilization"]) and v["upstream_ops"] <= p["upstream_ops"] + 2
+        met += ok
+        rows.append("| %s | %.4f / %d | %.4f / %d | %.4f / %d | %s |" % (
+            name, v["utilization"], v["upstream_ops"], p["utilization"], p["upstream_ops"],
+            e["utilization"], e["upstream_ops"], "yes" if ok else "**no**"))
+    head = ["| trace (`--warmup 1`) | tensorpool-vmm util / calls | pytorch | pytorch-expandable | met |", "|---|---|---|---|---|"]
+    return head + rows, met, len(rows)
+
+
+def one_pass_rows(args, traces):
+    rows, met = [], 0
+    for name, path in traces:
+        r = compare(args, path, 0)
+        v, p, e = r[VMM], r["pytorch"], r["pytorch-expandable"]
+        ok = v["utilization"] >= 0.97 and v["utilization"] >= max(p["utilization"], e["utilization"])
+        met += ok
+        rows.append("| %s | %.4f / %d | %.4f / %d | %.4f / %d | %s |" % (
+            name, v["utilization"], v["upstream_ops"], p["utilization"], p["upstream_ops"],
+            e["utilization"], e["upstream_ops"], "yes" if ok else "**no**"))
+    head = ["| trace (one pass) | tensorpool-vmm util / calls | pytorch | pytorch-expandable | met |", "|---|---|---|---|---|"]
+    return head + rows, met, len(rows)
+
+
+def time_rows(args, traces):
+    work = args.work
+    os.makedirs(work, exist_ok=True)
+    cases = [(name, path, "80GiB") for name, path in traces if name in FROM_EMPTY]
+    for sid, _, gen, capacity in suite():
+        trace = os.path.join(work, sid + ".tptrace")
+        if not os.path.exists(trace):
+            subprocess.run([args.tensorpool, "generate", trace] + gen, check=True, capture_output=True)
+        cases.append((sid, trace, capacity))
+    rows, met = [], 0
+    for name, path, capacity in cases:
+        r = compare(args, path, 0, capacity, args.cost_model)
+        v, e = r[VMM], r["pytorch-expandable"]
+        ok = v["modelled_upstream_ns"] <= e["modelled_upstream_ns"]
+        met += ok
+        rows.append("| %s | %s | %.1f / %d | %.1f / %d | %s |" % (
+            name, capacity, v["modelled_upstream_ns"] / 1e6, v["upstream_ops"],
+            e["modelled_upstream_ns"] / 1e6, e["upstream_ops"], "yes" if ok else "**no**"))
+    model = args.cost_model or "the default cost model"
+    head = ["| trace (from empty; %s) | capacity | tensorpool-vmm ms / calls | pytorch-expandable ms / calls | met |" % model,
+            "|---|---|---|---|---|"]
+    return head + rows, met, len(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tensorpool", default=os.path.join(ROOT, "build", "tools", "tensorpool"))
+    ap.add_argument("--traces", default=os.path.join(os.path.dirname(ROOT), "shared", "traces"))
+    ap.add_argument("--work", default=os.path.join(ROOT, "build", "fit-suite"))
+    ap.add_argument("--cost-model", default=None)
+    ap.add_argument("--conf", default="")
+    ap.add_argument("--only", default="1,2,3,4")
+    args = ap.parse_args()
+    traces = [(os.path.basename(p)[:-len(".pickle")], p) for p in sorted(glob.glob(os.path.join(args.traces, "*.pickle")))]
+    if not traces:
+        print("vmm-criteria: no *.pickle in %s" % args.traces, file=sys.stderr)
+        return 2
+    criteria = {"1": ("Fit", fit_rows), "2": ("Steady state", steady_rows), "3": ("One pass at 80 GiB", one_pass_rows),
+                "4": ("Time from an empty cache", time_rows)}
+    all_met = True
+    for key in args.only.split(","):
+        if key not in criteria:
+            print("vmm-criteria: --only takes 1, 2, 3, 4; got %r" % key, file=sys.stderr)
+            return 2
+        title, fn = criteria[key]
+        rows, met, total = fn(args, traces)
+        all_met = all_met and met == total
+        print("### %s. %s: met on %d of %d\n" % (key, title, met, total))
+        print("\n".join(rows))
+        print()
+    return 0 if all_met else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except subprocess.CalledProcessError as e:
+        print("vmm-criteria: %s failed (status %d): %s" % (" ".join(e.cmd), e.returncode, (e.stderr or "").strip()),
+              file=sys.stderr)
+        sys.exit(2)

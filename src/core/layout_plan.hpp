@@ -1,0 +1,53 @@
+// layout_plan.hpp: offline placement of one recorded epoch of a vmm heap (STAlloc-style
+// planning). Given the blocks an epoch allocated, with their sizes and lifetimes in the heap's
+// own clock, plan_layout() gives every block an offset from the heap's start such that no two
+// blocks alive at the same time overlap, and says how high the layout reaches. A program that
+// runs the same epoch again can then be served at those offsets with no device call, from
+// `height` bytes of mapped memory (vmm_heaps.cpp; docs/vmm.md, "Planned layouts").
+//
+// Two candidates are compared and the lower one kept (ties: the recorded one):
+//   recorded  the offsets the blocks really had, reaching as high as the epoch's address range
+//             did (a valid layout whenever the record is one: blocks alive together never
+//             overlap; checked, and not used otherwise);
+//   packed    greedy by size: blocks in decreasing size (ties: earlier first) each take the
+//             smallest gap between the already placed blocks alive at the same time that fits
+//             it (ties: the lowest), else the top of them. No layout reaches below the peak of
+//             live bytes (peak_live_bytes()); on training steps this one often reaches it.
+// Cost: O(n log n) for the sorts, plus O(k log n + k log k) per block for the k placed blocks
+// alive with it (a max-segment tree over the blocks in start order prunes the rest).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tensorpool::detail {
+
+/// One recorded allocation. Invariants (checked by plan_layout): size > 0, start < end; the
+/// clock is strictly increasing over the epoch's allocations and frees (no two events share a
+/// tick), so two blocks overlap in time iff a.start < b.end && b.start < a.end.
+struct PlanBlock {
+  std::size_t size = 0;
+  std::uint64_t start = 0;    // tick of the allocation
+  std::uint64_t end = 0;      // tick of the free (the epoch's last tick + 1 if never freed)
+  std::size_t recorded = 0;   // the offset it had in the recorded epoch
+};
+
+struct LayoutPlan {
+  std::vector<std::size_t> offsets;  // per block, in input order
+  /// Per block, in input order: the index of the block that ends closest below it among those
+  /// alive when it is allocated (kNone: none), where a search for its address can start.
+  std::vector<std::uint32_t> below;
+  std::size_t height = 0;  // max(offset + size)
+  bool recorded = false;   // the recorded layout was kept
+  static constexpr std::uint32_t kNone = UINT32_MAX;
+};
+
+/// Plans the layout; throws std::invalid_argument when a block breaks PlanBlock's invariants.
+LayoutPlan plan_layout(std::span<const PlanBlock> blocks);
+
+/// The largest sum of sizes of blocks alive at one tick: no layout reaches lower.
+std::size_t peak_live_bytes(std::span<const PlanBlock> blocks);
+
+}  // namespace tensorpool::detail
