@@ -113,8 +113,8 @@ int main(int argc, char** argv) {
                     "NAME=key:value,... settings of allocator NAME only, after --conf's "
                     "(e.g. rmm-pool=initial_pool_size:0); repeatable");
     cmd->add_option("--cost-model", cost_model_path,
-                    "Cost of upstream calls for the simulated devices (file format: docs/cli.md); "
-                    "default: flat 10-20 us per call");
+                    "Cost of upstream calls for the simulated devices: a file (format: docs/cli.md), "
+                    "`default` (grows with bytes, from published measurements) or `flat` (10-20 us per call)");
   };
   auto add_run_options = [&](CLI::App* cmd) {
     cmd->add_option("trace", trace_path, "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace")->required();

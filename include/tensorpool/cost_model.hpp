@@ -4,12 +4,26 @@
 // Each call has a table of (bytes, ns) points; the cost of a call of `b` bytes is read off the
 // piecewise-linear curve through them: the first point's cost below the first point, the line
 // through the last two points beyond the last (so a cost that grows with bytes keeps growing),
-// never below 0. A call with one point costs the same at every size. The default model is the
-// flat one the simulated device has always charged (20 us per segment allocation or map, 10 us
-// per segment free, 15 us per physical creation or unmap, physical releases free).
+// never below 0. A call with one point costs the same at every size.
 //
-// File format (load_cost_model; scripts/gpu-check.sh writes one from real-GPU medians), text,
-// one point per line, '#' starts a comment, blank lines ignored:
+// The default model (CostModel{}, `--cost-model default`) grows with bytes, from public
+// measurements (sources and reasoning: docs/benchmarks.md, "The simulated device's cost model"):
+//
+//     call                           2 MiB      1 GiB     (below 2 MiB: the 2 MiB cost)
+//     physical_create (cuMemCreate)  193.3 us   31.2 ms
+//     map (cuMemMap + SetAccess)     37.4 us    0.5 ms
+//     unmap (cuMemUnmap)             25.6 us    0.5 ms
+//     physical_release (cuMemRelease) 4.9 us    2.5 ms
+//     segment_alloc (cudaMalloc)     230.7 us   31.7 ms   (create + map; 50 us up to 512 KiB)
+//     segment_free (cudaFree)        30.5 us    3.0 ms    (unmap + release)
+//
+// CostModel::flat() (`--cost-model flat`) is the flat model the simulated device charged before
+// (20 us per segment allocation or map, 10 us per segment free, 15 us per physical creation or
+// unmap, physical releases free). scripts/gpu-check.sh measures these calls on a real GPU and
+// writes them in the file format below; a file replaces the default for the calls it lists.
+//
+// File format (load_cost_model), text, one point per line, '#' starts a comment, blank lines
+// ignored:
 //
 //     # tensorpool cost model v1
 //     segment_alloc 2097152 9500
@@ -49,8 +63,12 @@ bool parse_costed_call(std::string_view name, CostedCall& out) noexcept;
 
 class CostModel {
  public:
-  /// The flat default (see the banner).
+  /// The default model, which grows with bytes (see the banner); source() "default".
   CostModel();
+  /// The flat model the simulated device charged before; source() "flat".
+  static CostModel flat();
+  /// The default model, shared (what a simulated device without a model of its own charges).
+  static const CostModel& standard();
 
   /// ns for one call of `bytes` bytes.
   std::uint64_t cost(CostedCall call, std::size_t bytes) const noexcept;
@@ -73,7 +91,8 @@ class CostModel {
 /// Parses the text of a cost-model file; `name` is used in errors ("NAME: line N: PROBLEM").
 /// Throws ConfigError.
 CostModel parse_cost_model(std::string_view text, const std::string& name);
-/// Reads and parses a cost-model file. Throws ConfigError (unreadable file, bad line).
+/// Reads and parses a cost-model file; the names "default" and "flat" give those models.
+/// Throws ConfigError (unreadable file, bad line).
 CostModel load_cost_model(const std::string& path);
 
 }  // namespace tensorpool

@@ -33,14 +33,9 @@ struct SimulatedDeviceOptions {
   bool supports_virtual_memory = true;  // false: virtual_memory() is nullptr
   std::size_t vm_page_size = 2 * MiB;
   EventMode event_mode = EventMode::manual;
-  /// Modelled host cost of each upstream call, reported in counters().modelled_ns.
-  std::uint64_t segment_alloc_ns = 20'000;
-  std::uint64_t segment_free_ns = 10'000;
-  std::uint64_t physical_create_ns = 15'000;
-  std::uint64_t map_ns = 20'000;  // map + set access
-  std::uint64_t unmap_ns = 15'000;
-  /// When set, replaces the flat costs above with one that may grow with bytes
-  /// (tensorpool/cost_model.hpp; `tensorpool replay --cost-model FILE`).
+  /// Modelled host cost of each upstream call, reported in counters().modelled_ns
+  /// (tensorpool/cost_model.hpp; `tensorpool replay --cost-model FILE`). Null: the default
+  /// model (CostModel::standard(), which grows with bytes).
   std::shared_ptr<const CostModel> cost_model = nullptr;
 };
 
@@ -150,7 +145,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   };
 
   bool take_fault(FaultSite site, std::size_t bytes);
-  void charge(CostedCall call, std::size_t bytes, std::uint64_t flat_ns);
+  void charge(CostedCall call, std::size_t bytes);
   StreamState& stream_state(Stream stream);
   void complete_to(Stream stream, std::uint64_t seq);
   bool event_done(const EventState& e) const;

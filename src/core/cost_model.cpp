@@ -17,9 +17,38 @@ constexpr std::array<const char*, kNumCostedCalls> kCallNames = {
     "segment_alloc", "segment_free", "physical_create", "physical_release",
     "map",           "unmap",        "malloc_async",    "free_async"};
 
-// The flat costs the simulated device charged before cost models existed.
-constexpr std::array<std::uint64_t, kNumCostedCalls> kDefaultNs = {20'000, 10'000, 15'000, 0,
-                                                                   20'000, 15'000, 0,      0};
+using Points = std::vector<std::pair<std::size_t, std::uint64_t>>;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+
+// The default model, per call, from public measurements (docs/benchmarks.md, "The simulated
+// device's cost model", has the sources and the reasoning; cost_model.hpp the summary):
+//   2 MiB points: one call on one 2 MiB page, A100 (kvcached's bench_vmm: cuMemCreate 193.3 us,
+//     cuMemMap 1.45 + cuMemSetAccess 36.0, cuMemUnmap 25.6);
+//   1 GiB points: a 1 GiB pool allocation that creates and releases its memory each time, 31.2 ms
+//     (vortex PR 7831), taken as creation; unmapping and releasing at "a few ms per GiB"
+//     (torch_memory_saver issue 111), 3 ms, of which 0.5 unmapping; mapping costs per handle
+//     more than per byte (PyTorch's expandable-segments notes), 0.5 ms per GiB as unmapping;
+//   cudaMalloc = cuMemCreate + cuMemMap of its size (it does that work in the driver), and
+//     50 us up to 512 KiB; cudaFree = cuMemUnmap + cuMemRelease.
+// The stream-ordered pool calls are charged by no simulated call: 0.
+const std::array<Points, kNumCostedCalls>& default_points() {
+  static const std::array<Points, kNumCostedCalls> points = {
+      Points{{512 * 1024, 50'000}, {2 * kMiB, 230'700}, {kGiB, 31'700'000}},  // segment_alloc
+      Points{{2 * kMiB, 30'500}, {kGiB, 3'000'000}},                           // segment_free
+      Points{{2 * kMiB, 193'300}, {kGiB, 31'200'000}},                         // physical_create
+      Points{{2 * kMiB, 4'900}, {kGiB, 2'500'000}},                            // physical_release
+      Points{{2 * kMiB, 37'400}, {kGiB, 500'000}},                             // map
+      Points{{2 * kMiB, 25'600}, {kGiB, 500'000}},                             // unmap
+      Points{{0, 0}},                                                          // malloc_async
+      Points{{0, 0}},                                                          // free_async
+  };
+  return points;
+}
+
+// The flat costs the simulated device charged before the default model grew with bytes.
+constexpr std::array<std::uint64_t, kNumCostedCalls> kFlatNs = {20'000, 10'000, 15'000, 0,
+                                                                20'000, 15'000, 0,      0};
 
 std::uint64_t clamp_ns(double v) noexcept {
   if (v <= 0) return 0;
@@ -46,8 +75,18 @@ bool parse_costed_call(std::string_view name, CostedCall& out) noexcept {
   return false;
 }
 
-CostModel::CostModel() {
-  for (std::size_t i = 0; i < kNumCostedCalls; ++i) points_[i] = {{0, kDefaultNs[i]}};
+CostModel::CostModel() : points_(default_points()) {}
+
+CostModel CostModel::flat() {
+  CostModel m;
+  for (std::size_t i = 0; i < kNumCostedCalls; ++i) m.points_[i] = {{0, kFlatNs[i]}};
+  m.source_ = "flat";
+  return m;
+}
+
+const CostModel& CostModel::standard() {
+  static const CostModel model;
+  return model;
 }
 
 void CostModel::set(CostedCall call, std::vector<std::pair<std::size_t, std::uint64_t>> points) {
@@ -98,7 +137,7 @@ CostModel parse_cost_model(std::string_view text, const std::string& name) {
     if (fields >> extra) fail("unexpected field '" + extra + "' after the nanoseconds");
     tables[static_cast<std::size_t>(call)].emplace_back(static_cast<std::size_t>(bytes), ns);
   }
-  CostModel model;
+  CostModel model;  // calls the file leaves out keep the default's cost
   for (std::size_t i = 0; i < kNumCostedCalls; ++i)
     if (!tables[i].empty()) model.set(static_cast<CostedCall>(i), std::move(tables[i]));
   model.set_source(name);
@@ -106,6 +145,8 @@ CostModel parse_cost_model(std::string_view text, const std::string& name) {
 }
 
 CostModel load_cost_model(const std::string& path) {
+  if (path == "default") return CostModel{};
+  if (path == "flat") return CostModel::flat();
   std::ifstream f(path, std::ios::binary);
   if (!f) throw ConfigError(path + ": cannot open the cost-model file");
   std::ostringstream text;

@@ -63,9 +63,10 @@ bool SimulatedDevice::take_fault(FaultSite site, std::size_t bytes) {
   return fail;
 }
 
-// The modelled cost of one call: the cost model's when one is set, else the flat option.
-void SimulatedDevice::charge(CostedCall call, std::size_t bytes, std::uint64_t flat_ns) {
-  counters_.modelled_ns += options_.cost_model ? options_.cost_model->cost(call, bytes) : flat_ns;
+// The modelled cost of one call: the device's cost model's, or the default model's.
+void SimulatedDevice::charge(CostedCall call, std::size_t bytes) {
+  const CostModel& model = options_.cost_model ? *options_.cost_model : CostModel::standard();
+  counters_.modelled_ns += model.cost(call, bytes);
 }
 
 Address SimulatedDevice::bump(std::size_t bytes, std::size_t alignment) {
@@ -81,7 +82,7 @@ void* SimulatedDevice::allocate_segment(std::size_t bytes, Stream) {
   if (bytes == 0 || bytes % props_.segment_granularity != 0)
     throw DeviceError("SimulatedDevice: segment size " + std::to_string(bytes) +
                       " is not a positive multiple of the granularity");
-  charge(CostedCall::segment_alloc, bytes, options_.segment_alloc_ns);
+  charge(CostedCall::segment_alloc, bytes);
   if (take_fault(FaultSite::segment_alloc, bytes) || bytes > available()) {
     ++counters_.segment_alloc_failures;
     return nullptr;
@@ -103,7 +104,7 @@ void SimulatedDevice::free_segment(void* ptr, std::size_t bytes, Stream) {
   used_ -= bytes;
   segments_.erase(it);
   ++counters_.segment_frees;
-  charge(CostedCall::segment_free, bytes, options_.segment_free_ns);
+  charge(CostedCall::segment_free, bytes);
 }
 
 // --- streams and events ---------------------------------------------------------------------
@@ -274,7 +275,7 @@ PhysicalHandle SimulatedDevice::create_physical(std::size_t bytes) {
   if (bytes == 0 || bytes % options_.vm_page_size != 0)
     throw DeviceError("SimulatedDevice: physical size " + std::to_string(bytes) +
                       " is not a positive multiple of the page size");
-  charge(CostedCall::physical_create, bytes, options_.physical_create_ns);
+  charge(CostedCall::physical_create, bytes);
   if (take_fault(FaultSite::physical_create, bytes) || bytes > available()) {
     ++counters_.segment_alloc_failures;
     return 0;
@@ -295,7 +296,7 @@ void SimulatedDevice::release_physical(PhysicalHandle handle) {
     throw DeviceError("SimulatedDevice: releasing physical handle " + std::to_string(handle) +
                       " that is still mapped at " + hex(m->second));
   used_ -= it->second;
-  if (options_.cost_model) counters_.modelled_ns += options_.cost_model->cost(CostedCall::physical_release, it->second);
+  charge(CostedCall::physical_release, it->second);
   physical_.erase(it);
   ++counters_.physical_releases;
 }
@@ -318,7 +319,7 @@ void SimulatedDevice::map(Address addr, std::size_t bytes, PhysicalHandle handle
   if (auto m = mapped_handles_.find(handle); m != mapped_handles_.end())
     throw DeviceError("SimulatedDevice: physical handle " + std::to_string(handle) +
                       " is already mapped at " + hex(m->second));
-  charge(CostedCall::map, bytes, options_.map_ns);
+  charge(CostedCall::map, bytes);
   if (take_fault(FaultSite::map, bytes))
     throw DeviceError("SimulatedDevice: map failed (injected fault)");
   mappings_.emplace(addr, Mapping{bytes, handle});
@@ -337,7 +338,7 @@ void SimulatedDevice::unmap(Address addr, std::size_t bytes) {
   mappings_.erase(it);
   mapped_ -= bytes;
   ++counters_.unmaps;
-  charge(CostedCall::unmap, bytes, options_.unmap_ns);
+  charge(CostedCall::unmap, bytes);
 }
 
 // --- controls and inspection ----------------------------------------------------------------

@@ -13,8 +13,36 @@
 
 using namespace tensorpool;
 
-TEST_CASE("cost model: the default is the flat cost the simulated device always charged", "[cost_model]") {
+TEST_CASE("cost model: the default grows with bytes, through the published figures", "[cost_model]") {
   const CostModel m;
+  CHECK(m.source() == "default");
+  // The documented points (cost_model.hpp): one call on 2 MiB, and on 1 GiB.
+  CHECK(m.cost(CostedCall::physical_create, 2 * MiB) == 193'300);
+  CHECK(m.cost(CostedCall::physical_create, GiB) == 31'200'000);
+  CHECK(m.cost(CostedCall::map, 2 * MiB) == 37'400);
+  CHECK(m.cost(CostedCall::unmap, 2 * MiB) == 25'600);
+  CHECK(m.cost(CostedCall::physical_release, GiB) == 2'500'000);
+  CHECK(m.cost(CostedCall::segment_alloc, 64 * KiB) == 50'000);  // small cudaMalloc: flat
+  CHECK(m.cost(CostedCall::segment_alloc, 2 * MiB) == 230'700);
+  // Every call costs more for more bytes, and one large call less than many small ones.
+  for (const CostedCall c : {CostedCall::segment_alloc, CostedCall::segment_free, CostedCall::physical_create,
+                             CostedCall::physical_release, CostedCall::map, CostedCall::unmap}) {
+    INFO(to_string(c));
+    CHECK(m.cost(c, 20 * MiB) > m.cost(c, 2 * MiB));
+    CHECK(m.cost(c, 4 * GiB) > m.cost(c, GiB));
+    CHECK(m.cost(c, 20 * MiB) < 10 * m.cost(c, 2 * MiB));
+  }
+  // cudaMalloc is a creation and a mapping of its size; cudaFree an unmapping and a release.
+  CHECK(m.cost(CostedCall::segment_alloc, GiB) ==
+        m.cost(CostedCall::physical_create, GiB) + m.cost(CostedCall::map, GiB));
+  CHECK(m.cost(CostedCall::segment_free, GiB) ==
+        m.cost(CostedCall::unmap, GiB) + m.cost(CostedCall::physical_release, GiB));
+  CHECK(&CostModel::standard() != nullptr);
+  CHECK(CostModel::standard().cost(CostedCall::map, GiB) == m.cost(CostedCall::map, GiB));
+}
+
+TEST_CASE("cost model: flat() is the flat cost the simulated device charged before", "[cost_model]") {
+  const CostModel m = CostModel::flat();
   CHECK(m.cost(CostedCall::segment_alloc, 2 * MiB) == 20'000);
   CHECK(m.cost(CostedCall::segment_alloc, 10 * GiB) == 20'000);
   CHECK(m.cost(CostedCall::segment_free, 1) == 10'000);
@@ -22,7 +50,9 @@ TEST_CASE("cost model: the default is the flat cost the simulated device always 
   CHECK(m.cost(CostedCall::map, 2 * MiB) == 20'000);
   CHECK(m.cost(CostedCall::unmap, 2 * MiB) == 15'000);
   CHECK(m.cost(CostedCall::physical_release, 2 * MiB) == 0);
-  CHECK(m.source() == "default");
+  CHECK(m.source() == "flat");
+  CHECK(load_cost_model("flat").cost(CostedCall::map, GiB) == 20'000);
+  CHECK(load_cost_model("default").cost(CostedCall::map, GiB) == 500'000);
 }
 
 TEST_CASE("cost model: piecewise linear in bytes, flat below the first point, extrapolated beyond the last",
@@ -54,7 +84,7 @@ TEST_CASE("cost model: the file format, comments and defaults for calls it leave
   CHECK(m.cost(CostedCall::segment_alloc, 2 * MiB) == 9'000);
   CHECK(m.cost(CostedCall::segment_alloc, GiB) == 310'000);
   CHECK(m.cost(CostedCall::free_async, 2 * MiB) == 800);
-  CHECK(m.cost(CostedCall::segment_free, 2 * MiB) == 10'000);  // not in the file: default
+  CHECK(m.cost(CostedCall::segment_free, 2 * MiB) == 30'500);  // not in the file: the default's
 }
 
 TEST_CASE("cost model: bad lines name the file, the line and what was expected", "[cost_model]") {
@@ -90,7 +120,12 @@ TEST_CASE("cost model: the simulated device charges it by the bytes of each call
   d.free_segment(a, 2 * MiB, 0);
   d.free_segment(b, 8 * MiB, 0);
   REQUIRE(d.counters().modelled_ns == 5'100);
-  const PhysicalHandle h = d.create_physical(2 * MiB);  // default 15 us
+  const PhysicalHandle h = d.create_physical(2 * MiB);  // not in the model: the default's 193.3 us
   d.release_physical(h);
-  REQUIRE(d.counters().modelled_ns == 5'100 + 15'000 + 7);
+  REQUIRE(d.counters().modelled_ns == 5'100 + 193'300 + 7);
+  // A device without a model of its own charges the default one.
+  SimulatedDevice plain;
+  void* c = plain.allocate_segment(2 * MiB, 0);
+  REQUIRE(plain.counters().modelled_ns == CostModel::standard().cost(CostedCall::segment_alloc, 2 * MiB));
+  plain.free_segment(c, 2 * MiB, 0);
 }
