@@ -1,8 +1,10 @@
 // alloc_pair_driver.cpp: allocate+free pairs of one size after the population of
 // bench_allocator.cpp (1k live blocks), for instruction counts under valgrind's callgrind, which
 // do not depend on the machine's load (docs/benchmarks.md):
-//   valgrind --tool=callgrind tensorpool_alloc_pair_driver SIZE PAIRS
-// The instructions of one pair: (Ir at 101000 pairs - Ir at 1000 pairs) / 100000.
+//   valgrind --tool=callgrind tensorpool_alloc_pair_driver SIZE PAIRS [CONF]
+// The instructions of one pair: (Ir at 101000 pairs - Ir at 1000 pairs) / 100000. CONF: the
+// allocator's settings (default: none, so mode:auto, which is vmm on the simulated device;
+// "mode:fixed" for fixed segments).
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -14,14 +16,14 @@
 using namespace tensorpool;
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s SIZE PAIRS\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: %s SIZE PAIRS [CONF]\n", argv[0]);
     return 2;
   }
   const std::size_t size = std::strtoull(argv[1], nullptr, 10);
   const long pairs = std::atol(argv[2]);
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB});
-  Allocator alloc(device, Config{});
+  Allocator alloc(device, argc == 4 ? Config::parse(argv[3]) : Config{});
   std::vector<void*> held;
   std::mt19937_64 rng(1);
   for (std::size_t i = 0; i < 1500; ++i) {

@@ -11,7 +11,8 @@
 // frees that size.
 //
 // Allocators compared:
-//   tensorpool   Config{} (the defaults);
+//   tensorpool   mode:fixed, the other settings at their defaults (fixed segments, as CUB's are
+//                cudaMalloc blocks; the figures of docs/benchmarks.md were measured so);
 //   cub          CachingDeviceAllocator(bin_growth 8, min_bin 3, max_bin 9, no cache limit): every
 //                size here is cached (bins up to 8^9 = 128 MiB; 100 MiB takes the 128 MiB bin);
 //   cub-default  the default-constructed allocator (max_bin 7 = 2 MiB, 6 MiB - 1 cache limit):
@@ -41,7 +42,7 @@ class TensorpoolSide {
  public:
   TensorpoolSide()
       : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB})),
-        alloc_(device_, Config{}) {}
+        alloc_(device_, Config::parse("mode:fixed")) {}
   void* allocate(std::size_t bytes) { return alloc_.allocate(bytes); }
   void deallocate(void* p) { alloc_.deallocate(p); }
   std::uint64_t upstream_allocs() const { return alloc_.stats().upstream_allocs; }

@@ -40,10 +40,11 @@ int main(int argc, char** argv) {
   if (argc != 3) return 2;
   const long n = std::atol(argv[1]);
   const std::string variant = argv[2];
-  const Config config = Config::parse(variant == "nvtx"        ? "nvtx:on"
-                                      : variant == "nvtx_mem"  ? "nvtx_mem:on"
-                                      : variant == "nvtx_both" ? "nvtx:on,nvtx_mem:on"
-                                                               : "");
+  // Fixed segments, as when the layers' figures of docs/benchmarks.md were measured.
+  const Config config = Config::parse(variant == "nvtx"        ? "mode:fixed,nvtx:on"
+                                      : variant == "nvtx_mem"  ? "mode:fixed,nvtx_mem:on"
+                                      : variant == "nvtx_both" ? "mode:fixed,nvtx:on,nvtx_mem:on"
+                                                               : "mode:fixed");
   std::shared_ptr<DeviceBackend> device =
       std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB});
 #if !defined(TP_CORE_ONLY) && TP_BENCH_NVTX

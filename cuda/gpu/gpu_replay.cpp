@@ -3,8 +3,8 @@
 //   raw             cudaMalloc / cudaFree
 //   async           cudaMallocAsync / cudaFreeAsync on the device's default pool
 //   tensorpool-async, tensorpool-malloc, tensorpool-vmm
-//                   tensorpool::Allocator on each CUDA backend (the last also in mode:vmm:
-//                   tensorpool-vmm-mode)
+//                   tensorpool::Allocator with fixed segments (mode:fixed) on each CUDA backend,
+//                   and tensorpool-vmm-mode: the VMM backend in mode:vmm, its default there
 //   cub             CUB's CachingDeviceAllocator (the CCCL header, default settings)
 //   rmm-pool        RMM's pool_memory_resource over cuda_memory_resource, initial pool half of
 //                   the free memory (built only with -DTENSORPOOL_RMM_ROOT, the unpacked
@@ -138,9 +138,9 @@ class RmmPool final : public GpuAllocator {
 std::unique_ptr<GpuAllocator> make(const std::string& name) {
   if (name == "raw") return std::make_unique<Raw>();
   if (name == "async") return std::make_unique<Async>();
-  if (name == "tensorpool-async") return std::make_unique<Tensorpool>(CudaBackendKind::async_pool, "");
-  if (name == "tensorpool-malloc") return std::make_unique<Tensorpool>(CudaBackendKind::malloc, "");
-  if (name == "tensorpool-vmm") return std::make_unique<Tensorpool>(CudaBackendKind::vmm, "");
+  if (name == "tensorpool-async") return std::make_unique<Tensorpool>(CudaBackendKind::async_pool, "mode:fixed");
+  if (name == "tensorpool-malloc") return std::make_unique<Tensorpool>(CudaBackendKind::malloc, "mode:fixed");
+  if (name == "tensorpool-vmm") return std::make_unique<Tensorpool>(CudaBackendKind::vmm, "mode:fixed");
   if (name == "tensorpool-vmm-mode") return std::make_unique<Tensorpool>(CudaBackendKind::vmm, "mode:vmm");
   if (name == "cub") return std::make_unique<Cub>();
 #ifdef TP_WITH_RMM

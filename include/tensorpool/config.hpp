@@ -20,10 +20,12 @@
 //   min_split_remainder  512       a large block is split only if the rest is at least this
 //   cross_stream_reuse   true      under memory pressure, take a free block cached for another
 //                                  stream after an event wait instead of a full synchronization
-//   mode                 fixed     fixed: segments are upstream allocations that never move;
+//   mode                 auto      fixed: segments are upstream allocations that never move;
 //                                  vmm: physical pages are the cached resource, mapped into one
 //                                  growable address range per stream and pool (needs a device with
-//                                  virtual memory; max_split_size does not apply)
+//                                  virtual memory; max_split_size does not apply); auto: vmm on a
+//                                  device with virtual memory (SimulatedDevice, CudaVmmBackend),
+//                                  fixed on the others
 //   vmm_reserve          0         vmm: free pages empty_cache() keeps mapped
 //   vmm_idle_limit       1GiB      vmm: idle free physical memory beyond which a growth remaps
 //                                  free pages instead of creating new ones (it always does when
@@ -72,7 +74,10 @@
 
 namespace tensorpool {
 
-enum class Mode : std::uint8_t { fixed, vmm };
+/// Where segments come from. `automatic` (the default): `vmm` on a device with virtual memory
+/// (the simulated device, CudaVmmBackend), `fixed` on the others (cudaMalloc, cudaMallocAsync
+/// pools); the allocator's config() then says which it took.
+enum class Mode : std::uint8_t { fixed, vmm, automatic };
 /// Which DeviceBackend the per-device registry makes (see tensorpool/registry.hpp).
 enum class Backend : std::uint8_t { async, malloc, vmm, simulated };
 const char* to_string(Backend backend) noexcept;
@@ -87,7 +92,7 @@ struct Config {
   std::size_t large_segment_size = 20 * 1024 * 1024;
   std::size_t min_split_remainder = 512;
   bool cross_stream_reuse = true;
-  Mode mode = Mode::fixed;
+  Mode mode = Mode::automatic;
   std::size_t vmm_reserve = 0;
   std::size_t vmm_idle_limit = 1024 * 1024 * 1024;
   std::size_t vmm_max_growth = 128 * 1024 * 1024;

@@ -91,9 +91,12 @@ const std::vector<KeyHandler>& handlers() {
        [](Config& c, auto o, const auto& kv) {
          if (kv.value == "fixed") c.mode = Mode::fixed;
          else if (kv.value == "vmm") c.mode = Mode::vmm;
-         else throw_bad_value(o, kv, "fixed or vmm");
+         else if (kv.value == "auto") c.mode = Mode::automatic;
+         else throw_bad_value(o, kv, "fixed, vmm or auto");
        },
-       [](const Config& c) { return std::string(c.mode == Mode::vmm ? "vmm" : "fixed"); }},
+       [](const Config& c) {
+         return std::string(c.mode == Mode::vmm ? "vmm" : c.mode == Mode::fixed ? "fixed" : "auto");
+       }},
       {"vmm_reserve", [](Config& c, auto o, const auto& kv) { c.vmm_reserve = size_value(o, kv); },
        [](const Config& c) { return std::to_string(c.vmm_reserve); }},
       {"vmm_idle_limit", [](Config& c, auto o, const auto& kv) { c.vmm_idle_limit = size_value(o, kv); },

@@ -17,9 +17,12 @@ detail::AllocatorState::AllocatorState(std::shared_ptr<DeviceBackend> device_bac
 }
 
 std::unique_ptr<detail::SegmentSource> detail::make_segment_source(AllocatorState& state) {
+  if (state.config.mode == Mode::automatic)  // the mode taken is the one config() reports
+    state.config.mode = state.device->virtual_memory() != nullptr ? Mode::vmm : Mode::fixed;
   switch (state.config.mode) {
     case Mode::fixed: return make_fixed_segments(state);
     case Mode::vmm: return make_vmm_heaps(state);
+    case Mode::automatic: break;
   }
   throw ConfigError("tensorpool config: unknown mode");
 }

@@ -84,7 +84,7 @@ TEST_CASE("TENSORPOOL_TRACE records every registry allocator, and the file repla
   TempDir dir("tensorpool_test_layers");
   REQUIRE(setenv("TENSORPOOL_TRACE", dir.file("job-%p.tptrace").c_str(), 1) == 0);
   // The registry's simulated devices have 80 GiB: the limit makes the workload's large requests fail.
-  configure_device_allocators("backend:simulated,max_split_size:64MiB,memory_limit:2GiB");
+  configure_device_allocators("backend:simulated,mode:fixed,max_split_size:64MiB,memory_limit:2GiB");
   Allocator& d0 = device_allocator(0);
   Allocator& d2 = device_allocator(2);
   run_workload(d0, simulated(d0), 3000, 1, 300);  // an empty_cache() every 300 steps

@@ -18,7 +18,7 @@ using namespace tensorpool::testing;
 
 TEST_CASE("registry: nvtx:on and nvtx_mem:on from TENSORPOOL_CONF reach the NVTX tool", "[layers][nvtx]") {
   REQUIRE(g_tool_requested);
-  REQUIRE(setenv("TENSORPOOL_CONF", "backend:simulated,nvtx:on,nvtx_mem:on", 1) == 0);
+  REQUIRE(setenv("TENSORPOOL_CONF", "backend:simulated,mode:fixed,nvtx:on,nvtx_mem:on", 1) == 0);
   Allocator& a = device_allocator(0);
   tool_calls();
   void* p = a.allocate(3000);
@@ -38,8 +38,8 @@ TEST_CASE("C API: nvtx:on in tensorpool_create() settings reaches the NVTX tool,
           "[layers][nvtx][capi]") {
   tensorpool_allocator* on = nullptr;
   tensorpool_allocator* off = nullptr;
-  REQUIRE(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, GiB, "nvtx:on", &on) == TENSORPOOL_OK);
-  REQUIRE(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 1, GiB, nullptr, &off) == TENSORPOOL_OK);
+  REQUIRE(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, GiB, "mode:fixed,nvtx:on", &on) == TENSORPOOL_OK);
+  REQUIRE(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 1, GiB, "mode:fixed", &off) == TENSORPOOL_OK);
   tool_calls();
   void* p = nullptr;
   REQUIRE(tensorpool_alloc(off, 3000, 0, &p) == TENSORPOOL_OK);

@@ -78,7 +78,7 @@ TEST_CASE("registry: a bad TENSORPOOL_CONF is refused at first use, naming the k
   CHECK_THAT(tensorpool_last_error(), Contains("max_split_sise"));
   CHECK(tensorpool_configure(nullptr) == TENSORPOOL_ERROR_CONFIG);  // what install() calls
   // A failed creation is retried: fixed settings work.
-  ::setenv("TENSORPOOL_CONF", "backend:simulated,max_split_size:1GiB", 1);
+  ::setenv("TENSORPOOL_CONF", "backend:simulated,mode:fixed,max_split_size:1GiB", 1);
   CHECK(device_allocator(0).config().max_split_size == GiB);
   ::unsetenv("TENSORPOOL_CONF");
 }

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/fixed_mode.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
@@ -14,8 +15,9 @@ using Catch::Matchers::Contains;
 namespace {
 
 struct Fixture {
+  // Fixed segments (support/fixed_mode.hpp): the simulated device would get vmm by default.
   explicit Fixture(Config c = {}, SimulatedDeviceOptions o = {})
-      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, c) {}
+      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, testing::fixed_mode(c)) {}
   std::shared_ptr<SimulatedDevice> device;
   Allocator alloc;
   std::int64_t cur(Metric m) const { return alloc.stats().total[m].current; }

@@ -48,6 +48,16 @@ TEST_CASE("Config::parse sets every key", "[config]") {
   REQUIRE(Config().vmm_chunk_floor_divisor == 2048);
   REQUIRE(Config::parse("vmm_chunk_floor_divisor:0").vmm_chunk_floor_divisor == 0);
   REQUIRE(Config::parse("vmm_chunk_floor_divisor:512").vmm_chunk_floor_divisor == 512);
+  REQUIRE(Config().vmm_plan_max_blocks == 16384);
+  REQUIRE(Config::parse("vmm_plan_max_blocks:0").vmm_plan_max_blocks == 0);
+  REQUIRE_THROWS_WITH(Config::parse("vmm_plan_max_blocks:-1"), Contains("vmm_plan_max_blocks"));
+  REQUIRE_THROWS_WITH(Config::parse("vmm_plan_max_blocks:99999999"), Contains("vmm_plan_max_blocks"));
+  // mode: auto by default (vmm where the device has virtual memory), fixed or vmm when asked.
+  REQUIRE(Config().mode == Mode::automatic);
+  REQUIRE(Config::parse("mode:auto").mode == Mode::automatic);
+  REQUIRE(Config::parse("mode:fixed").mode == Mode::fixed);
+  REQUIRE_THAT(Config().to_string(), Contains("mode:auto"));
+  REQUIRE_THROWS_WITH(Config::parse("mode:paged"), Contains("'mode'") && Contains("fixed, vmm or auto"));
   REQUIRE(v.vmm_growth_divisor == 32);
   REQUIRE(v.vmm_max_chunk == GiB);
   REQUIRE(v.vmm_max_growth == 256 * MiB);

@@ -24,7 +24,7 @@ struct Recorder : Observer {
 
 TEST_CASE("observers see allocs, record_stream, frees, segments, empty_cache and OOMs", "[hooks]") {
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 64 * MiB});
-  Allocator alloc(device, Config{});
+  Allocator alloc(device, Config::parse("mode:fixed"));  // segment events of fixed segments
   auto rec = std::make_shared<Recorder>();
   const HookId id = alloc.add_observer(rec);
   const Stream s = device->create_stream();

@@ -4,6 +4,7 @@
 #include <memory>
 #include <new>
 
+#include "support/fixed_mode.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
@@ -11,8 +12,9 @@ using Catch::Matchers::Contains;
 
 namespace {
 struct Fixture {
+  // Fixed segments (support/fixed_mode.hpp): the simulated device would get vmm by default.
   explicit Fixture(Config c = {}, SimulatedDeviceOptions o = {})
-      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, c) {}
+      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, testing::fixed_mode(c)) {}
   std::shared_ptr<SimulatedDevice> device;
   Allocator alloc;
 };

@@ -384,7 +384,7 @@ TEST_CASE("vmm: free pages are remapped where needed instead of growing", "[vmm]
   for (void* p : live) f.alloc.deallocate(p);
   f.alloc.deallocate(c);
 
-  Fixture fixed("", {.capacity = 100 * MiB});
+  Fixture fixed("mode:fixed", {.capacity = 100 * MiB});
   std::vector<void*> fixed_live;
   fill_and_punch(fixed.alloc, fixed_live);
   REQUIRE_THROWS_AS(fixed.alloc.allocate(30 * MiB), OutOfMemoryError);
@@ -466,4 +466,21 @@ TEST_CASE("vmm: a failed map or physical creation loses nothing", "[vmm][faults]
 TEST_CASE("vmm needs a device with virtual memory", "[vmm]") {
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.supports_virtual_memory = false});
   REQUIRE_THROWS_WITH(Allocator(device, Config::parse("mode:vmm")), Contains("virtual memory"));
+}
+
+TEST_CASE("mode:auto, the default, is vmm on a device with virtual memory and fixed on one without",
+          "[vmm]") {
+  for (const bool vm : {true, false}) {
+    INFO("virtual memory " << vm);
+    auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.supports_virtual_memory = vm});
+    Allocator alloc(device, Config{});
+    REQUIRE(alloc.config().mode == (vm ? Mode::vmm : Mode::fixed));  // the mode taken
+    REQUIRE_THAT(alloc.config().to_string(), Contains(vm ? "mode:vmm" : "mode:fixed"));
+    void* p = alloc.allocate(30 * MiB);
+    const Snapshot snap = alloc.snapshot();
+    REQUIRE(snap.segments.size() == 1);
+    REQUIRE(snap.segments[0].heap == vm);
+    alloc.deallocate(p);
+    alloc.check_invariants();
+  }
 }

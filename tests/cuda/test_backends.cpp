@@ -190,7 +190,8 @@ TEST_CASE("the caching allocator serves, caches and returns memory on every back
   for (const CudaBackendKind kind : kAllKinds) {
     DYNAMIC_SECTION(to_string(kind)) {
       CudaStream s;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0));
+      // Fixed segments on every backend (the vmm backend defaults to mode:vmm, tested below).
+      auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("mode:fixed"));
       void* small = alloc->allocate(1000, s.id());
       void* large = alloc->allocate(24 * MiB, s.id());
       REQUIRE(small != nullptr);
@@ -205,6 +206,27 @@ TEST_CASE("the caching allocator serves, caches and returns memory on every back
       REQUIRE(alloc->stats().total[Metric::reserved_bytes].current == 0);
       alloc->check_invariants();
       REQUIRE(pending_error() == cudaSuccess);
+    }
+  }
+}
+
+TEST_CASE("mode:auto, the default, takes vmm on the vmm backend and fixed segments on the others",
+          "[cuda][allocator]") {
+  Env env;
+  for (const CudaBackendKind kind : kAllKinds) {
+    DYNAMIC_SECTION(to_string(kind)) {
+      CudaStream s;
+      auto alloc = make_allocator(make_cuda_backend(kind, 0));
+      const Mode expected = kind == CudaBackendKind::vmm ? Mode::vmm : Mode::fixed;
+      REQUIRE(alloc->config().mode == expected);
+      void* p = alloc->allocate(24 * MiB, s.id());
+      REQUIRE(p != nullptr);
+      const Snapshot snap = alloc->snapshot();
+      REQUIRE(snap.segments.size() == 1);
+      REQUIRE(snap.segments[0].heap == (expected == Mode::vmm));
+      alloc->deallocate(p);
+      alloc->empty_cache();
+      REQUIRE(alloc->usage().reserved == 0);
     }
   }
 }

@@ -65,7 +65,7 @@ TEST_CASE("under pressure a block cached for another stream is taken after a dev
     DYNAMIC_SECTION(to_string(kind)) {
       CudaStream s1;
       CudaStream s2;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("memory_limit:20MiB"));
+      auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("mode:fixed,memory_limit:20MiB"));
       void* p = alloc->allocate(16 * MiB, s1.id());
       alloc->deallocate(p);
       dbl::clear_calls();
@@ -87,7 +87,8 @@ TEST_CASE("an OOM in the middle of a multi-stream sequence goes through the ladd
       CudaStream s1;
       CudaStream s2;
       CudaStream s3;
-      auto alloc = make_allocator(backend_for(kind, 128 * MiB));
+      // Fixed segments on every backend (the vmm backend's ladder unmaps under syncs of its own).
+      auto alloc = make_allocator(backend_for(kind, 128 * MiB), Config::parse("mode:fixed"));
       const Stream streams[] = {s1.id(), s2.id(), s3.id()};
       // A cross-stream free still in flight when memory runs out: the ladder waits for it.
       void* shared = alloc->allocate(20 * MiB, s1.id());
@@ -138,7 +139,7 @@ TEST_CASE("a transient out-of-memory from CUDA is absorbed by the ladder", "[cud
     DYNAMIC_SECTION(to_string(kind)) {
       CudaStream s1;
       CudaStream s2;
-      auto alloc = make_allocator(backend_for(kind, 8 * GiB));
+      auto alloc = make_allocator(backend_for(kind, 8 * GiB), Config::parse("mode:fixed"));
       alloc->deallocate(alloc->allocate(12 * MiB, s1.id()));  // a free 12 MiB segment on s1
       dbl::fail_nth(alloc_api(kind), 1);
       void* p = alloc->allocate(16 * MiB, s2.id());  // fails once; s1's segment is too small

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda/nvtx_tool_log.hpp"
+#include "support/fixed_mode.hpp"
 #include "tensorpool/cuda/nvtx.hpp"
 #include "tensorpool/tensorpool.hpp"
 
@@ -22,8 +23,9 @@ struct Setup {
   std::unique_ptr<Allocator> alloc;
 };
 
+// Fixed segments unless `conf` says mode:vmm (the simulated device would take vmm by default).
 Setup make(const std::string& conf) {
-  const Config c = Config::parse(conf);
+  const Config c = testing::fixed_mode(Config::parse(conf));
   Setup s;
   s.sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 64 * MiB});
   s.alloc = std::make_unique<Allocator>(with_nvtx(s.sim, c), c);

@@ -117,7 +117,7 @@ TEST_CASE("real: device out of memory goes through the ladder and leaves no erro
        {CudaBackendKind::async_pool, CudaBackendKind::malloc, CudaBackendKind::vmm}) {
     DYNAMIC_SECTION(to_string(kind)) {
       auto backend = make_cuda_backend(kind, 0);
-      auto alloc = make_allocator(backend);
+      auto alloc = make_allocator(backend, Config::parse("mode:fixed"));  // fixed segments everywhere
       const std::size_t g = backend->properties().segment_granularity;
       const std::size_t free = backend->free_memory();
       const std::size_t big = free / 4 * 3 / g * g;

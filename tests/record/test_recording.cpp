@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/logging.hpp"
+#include "support/fixed_mode.hpp"
 #include "support/allocator_workload.hpp"
 #include "support/temp_dir.hpp"
 #include "tensorpool/record.hpp"
@@ -141,7 +142,7 @@ TEST_CASE("a recorded workload replays to the live run's peaks and upstream coun
     TempDir dir("tensorpool_test_record");
     const std::string path = dir.file("live.tptrace");
     auto device = make_device();
-    Allocator alloc(device, Config::parse(conf));
+    Allocator alloc(device, testing::fixed_mode(Config::parse(conf)));  // as the "tensorpool" target
     Recording rec = start_recording(alloc, path);
     auto counter = std::make_shared<Counter>();
     alloc.add_observer(counter);
@@ -167,7 +168,7 @@ TEST_CASE("a recorded workload replays to the live run's peaks and upstream coun
 TEST_CASE("the recorded events are the allocator's, field by field", "[record]") {
   TempDir dir("tensorpool_test_record");
   auto device = make_device();
-  Allocator alloc(device, Config{});
+  Allocator alloc(device, testing::fixed_mode());
   const Stream s = device->create_stream();
   Recording rec = start_recording(alloc, dir.file("t.tptrace"));
   void* p = alloc.allocate(3000, s);
@@ -211,8 +212,8 @@ TEST_CASE("a live allocator's state becomes seed events, several allocators shar
   const std::string path = dir.file("two.tptrace");
   auto dev0 = make_device(0);
   auto dev1 = make_device(1);
-  Allocator a0(dev0, Config{});
-  Allocator a1(dev1, Config{});
+  Allocator a0(dev0, testing::fixed_mode());
+  Allocator a1(dev1, testing::fixed_mode());
   void* early = a0.allocate(5 * MiB);  // live before the recording starts
   Recording rec = start_recording(a0, path);
   rec.attach(a1);
@@ -240,7 +241,7 @@ TEST_CASE("a recording read while it runs gives at least every flushed event", "
   TempDir dir("tensorpool_test_record");
   const std::string path = dir.file("running.tptrace");
   auto device = make_device();
-  Allocator alloc(device, Config{});
+  Allocator alloc(device, testing::fixed_mode());
   Recording rec = start_recording(alloc, path, flushing_every(5));
   const std::string partial = rec.status().temp_path;
   CHECK(partial == path + "." + std::to_string(getpid()) + ".partial");
@@ -276,7 +277,7 @@ TEST_CASE("a recording process killed with SIGKILL leaves every flushed batch", 
   if (child == 0) {
     close(fds[0]);
     auto device = make_device();
-    Allocator alloc(device, Config{});
+    Allocator alloc(device, testing::fixed_mode());
     Recording rec = start_recording(alloc, path, flushing_every(2));
     for (std::uint64_t round = 0;; ++round) {
       run_workload(alloc, *device, 400, round);
@@ -320,7 +321,7 @@ TEST_CASE("a recording process killed with SIGKILL leaves every flushed batch", 
 
 TEST_CASE("an unwritable or full target: an error, and the allocator goes on", "[record]") {
   auto device = make_device();
-  Allocator alloc(device, Config{});
+  Allocator alloc(device, testing::fixed_mode());
   CHECK_THROWS_WITH(start_recording(alloc, "/nonexistent-dir/x.tptrace"),
                     Catch::Contains("/nonexistent-dir/x.tptrace") && Catch::Contains("No such file"));
   CHECK_THROWS_WITH(start_recording(alloc, "/dev/full"), Catch::Contains("No space left"));
@@ -339,7 +340,7 @@ TEST_CASE("a disk that fills mid-run: one error, the file removed, allocations g
     const rlimit limit{64 * 1024, 64 * 1024};
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 10;
     auto device = make_device();
-    Allocator alloc(device, Config{});
+    Allocator alloc(device, testing::fixed_mode());
     std::atomic<int> errors{0};
     std::string message;
     RecordingOptions options;
@@ -370,7 +371,7 @@ TEST_CASE("a disk that fills mid-run: one error, the file removed, allocations g
 TEST_CASE("the RMM-log option round-trips through our RMM reader", "[record]") {
   TempDir dir("tensorpool_test_record");
   auto device = make_device();
-  Allocator alloc(device, Config{});
+  Allocator alloc(device, testing::fixed_mode());
   // Two recordings of the same run: the native trace and RMM's log.
   Recording native = start_recording(alloc, dir.file("run.tptrace"));
   Recording rmm = start_recording(alloc, dir.file("run.csv"));
@@ -407,7 +408,7 @@ TEST_CASE("the RMM-log option round-trips through our RMM reader", "[record]") {
 TEST_CASE("a writer that falls behind makes the allocator wait, and loses nothing", "[record]") {
   TempDir dir("tensorpool_test_record");
   auto device = make_device();
-  Allocator alloc(device, Config{});
+  Allocator alloc(device, testing::fixed_mode());
   auto counter = std::make_shared<Counter>();
   alloc.add_observer(counter);
   Recording rec = start_recording(alloc, dir.file("small.tptrace"),
@@ -432,8 +433,8 @@ TEST_CASE("TENSORPOOL_TRACE records every attached allocator into one file, or l
   CHECK(with_env(path, [](ErrorSink& sink) {
           auto d0 = make_device(0);
           auto d1 = make_device(1);
-          Allocator a0(d0, Config{});
-          Allocator a1(d1, Config{});
+          Allocator a0(d0, testing::fixed_mode());
+          Allocator a1(d1, testing::fixed_mode());
           if (!attach_recording_from_env(a0) || !attach_recording_from_env(a1)) return 1;
           run_workload(a0, *d0, 500, 1);
           run_workload(a1, *d1, 500, 2);
@@ -454,8 +455,8 @@ TEST_CASE("TENSORPOOL_TRACE records every attached allocator into one file, or l
     CHECK(with_env(bad, [&](ErrorSink& sink) {
             auto d0 = make_device(0);
             auto d1 = make_device(1);
-            Allocator a0(d0, Config{});
-            Allocator a1(d1, Config{});
+            Allocator a0(d0, testing::fixed_mode());
+            Allocator a1(d1, testing::fixed_mode());
             if (attach_recording_from_env(a0) || attach_recording_from_env(a1)) return 1;
             run_workload(a0, *d0, 300);  // allocations go on
             a0.check_invariants();
@@ -466,7 +467,7 @@ TEST_CASE("TENSORPOOL_TRACE records every attached allocator into one file, or l
   }
   CHECK(with_env("", [](ErrorSink&) {
           auto d0 = make_device(0);
-          Allocator a0(d0, Config{});
+          Allocator a0(d0, testing::fixed_mode());
           return attach_recording_from_env(a0) ? 1 : 0;
         }) == 0);
 }

@@ -324,7 +324,7 @@ Runner::Runner(const RunOptions& options) : options_(options) {
   dev_->before_release = [this](Address a, std::size_t n, bool unmap) { check_release(a, n, unmap); };
   config_ = Config::parse(options.config, "differential");
   alloc_ = std::make_unique<Allocator>(dev_, config_);
-  vmm_ = config_.mode == Mode::vmm;
+  vmm_ = alloc_->config().mode == Mode::vmm;  // the mode taken (mode:auto takes vmm here)
   unit_ = vmm_ ? sim_->page_size() : sim_->properties().segment_granularity;
   limit_ = alloc_->memory_limit();
   streams_.push_back(kDefaultStream);

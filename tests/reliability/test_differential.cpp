@@ -79,16 +79,16 @@ void run_case(const Case& c) {
 }  // namespace
 
 TEST_CASE("differential: fixed mode, 1 GiB limit", "[differential]") {
-  run_case({"fixed", "memory_limit:1GiB", false, 1000, 8, 25000});
+  run_case({"fixed", "mode:fixed,memory_limit:1GiB", false, 1000, 8, 25000});
 }
 
 TEST_CASE("differential: fixed mode, oversize blocks, no cross-stream reuse", "[differential]") {
-  run_case({"fixed", "max_split_size:64MiB,oversize_slack:8MiB,memory_limit:1536MiB,cross_stream_reuse:false",
+  run_case({"fixed", "mode:fixed,max_split_size:64MiB,oversize_slack:8MiB,memory_limit:1536MiB,cross_stream_reuse:false",
             false, 2000, 6, 25000});
 }
 
 TEST_CASE("differential: fixed mode, small segments, large split remainder, no limit", "[differential]") {
-  run_case({"fixed", "min_split_remainder:1MiB,large_segment_size:8MiB,small_segment_size:4MiB,small_size:512KiB",
+  run_case({"fixed", "mode:fixed,min_split_remainder:1MiB,large_segment_size:8MiB,small_segment_size:4MiB,small_size:512KiB",
             false, 3000, 6, 25000});
 }
 

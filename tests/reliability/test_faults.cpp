@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "reliability/differential.hpp"
+#include "support/fixed_mode.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
@@ -24,7 +25,7 @@ namespace {
 struct Rig {
   explicit Rig(const char* config, std::size_t capacity = GiB)
       : sim(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = capacity})),
-        alloc(sim, Config::parse(config)) {}
+        alloc(sim, testing::fixed_mode(Config::parse(config))) {}  // fixed unless `config` says vmm
   // Nothing may remain once everything is freed, all work completed and the cache emptied.
   void expect_no_leak() {
     sim->complete_all();
@@ -210,11 +211,11 @@ void sweep(const char* config, bool vmm, FaultSite site, std::uint64_t first_see
 }  // namespace
 
 TEST_CASE("faults: sweep, fixed mode, segment allocation", "[faults][sweep]") {
-  sweep("memory_limit:1GiB", false, FaultSite::segment_alloc, 11);
+  sweep("mode:fixed,memory_limit:1GiB", false, FaultSite::segment_alloc, 11);
 }
 
 TEST_CASE("faults: sweep, fixed mode, event creation", "[faults][sweep]") {
-  sweep("memory_limit:1GiB", false, FaultSite::event_create, 12);
+  sweep("mode:fixed,memory_limit:1GiB", false, FaultSite::event_create, 12);
 }
 
 TEST_CASE("faults: sweep, vmm mode, physical creation", "[faults][sweep][vmm]") {

@@ -195,6 +195,6 @@ void stress(const char* config) {
 
 }  // namespace
 
-TEST_CASE("stress: threads on one allocator, fixed mode", "[stress]") { stress("memory_limit:256MiB"); }
+TEST_CASE("stress: threads on one allocator, fixed mode", "[stress]") { stress("mode:fixed,memory_limit:256MiB"); }
 
 TEST_CASE("stress: threads on one allocator, vmm mode", "[stress]") { stress("mode:vmm,memory_limit:256MiB"); }

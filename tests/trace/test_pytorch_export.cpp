@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "support/fixed_mode.hpp"
 #include "tensorpool/allocator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/simulated_device.hpp"
@@ -34,7 +35,7 @@ struct Recorded {
 
   explicit Recorded(const char* conf, std::size_t capacity = 4 * GiB, std::size_t max_entries = 100000)
       : device(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = capacity})),
-        alloc(device, Config::parse(conf)),
+        alloc(device, testing::fixed_mode(Config::parse(conf))),  // "": fixed segments
         history(std::make_shared<pytorch::HistoryRecorder>(max_entries)) {
     alloc.add_observer(history);
     alloc.add_oom_observer([h = history](const OutOfMemoryInfo& i) { h->on_oom(i); });

@@ -1,6 +1,6 @@
-// tensorpool_target.cpp: the real tensorpool Allocator as a replay target ("tensorpool", and
-// "tensorpool-vmm", the same with mode:vmm preset; the target's conf, Config keys but
-// `backend`, applies on top).
+// tensorpool_target.cpp: the real tensorpool Allocator as a replay target ("tensorpool", with the
+// mode:fixed preset, and "tensorpool-vmm", the same with mode:vmm, the Allocator's default on a
+// device with virtual memory; the target's conf, Config keys but `backend`, applies on top).
 //
 // Runs on a SimulatedDevice whose stream work completes at once (the replay has no kernels);
 // trace stream ids are mapped to simulated streams on first use, and back in OOM reports and
@@ -132,7 +132,8 @@ std::unique_ptr<ReplayTarget> make_tensorpool_vmm_target(const TargetOptions& op
 
 TargetEntry tensorpool_entry() {
   return {{"tensorpool",
-           "tensorpool's allocator with fixed segments (settings: include/tensorpool/config.hpp)",
+           "tensorpool's allocator with fixed segments (mode:fixed preset: what it does on a device "
+           "without virtual memory; settings: include/tensorpool/config.hpp)",
            replay_keys(), /*holds_memory_until_destroyed=*/false,
            /*exports=*/true, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) {
@@ -142,7 +143,9 @@ TargetEntry tensorpool_entry() {
 }
 
 TargetEntry tensorpool_vmm_entry() {
-  return {{"tensorpool-vmm", "tensorpool's allocator in virtual-memory mode (mode:vmm preset)",
+  return {{"tensorpool-vmm",
+           "tensorpool's allocator in virtual-memory mode (mode:vmm preset: its default on a device "
+           "with virtual memory)",
            replay_keys(), /*holds_memory_until_destroyed=*/false,
            /*exports=*/true, /*maps=*/true},
           [](std::string_view conf, std::string_view origin) {
