@@ -1,6 +1,7 @@
 // Cached allocate+free pairs on the simulated device, with 1k and 100k other live blocks:
 // BM_AllocFreePair and BM_AllocFreeMixed with fixed segments (mode:fixed), BM_AllocFreePairVmm in
-// the virtual-memory mode (the default on a device with virtual memory, as the simulated one).
+// the virtual-memory mode (the default on a device with virtual memory, as the simulated one);
+// BM_PlanLayout times the planner of vmm heaps' layouts (src/core/layout_plan.hpp).
 //
 // Each benchmark first fills the allocator with `live` blocks of mixed sizes (512 B .. 64 KiB,
 // and every third one freed again so the free index holds thousands of fragments), then times
@@ -12,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "core/layout_plan.hpp"
 #include "mixed_fill.hpp"
 #include "tensorpool/tensorpool.hpp"
 
@@ -76,6 +78,47 @@ void BM_AllocFreeMixed(benchmark::State& state) {
     if (p != nullptr) pop.alloc.deallocate(p);
 }
 
+// One training-like epoch of `n` allocations for the planner: an eighth are long-lived (weights,
+// optimizer state: the whole epoch), the rest a forward pass of activations kept for the backward
+// pass (freed in reverse) with a short-lived temporary after each, sizes 512 B to 64 MiB.
+std::vector<detail::PlanBlock> training_epoch(std::size_t n) {
+  std::mt19937_64 rng(3);
+  auto size = [&] { return (std::size_t{1} << (9 + rng() % 18)) + 512 * (rng() % 64); };
+  std::vector<detail::PlanBlock> blocks;
+  std::uint64_t clock = 0;
+  std::size_t offset = 0;
+  auto alloc = [&] {
+    blocks.push_back({size(), clock++, 0, offset});
+    offset += blocks.back().size;  // a bump layout as the "recorded" one
+    return blocks.size() - 1;
+  };
+  std::vector<std::size_t> weights;
+  std::vector<std::size_t> saved;
+  for (std::size_t i = 0; i < n / 8; ++i) weights.push_back(alloc());
+  while (blocks.size() + 2 <= n) {
+    saved.push_back(alloc());
+    const std::size_t temporary = alloc();
+    blocks[temporary].end = clock++;
+  }
+  while (!saved.empty()) {
+    blocks[saved.back()].end = clock++;
+    saved.pop_back();
+  }
+  for (const std::size_t w : weights) blocks[w].end = clock++;
+  return blocks;
+}
+
+// The planner on an epoch of `n` allocations: what the free that ends such an epoch costs once
+// (vmm_plan_max_blocks caps n at 8192 by default).
+void BM_PlanLayout(benchmark::State& state) {
+  const std::vector<detail::PlanBlock> epoch = training_epoch(static_cast<std::size_t>(state.range(0)));
+  std::size_t height = 0;
+  for (auto _ : state) height = detail::plan_layout(epoch).height;
+  state.counters["blocks"] = static_cast<double>(epoch.size());
+  state.counters["height_over_live_peak"] =
+      static_cast<double>(height) / static_cast<double>(detail::peak_live_bytes(epoch));
+}
+
 }  // namespace
 
 BENCHMARK(BM_AllocFreePair)
@@ -85,5 +128,6 @@ BENCHMARK(BM_AllocFreePairVmm)
     ->ArgNames({"size", "live"})
     ->ArgsProduct({{4096, 1 << 20, 64 << 20}, {1000, 100000}});
 BENCHMARK(BM_AllocFreeMixed)->ArgNames({"live"})->Arg(1000)->Arg(100000);
+BENCHMARK(BM_PlanLayout)->ArgNames({"blocks"})->Arg(1024)->Arg(4096)->Arg(8192)->Arg(16384)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

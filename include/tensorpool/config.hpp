@@ -48,7 +48,7 @@
 //                                  the device's capacity (or of memory_limit, if lower) in whole
 //                                  pages, twice that past the request's block; 0 = no floor
 //                                  (chunks down to one page)
-//   vmm_plan_max_blocks  16384     vmm: when a heap has nothing allocated any more, the epoch it
+//   vmm_plan_max_blocks  8192      vmm: when a heap has nothing allocated any more, the epoch it
 //                                  just ended (up to N allocations) is planned offline and, if it
 //                                  runs again, served at the planned offsets with no device call;
 //                                  0 = never (docs/vmm.md, "Planned layouts")
@@ -101,7 +101,7 @@ struct Config {
   std::size_t vmm_idle_divisor = 16;
   std::size_t vmm_chunk_divisor = 16;  // N: chunks of request/N (see above); 0: of vmm_max_chunk
   std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N
-  std::size_t vmm_plan_max_blocks = 16384;     // epochs of at most N allocations get a planned layout
+  std::size_t vmm_plan_max_blocks = 8192;      // epochs of at most N allocations get a planned layout
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
   bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
   Backend backend = Backend::async;  // read by the registry only

@@ -6,6 +6,7 @@
 // the device is out of line: the OOM ladder (oom_ladder.cpp), stream events
 // (stream_events.cpp), the segment source.
 #include "core/allocator_impl.hpp"
+#include "core/epoch_log.hpp"
 #include "tensorpool/size_classes.hpp"
 
 namespace tensorpool {
@@ -44,6 +45,16 @@ const Config& Allocator::config() const noexcept { return impl_->state().config;
 DeviceBackend& Allocator::device() const noexcept { return *impl_->state().device; }
 
 // --- the fast path --------------------------------------------------------------------------
+
+// b, free and in no index, becomes the user's (defined first: inlined into both of its callers).
+TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested) {
+  Segment* seg = b->segment;
+  b->state = BlockState::allocated;
+  b->requested = requested;
+  live_.insert(b->addr, b);
+  counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
+  if (TP_UNLIKELY(seg->epoch != nullptr)) seg->epoch->on_alloc(b, seg->addr);
+}
 
 void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return nullptr;
@@ -127,16 +138,6 @@ Block* Allocator::Impl::take(Block* b, std::size_t size, std::size_t requested) 
   return b;
 }
 
-// b, free and in no index, becomes the user's.
-void Allocator::Impl::hand_out(Block* b, std::size_t requested) {
-  Segment* seg = b->segment;
-  b->state = BlockState::allocated;
-  b->requested = requested;
-  live_.insert(b->addr, b);
-  counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
-  if (TP_UNLIKELY(seg->heap)) source_->on_alloc(b);
-}
-
 // b's user is done with it and no stream event is outstanding: make it reusable.
 void Allocator::Impl::release_block(Block* b) {
   Segment* seg = b->segment;
@@ -145,7 +146,7 @@ void Allocator::Impl::release_block(Block* b) {
     hooks.notify(EventType::free_completed, b->addr, b->requested, b->size, seg->owner->stream);
   b->state = BlockState::free;
   b->requested = 0;
-  const bool heap_emptied = TP_UNLIKELY(seg->heap) && source_->on_release(b);
+  const bool heap_emptied = TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->on_release(b);
   b = coalesce(b);
   // A vmm heap with nothing allocated any more: it may hold its pages and plan the next epoch
   // (vmm_heaps.cpp, end_epoch()).

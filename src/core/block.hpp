@@ -27,6 +27,7 @@ namespace tensorpool::detail {
 struct Segment;
 struct StreamState;
 class FreeIndex;
+struct EpochLog;
 
 struct Block {
   Address addr = 0;
@@ -42,8 +43,8 @@ struct Block {
   bool held = false;               // free and mapped, but kept out of the free index: a vmm
                                    // heap's held pages (vmm_heaps.cpp, end_epoch()); never in fixed mode
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
-  std::uint32_t epoch_slot = UINT32_MAX;  // a vmm heap's record of this allocation in its epoch
-                                          // (vmm_heaps.cpp), UINT32_MAX: none
+  std::uint32_t epoch_slot = UINT32_MAX;  // while allocated in a vmm heap: its entry in the
+                                          // heap's EpochLog (UINT32_MAX: none)
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
 };
 
@@ -58,7 +59,7 @@ struct Segment {
   Pool pool = Pool::large;
   bool oversize = false;
   bool heap = false;             // a vmm heap: a reserved range, mapped only where chunks lie
-  void* source_state = nullptr;  // the segment source's own record of it (vmm: its Heap)
+  EpochLog* epoch = nullptr;     // a vmm heap's record of its epoch (epoch_log.hpp), else null
   std::size_t blocks = 1;
   Block* first = nullptr;
 

@@ -13,8 +13,9 @@
 //             smallest gap between the already placed blocks alive at the same time that fits
 //             it (ties: the lowest), else the top of them. No layout reaches below the peak of
 //             live bytes (peak_live_bytes()); on training steps this one often reaches it.
-// Cost: O(n log n) for the sorts, plus O(k log n + k log k) per block for the k placed blocks
-// alive with it (a max-segment tree over the blocks in start order prunes the rest).
+// Cost: O(n^2) simple steps (each block scans the placed ones in offset order), skipped when the
+// recorded layout already reaches the peak of live bytes; vmm_plan_max_blocks bounds n
+// (BM_PlanLayout in bench/bench_allocator.cpp measures it).
 #pragma once
 
 #include <cstddef>

@@ -7,8 +7,8 @@
 //   vmm heaps (vmm_heaps.cpp, mode:vmm): per stream and pool one heap, a reserved address range
 //     into which physical chunks are mapped as requests need them (docs/vmm.md).
 //
-// A source is called with the allocator's mutex held, from slow paths only, but for the epoch
-// calls below, which the fast path makes for heap segments only (one branch in fixed mode). It works on the shared AllocatorState (blocks, segments, indexes, counters, hooks).
+// A source is called with the allocator's mutex held, from slow paths only, but for
+// take_planned(), which the fast path calls while a stream's heap follows a planned layout. It works on the shared AllocatorState (blocks, segments, indexes, counters, hooks).
 #pragma once
 
 #include <array>
@@ -54,15 +54,9 @@ class SegmentSource {
   /// check_invariants, the source's part: its own structures, the mapping state of its
   /// segments' blocks, and its recount of reserved bytes and segments per pool (into rc).
   virtual void check(Recount& rc) const = 0;
-  // Epochs of a heap segment (vmm; fixed segments have none, and these are never called for
-  // them): the allocator tells the source of every block it hands out of a heap and of every
-  // such block it makes free again, so that the source can hold pages and plan layouts when a
-  // heap has nothing allocated (vmm_heaps.cpp).
-  /// b (of a heap) was just handed out.
-  virtual void on_alloc(Block* b) { (void)b; }
-  /// b (of a heap) was just made free, before coalescing: true when its heap has nothing
-  /// allocated any more (the caller then calls end_epoch).
-  virtual bool on_release(Block* b) { (void)b; return false; }
+  // Epochs of a heap segment (vmm; fixed segments have none): the allocator records what it
+  // hands out of a heap and frees in the heap's EpochLog (Segment::epoch, inline), and calls
+  // these when a heap is left empty or follows a planned layout (vmm_heaps.cpp).
   /// b, free and coalesced (in no index), is in a heap with nothing allocated: returns b for the
   /// free index, or nullptr when the source keeps it (held).
   virtual Block* end_epoch(Block* b) { return b; }

@@ -20,9 +20,9 @@
 // where the request's block ends (new_chunk_size()).
 // Mapped memory stays mapped otherwise, so a workload that repeats itself makes no map calls.
 //
-// Epochs: the allocator reports every block it hands out of a heap and every one it makes free
-// again (on_alloc(), on_release()); an epoch of a heap runs from a moment it has nothing
-// allocated to the next (end_epoch()), and its allocations are recorded (size, lifetime, offset).
+// Epochs: an epoch of a heap runs from a moment it has nothing allocated to the next; the fast
+// path records its allocations (size, lifetime, offset) in the heap's EpochLog (epoch_log.hpp)
+// and calls end_epoch() when the heap is left empty.
 //
 // Held pages: when an epoch ends, the heap's mapped memory is not put in the free index but held,
 // and comes back a growth step at a time, without device calls, when nothing in the index fits
@@ -50,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/epoch_log.hpp"
 #include "core/layout_plan.hpp"
 #include "core/logging.hpp"
 #include "core/segment_source.hpp"
@@ -88,22 +89,17 @@ struct PlanStep {
 /// mapped == false is free, page-aligned at both ends, intersects no chunk, and is in
 /// `unmapped` (which holds nothing else).
 ///
-/// Epochs: an epoch runs from a moment the heap has nothing allocated to the next. `live` counts
-/// the heap's allocated and pending-free blocks; `log` records the epoch's allocations in order
-/// (size, ticks of the allocation and the free on `clock`, offset), and each such block's
-/// epoch_slot is its entry. While `following` (== the owner stream's planned[pool]) the epoch's
-/// allocations are served by `plan`, step `cursor` next; placed[i] is the block step i got
-/// (checked before use: the Block may have been recycled since).
+/// Epochs: `epoch` records the current one (epoch_log.hpp; Segment::epoch points to it). While
+/// `following` (== the owner stream's planned[pool]) the epoch's allocations are served by
+/// `plan`, step `cursor` next; placed[i] is the block step i got (checked before use: the Block
+/// may have been recycled since).
 struct Heap {
   Segment* segment = nullptr;          // the reserved range, in AllocatorState::segments
   std::map<Address, Chunk> chunks;     // mapped chunks by address
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   std::map<Address, Block*> held;      // held pages: free mapped blocks kept out of the index
 
-  std::size_t live = 0;
-  std::uint64_t clock = 0;
-  std::vector<PlanBlock> log;          // at most vmm_plan_max_blocks entries
-  bool log_full = false;               // the epoch made more allocations: it gets no plan
+  EpochLog epoch;
   std::vector<PlanStep> plan;
   std::vector<Block*> placed;
   std::size_t cursor = 0;
@@ -120,8 +116,6 @@ class VmmHeaps final : public SegmentSource {
   std::size_t release(ReleaseGoal goal) override;
   void destroy() override;
   void check(Recount& rc) const override;
-  void on_alloc(Block* b) override;
-  bool on_release(Block* b) override;
   Block* end_epoch(Block* b) override;
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
@@ -136,7 +130,7 @@ class VmmHeaps final : public SegmentSource {
   };
 
   Heap* heap_of(const StreamState& ss, Pool pool) const;
-  static Heap& heap_of(const Block* b) { return *static_cast<Heap*>(b->segment->source_state); }
+  Heap& heap_of(const Block* b) { return heaps_.at(b->segment->addr); }
   Block* hold(Heap& heap, Block* x);
   void hold_all(Heap& heap, Block* freed);
   void plan_next_epoch(Heap& heap);
@@ -208,7 +202,8 @@ Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   seg->first = b;
   Heap& heap = heaps_[base];
   heap.segment = seg.get();
-  seg->source_state = &heap;
+  heap.epoch.capacity = st_.config.vmm_plan_max_blocks;
+  seg->epoch = &heap.epoch;
   heap.unmapped.emplace(base, b);
   st_.segments.emplace(base, std::move(seg));
   slot = &heap;
@@ -410,25 +405,6 @@ Block* VmmHeaps::map_into(Heap& heap, const Placement& where, Pool pool, bool& c
 
 // --- epochs: held pages and planned layouts --------------------------------------------------
 
-void VmmHeaps::on_alloc(Block* b) {
-  Heap& heap = heap_of(b);
-  ++heap.live;
-  if (heap.log.size() >= st_.config.vmm_plan_max_blocks) {
-    heap.log_full = true;
-    b->epoch_slot = UINT32_MAX;
-    return;
-  }
-  b->epoch_slot = static_cast<std::uint32_t>(heap.log.size());
-  heap.log.push_back(PlanBlock{b->size, heap.clock++, 0, b->addr - heap.segment->addr});
-}
-
-bool VmmHeaps::on_release(Block* b) {
-  Heap& heap = heap_of(b);
-  if (b->epoch_slot != UINT32_MAX) heap.log[b->epoch_slot].end = heap.clock++;
-  b->epoch_slot = UINT32_MAX;
-  return --heap.live == 0;
-}
-
 // b, free and coalesced (in no index), leaves its heap with nothing allocated: the epoch ends.
 // All the heap's free mapped memory is held (b and every free block after an unmapped hole),
 // and the epoch just recorded is planned for the next one.
@@ -436,9 +412,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
   Heap& heap = heap_of(b);
   hold_all(heap, b);
   plan_next_epoch(heap);
-  heap.log.clear();
-  heap.log_full = false;
-  heap.clock = 0;
+  heap.epoch.restart();
   return nullptr;
 }
 
@@ -477,23 +451,24 @@ void VmmHeaps::hold_all(Heap& heap, Block* freed) {
 // heap's start up to its height mapped (map_plan()); without that, or without a complete record,
 // the next epoch runs unplanned from the held pages.
 void VmmHeaps::plan_next_epoch(Heap& heap) {
+  const std::vector<PlanBlock>& record = heap.epoch.entries;
   const bool kept = !heap.following && !heap.departed && !heap.plan.empty() && heap.cursor == heap.plan.size() &&
-                    heap.log.size() == heap.plan.size();
+                    record.size() == heap.plan.size();
   stop_following(heap, false);
   heap.departed = false;
-  if (heap.log_full || heap.log.empty()) {
+  if (heap.epoch.full || record.empty()) {
     heap.plan.clear();
     return;
   }
   if (!kept) {
     try {
-      const LayoutPlan layout = plan_layout(heap.log);
-      heap.plan.resize(heap.log.size());
-      for (std::size_t i = 0; i < heap.log.size(); ++i)
-        heap.plan[i] = PlanStep{heap.log[i].size, layout.offsets[i], layout.below[i]};
+      const LayoutPlan layout = plan_layout(record);
+      heap.plan.resize(record.size());
+      for (std::size_t i = 0; i < record.size(); ++i)
+        heap.plan[i] = PlanStep{record[i].size, layout.offsets[i], layout.below[i]};
       heap.plan_height = round_up(layout.height, page_);
     } catch (const std::exception& e) {  // a free must not fail for want of a plan
-      log().error("vmm: planning an epoch of {} allocations failed: {}", heap.log.size(), e.what());
+      log().error("vmm: planning an epoch of {} allocations failed: {}", record.size(), e.what());
       heap.plan.clear();
       return;
     }
@@ -912,23 +887,28 @@ void VmmHeaps::check_heap(const Heap& h) const {
 // steps left.
 void VmmHeaps::check_epoch(const Heap& h) const {
   const Segment& seg = *h.segment;
+  const EpochLog& log = h.epoch;
+  if (seg.epoch != &log) invariant_failed("the heap at " + hex(seg.addr) + " does not point to its epoch record");
   std::size_t in_use = 0;
   std::size_t open = 0;
   for (const Block* b = seg.first; b != nullptr; b = b->next) {
     if (b->state == BlockState::free) continue;
     ++in_use;
-    if (b->epoch_slot == UINT32_MAX) continue;
-    if (b->epoch_slot >= h.log.size() || h.log[b->epoch_slot].end != 0 ||
-        h.log[b->epoch_slot].start >= h.clock || h.log[b->epoch_slot].size != b->size)
+    if (b->epoch_slot == EpochLog::kNoSlot) {
+      if (!log.full) invariant_failed("block " + hex(b->addr) + " is missing from its heap's epoch record");
+      continue;
+    }
+    if (b->epoch_slot >= log.entries.size() || log.entries[b->epoch_slot].end != 0 ||
+        log.entries[b->epoch_slot].start >= log.clock || log.entries[b->epoch_slot].size != b->size)
       invariant_failed("block " + hex(b->addr) + " has no open entry in its heap's epoch record");
     ++open;
   }
-  if (in_use != h.live) invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(h.live) +
-                                         " blocks in use, not " + std::to_string(in_use));
+  if (in_use != log.live) invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(log.live) +
+                                           " blocks in use, not " + std::to_string(in_use));
   std::size_t open_entries = 0;
-  for (const PlanBlock& e : h.log) open_entries += e.end == 0 ? 1 : 0;
+  for (const PlanBlock& e : log.entries) open_entries += e.end == 0 ? 1 : 0;
   if (open_entries != open) invariant_failed("the heap's epoch record has stale open entries");
-  if (h.log.size() > st_.config.vmm_plan_max_blocks) invariant_failed("the heap's epoch record is too long");
+  if (log.entries.size() > log.capacity) invariant_failed("the heap's epoch record is too long");
   if (h.following != seg.owner->planned[static_cast<int>(seg.pool)])
     invariant_failed("the heap at " + hex(seg.addr) + " and its stream disagree on following a plan");
   if (h.following && (h.cursor >= h.plan.size() || h.placed.size() != h.plan.size()))

@@ -1,0 +1,58 @@
+// epoch_log.hpp: the record a vmm heap keeps of its current epoch, updated inline by the fast path.
+//
+// An epoch of a heap runs from a moment it has nothing allocated to the next. The allocator
+// reports every block it hands out of the heap (on_alloc) and every one it makes free again
+// (on_release, which says when the heap is left empty); the heap's segment source reads the
+// record when the epoch ends, to hold the heap's pages and plan the next epoch's layout
+// (vmm_heaps.cpp, layout_plan.hpp). Inline, through Segment::epoch: no call in the fast path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/block.hpp"
+#include "core/layout_plan.hpp"
+#include "core/util.hpp"
+
+namespace tensorpool::detail {
+
+struct EpochLog {
+  static constexpr std::uint32_t kNoSlot = UINT32_MAX;
+
+  // Invariants (VmmHeaps::check_epoch): `live` is the number of the heap's blocks that are
+  // allocated or pending_free; each of them has an open entry (end == 0) in `entries` at its
+  // epoch_slot, or kNoSlot once `entries` held `capacity` entries (then `full`); every tick of
+  // `clock` is used once (an allocation or a free), so entries' lifetimes are [start, end).
+  std::size_t live = 0;
+  std::uint64_t clock = 0;
+  std::size_t capacity = 0;  // vmm_plan_max_blocks
+  bool full = false;         // the epoch made more allocations than capacity: no plan from it
+  std::vector<PlanBlock> entries;
+
+  TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
+    ++live;
+    if (TP_UNLIKELY(entries.size() >= capacity)) {
+      full = true;
+      b->epoch_slot = kNoSlot;
+      return;
+    }
+    b->epoch_slot = static_cast<std::uint32_t>(entries.size());
+    entries.push_back(PlanBlock{b->size, clock++, 0, b->addr - heap_start});
+  }
+
+  /// True when the heap has nothing allocated any more.
+  TP_ALWAYS_INLINE bool on_release(const Block* b) {
+    if (b->epoch_slot != kNoSlot) entries[b->epoch_slot].end = clock++;
+    return --live == 0;
+  }
+
+  /// A new epoch begins (the heap is empty).
+  void restart() {
+    entries.clear();
+    full = false;
+    clock = 0;
+  }
+};
+
+}  // namespace tensorpool::detail
