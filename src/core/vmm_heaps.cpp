@@ -140,7 +140,7 @@ class VmmHeaps final : public SegmentSource {
   Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
   Block* from_held(Heap& heap, Pool pool, std::size_t size);
   Block* unhold(Heap& heap, Block* r, std::size_t bytes);
-  void release_held(Pool pool);
+  void release_held(Pool pool, bool spare_following = false);
   Heap& heap_for(StreamState& ss, Pool pool);
   std::size_t growth_step(Pool pool) const noexcept;
   std::size_t idle_limit(Pool pool) const noexcept;
@@ -151,7 +151,7 @@ class VmmHeaps final : public SegmentSource {
   bool create_chunk(std::size_t bytes, Pool pool, Chunk& out);
   std::ptrdiff_t pick_cached(Pool pool, std::size_t want, std::size_t room) const;
   std::size_t idle_physical(Pool pool) const;
-  std::size_t reclaim_free_chunks(Pool pool, std::size_t& keep);
+  std::size_t reclaim_free_chunks(Pool pool, std::size_t& keep, bool spare_following = false);
   std::size_t reclaim_heap(Heap& heap, std::size_t& keep);
   void release_held(Heap& heap);
   Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
@@ -286,12 +286,15 @@ std::size_t VmmHeaps::idle_limit(Pool pool) const noexcept {
 Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   Heap& heap = heap_for(ss, pool);
   if (Block* b = from_held(heap, pool, size)) return b;
-  release_held(pool);  // too few held pages: they join the free block before the hole, for place()
   const std::size_t want = round_up(size, page_);
   const bool pressure = !st_.within_limit(want) || want > st_.device->free_memory();
+  // Too few held pages: they join the free block before the hole, for place(), and other heaps'
+  // may be remapped here; but for the pages of heaps that follow a plan, unless under pressure
+  // (they are about to be used where they lie).
+  release_held(pool, !pressure);
   if (pressure || idle_physical(pool) > idle_limit(pool)) {
     std::size_t keep = 0;
-    reclaim_free_chunks(pool, keep);
+    reclaim_free_chunks(pool, keep, !pressure);
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
     const Placement where = place(heap, size);
@@ -635,10 +638,11 @@ Block* VmmHeaps::unhold(Heap& heap, Block* r, std::size_t bytes) {
   return r;
 }
 
-// Gives every held block of `pool` back to the free index (before mapping, reclaiming, releasing).
-void VmmHeaps::release_held(Pool pool) {
+// Gives every held block of `pool` back to the free index (before mapping, reclaiming, releasing),
+// but those of heaps that follow a plan when `spare_following`.
+void VmmHeaps::release_held(Pool pool, bool spare_following) {
   for (auto& [base, heap] : heaps_)
-    if (heap.segment->pool == pool) release_held(heap);
+    if (heap.segment->pool == pool && !(spare_following && heap.following)) release_held(heap);
 }
 
 void VmmHeaps::release_held(Heap& heap) {
@@ -654,14 +658,15 @@ void VmmHeaps::for_each_held(const std::function<void(const Block*)>& f) const {
     for (const auto& [addr, b] : heap.held) f(b);
 }
 
-// Physical memory doing nothing: cached chunks plus chunks that lie entirely under free blocks.
+// Physical memory doing nothing: cached chunks plus chunks that lie entirely under free blocks
+// (but for those of heaps that follow a plan: their free pages are about to be used).
 std::size_t VmmHeaps::idle_physical(Pool pool) const {
   std::size_t idle = 0;
   for (const Chunk& c : cached_)
     if (c.pool == pool) idle += c.size;
   for (const auto& [stream, ss] : st_.streams) {
     const Heap* heap = heap_of(*ss, pool);
-    if (heap == nullptr) continue;
+    if (heap == nullptr || heap->following) continue;
     heap->segment->index->for_each([&](const Block* b) {
       if (b->segment != heap->segment) return;
       for (auto it = heap->chunks.lower_bound(b->addr);
@@ -674,12 +679,13 @@ std::size_t VmmHeaps::idle_physical(Pool pool) const {
 
 // Unmaps every chunk of `pool` that lies entirely under a free block (after synchronizing the
 // heap's stream, since kernels may still use memory freed in stream order), keeping the first
-// `keep` bytes of them mapped (keep is decreased by what is kept). The chunks go to the cache.
-// Returns the bytes unmapped.
-std::size_t VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t& keep) {
+// `keep` bytes of them mapped (keep is decreased by what is kept), and sparing heaps that follow
+// a plan when `spare_following`. The chunks go to the cache. Returns the bytes unmapped.
+std::size_t VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t& keep, bool spare_following) {
   std::size_t reclaimed = 0;
   for (auto& [stream, ss] : st_.streams) {
-    if (Heap* heap = heap_of(*ss, pool)) reclaimed += reclaim_heap(*heap, keep);
+    Heap* heap = heap_of(*ss, pool);
+    if (heap != nullptr && !(spare_following && heap->following)) reclaimed += reclaim_heap(*heap, keep);
   }
   return reclaimed;
 }

@@ -271,6 +271,34 @@ TEST_CASE("vmm: a request the plan did not foresee drops it, and the epoch is pl
   }
 }
 
+TEST_CASE("vmm: the idle rule leaves alone the pages of a heap that follows a plan, unless under pressure",
+          "[vmm][plan]") {
+  // s1's epoch (64 MiB, freed) is planned, its pages held. s2's growth finds them idle: without a
+  // plan they would be unmapped and remapped for s2 (vmm_idle_divisor); planned, s2 gets new ones.
+  Fixture f("mode:vmm", {.capacity = GiB});
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* a = f.alloc.allocate(64 * MiB, s1);
+  f.alloc.deallocate(a);
+  void* b = f.alloc.allocate(32 * MiB, s2);
+  REQUIRE(f.device->counters().unmaps == 0);
+  REQUIRE(f.reserved() == 96 * MiB);
+  void* again = f.alloc.allocate(64 * MiB, s1);  // as planned, with no device call
+  REQUIRE(again == a);
+  REQUIRE(f.device->counters().unmaps == 0);
+  f.alloc.check_invariants();
+  f.alloc.deallocate(again);
+  // Under pressure they are taken: 1 GiB holds s1's 64 MiB, s2's 32 and no room for 960 more.
+  void* big = f.alloc.allocate(960 * MiB, s2);
+  REQUIRE(big != nullptr);
+  REQUIRE(f.device->counters().unmaps > 0);
+  REQUIRE(f.reserved() <= GiB);
+  f.alloc.check_invariants();
+  f.alloc.deallocate(big);
+  f.alloc.deallocate(b);
+  f.alloc.check_invariants();
+}
+
 TEST_CASE("vmm: an epoch longer than vmm_plan_max_blocks, or vmm_plan_max_blocks:0, is not planned", "[vmm][plan]") {
   for (const char* conf : {"mode:vmm,vmm_idle_divisor:1,vmm_plan_max_blocks:2", "mode:vmm,vmm_idle_divisor:1,vmm_plan_max_blocks:0"}) {
     INFO(conf);
