@@ -24,14 +24,19 @@ struct EpochLog {
   // allocated or pending_free; each of them has an open entry (end == 0) in `entries` at its
   // epoch_slot, or kNoSlot once `entries` held `capacity` entries (then `full`); every tick of
   // `clock` is used once (an allocation or a free), so entries' lifetimes are [start, end).
+  // `signature` hashes the sizes of all the epoch's allocations in order (FNV-1a), full or not:
+  // what names an epoch when the next one's plan is looked up (vmm_heaps.cpp).
+  static constexpr std::uint64_t kSignatureSeed = 0xcbf29ce484222325ull;
   std::size_t live = 0;
   std::uint64_t clock = 0;
+  std::uint64_t signature = kSignatureSeed;
   std::size_t capacity = 0;  // vmm_plan_max_blocks
   bool full = false;         // the epoch made more allocations than capacity: no plan from it
   std::vector<PlanBlock> entries;
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
     ++live;
+    signature = (signature ^ b->size) * 0x100000001b3ull;
     if (TP_UNLIKELY(entries.size() >= capacity)) {
       full = true;
       b->epoch_slot = kNoSlot;
@@ -52,6 +57,7 @@ struct EpochLog {
     entries.clear();
     full = false;
     clock = 0;
+    signature = kSignatureSeed;
   }
 };
 

@@ -45,6 +45,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -84,15 +85,30 @@ struct PlanStep {
   std::uint32_t below = LayoutPlan::kNone;
 };
 
+/// The planned layout of one recorded epoch; `height`: the mapped bytes from the heap's start it
+/// needs (whole pages). Immutable once made, shared by the keys it is stored under.
+struct Plan {
+  std::vector<PlanStep> steps;
+  std::size_t height = 0;
+};
+
+/// A stored plan and when it was last used (for the least-recently-used eviction).
+struct StoredPlan {
+  std::shared_ptr<const Plan> plan;
+  std::uint64_t used = 0;
+};
+
 /// The mapping state of one heap. Invariants: chunks do not overlap, lie inside the segment and
 /// are of its pool; every page of a block with mapped == true lies in a chunk; a block with
 /// mapped == false is free, page-aligned at both ends, intersects no chunk, and is in
 /// `unmapped` (which holds nothing else).
 ///
-/// Epochs: `epoch` records the current one (epoch_log.hpp; Segment::epoch points to it). While
-/// `following` (== the owner stream's planned[pool]) the epoch's allocations are served by
-/// `plan`, step `cursor` next; placed[i] is the block step i got (checked before use: the Block
-/// may have been recycled since).
+/// Epochs: `epoch` records the current one (epoch_log.hpp; Segment::epoch points to it). `plans`
+/// holds the plans of recorded epochs, each under the signature of the epoch that came before it
+/// (a heap that empties several times per iteration runs the same chain of epochs each
+/// iteration), at most vmm_plan_max_blocks steps in all. While `following` (== the owner
+/// stream's planned[pool]) the epoch's allocations are served by `active`, step `cursor` next;
+/// placed[i] is the block step i got (checked before use: the Block may have been recycled).
 struct Heap {
   Segment* segment = nullptr;          // the reserved range, in AllocatorState::segments
   std::map<Address, Chunk> chunks;     // mapped chunks by address
@@ -100,12 +116,15 @@ struct Heap {
   std::map<Address, Block*> held;      // held pages: free mapped blocks kept out of the index
 
   EpochLog epoch;
-  std::vector<PlanStep> plan;
+  std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
+  std::unordered_map<std::uint64_t, StoredPlan> plans;
+  std::size_t stored_steps = 0;        // sum of the stored plans' steps, per key
+  std::uint64_t plan_uses = 0;         // the clock of StoredPlan::used
+  std::shared_ptr<const Plan> active;  // the plan this epoch was given (null: none)
   std::vector<Block*> placed;
   std::size_t cursor = 0;
   bool following = false;
   bool departed = false;               // this epoch left its plan (a request it did not foresee)
-  std::size_t plan_height = 0;         // mapped bytes from the heap's start the plan needs
 };
 
 class VmmHeaps final : public SegmentSource {
@@ -134,7 +153,9 @@ class VmmHeaps final : public SegmentSource {
   Block* hold(Heap& heap, Block* x);
   void hold_all(Heap& heap, Block* freed);
   void plan_next_epoch(Heap& heap);
-  bool map_plan(Heap& heap);
+  std::shared_ptr<const Plan> make_plan(const Heap& heap) const;
+  void store_plan(Heap& heap, std::uint64_t key, std::shared_ptr<const Plan> plan, std::uint64_t spare);
+  bool map_plan(Heap& heap, std::size_t height);
   void stop_following(Heap& heap, bool departed);
   Block* find_planned(Heap& heap, const PlanStep& step) const;
   Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
@@ -448,51 +469,77 @@ void VmmHeaps::hold_all(Heap& heap, Block* freed) {
   hold(heap, freed);
 }
 
-// The heap is empty and its epoch recorded: the next epoch follows a plan of it when it can.
-// An epoch that followed its plan to the end without departing keeps it (the same requests in
-// the same order; no planning cost); any other plans afresh. A plan needs the memory from the
-// heap's start up to its height mapped (map_plan()); without that, or without a complete record,
-// the next epoch runs unplanned from the held pages.
+// The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch
+// before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the
+// same requests in the same order, no planning cost). The next epoch gets the plan stored after
+// an epoch like this one, if any, else this one's again, when the memory from the heap's start up
+// to its height is mapped (map_plan()); without one it runs unplanned from the held pages.
 void VmmHeaps::plan_next_epoch(Heap& heap) {
   const std::vector<PlanBlock>& record = heap.epoch.entries;
-  const bool kept = !heap.following && !heap.departed && !heap.plan.empty() && heap.cursor == heap.plan.size() &&
-                    record.size() == heap.plan.size();
+  const bool matched = heap.active != nullptr && !heap.following && !heap.departed &&
+                       heap.cursor == heap.active->steps.size() && record.size() == heap.active->steps.size();
+  std::shared_ptr<const Plan> mine = matched ? heap.active : make_plan(heap);
   stop_following(heap, false);
   heap.departed = false;
-  if (heap.epoch.full || record.empty()) {
-    heap.plan.clear();
-    return;
-  }
-  if (!kept) {
-    try {
-      const LayoutPlan layout = plan_layout(record);
-      heap.plan.resize(record.size());
-      for (std::size_t i = 0; i < record.size(); ++i)
-        heap.plan[i] = PlanStep{record[i].size, layout.offsets[i], layout.below[i]};
-      heap.plan_height = round_up(layout.height, page_);
-    } catch (const std::exception& e) {  // a free must not fail for want of a plan
-      log().error("vmm: planning an epoch of {} allocations failed: {}", record.size(), e.what());
-      heap.plan.clear();
-      return;
-    }
-  }
-  if (!map_plan(heap)) {
-    heap.plan.clear();
-    return;
-  }
-  heap.placed.assign(heap.plan.size(), nullptr);
+  heap.active = nullptr;
+  const std::uint64_t signature = heap.epoch.signature;
+  const auto next_it = heap.plans.find(signature);
+  std::shared_ptr<const Plan> next = next_it != heap.plans.end() ? next_it->second.plan : mine;
+  if (next_it != heap.plans.end()) next_it->second.used = ++heap.plan_uses;
+  if (mine) store_plan(heap, heap.last_signature, std::move(mine), signature);
+  heap.last_signature = signature;
+  if (!next || !map_plan(heap, next->height)) return;
+  heap.active = std::move(next);
+  heap.placed.assign(heap.active->steps.size(), nullptr);
   heap.cursor = 0;
   heap.following = true;
   heap.segment->owner->planned[static_cast<int>(heap.segment->pool)] = true;
 }
 
-// Makes [start, start + plan_height) of the empty heap mapped (and held), if the physical memory
+// The plan of the epoch just recorded (null when it made more allocations than are recorded, or
+// none, or planning failed: a free must not fail for want of a plan).
+std::shared_ptr<const Plan> VmmHeaps::make_plan(const Heap& heap) const {
+  const std::vector<PlanBlock>& record = heap.epoch.entries;
+  if (heap.epoch.full || record.empty()) return nullptr;
+  try {
+    const LayoutPlan layout = plan_layout(record);
+    auto plan = std::make_shared<Plan>();
+    plan->steps.resize(record.size());
+    for (std::size_t i = 0; i < record.size(); ++i)
+      plan->steps[i] = PlanStep{record[i].size, layout.offsets[i], layout.below[i]};
+    plan->height = round_up(layout.height, page_);
+    return plan;
+  } catch (const std::exception& e) {
+    log().error("vmm: planning an epoch of {} allocations failed: {}", record.size(), e.what());
+    return nullptr;
+  }
+}
+
+// Stores `plan` under `key`, then evicts the least recently used plans (but the one under
+// `spare`) while the stored plans hold more than vmm_plan_max_blocks steps.
+void VmmHeaps::store_plan(Heap& heap, std::uint64_t key, std::shared_ptr<const Plan> plan, std::uint64_t spare) {
+  auto [it, inserted] = heap.plans.try_emplace(key);
+  if (!inserted) heap.stored_steps -= it->second.plan->steps.size();
+  heap.stored_steps += plan->steps.size();
+  it->second = StoredPlan{std::move(plan), ++heap.plan_uses};
+  while (heap.stored_steps > st_.config.vmm_plan_max_blocks && heap.plans.size() > 1) {
+    auto oldest = heap.plans.end();
+    for (auto p = heap.plans.begin(); p != heap.plans.end(); ++p)
+      if (p->first != spare && p->first != key && (oldest == heap.plans.end() || p->second.used < oldest->second.used))
+        oldest = p;
+    if (oldest == heap.plans.end()) break;
+    heap.stored_steps -= oldest->second.plan->steps.size();
+    heap.plans.erase(oldest);
+  }
+}
+
+// Makes [start, start + height) of the empty heap mapped (and held), if the physical memory
 // the heap and the cache hold can: when it is not already, every chunk of the heap is unmapped
 // (after synchronizing its stream) and chunks are mapped back from the heap's start, its own and
 // the cached ones, until the plan's height is covered. No memory is created for a plan.
-bool VmmHeaps::map_plan(Heap& heap) {
+bool VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   const Address start = heap.segment->addr;
-  const Address end = start + heap.plan_height;
+  const Address end = start + height;
   Address covered = start;
   for (auto it = heap.chunks.begin(); it != heap.chunks.end() && it->first == covered && covered < end; ++it)
     covered = it->second.end();
@@ -502,7 +549,7 @@ bool VmmHeaps::map_plan(Heap& heap) {
   for (const auto& [a, c] : heap.chunks) physical += c.size;
   for (const Chunk& c : cached_)
     if (c.pool == pool) physical += c.size;
-  if (physical < heap.plan_height) return false;
+  if (physical < height) return false;
   // Unmap everything (the heap is empty: every chunk lies under a free block); the heap becomes
   // one unmapped hole, as when it was made, and is mapped again from its start. This is the one
   // place a free makes device calls (and waits for the heap's stream): once, when an epoch ends
@@ -514,7 +561,7 @@ bool VmmHeaps::map_plan(Heap& heap) {
     Block* hole = heap.segment->first;
     if (hole->mapped || hole->state != BlockState::free) return false;
     bool complete = false;
-    Block* mapped = map_into(heap, Placement{hole, heap.plan_height, heap.plan_height, 0, 0}, pool, complete);
+    Block* mapped = map_into(heap, Placement{hole, height, height, 0, 0}, pool, complete);
     if (mapped == nullptr) return false;
     mapped->segment->index->remove(mapped);
     hold(heap, mapped);
@@ -537,7 +584,8 @@ Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size) {
     ss.planned[static_cast<int>(pool)] = false;
     return nullptr;
   }
-  const PlanStep& step = heap->plan[heap->cursor];
+  const std::vector<PlanStep>& steps = heap->active->steps;
+  const PlanStep& step = steps[heap->cursor];
   Block* x = step.size == size ? find_planned(*heap, step) : nullptr;
   if (x == nullptr) {
     stop_following(*heap, true);
@@ -549,7 +597,7 @@ Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size) {
     return nullptr;
   }
   heap->placed[heap->cursor] = b;
-  if (++heap->cursor == heap->plan.size()) stop_following(*heap, false);
+  if (++heap->cursor == steps.size()) stop_following(*heap, false);
   return b;
 }
 
@@ -561,7 +609,7 @@ Block* VmmHeaps::find_planned(Heap& heap, const PlanStep& step) const {
   Block* x = heap.segment->first;
   if (step.below != LayoutPlan::kNone) {
     const Block* anchor = heap.placed[step.below];
-    const Address anchor_at = heap.segment->addr + heap.plan[step.below].offset;
+    const Address anchor_at = heap.segment->addr + heap.active->steps[step.below].offset;
     if (anchor != nullptr && anchor->segment == heap.segment && anchor->addr == anchor_at &&
         anchor->state != BlockState::free && anchor->addr + anchor->size <= at)
       x = anchor->next;
@@ -915,9 +963,13 @@ void VmmHeaps::check_epoch(const Heap& h) const {
   for (const PlanBlock& e : log.entries) open_entries += e.end == 0 ? 1 : 0;
   if (open_entries != open) invariant_failed("the heap's epoch record has stale open entries");
   if (log.entries.size() > log.capacity) invariant_failed("the heap's epoch record is too long");
+  std::size_t stored = 0;
+  for (const auto& [key, p] : h.plans) stored += p.plan->steps.size();
+  if (stored != h.stored_steps) invariant_failed("the heap's count of stored plan steps is wrong");
   if (h.following != seg.owner->planned[static_cast<int>(seg.pool)])
     invariant_failed("the heap at " + hex(seg.addr) + " and its stream disagree on following a plan");
-  if (h.following && (h.cursor >= h.plan.size() || h.placed.size() != h.plan.size()))
+  if (h.following && (h.active == nullptr || h.cursor >= h.active->steps.size() ||
+                      h.placed.size() != h.active->steps.size()))
     invariant_failed("the heap at " + hex(seg.addr) + " follows a plan with no step left");
 }
 

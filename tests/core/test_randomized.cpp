@@ -4,6 +4,8 @@
 // and are large enough. At the end everything is freed and reserved memory returns to zero.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <random>
@@ -113,16 +115,20 @@ void run_random(std::uint64_t seed, int operations, const char* conf) {
 
 }  // namespace
 
-TEST_CASE("randomized: 120k operations, default config, invariants after each", "[random]") {
-  run_random(20261129, 120000, "memory_limit:1GiB");
+TEST_CASE("randomized: 120k operations, fixed segments, invariants after each", "[random]") {
+  run_random(20261129, 120000, "mode:fixed,memory_limit:1GiB");
 }
 
 TEST_CASE("randomized: oversize blocks, no cross-stream reuse", "[random]") {
-  run_random(7, 40000, "memory_limit:1GiB,max_split_size:32MiB,cross_stream_reuse:false");
+  run_random(7, 40000, "mode:fixed,memory_limit:1GiB,max_split_size:32MiB,cross_stream_reuse:false");
 }
 
 TEST_CASE("randomized: tight limit, large split remainder", "[random]") {
-  run_random(99, 40000, "memory_limit:300MiB,min_split_remainder:1MiB");
+  run_random(99, 40000, "mode:fixed,memory_limit:300MiB,min_split_remainder:1MiB");
+}
+
+TEST_CASE("randomized: default config (the virtual-memory mode here), 60k operations", "[random][vmm]") {
+  run_random(20261202, 60000, "memory_limit:1GiB");
 }
 
 TEST_CASE("randomized: virtual-memory mode, 100k operations", "[random][vmm]") {
@@ -135,4 +141,102 @@ TEST_CASE("randomized: virtual-memory mode, chunks of 1/8 of the request, at lea
 
 TEST_CASE("randomized: virtual-memory mode with a reserve", "[random][vmm]") {
   run_random(5, 40000, "mode:vmm,memory_limit:600MiB,vmm_reserve:64MiB");
+}
+
+namespace {
+
+// One step of a program, drawn once and run again and again: allocations and frees on three
+// streams, some blocks used on a second stream (record_stream), everything freed at the end.
+struct StepOp {
+  bool alloc;
+  std::size_t value;  // alloc: bytes; free: index (into the step's allocations) of the block freed
+  Stream stream;
+  bool record;        // alloc: the block is also used on the next stream
+};
+
+std::vector<StepOp> random_step(std::mt19937_64& rng, const std::vector<Stream>& streams, std::size_t allocs) {
+  std::vector<StepOp> ops;
+  std::vector<std::size_t> alive;
+  std::size_t made = 0;
+  while (made < allocs || !alive.empty()) {
+    if (made < allocs && (alive.empty() || rng() % 3 != 0)) {
+      ops.push_back({true, random_size(rng) % (32 * MiB) + 1, streams[rng() % streams.size()], rng() % 8 == 0});
+      alive.push_back(made++);
+    } else {
+      const std::size_t k = rng() % alive.size();
+      ops.push_back({false, alive[k], 0, false});
+      alive.erase(alive.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  }
+  return ops;
+}
+
+// Runs the step; `perturb` (an allocation's index, or SIZE_MAX) asks for 512 more bytes there.
+std::vector<Address> run_step(Allocator& alloc, SimulatedDevice& device, const std::vector<Stream>& streams,
+                              const std::vector<StepOp>& ops, std::size_t perturb) {
+  std::vector<void*> blocks;
+  std::vector<Address> at;
+  for (const StepOp& op : ops) {
+    if (op.alloc) {
+      const std::size_t bytes = op.value + (blocks.size() == perturb ? 512 : 0);
+      void* p = alloc.allocate(bytes, op.stream);
+      if (op.record) {
+        const Stream other = streams[(std::find(streams.begin(), streams.end(), op.stream) - streams.begin() + 1) %
+                                     streams.size()];
+        alloc.record_stream(p, other);
+      }
+      blocks.push_back(p);
+      at.push_back(reinterpret_cast<Address>(p));
+    } else {
+      alloc.deallocate(blocks[op.value]);
+    }
+    alloc.check_invariants();
+  }
+  // The other streams' work ends: the frees still waiting for it complete at the allocator's next
+  // call (the next step's first allocation), and the heaps are empty then.
+  device.complete_all();
+  return at;
+}
+
+}  // namespace
+
+TEST_CASE("randomized: a repeated step follows its planned layout with no device call, a changed one "
+          "departs safely and is planned again", "[random][vmm][plan]") {
+  for (const std::uint64_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    INFO("seed " << seed);
+    auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * GiB,
+                                                                           .event_mode = EventMode::immediate});
+    Allocator alloc(device, Config{});
+    std::mt19937_64 rng(seed);
+    const std::vector<Stream> streams = {kDefaultStream, device->create_stream(), device->create_stream()};
+    const std::vector<StepOp> step = random_step(rng, streams, 300);
+    // Each heap empties many times per step; each of its epochs is planned under the one before
+    // it, so from the third run on every epoch finds its plan (the first run records them, the
+    // second learns which comes after the step's last one).
+    for (int run = 0; run < 2; ++run) run_step(alloc, *device, streams, step, SIZE_MAX);
+    const std::vector<Address> planned = run_step(alloc, *device, streams, step, SIZE_MAX);
+    const DeviceCounters settled = device->counters();
+    const std::size_t reserved = alloc.usage().reserved;
+    for (int run = 0; run < 3; ++run) {  // the same step: the same places, no call
+      INFO("run " << run);
+      REQUIRE(run_step(alloc, *device, streams, step, SIZE_MAX) == planned);
+      REQUIRE(device->counters().maps == settled.maps);
+      REQUIRE(device->counters().physical_creates == settled.physical_creates);
+      REQUIRE(device->counters().unmaps == settled.unmaps);
+      REQUIRE(alloc.usage().reserved == reserved);
+    }
+    // A step that asks for a little more at some point: it departs there, and the changed step
+    // is what the plans follow two runs later.
+    const std::size_t at = 1 + rng() % 299;
+    for (int run = 0; run < 2; ++run) run_step(alloc, *device, streams, step, at);
+    const std::vector<Address> replanned = run_step(alloc, *device, streams, step, at);
+    const DeviceCounters after = device->counters();
+    for (int run = 0; run < 2; ++run) {
+      REQUIRE(run_step(alloc, *device, streams, step, at) == replanned);
+      REQUIRE(device->counters().maps == after.maps);
+      REQUIRE(device->counters().physical_creates == after.physical_creates);
+    }
+    alloc.empty_cache();
+    REQUIRE(alloc.usage().reserved == 0);
+  }
 }
