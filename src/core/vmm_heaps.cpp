@@ -120,7 +120,8 @@ struct Heap {
   std::unordered_map<std::uint64_t, StoredPlan> plans;
   std::size_t stored_steps = 0;        // sum of the stored plans' steps, per key
   std::uint64_t plan_uses = 0;         // the clock of StoredPlan::used
-  std::shared_ptr<const Plan> active;  // the plan this epoch was given (null: none)
+  std::shared_ptr<const Plan> active;  // the plan this epoch was given (null: none) ...
+  std::uint64_t active_key = 0;        // ... as stored under this key
   std::vector<Block*> placed;
   std::size_t cursor = 0;
   bool following = false;
@@ -153,6 +154,7 @@ class VmmHeaps final : public SegmentSource {
   Block* hold(Heap& heap, Block* x);
   void hold_all(Heap& heap, Block* freed);
   void plan_next_epoch(Heap& heap);
+  void follow(Heap& heap);
   std::shared_ptr<const Plan> make_plan(const Heap& heap) const;
   void store_plan(Heap& heap, std::uint64_t key, std::shared_ptr<const Plan> plan, std::uint64_t spare);
   bool map_plan(Heap& heap, std::size_t height);
@@ -478,18 +480,37 @@ void VmmHeaps::plan_next_epoch(Heap& heap) {
   const std::vector<PlanBlock>& record = heap.epoch.entries;
   const bool matched = heap.active != nullptr && !heap.following && !heap.departed &&
                        heap.cursor == heap.active->steps.size() && record.size() == heap.active->steps.size();
-  std::shared_ptr<const Plan> mine = matched ? heap.active : make_plan(heap);
+  const std::uint64_t signature = heap.epoch.signature;
   stop_following(heap, false);
   heap.departed = false;
+  if (matched && signature == heap.last_signature && heap.active_key == signature) {
+    // The epoch repeated the one before it, as the plan stored after that one said: the same
+    // plan again, with nothing to store or look up (a loop that runs one epoch over and over).
+    if (map_plan(heap, heap.active->height)) follow(heap);
+    else heap.active = nullptr;
+    return;
+  }
+  std::shared_ptr<const Plan> mine = matched ? std::move(heap.active) : make_plan(heap);
   heap.active = nullptr;
-  const std::uint64_t signature = heap.epoch.signature;
-  const auto next_it = heap.plans.find(signature);
-  std::shared_ptr<const Plan> next = next_it != heap.plans.end() ? next_it->second.plan : mine;
-  if (next_it != heap.plans.end()) next_it->second.used = ++heap.plan_uses;
+  std::shared_ptr<const Plan> next;
+  std::uint64_t next_key = heap.last_signature;  // where `mine` is stored
+  if (const auto it = heap.plans.find(signature); it != heap.plans.end()) {
+    it->second.used = ++heap.plan_uses;
+    next = it->second.plan;
+    next_key = signature;
+  } else {
+    next = mine;
+  }
   if (mine) store_plan(heap, heap.last_signature, std::move(mine), signature);
   heap.last_signature = signature;
   if (!next || !map_plan(heap, next->height)) return;
   heap.active = std::move(next);
+  heap.active_key = next_key;
+  follow(heap);
+}
+
+// The empty heap starts following `active` from its first step.
+void VmmHeaps::follow(Heap& heap) {
   heap.placed.assign(heap.active->steps.size(), nullptr);
   heap.cursor = 0;
   heap.following = true;
