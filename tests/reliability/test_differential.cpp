@@ -96,6 +96,10 @@ TEST_CASE("differential: vmm mode, defaults", "[differential]") {
   run_case({"vmm", "mode:vmm", true, 4000, 8, 25000});
 }
 
+TEST_CASE("differential: the default mode (vmm on the simulated device), 1 GiB limit", "[differential]") {
+  run_case({"auto", "memory_limit:1GiB", true, 8000, 6, 25000});
+}
+
 TEST_CASE("differential: vmm mode, small growth steps, 1 GiB limit", "[differential]") {
   run_case({"vmm", "mode:vmm,vmm_max_growth:32MiB,vmm_max_chunk:32MiB,memory_limit:1GiB", true, 5000, 6, 25000});
 }

@@ -230,6 +230,10 @@ TEST_CASE("faults: sweep, vmm mode, chunks of 1/4 of the request, at least 1/128
   sweep("mode:vmm,memory_limit:1GiB,vmm_chunk_divisor:4,vmm_chunk_floor_divisor:128", true, FaultSite::map, 16);
 }
 
+TEST_CASE("faults: sweep, the default mode (vmm on the simulated device), map", "[faults][sweep][vmm]") {
+  sweep("memory_limit:1GiB", true, FaultSite::map, 17);
+}
+
 TEST_CASE("faults: sweep, vmm mode, event creation", "[faults][sweep][vmm]") {
   sweep("mode:vmm,memory_limit:1GiB", true, FaultSite::event_create, 15);
 }
