@@ -1,11 +1,11 @@
 // The differential test: long seeded random operation lists run against tensorpool (fixed and
-// vmm modes, several configurations) and judged step by step by the reference model of
-// differential.cpp. About 1M operations in all in the default build; on a failure the report
-// gives the seed and the delta-debugged (shrunk) operation list.
+// vmm modes, and the default one, several configurations) and judged step by step by the
+// reference model of differential.cpp. About 1.3M operations in all in the default build; on a
+// failure the report gives the seed and the delta-debugged (shrunk) operation list.
 //
 // Environment: TENSORPOOL_DIFF_SEED=N runs only seed N of each case; TENSORPOOL_DIFF_SCALE=x
-// multiplies the operations per run (default 1: the full million also runs under ASan + UBSan,
-// where it takes about 2 minutes of CPU).
+// multiplies the operations per run (default 1: all of them also run under ASan + UBSan, where
+// they take about 2 minutes of CPU).
 #include <catch2/catch.hpp>
 
 #include <cstdio>
