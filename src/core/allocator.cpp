@@ -1,7 +1,7 @@
 // allocator.cpp: the public API (forwarded to Impl) and the fast path. A cached allocate is:
 // round, lock, find in the stream's free index (O(1)), maybe split, insert into the pointer map,
 // count (in vmm mode, a heap that follows a planned layout names the block instead of the index,
-// and every block of a heap is reported to it). A deallocate is: lock, erase from the pointer
+// and each heap records its blocks in its EpochLog). A deallocate is: lock, erase from the pointer
 // map, coalesce with free neighbours, insert into the free index, count. Anything that talks to
 // the device is out of line: the OOM ladder (oom_ladder.cpp), stream events
 // (stream_events.cpp), the segment source.

@@ -8,7 +8,8 @@
 //     into which physical chunks are mapped as requests need them (docs/vmm.md).
 //
 // A source is called with the allocator's mutex held, from slow paths only, but for
-// take_planned(), which the fast path calls while a stream's heap follows a planned layout. It works on the shared AllocatorState (blocks, segments, indexes, counters, hooks).
+// take_planned(), which the fast path calls while a stream's heap follows a planned layout. It
+// works on the shared AllocatorState (blocks, segments, indexes, counters, hooks).
 #pragma once
 
 #include <array>
