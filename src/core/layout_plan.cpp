@@ -70,7 +70,8 @@ std::size_t height_of(std::span<const PlanBlock> blocks, const std::vector<std::
   return h;
 }
 
-// The events of the epoch in clock order: (tick, block, is_alloc).
+// The events of the epoch in clock order: (tick, 2 * block + 1) for an allocation, (tick,
+// 2 * block) for a free.
 std::vector<std::pair<std::uint64_t, std::size_t>> events_in_order(std::span<const PlanBlock> blocks) {
   std::vector<std::pair<std::uint64_t, std::size_t>> ev;
   ev.reserve(2 * blocks.size());
