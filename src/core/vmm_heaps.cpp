@@ -647,13 +647,8 @@ Block* VmmHeaps::find_planned(Heap& heap, const PlanStep& step) const {
 // the merge) when free mapped memory does not reach its end.
 Block* VmmHeaps::carve(Heap& heap, Block* x, Address at, std::size_t size) {
   const auto take_out = [&](Block* y) {
-    if (y->held) {
-      heap.held.erase(y->addr);
-      held_bytes_[static_cast<int>(y->segment->pool)] -= y->size;
-      y->held = false;
-    } else {
-      y->segment->index->remove(y);
-    }
+    if (y->held) unhold(heap, y, y->size);
+    else y->segment->index->remove(y);
   };
   take_out(x);
   x = st_.coalesce(x);
