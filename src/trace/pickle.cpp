@@ -13,6 +13,8 @@
 //    nesting depth) is final once it is sealed.
 #include "tensorpool/trace/pickle.hpp"
 
+#include "trace/pickle_opcodes.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -95,9 +97,16 @@ const char* kind_name(Kind kind) noexcept {
   return "?";
 }
 
+// An opcode the reader does not handle must not build (pickle_opcodes.hpp).
+#pragma GCC diagnostic error "-Wswitch"
+
 namespace {
 
 using detail::Data;
+using opcodes::kOpcodeByByte;
+using opcodes::Opcode;
+using opcodes::OpcodeInfo;
+using opcodes::Treatment;
 using detail::Node;
 
 constexpr std::uint32_t kNoNode = std::numeric_limits<std::uint32_t>::max();
@@ -108,125 +117,27 @@ constexpr int kMaxProtocol = 5;
 constexpr std::size_t kMaxReserve = std::size_t{1} << 22;  // nodes reserved up front, at most
 constexpr std::uint64_t kHardMaxInput = std::numeric_limits<std::uint32_t>::max() - 1;
 
-// ---------------------------------------------------------------------------------------------
-// The opcode table: names for messages, and why an opcode is refused.
-
-enum class OpClass : std::uint8_t { unknown, plain, forbidden, unsupported };
-
-struct OpInfo {
-  const char* name = nullptr;
-  OpClass cls = OpClass::unknown;
-  const char* why = "";  // for unsupported opcodes
-};
-
-constexpr const char* kWhyText = "a protocol 0 text opcode (only protocols 2 to 5 are read)";
-constexpr const char* kWhySet = "sets are not plain data";
-constexpr const char* kWhyBuffer = "out-of-band buffers are not supported";
-
-constexpr std::array<OpInfo, 256> make_op_table() {
-  std::array<OpInfo, 256> t{};
-  auto plain = [&t](unsigned char op, const char* name) { t[op] = {name, OpClass::plain, ""}; };
-  auto forbid = [&t](unsigned char op, const char* name) {
-    t[op] = {name, OpClass::forbidden, ""};
-  };
-  auto unsup = [&t](unsigned char op, const char* name, const char* why) {
-    t[op] = {name, OpClass::unsupported, why};
-  };
-  plain('(', "MARK");
-  plain('.', "STOP");
-  plain('0', "POP");
-  plain('1', "POP_MARK");
-  plain('2', "DUP");
-  plain('N', "NONE");
-  plain(0x88, "NEWTRUE");
-  plain(0x89, "NEWFALSE");
-  plain('J', "BININT");
-  plain('K', "BININT1");
-  plain('M', "BININT2");
-  plain(0x8a, "LONG1");
-  plain(0x8b, "LONG4");
-  plain('G', "BINFLOAT");
-  plain('U', "SHORT_BINSTRING");
-  plain('T', "BINSTRING");
-  plain(0x8c, "SHORT_BINUNICODE");
-  plain('X', "BINUNICODE");
-  plain(0x8d, "BINUNICODE8");
-  plain('C', "SHORT_BINBYTES");
-  plain('B', "BINBYTES");
-  plain(0x8e, "BINBYTES8");
-  plain(0x96, "BYTEARRAY8");
-  plain(']', "EMPTY_LIST");
-  plain('}', "EMPTY_DICT");
-  plain(')', "EMPTY_TUPLE");
-  plain(0x85, "TUPLE1");
-  plain(0x86, "TUPLE2");
-  plain(0x87, "TUPLE3");
-  plain('t', "TUPLE");
-  plain('l', "LIST");
-  plain('d', "DICT");
-  plain('a', "APPEND");
-  plain('e', "APPENDS");
-  plain('s', "SETITEM");
-  plain('u', "SETITEMS");
-  plain('q', "BINPUT");
-  plain('r', "LONG_BINPUT");
-  plain(0x94, "MEMOIZE");
-  plain('h', "BINGET");
-  plain('j', "LONG_BINGET");
-  plain(0x80, "PROTO");
-  plain(0x95, "FRAME");
-  forbid('c', "GLOBAL");
-  forbid(0x93, "STACK_GLOBAL");
-  forbid('R', "REDUCE");
-  forbid('b', "BUILD");
-  forbid('i', "INST");
-  forbid('o', "OBJ");
-  forbid(0x81, "NEWOBJ");
-  forbid(0x92, "NEWOBJ_EX");
-  forbid(0x82, "EXT1");
-  forbid(0x83, "EXT2");
-  forbid(0x84, "EXT4");
-  forbid('P', "PERSID");
-  forbid('Q', "BINPERSID");
-  unsup('I', "INT", kWhyText);
-  unsup('L', "LONG", kWhyText);
-  unsup('F', "FLOAT", kWhyText);
-  unsup('S', "STRING", kWhyText);
-  unsup('V', "UNICODE", kWhyText);
-  unsup('p', "PUT", kWhyText);
-  unsup('g', "GET", kWhyText);
-  unsup(0x8f, "EMPTY_SET", kWhySet);
-  unsup(0x90, "ADDITEMS", kWhySet);
-  unsup(0x91, "FROZENSET", kWhySet);
-  unsup(0x97, "NEXT_BUFFER", kWhyBuffer);
-  unsup(0x98, "READONLY_BUFFER", kWhyBuffer);
-  return t;
-}
-
-constexpr std::array<OpInfo, 256> kOps = make_op_table();
-
 // The length-prefixed str/bytes opcodes. Python 3 reads the Python 2 strings (SHORT_BINSTRING,
 // BINSTRING) as str too.
 struct TextOp {
-  unsigned char op;
+  Opcode op;
   std::uint8_t len_bytes;  // size of the little-endian length field
   bool signed_len;         // BINSTRING's length is signed: negative is an error
   Kind kind;
   std::uint8_t flags;
-  const char* name;
   const char* data;  // names the payload in truncation errors
 };
 
 constexpr std::array<TextOp, 9> kTextOps = {{
-    {'U', 1, false, Kind::string, 0, "SHORT_BINSTRING", "SHORT_BINSTRING data"},
-    {'T', 4, true, Kind::string, 0, "BINSTRING", "BINSTRING data"},
-    {0x8c, 1, false, Kind::string, 0, "SHORT_BINUNICODE", "SHORT_BINUNICODE data"},
-    {'X', 4, false, Kind::string, 0, "BINUNICODE", "BINUNICODE data"},
-    {0x8d, 8, false, Kind::string, 0, "BINUNICODE8", "BINUNICODE8 data"},
-    {'C', 1, false, Kind::bytes, 0, "SHORT_BINBYTES", "SHORT_BINBYTES data"},
-    {'B', 4, false, Kind::bytes, 0, "BINBYTES", "BINBYTES data"},
-    {0x8e, 8, false, Kind::bytes, 0, "BINBYTES8", "BINBYTES8 data"},
-    {0x96, 8, false, Kind::bytes, detail::kByteArray, "BYTEARRAY8", "BYTEARRAY8 data"},
+    {Opcode::short_binstring, 1, false, Kind::string, 0, "SHORT_BINSTRING data"},
+    {Opcode::binstring, 4, true, Kind::string, 0, "BINSTRING data"},
+    {Opcode::short_binunicode, 1, false, Kind::string, 0, "SHORT_BINUNICODE data"},
+    {Opcode::binunicode, 4, false, Kind::string, 0, "BINUNICODE data"},
+    {Opcode::binunicode8, 8, false, Kind::string, 0, "BINUNICODE8 data"},
+    {Opcode::short_binbytes, 1, false, Kind::bytes, 0, "SHORT_BINBYTES data"},
+    {Opcode::binbytes, 4, false, Kind::bytes, 0, "BINBYTES data"},
+    {Opcode::binbytes8, 8, false, Kind::bytes, 0, "BINBYTES8 data"},
+    {Opcode::bytearray8, 8, false, Kind::bytes, detail::kByteArray, "BYTEARRAY8 data"},
 }};
 
 bool is_mutable_container(Kind k) { return k == Kind::list || k == Kind::dict; }
@@ -474,122 +385,121 @@ class Parser {
   void step() {
     if (pos_ >= size_) fail_at(pos_, "truncated: expected an opcode (no STOP)");
     op_pos_ = pos_;
-    const unsigned char op = in_[pos_++];
-    const OpInfo& info = kOps[op];
+    const unsigned char byte = in_[pos_++];
+    const OpcodeInfo& info = kOpcodeByByte[byte];
     op_name_ = info.name;
-    switch (info.cls) {
-      case OpClass::plain: return plain(op);
-      case OpClass::forbidden:
-        fail(
-            fmt::format("forbidden opcode {} (0x{:02x}): a plain-data pickle never imports or "
-                        "calls code",
-                        info.name, op));
-      case OpClass::unsupported:
-        fail(fmt::format("unsupported opcode {} (0x{:02x}): {}", info.name, op, info.why));
-      case OpClass::unknown: break;
+    switch (info.treatment) {
+      case Treatment::read: return read(info.op);
+      case Treatment::forbidden:
+        fail(fmt::format("forbidden opcode {} (0x{:02x}): a plain-data pickle never imports or calls code",
+                         info.name, byte));
+      case Treatment::unsupported:
+        fail(fmt::format("unsupported opcode {} (0x{:02x}): {}", info.name, byte, info.why));
+      case Treatment::unknown: break;
     }
-    fail(fmt::format("unknown opcode 0x{:02x}", op));
+    fail(fmt::format("unknown opcode 0x{:02x}", byte));
   }
 
-  void plain(unsigned char op) {
+  // Every opcode the table says is read, and no other (the switch names every Opcode: a new one
+  // does not build until it is handled here, pickle_opcodes.hpp).
+  void read(Opcode op) {
     switch (op) {
-      case 0x80: return proto();
-      case 0x95: return frame();
-      case '.': return stop();
-      case '(': return marks_.push_back(stack_.size());
-      case '0': return pop_op();
-      case '1': return truncate_stack(pop_mark());
-      case '2': return dup();
-      case 'N': return push(kNoneNode);
-      case 0x88: return push(kTrueNode);
-      case 0x89: return push(kFalseNode);
-      default: break;
+      case Opcode::mark: return marks_.push_back(stack_.size());
+      case Opcode::stop: return stop();
+      case Opcode::pop: return pop_op();
+      case Opcode::pop_mark: return truncate_stack(pop_mark());
+      case Opcode::dup: return dup();
+      case Opcode::proto: return proto();
+      case Opcode::frame: return frame();
+      case Opcode::none: return push(kNoneNode);
+      case Opcode::newtrue: return push(kTrueNode);
+      case Opcode::newfalse: return push(kFalseNode);
+      case Opcode::binint:  // a signed 32-bit int, sign-extended to 64 bits
+        return push_int(static_cast<std::uint64_t>(std::int64_t{
+                            static_cast<std::int32_t>(static_cast<std::uint32_t>(read_le(4, "BININT")))}),
+                        false);
+      case Opcode::binint1: return push_int(read_le(1, "BININT1"), false);
+      case Opcode::binint2: return push_int(read_le(2, "BININT2"), false);
+      case Opcode::long1: return long_payload(read_le(1, "LONG1"), "LONG1 data");
+      case Opcode::long4: return long_payload(read_len4_signed("LONG4"), "LONG4 data");
+      case Opcode::binfloat: return binfloat();
+      case Opcode::short_binstring:
+      case Opcode::binstring:
+      case Opcode::short_binunicode:
+      case Opcode::binunicode:
+      case Opcode::binunicode8:
+      case Opcode::short_binbytes:
+      case Opcode::binbytes:
+      case Opcode::binbytes8:
+      case Opcode::bytearray8: return text(op);
+      case Opcode::empty_list: return push(new_container(Kind::list));
+      case Opcode::empty_dict: return push(new_container(Kind::dict));
+      case Opcode::empty_tuple: return build_from(stack_.size(), Kind::tuple);
+      case Opcode::tuple1: return tuple_of(1);
+      case Opcode::tuple2: return tuple_of(2);
+      case Opcode::tuple3: return tuple_of(3);
+      case Opcode::tuple: return build_from(pop_mark(), Kind::tuple);
+      case Opcode::list: return build_from(pop_mark(), Kind::list);
+      case Opcode::dict: return build_from(pop_mark(), Kind::dict);
+      case Opcode::append: return append();
+      case Opcode::appends: return appends();
+      case Opcode::setitem: return setitem();
+      case Opcode::setitems: return setitems();
+      case Opcode::binput: return memo_put(read_le(1, "BINPUT"));
+      case Opcode::long_binput: return memo_put(read_le(4, "LONG_BINPUT"));
+      case Opcode::memoize: return memo_put(memo_count_);  // Python: the key is len(memo)
+      case Opcode::binget: return memo_get(read_le(1, "BINGET"));
+      case Opcode::long_binget: return memo_get(read_le(4, "LONG_BINGET"));
+      // Refused by step() before they get here (Treatment::forbidden, unsupported).
+      case Opcode::global:
+      case Opcode::stack_global:
+      case Opcode::reduce:
+      case Opcode::build:
+      case Opcode::inst:
+      case Opcode::obj:
+      case Opcode::newobj:
+      case Opcode::newobj_ex:
+      case Opcode::ext1:
+      case Opcode::ext2:
+      case Opcode::ext4:
+      case Opcode::persid:
+      case Opcode::binpersid:
+      case Opcode::int_text:
+      case Opcode::long_text:
+      case Opcode::float_text:
+      case Opcode::string_text:
+      case Opcode::unicode_text:
+      case Opcode::put_text:
+      case Opcode::get_text:
+      case Opcode::empty_set:
+      case Opcode::additems:
+      case Opcode::frozenset:
+      case Opcode::next_buffer:
+      case Opcode::readonly_buffer: break;
     }
-    if (number(op) || text(op)) return;
-    if (container(op)) return;
-    memo(op);
+    fail(fmt::format("opcode {} is not read", op_name_));
   }
 
-  bool number(unsigned char op) {
-    switch (op) {
-      case 'J': {  // a signed 32-bit int, sign-extended to 64 bits
-        const auto value =
-            static_cast<std::int32_t>(static_cast<std::uint32_t>(read_le(4, "BININT")));
-        push_int(static_cast<std::uint64_t>(std::int64_t{value}), false);
-        return true;
-      }
-      case 'K': push_int(read_le(1, "BININT1"), false); return true;
-      case 'M': push_int(read_le(2, "BININT2"), false); return true;
-      case 0x8a: {
-        const std::uint64_t n = read_le(1, "LONG1");
-        push_long(take(n, "LONG1 data"), static_cast<std::size_t>(n));
-        return true;
-      }
-      case 0x8b: {
-        const std::uint64_t n = read_len4_signed("LONG4");
-        push_long(take(n, "LONG4 data"), static_cast<std::size_t>(n));
-        return true;
-      }
-      case 'G': {
-        const unsigned char* p = take(8, "BINFLOAT");
-        std::uint64_t bits = 0;
-        for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];  // big-endian
-        push(add_node(Node{Kind::floating, 0, 0, 0, bits}));
-        return true;
-      }
-      default: return false;
-    }
+  void long_payload(std::uint64_t n, const char* what) {
+    push_long(take(n, what), static_cast<std::size_t>(n));
   }
 
-  bool text(unsigned char op) {
-    for (const TextOp& t : kTextOps) {
-      if (t.op != op) continue;
-      const std::uint64_t len =
-          t.signed_len ? read_len4_signed(t.name) : read_le(t.len_bytes, t.name);
-      push_text(t.kind, len, t.data, t.flags);
-      return true;
-    }
-    return false;
+  void binfloat() {
+    const unsigned char* p = take(8, "BINFLOAT");
+    std::uint64_t bits = 0;
+    for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];  // big-endian
+    push(add_node(Node{Kind::floating, 0, 0, 0, bits}));
   }
 
-  bool container(unsigned char op) {
-    switch (op) {
-      case ']': push(new_container(Kind::list)); return true;
-      case '}': push(new_container(Kind::dict)); return true;
-      case ')': build_from(stack_.size(), Kind::tuple); return true;
-      case 0x85:
-        need(1);
-        build_from(stack_.size() - 1, Kind::tuple);
-        return true;
-      case 0x86:
-        need(2);
-        build_from(stack_.size() - 2, Kind::tuple);
-        return true;
-      case 0x87:
-        need(3);
-        build_from(stack_.size() - 3, Kind::tuple);
-        return true;
-      case 't': build_from(pop_mark(), Kind::tuple); return true;
-      case 'l': build_from(pop_mark(), Kind::list); return true;
-      case 'd': build_from(pop_mark(), Kind::dict); return true;
-      case 'a': append(); return true;
-      case 'e': appends(); return true;
-      case 's': setitem(); return true;
-      case 'u': setitems(); return true;
-      default: return false;
-    }
+  void text(Opcode op) {
+    const TextOp& t = *std::find_if(kTextOps.begin(), kTextOps.end(), [op](const TextOp& x) { return x.op == op; });
+    const std::uint64_t len = t.signed_len ? read_len4_signed(op_name_) : read_le(t.len_bytes, op_name_);
+    push_text(t.kind, len, t.data, t.flags);
   }
 
-  void memo(unsigned char op) {
-    switch (op) {
-      case 'q': return memo_put(read_le(1, "BINPUT"));
-      case 'r': return memo_put(read_le(4, "LONG_BINPUT"));
-      case 0x94: return memo_put(memo_count_);  // Python: the key is len(memo)
-      case 'h': return memo_get(read_le(1, "BINGET"));
-      case 'j': return memo_get(read_le(4, "LONG_BINGET"));
-      default: break;
-    }
-    fail(fmt::format("internal error: unhandled opcode 0x{:02x}", op));
+  void tuple_of(std::size_t n) {
+    need(n);
+    build_from(stack_.size() - n, Kind::tuple);
   }
 
   void proto() {

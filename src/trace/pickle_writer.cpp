@@ -11,30 +11,13 @@
 #include <limits>
 
 #include "tensorpool/errors.hpp"
+#include "trace/pickle_opcodes.hpp"
 
 namespace tensorpool::trace::pickle {
 
 namespace {
 
-// The opcodes written (names as in Python's pickletools).
-constexpr std::uint8_t kProto = 0x80;
-constexpr std::uint8_t kStop = '.';
-constexpr std::uint8_t kMark = '(';
-constexpr std::uint8_t kNone = 'N';
-constexpr std::uint8_t kNewTrue = 0x88;
-constexpr std::uint8_t kNewFalse = 0x89;
-constexpr std::uint8_t kBinInt1 = 'K';
-constexpr std::uint8_t kBinInt2 = 'M';
-constexpr std::uint8_t kBinInt = 'J';
-constexpr std::uint8_t kLong1 = 0x8a;
-constexpr std::uint8_t kBinFloat = 'G';
-constexpr std::uint8_t kShortBinUnicode = 0x8c;
-constexpr std::uint8_t kBinUnicode = 'X';
-constexpr std::uint8_t kEmptyDict = '}';
-constexpr std::uint8_t kSetItems = 'u';
-constexpr std::uint8_t kEmptyList = ']';
-constexpr std::uint8_t kAppends = 'e';
-constexpr std::uint8_t kTuple = 't';
+using opcodes::Opcode;
 
 // Python's own batch size: SETITEMS/APPENDS every 1000 entries.
 constexpr std::size_t kBatchEntries = 1000;
@@ -48,8 +31,8 @@ void append_le(std::string& out, std::uint64_t v, int bytes) {
 }  // namespace
 
 Writer::Writer() {
-  op(kProto);
-  op(4);
+  op(Opcode::proto);
+  byte(4);
 }
 
 void Writer::before_value() {
@@ -61,7 +44,7 @@ void Writer::before_value() {
   Open& o = open_.back();
   if (o.kind == Kind::dict && o.key_due)
     misuse("a value where a dict key is due (call key() first)");
-  if (o.kind != Kind::tuple && o.batch == 0) op(kMark);
+  if (o.kind != Kind::tuple && o.batch == 0) op(Opcode::mark);
 }
 
 void Writer::after_item() {
@@ -78,33 +61,33 @@ void Writer::after_item() {
 
 void Writer::close_batch(Open& o) {
   if (o.batch == 0) return;
-  op(o.kind == Kind::dict ? kSetItems : kAppends);
+  op(o.kind == Kind::dict ? Opcode::setitems : Opcode::appends);
   o.batch = 0;
 }
 
 void Writer::none() {
   before_value();
-  op(kNone);
+  op(Opcode::none);
   after_item();
 }
 
 void Writer::boolean(bool v) {
   before_value();
-  op(v ? kNewTrue : kNewFalse);
+  op(v ? Opcode::newtrue : Opcode::newfalse);
   after_item();
 }
 
 void Writer::integer(std::int64_t v) {
   before_value();
   if (v >= 0 && v < 256) {
-    op(kBinInt1);
+    op(Opcode::binint1);
     append_le(out_, static_cast<std::uint64_t>(v), 1);
   } else if (v >= 0 && v < 65536) {
-    op(kBinInt2);
+    op(Opcode::binint2);
     append_le(out_, static_cast<std::uint64_t>(v), 2);
   } else if (v >= std::numeric_limits<std::int32_t>::min() &&
              v <= std::numeric_limits<std::int32_t>::max()) {
-    op(kBinInt);
+    op(Opcode::binint);
     append_le(out_, static_cast<std::uint64_t>(v), 4);
   } else {
     // LONG1: the shortest little-endian two's complement whose top bit carries the sign.
@@ -118,8 +101,8 @@ void Writer::integer(std::int64_t v) {
       else
         break;
     }
-    op(kLong1);
-    op(static_cast<std::uint8_t>(n));
+    op(Opcode::long1);
+    byte(static_cast<std::uint8_t>(n));
     append_le(out_, bits, n);
   }
   after_item();
@@ -131,8 +114,8 @@ void Writer::unsigned_integer(std::uint64_t v) {
     return;
   }
   before_value();
-  op(kLong1);
-  op(9);  // eight magnitude bytes and a zero sign byte
+  op(Opcode::long1);
+  byte(9);  // eight magnitude bytes and a zero sign byte
   append_le(out_, v, 8);
   out_.push_back('\0');
   after_item();
@@ -140,7 +123,7 @@ void Writer::unsigned_integer(std::uint64_t v) {
 
 void Writer::floating(double v) {
   before_value();
-  op(kBinFloat);
+  op(Opcode::binfloat);
   const auto bits = std::bit_cast<std::uint64_t>(v);
   for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
   after_item();
@@ -148,10 +131,10 @@ void Writer::floating(double v) {
 
 void Writer::raw_string(std::string_view utf8) {
   if (utf8.size() < 256) {
-    op(kShortBinUnicode);
-    op(static_cast<std::uint8_t>(utf8.size()));
+    op(Opcode::short_binunicode);
+    byte(static_cast<std::uint8_t>(utf8.size()));
   } else if (utf8.size() <= std::numeric_limits<std::uint32_t>::max()) {
-    op(kBinUnicode);
+    op(Opcode::binunicode);
     append_le(out_, utf8.size(), 4);
   } else {
     misuse("a string of 4 GiB or more");
@@ -169,7 +152,7 @@ void Writer::key(std::string_view utf8) {
   if (finished_ || open_.empty() || open_.back().kind != Kind::dict || !open_.back().key_due)
     misuse("key() outside a dict, or two keys in a row");
   Open& o = open_.back();
-  if (o.batch == 0) op(kMark);
+  if (o.batch == 0) op(Opcode::mark);
   raw_string(utf8);
   ++o.batch;
   o.key_due = false;
@@ -177,7 +160,7 @@ void Writer::key(std::string_view utf8) {
 
 void Writer::open(Kind kind) {
   before_value();
-  op(kind == Kind::dict ? kEmptyDict : kind == Kind::list ? kEmptyList : kMark);
+  op(kind == Kind::dict ? Opcode::empty_dict : kind == Kind::list ? Opcode::empty_list : Opcode::mark);
   open_.push_back(Open{kind});
 }
 
@@ -187,7 +170,7 @@ void Writer::close(Kind kind, const char* call) {
   if (kind == Kind::dict && !open_.back().key_due)
     misuse("end_dict() after a key without its value");
   if (kind == Kind::tuple) {
-    op(kTuple);
+    op(Opcode::tuple);
   } else {
     close_batch(open_.back());
   }
@@ -206,7 +189,7 @@ std::string Writer::finish() {
   if (finished_) misuse("finish() called twice");
   if (!open_.empty()) misuse("finish() with containers still open");
   if (!root_written_) misuse("finish() before any value");
-  op(kStop);
+  op(Opcode::stop);
   finished_ = true;
   return std::move(out_);
 }

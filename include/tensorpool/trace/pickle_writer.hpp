@@ -25,6 +25,10 @@
 
 namespace tensorpool::trace::pickle {
 
+namespace opcodes {
+enum class Opcode : std::uint8_t;  // pickle_opcodes.hpp (private to the library)
+}
+
 class Writer {
  public:
   Writer();
@@ -60,7 +64,8 @@ class Writer {
   void before_value();
   void after_item();
   void close_batch(Open& o);
-  void op(std::uint8_t code) { out_.push_back(static_cast<char>(code)); }
+  void op(opcodes::Opcode code) { out_.push_back(static_cast<char>(code)); }  // src/trace/pickle_opcodes.hpp
+  void byte(std::uint8_t b) { out_.push_back(static_cast<char>(b)); }  // an opcode's argument
   void raw_string(std::string_view utf8);
 
   std::string out_;
