@@ -16,39 +16,39 @@ namespace tensorpool::replay {
 using trace::TraceEvent;
 using trace::Op;
 
+void ReplayResult::finish() noexcept {
+  utilization = peak_reserved == 0 ? 1.0 : static_cast<double>(peak_requested) / static_cast<double>(peak_reserved);
+  waste = peak_reserved > peak_requested ? peak_reserved - peak_requested : 0;
+}
+
+void ReplayResult::add_device(const ReplayResult& d) {
+  events += d.events;
+  allocs += d.allocs;
+  frees += d.frees;
+  unmatched_frees += d.unmatched_frees;
+  ooms += d.ooms;
+  peak_requested += d.peak_requested;
+  peak_allocated += d.peak_allocated;
+  peak_reserved += d.peak_reserved;
+  reserved_at_requested_peak += d.reserved_at_requested_peak;
+  final_reserved += d.final_reserved;
+  upstream += d.upstream;
+  seeding += d.seeding;
+  iterations = std::max(iterations, d.iterations);
+  upstream_after_first_iteration += d.upstream_after_first_iteration;
+  if (d.first_oom && (!first_oom || d.first_oom->time_us < first_oom->time_us)) first_oom = d.first_oom;
+}
+
 namespace {
 
 bool is_seed(Op op) { return op == Op::seed_segment || op == Op::seed_alloc; }
 
-void finish(ReplayResult& r) {
-  r.utilization = r.peak_reserved == 0 ? 1.0
-                                       : static_cast<double>(r.peak_requested) /
-                                             static_cast<double>(r.peak_reserved);
-  r.waste = r.peak_reserved > r.peak_requested ? r.peak_reserved - r.peak_requested : 0;
-}
-
-// Sums per-device results (peaks add up: the devices are separate memories).
+// The per-device results summed (ReplayResult::add_device).
 ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& name) {
   ReplayResult t;
   t.allocator = name;
-  for (const auto& d : devices) {
-    t.events += d.events;
-    t.allocs += d.allocs;
-    t.frees += d.frees;
-    t.unmatched_frees += d.unmatched_frees;
-    t.ooms += d.ooms;
-    t.peak_requested += d.peak_requested;
-    t.peak_allocated += d.peak_allocated;
-    t.peak_reserved += d.peak_reserved;
-    t.reserved_at_requested_peak += d.reserved_at_requested_peak;
-    t.final_reserved += d.final_reserved;
-    t.iterations = std::max(t.iterations, d.iterations);
-    t.upstream += d.upstream;
-    t.seeding += d.seeding;
-    t.upstream_after_first_iteration += d.upstream_after_first_iteration;
-    if (d.first_oom && (!t.first_oom || d.first_oom->time_us < t.first_oom->time_us)) t.first_oom = d.first_oom;
-  }
-  finish(t);
+  for (const auto& d : devices) t.add_device(d);
+  t.finish();
   return t;
 }
 
@@ -60,8 +60,7 @@ class DeviceReplay final : public ReplayView {
     TargetOptions opts = options.target;
     opts.device = device;
     target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
-    result_.allocator = target_->name();
-    result_.device = device;
+    pass_ = new_pass(0, device);
     // require_export() let only a registered target whose descriptor says `exports` this far;
     // a target built by options.make_target has no descriptor here and is asked itself.
     if (options.record_history && !target_->record_history()) {
@@ -70,7 +69,6 @@ class DeviceReplay final : public ReplayView {
       throw std::logic_error("replay target '" + options.allocator +
                              "' exports by its descriptor but records no history");
     }
-    if (warmup_ == 0) observer_ = observed_;
   }
 
   // --- ReplayView ---
@@ -80,18 +78,18 @@ class DeviceReplay final : public ReplayView {
   // The target's memory for a snapshot export (ReplayOptions::record_history).
   trace::pytorch::DeviceMemory memory_state() const {
     trace::pytorch::DeviceMemory m = target_->memory_state();
-    m.device = result_.device;
+    m.device = pass_.result.device;
     return m;
   }
   std::string settings() const { return target_->settings(); }
 
   // Inlined into the event loop (run_pass), as it was before the loop had variants.
   [[gnu::always_inline]] void apply(const TraceEvent& e) {
-    ++result_.events;
-    if (!window_started_ && !is_seed(e.op)) start_window();
+    ++pass_.result.events;
+    if (!pass_.window_started && !is_seed(e.op)) start_window();
     switch (e.op) {
       case Op::seed_segment:
-        if (pass_ == 0) seed_segment(e);
+        if (pass_.number == 0) seed_segment(e);
         break;
       case Op::seed_alloc: allocate(e, true); break;
       case Op::alloc: allocate(e, false); break;
@@ -106,7 +104,7 @@ class DeviceReplay final : public ReplayView {
         break;
       case Op::empty_cache: target_->empty_cache(); break;
       case Op::iteration:
-        if (++result_.iterations == 2) at_second_iteration_ = target_->upstream();
+        if (++pass_.result.iterations == 2) pass_.at_second_iteration = target_->upstream();
         break;
       default: break;  // the recording allocator's own events: see baseline()
     }
@@ -114,7 +112,7 @@ class DeviceReplay final : public ReplayView {
 
   // After apply(e) in the measured pass, when there is an observer.
   void observe(const TraceEvent& e) const {
-    observer_->after_event(ReplayPoint{result_.device, result_.events - 1, &e, requested_,
+    pass_.observer->after_event(ReplayPoint{pass_.result.device, pass_.result.events - 1, &e, requested_,
                                        target_->allocated(), target_->reserved()},
                            *this);
   }
@@ -123,32 +121,24 @@ class DeviceReplay final : public ReplayView {
   // on), and the next pass starts from the window's starting state: every live block is freed,
   // in the trace's address order, and the next pass allocates the seed blocks again. (The blocks
   // the window left live stand for the seeds of the next pass: kept beside them, the next pass
-  // would ask for more than the window does, 5 GiB more on cs336-2.7b. A seed still live would
-  // be freed before its allocation anyway; freed here, it lets each allocator start the pass
-  // from its cache alone.) The measurements start again from the current state.
+  // would ask for more than the window does. A seed still live would be freed before its
+  // allocation anyway; freed here, it lets each allocator start the pass from its cache alone.)
+  // The measurements start again from the current state.
   void start_next_pass() {
-    if (!window_started_) start_window();
+    if (!pass_.window_started) start_window();
     free_all_live();
-    ++pass_;
-    const std::string name = result_.allocator;
-    const int device = result_.device;
-    result_ = ReplayResult{};
-    result_.allocator = name;
-    result_.device = device;
-    failed_.clear();
-    window_started_ = false;
-    if (pass_ == warmup_) observer_ = observed_;
-    measure();
+    pass_ = new_pass(pass_.number + 1, pass_.result.device);
   }
 
   ReplayResult finish_result() {
-    if (!window_started_) start_window();
+    if (!pass_.window_started) start_window();
+    ReplayResult& r = pass_.result;
     const UpstreamCounts now = target_->upstream();
-    result_.upstream = now - at_window_start_;
-    if (result_.iterations >= 2) result_.upstream_after_first_iteration = now - at_second_iteration_;
-    result_.final_reserved = target_->reserved();
-    finish(result_);
-    return result_;
+    r.upstream = now - pass_.at_window_start;
+    if (r.iterations >= 2) r.upstream_after_first_iteration = now - pass_.at_second_iteration;
+    r.final_reserved = target_->reserved();
+    r.finish();
+    return r;
   }
 
  private:
@@ -168,13 +158,33 @@ class DeviceReplay final : public ReplayView {
   }
 
 
+  // What one pass over the window measures: a new value per pass (start_next_pass()).
+  struct Pass {
+    int number = 0;                      // 0: the first (seed segments are adopted only then)
+    ReplayObserver* observer = nullptr;  // ReplayOptions::observer in the measured pass, else null
+    bool window_started = false;         // a non-seed event of this pass has been read
+    UpstreamCounts at_window_start;      // the target's counts then ...
+    UpstreamCounts at_second_iteration;  // ... and at the pass's second iteration marker
+    ReplayResult result;
+    std::unordered_set<std::uint64_t> failed;  // addresses whose allocation raised OOM
+  };
+
+  Pass new_pass(int number, int device) const {
+    Pass p;
+    p.number = number;
+    p.observer = number == warmup_ ? observed_ : nullptr;
+    p.result.allocator = target_->name();
+    p.result.device = device;
+    return p;
+  }
+
   void start_window() {
-    window_started_ = true;
-    at_window_start_ = target_->upstream();
-    at_second_iteration_ = at_window_start_;
-    if (pass_ == 0) {
-      result_.seeding = at_window_start_;
-      result_.seeding += target_->seeding_excluded();
+    pass_.window_started = true;
+    pass_.at_window_start = target_->upstream();
+    pass_.at_second_iteration = pass_.at_window_start;
+    if (pass_.number == 0) {
+      pass_.result.seeding = pass_.at_window_start;
+      pass_.result.seeding += target_->seeding_excluded();
     }
   }
 
@@ -190,22 +200,22 @@ class DeviceReplay final : public ReplayView {
   }
 
   void refused(const TraceEvent& e, const OutOfMemoryError& oom) {
-    if (++result_.ooms != 1) return;
-    result_.first_oom = OomReport{result_.device, result_.events - 1, e.time_us, e.addr, e.label, oom.info()};
-    if (observer_ != nullptr) observer_->on_first_oom(*result_.first_oom, *this);
+    if (++pass_.result.ooms != 1) return;
+    pass_.result.first_oom = OomReport{pass_.result.device, pass_.result.events - 1, e.time_us, e.addr, e.label, oom.info()};
+    if (pass_.observer != nullptr) pass_.observer->on_first_oom(*pass_.result.first_oom, *this);
   }
 
   void allocate(const TraceEvent& e, bool seed) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
-    ++result_.allocs;
+    ++pass_.result.allocs;
     try {
       void* p = seed ? target_->seed_alloc(e) : target_->allocate(e.size, e.stream);
       live_.emplace(e.addr, Live{p, e.size, e.stream, e.label});
       requested_ += e.size;
     } catch (const OutOfMemoryError& oom) {
       refused(e, oom);
-      failed_.insert(e.addr);
+      pass_.failed.insert(e.addr);
     }
     measure();
   }
@@ -226,7 +236,7 @@ class DeviceReplay final : public ReplayView {
     auto it = live_.find(e.addr);
     if (it == live_.end()) {
       // The free of an allocation that failed (OOM) is expected; any other is the trace's.
-      if (failed_.erase(e.addr) == 0 && requested) ++result_.unmatched_frees;
+      if (pass_.failed.erase(e.addr) == 0 && requested) ++pass_.result.unmatched_frees;
       return;
     }
     free_live(it);
@@ -234,7 +244,7 @@ class DeviceReplay final : public ReplayView {
   }
 
   void free_live(std::unordered_map<std::uint64_t, Live>::iterator it) {
-    ++result_.frees;
+    ++pass_.result.frees;
     requested_ -= it->second.size;
     target_->deallocate(it->second.ptr, it->second.size, it->second.stream);
     live_.erase(it);
@@ -242,27 +252,21 @@ class DeviceReplay final : public ReplayView {
 
   void measure() {
     const std::size_t reserved = target_->reserved();
-    result_.peak_reserved = std::max(result_.peak_reserved, reserved);
-    result_.peak_allocated = std::max(result_.peak_allocated, target_->allocated());
-    if (requested_ > result_.peak_requested) {
-      result_.peak_requested = requested_;
-      result_.reserved_at_requested_peak = reserved;
+    pass_.result.peak_reserved = std::max(pass_.result.peak_reserved, reserved);
+    pass_.result.peak_allocated = std::max(pass_.result.peak_allocated, target_->allocated());
+    if (requested_ > pass_.result.peak_requested) {
+      pass_.result.peak_requested = requested_;
+      pass_.result.reserved_at_requested_peak = reserved;
     }
   }
 
   const bool attempt_ooms_;
   std::unique_ptr<ReplayTarget> target_;
   ReplayObserver* const observed_;   // ReplayOptions::observer
-  ReplayObserver* observer_ = nullptr;  // observed_ during the measured pass, null before
   const int warmup_;
-  ReplayResult result_;
-  std::unordered_map<std::uint64_t, Live> live_;
-  std::unordered_set<std::uint64_t> failed_;  // addresses whose allocation raised OOM
-  std::size_t requested_ = 0;
-  bool window_started_ = false;
-  int pass_ = 0;
-  UpstreamCounts at_window_start_;
-  UpstreamCounts at_second_iteration_;
+  Pass pass_;
+  std::unordered_map<std::uint64_t, Live> live_;  // carried over from pass to pass
+  std::size_t requested_ = 0;                     // bytes the live blocks asked for
 };
 
 // The target's map with each live block's request and label from the trace.
@@ -404,7 +408,7 @@ class DeviceBaseline {
 
   Baseline finish_baseline() {
     b_.result.final_reserved = reserved_;
-    finish(b_.result);
+    b_.result.finish();
     return b_;
   }
 

@@ -131,6 +131,13 @@ struct ReplayResult {
   double host_ns_per_op = 0.0;
   /// Set when ooms > 0. In a sum over devices: the earliest in trace time (ties: lowest device).
   std::optional<OomReport> first_oom;
+
+  /// Adds one device's figures to this sum over devices (counts and peaks add up: the devices
+  /// are separate memories; iterations is the largest; host_ns_per_op is the caller's). Call
+  /// finish() after the last. A field added above must be added there too (replay.cpp).
+  void add_device(const ReplayResult& d);
+  /// utilization and waste from the peaks.
+  void finish() noexcept;
 };
 
 struct ReplayReport {
