@@ -60,6 +60,17 @@ void BM_ReplayShared(benchmark::State& state, const char* allocator, const char*
   run(state, *t, allocator, conf);
 }
 
+// Reading the largest shared snapshot and importing it as a trace (the pickle reader and the
+// converter), from a file in the page cache.
+void BM_LoadSnapshot(benchmark::State& state) {
+  const std::string path = std::string(TENSORPOOL_SHARED_TRACES) + "/cs336-2.7b-seq128-fullstep.pickle";
+  if (!std::filesystem::exists(path)) {
+    state.SkipWithError("shared trace cs336-2.7b-seq128-fullstep.pickle not found");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(trace::load_trace(path));
+}
+
 }  // namespace
 
 BENCHMARK_CAPTURE(BM_ReplayGenerated, tensorpool, "tensorpool", "")->Unit(benchmark::kMillisecond);
@@ -68,5 +79,7 @@ BENCHMARK_CAPTURE(BM_ReplayGenerated, pytorch, "pytorch", "")->Unit(benchmark::k
 BENCHMARK_CAPTURE(BM_ReplayShared, tensorpool, "tensorpool", "")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_ReplayShared, tensorpool_vmm, "tensorpool", "mode:vmm")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_ReplayShared, pytorch, "pytorch", "")->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_LoadSnapshot)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

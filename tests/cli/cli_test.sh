@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end tests of the tensorpool CLI: every subcommand, JSON keys, exit codes and messages.
-# Usage: cli_test.sh TENSORPOOL_BINARY SHARED_TRACES_DIR
+# Usage: cli_test.sh TENSORPOOL_BINARY (the shared PyTorch snapshots: cli_snapshot_test.sh)
 set -u
 bin=$1
-shared=$2
 source "$(dirname "$0")/check.sh"
 
 check "demo runs" 0 "tensorpool-vmm" -- "$bin" demo
@@ -168,16 +167,5 @@ check "fit --allocator-conf is checked" 2 "--allocator-conf cub: bin_growth must
 check "fit --cost-model" 0 '"modelled_upstream_ns": 0,' -- "$bin" fit "$work/g.tptrace" --allocators raw --cost-model "$work/cost.txt" --json
 check "plan --allocator-conf: an arena above the device" 2 "arena_size must be" -- "$bin" plan --model custom --options "$small" --global-batch 8 --capacity 3GiB --allocators rmm-arena --allocator-conf rmm-arena=arena_size:4GiB
 check "plan --allocator-conf" 0 "rmm-pool" -- "$bin" plan --model custom --options "$small" --global-batch 8 --capacity 3GiB --allocators rmm-pool --allocator-conf rmm-pool=initial_pool_size:0
-
-# A real PyTorch snapshot, when the shared traces are here.
-if [ -f "$shared/small-from-empty.pickle" ]; then
-  check "info on a PyTorch snapshot" 0 "recorded allocator" -- "$bin" info "$shared/small-from-empty.pickle"
-  check "compare shows PyTorch's actual" 0 "pytorch-actual" -- "$bin" compare "$shared/small-from-empty.pickle"
-  check "convert a snapshot" 0 "wrote" -- "$bin" convert "$shared/small-from-empty.pickle" "$work/s.tptrace"
-  check "the converted snapshot keeps PyTorch's figures" 0 "pytorch-actual" -- "$bin" compare "$work/s.tptrace"
-  check "fit on a PyTorch snapshot" 0 "yes" -- "$bin" fit "$shared/small-from-empty.pickle"
-else
-  echo "shared traces not found at $shared: snapshot checks skipped"
-fi
 
 finish

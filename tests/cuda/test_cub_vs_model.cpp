@@ -11,6 +11,7 @@
 
 #include <cub/util_allocator.cuh>
 
+#include "support/skip.hpp"
 #include "cub_vs_model.hpp"
 #include "tensorpool/workload/generator.hpp"
 #include "tensorpool/trace/pytorch_snapshot.hpp"
@@ -178,14 +179,11 @@ TEST_CASE("cub model = real CUB: a generated LLM training trace", "[cuda][cub]")
 
 TEST_CASE("cub model = real CUB on every shared PyTorch snapshot", "[cuda][cub][shared]") {
   namespace fs = std::filesystem;
+  TP_REQUIRE_SHARED_TRACES(dir);
   std::vector<fs::path> files;
-  if (fs::is_directory(TENSORPOOL_SHARED_TRACES))
-    for (const auto& entry : fs::directory_iterator(TENSORPOOL_SHARED_TRACES))
-      if (entry.path().extension() == ".pickle") files.push_back(entry.path());
-  if (files.empty()) {
-    WARN("no shared traces at " << TENSORPOOL_SHARED_TRACES << ": skipped");
-    return;
-  }
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().extension() == ".pickle") files.push_back(entry.path());
+  REQUIRE(!files.empty());
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
     INFO(f.filename().string());

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "support/skip.hpp"
 #include "conformance.hpp"
 #include "random_workload.hpp"
 #include "tensorpool/errors.hpp"
@@ -310,10 +311,8 @@ TEST_CASE("conformance: the same trace replays to the same figures", "[conforman
 
 TEST_CASE("conformance: the shared traces replay with consistent, deterministic figures",
           "[conformance][shared]") {
-  if (shared_traces().empty()) {
-    WARN("shared traces not found at " << TENSORPOOL_SHARED_TRACES << ": skipped");
-    return;
-  }
+  TP_REQUIRE_SHARED_TRACES(dir);
+  REQUIRE(!shared_traces().empty());
   for (const auto& [file, t] : shared_traces()) {
     for (const ConformanceTarget& target : testing::conformance_targets()) {
       INFO(file << ", " << target.descriptor.name);

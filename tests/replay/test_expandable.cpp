@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "support/skip.hpp"
 #include "random_workload.hpp"
 #include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
@@ -559,10 +560,7 @@ std::filesystem::path expandable_trace() {
 TEST_CASE("pytorch-expandable model: the engine's replay reserves within 2% of PyTorch's peak",
           "[models][expandable][validation]") {
   const auto file = expandable_trace();
-  if (!std::filesystem::exists(file)) {
-    WARN("no " << file.string() << ": skipped");
-    return;
-  }
+  if (!std::filesystem::exists(file)) TP_SKIP("no " << file.string());
   const trace::Trace t = trace::pytorch::import_snapshot(file);
   TraceSource source(t);
   ReplayOptions options;
@@ -607,10 +605,7 @@ TEST_CASE("pytorch-expandable model: the engine's replay reserves within 2% of P
 TEST_CASE("pytorch-expandable model: reserved bytes follow PyTorch's through the whole trace",
           "[models][expandable][validation]") {
   const auto file = expandable_trace();
-  if (!std::filesystem::exists(file)) {
-    WARN("no " << file.string() << ": skipped");
-    return;
-  }
+  if (!std::filesystem::exists(file)) TP_SKIP("no " << file.string());
   const trace::Trace t = trace::pytorch::import_snapshot(file);
   for (const std::size_t capacity : {80 * GiB, kRecordedCapacity}) {
     for (const auto& [device, f] : follow_trace(t, capacity)) {
@@ -630,11 +625,7 @@ TEST_CASE("pytorch-expandable model: reserved bytes follow PyTorch's through the
 TEST_CASE("pytorch-expandable model: the native shared traces replay cleanly",
           "[models][expandable][validation]") {
   namespace fs = std::filesystem;
-  const fs::path dir = TENSORPOOL_SHARED_TRACES;
-  if (!fs::is_directory(dir)) {
-    WARN("no shared traces at " << TENSORPOOL_SHARED_TRACES << ": skipped");
-    return;
-  }
+  TP_REQUIRE_SHARED_TRACES(dir);
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".pickle" || entry.path().filename() == kExpandableTrace)
       continue;

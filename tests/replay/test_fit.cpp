@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 
+#include "support/skip.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/fit.hpp"
 #include "tensorpool/trace/load.hpp"
@@ -232,12 +233,8 @@ TEST_CASE("largest_fitting: the answer fits, the next member does not, each trac
 }
 
 TEST_CASE("fit on the shared traces: every answer is checked 1% below", "[fit][shared]") {
-  const std::filesystem::path dir = TENSORPOOL_SHARED_TRACES;
+  TP_REQUIRE_SHARED_TRACES(dir);
   const std::filesystem::path path = dir / "cs336-medium-seq128-train.pickle";
-  if (!std::filesystem::exists(path)) {
-    WARN("skipped: " << path << " is absent");
-    return;
-  }
   const trace::Trace t = trace::load_trace(path.string());
   FitOptions o;
   o.targets = every_target();

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "support/skip.hpp"
 #include "random_workload.hpp"
 #include "replay/models/models.hpp"
 #include "tensorpool/errors.hpp"
@@ -737,11 +738,9 @@ std::string row(const WindowResult& r) {
   return buf;
 }
 
-std::vector<std::filesystem::path> shared_traces() {
+std::vector<std::filesystem::path> pickles_in(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
   std::vector<fs::path> files;
-  const fs::path dir = TENSORPOOL_SHARED_TRACES;
-  if (!fs::is_directory(dir)) return files;
   for (const auto& entry : fs::directory_iterator(dir))
     if (entry.path().extension() == ".pickle") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
@@ -762,11 +761,9 @@ double rel(std::size_t model, std::size_t actual) {
 // reserved from the trace's own seed_segment and segment_* events.
 TEST_CASE("pytorch model: the engine's replay reserves within 2% of PyTorch's peak",
           "[models][pytorch][validation]") {
-  const auto files = shared_traces();
-  if (files.empty()) {
-    WARN("no shared traces at " << TENSORPOOL_SHARED_TRACES << ": skipped");
-    return;
-  }
+  TP_REQUIRE_SHARED_TRACES(dir);
+  const auto files = pickles_in(dir);
+  REQUIRE(!files.empty());
   for (const auto& file : files) {
     const trace::Trace t = trace::pytorch::import_snapshot(file);
     TraceSource source(t);
@@ -802,11 +799,9 @@ TEST_CASE("pytorch model: the engine's replay reserves within 2% of PyTorch's pe
 // event and can place the seeds exactly (seed_alloc); prints the validation table.
 TEST_CASE("pytorch model: reserved bytes follow PyTorch's through every shared trace",
           "[models][pytorch][validation]") {
-  const auto files = shared_traces();
-  if (files.empty()) {
-    WARN("no shared traces at " << TENSORPOOL_SHARED_TRACES << ": skipped");
-    return;
-  }
+  TP_REQUIRE_SHARED_TRACES(dir);
+  const auto files = pickles_in(dir);
+  REQUIRE(!files.empty());
   for (const auto& file : files) {
     const trace::Trace t = trace::pytorch::import_snapshot(file);
     for (const bool exact : {false, true}) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "support/skip.hpp"
 #include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/workload/generator.hpp"
@@ -401,11 +402,7 @@ TEST_CASE("vmm mode: a repeating training loop makes no upstream calls after its
 }
 
 TEST_CASE("vmm mode on the shared traces: utilization >= 0.97 and above the pytorch model", "[replay][vmm][shared]") {
-  const std::string dir = TENSORPOOL_SHARED_TRACES;
-  if (!std::filesystem::exists(dir)) {
-    WARN("shared traces not found at " << dir << ": skipped");
-    return;
-  }
+  TP_REQUIRE_SHARED_TRACES(dir);
   int traces = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".pickle") continue;

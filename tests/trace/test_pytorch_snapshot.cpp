@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/skip.hpp"
 #include "tensorpool/trace/pytorch_snapshot.hpp"
 
 namespace fs = std::filesystem;
@@ -483,18 +484,12 @@ const std::vector<SharedTrace> kShared = {
        {Op::seed_alloc, 622}}}},
 };
 
-bool shared_traces_present() {
-  if (fs::is_directory(TENSORPOOL_SHARED_TRACES)) return true;
-  WARN("no shared traces at " << TENSORPOOL_SHARED_TRACES << ": skipped");
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("pytorch: every pickle in shared/traces imports and replays", "[pytorch][shared]") {
-  if (!shared_traces_present()) return;
+  TP_REQUIRE_SHARED_TRACES(dir);
   int files = 0;
-  for (const auto& entry : fs::directory_iterator(TENSORPOOL_SHARED_TRACES)) {
+  for (const auto& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() != ".pickle") continue;
     INFO(entry.path().filename().string());
     const Trace trace = pytorch::import_snapshot(entry.path());
@@ -506,9 +501,9 @@ TEST_CASE("pytorch: every pickle in shared/traces imports and replays", "[pytorc
 }
 
 TEST_CASE("pytorch: every shared trace imports with the expected events", "[pytorch][shared]") {
-  if (!shared_traces_present()) return;
+  TP_REQUIRE_SHARED_TRACES(dir);
   for (const SharedTrace& st : kShared) {
-    const fs::path file = fs::path(TENSORPOOL_SHARED_TRACES) / st.file;
+    const fs::path file = dir / st.file;
     DYNAMIC_SECTION(st.file) {
       const auto t0 = std::chrono::steady_clock::now();
       const pytorch::Snapshot snap = pytorch::load_snapshot(file);
