@@ -3,6 +3,8 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/tensorpool DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${PROJECT_BINARY_DIR}/generated/include/tensorpool/version.hpp
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tensorpool)
 set(_tp_targets tensorpool_headers tensorpool)
 foreach(_t tensorpool_trace tensorpool_workload tensorpool_replay tensorpool_record tensorpool_registry tensorpool_cuda)
   if(TARGET ${_t})

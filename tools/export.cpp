@@ -1,8 +1,8 @@
 // export.cpp: `tensorpool export TRACE --allocator NAME -o snapshot.pickle`: replays a trace
 // against one allocator while recording its events, then writes its final memory and that
 // history as a PyTorch memory snapshot (pytorch.org/memory_viz, torch.cuda._memory_viz).
-// main.cpp has checked, before the trace is read, that the allocator exports and the output can
-// be written.
+// ExportCommand (subcommands.cpp) has checked, before the trace is read, that the allocator
+// exports and the output can be written.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>

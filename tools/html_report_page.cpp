@@ -28,6 +28,7 @@
 #include "html_report.hpp"
 #include "report.hpp"
 #include "tensorpool/types.hpp"
+#include "tensorpool/version.hpp"
 
 namespace tensorpool::cli {
 
@@ -113,7 +114,7 @@ std::string data_json(const ReportData& d) {
   for (std::uint32_t l : labels)
     if (l < d.labels.size()) label_text[std::to_string(l)] = d.labels[l];
   json j = {
-      {"tool", "tensorpool 0.1.0"},
+      {"tool", "tensorpool " TENSORPOOL_VERSION},
       {"trace", {{"path", d.trace_path}, {"kind", d.kind}, {"source", d.source}, {"devices", d.devices},
                  {"device", d.device}, {"events", d.device_events}, {"has_times", d.has_times}}},
       {"capacity", d.capacity},

@@ -1,7 +1,7 @@
 // report_cmd.cpp: `tensorpool report TRACE -o report.html`: replays a trace against several
-// allocators and writes what it saw as one self-contained HTML page (html_report.hpp). main.cpp
-// has checked, before the trace is read, the allocators, their settings and that the output can
-// be written; the page goes through a temporary file and a rename, so a failed report leaves
+// allocators and writes what it saw as one self-contained HTML page (html_report.hpp).
+// ReportCommand (subcommands.cpp) has checked, before the trace is read, the allocators, their
+// settings and that the output can be written; the page goes through a temporary file and a rename, so a failed report leaves
 // nothing behind.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -26,7 +26,7 @@ int cmd_report(const RunOptions& o, const std::string& out, const replay::FitOpt
   Progress progress(Progress::wanted(o.quiet, o.json), report_work(loaded.trace, o, fit));
   const ReportData data = collect_report(loaded.trace, trace::to_string(loaded.kind), o, fit, progress);
   const std::string page = render_html(data);
-  trace::pytorch::write_file_atomically(out, page);
+  trace::pytorch::write_file_atomically(out, page, "report");
   progress.finish();
   if (o.json) {
     const nlohmann::json j = {{"output", out}, {"bytes", page.size()}, {"device", data.device},

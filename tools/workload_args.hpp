@@ -5,8 +5,6 @@
 
 #include <string>
 
-#include <CLI/CLI.hpp>
-
 #include "tensorpool/workload/setup.hpp"
 
 namespace tensorpool::cli {
@@ -21,11 +19,6 @@ struct WorkloadArgs {
   /// generator's).
   bool given() const;
 };
-
-/// Adds --model and the flags to `cmd`; `options` is the command's --options (bound by the
-/// caller). for_generate: also --mode and --micro-batch (plan searches the micro-batch of a
-/// training run).
-void add_workload_flags(CLI::App* cmd, WorkloadArgs& args, bool for_generate);
 
 /// The setup the arguments describe, validated. Throws UsageError (unknown model, listing the
 /// known ones) and ConfigError (a bad option, naming the flag or "--options", or an impossible

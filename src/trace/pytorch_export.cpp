@@ -275,27 +275,27 @@ std::vector<std::pair<std::string, std::string>> settings_from_conf(std::string_
   return out;
 }
 
-void check_writable(const std::filesystem::path& path) {
+void check_writable(const std::filesystem::path& path, std::string_view what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    throw Error(fmt::format("cannot write snapshot '{}': it is a directory", path.string()));
+    throw Error(fmt::format("cannot write {} '{}': it is a directory", what, path.string()));
   // Creating (and removing) the temporary file the real write would use proves the directory
   // exists and is writable.
   try {
     detail::FileSink probe(path.string());
     probe.discard();
   } catch (const Error& e) {
-    throw Error(fmt::format("cannot write snapshot '{}': {}", path.string(), e.what()));
+    throw Error(fmt::format("cannot write {} '{}': {}", what, path.string(), e.what()));
   }
 }
 
-void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, std::string_view what) {
   try {
     detail::FileSink sink(path.string());
     sink.put(bytes);
     sink.commit();
   } catch (const Error& e) {
-    throw Error(fmt::format("cannot write snapshot '{}': {}", path.string(), e.what()));
+    throw Error(fmt::format("cannot write {} '{}': {}", what, path.string(), e.what()));
   }
 }
 

@@ -57,7 +57,7 @@ got=$(report_json "$work/fit.html" "[a['fit']['capacity'] for a in d['allocators
   && pass || fail "the map at the OOM is not the memory the OOM reports"
 
 # Bad requests: refused before the trace is read, with the reason; nothing written.
-check "unwritable output" 2 "$work/no/such/dir/r.html" -- "$bin" report "$work/g.tptrace" -o "$work/no/such/dir/r.html"
+check "unwritable output" 2 "cannot write report '$work/no/such/dir/r.html'" -- "$bin" report "$work/g.tptrace" -o "$work/no/such/dir/r.html"
 check "output is a directory" 2 "$work" -- "$bin" report "$work/g.tptrace" -o "$work"
 check "unknown allocator" 2 "unknown allocator 'nope'" -- "$bin" report "$work/g.tptrace" -o "$work/x.html" --allocators tensorpool,nope
 check "unknown allocator before a missing trace" 2 "unknown allocator" -- "$bin" report "$work/missing.tptrace" -o "$work/x.html" --allocators nope

@@ -95,12 +95,13 @@ std::string snapshot_pickle(const std::vector<DeviceMemory>& devices,
 /// malformed list (tensorpool/key_values.hpp).
 std::vector<std::pair<std::string, std::string>> settings_from_conf(std::string_view conf);
 
-/// Throws Error naming `path` when it cannot be written: its directory is missing or not
-/// writable, or it names a directory. Called before any work is done.
-void check_writable(const std::filesystem::path& path);
+/// Throws Error naming `path` (as "cannot write WHAT 'path'") when it cannot be written: its
+/// directory is missing or not writable, or it names a directory. Called before any work is done.
+void check_writable(const std::filesystem::path& path, std::string_view what = "snapshot");
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a
 /// reader never sees half a file. Throws Error naming the path (the temporary file is removed).
-void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes,
+                           std::string_view what = "snapshot");
 
 }  // namespace tensorpool::trace::pytorch
