@@ -81,10 +81,10 @@ void BM_AllocFreeMixed(benchmark::State& state) {
 // One training-like epoch of `n` allocations for the planner: an eighth are long-lived (weights,
 // optimizer state: the whole epoch), the rest a forward pass of activations kept for the backward
 // pass (freed in reverse) with a short-lived temporary after each, sizes 512 B to 64 MiB.
-std::vector<detail::PlanBlock> training_epoch(std::size_t n) {
+std::vector<detail::RecordedBlock> training_epoch(std::size_t n) {
   std::mt19937_64 rng(3);
   auto size = [&] { return (std::size_t{1} << (9 + rng() % 18)) + 512 * (rng() % 64); };
-  std::vector<detail::PlanBlock> blocks;
+  std::vector<detail::RecordedBlock> blocks;
   std::uint64_t clock = 0;
   std::size_t offset = 0;
   auto alloc = [&] {
@@ -111,7 +111,7 @@ std::vector<detail::PlanBlock> training_epoch(std::size_t n) {
 // The planner on an epoch of `n` allocations: what the free that ends such an epoch costs once
 // (vmm_plan_max_blocks caps n at 8192 by default).
 void BM_PlanLayout(benchmark::State& state) {
-  const std::vector<detail::PlanBlock> epoch = training_epoch(static_cast<std::size_t>(state.range(0)));
+  const std::vector<detail::RecordedBlock> epoch = training_epoch(static_cast<std::size_t>(state.range(0)));
   std::size_t height = 0;
   for (auto _ : state) height = detail::plan_layout(epoch).height;
   state.counters["blocks"] = static_cast<double>(epoch.size());

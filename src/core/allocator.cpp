@@ -65,7 +65,7 @@ void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
   StreamState& ss = streams.get(stream);
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
   Block* b = nullptr;
-  if (TP_UNLIKELY(ss.planned[static_cast<int>(pool)]) && (b = source_->take_planned(ss, pool, size)) != nullptr) {
+  if (TP_UNLIKELY(ss.follows_plan(pool)) && (b = source_->take_planned(ss, pool, size)) != nullptr) {
     hand_out(b, bytes);
   } else {
     b = bytes <= kMaxAllocationSize ? find_cached(ss, pool, size) : nullptr;

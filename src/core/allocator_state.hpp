@@ -17,6 +17,7 @@
 #include "core/counters.hpp"
 #include "core/free_index.hpp"
 #include "core/hooks.hpp"
+#include "core/plan_state.hpp"
 #include "tensorpool/config.hpp"
 #include "tensorpool/device.hpp"
 
@@ -34,9 +35,15 @@ struct StreamState {
   Stream stream;
   FreeIndex index[kNumIndexKinds];
   std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
-  /// Per pool: this stream's vmm heap follows a planned layout, so an allocation asks the
-  /// segment source for its planned block before the free index (SegmentSource::take_planned).
-  std::array<bool, kNumPools> planned{};
+  /// Per pool: the plan state of this stream's vmm heap (owned by the heap's PlanCursor; null: no
+  /// heap, or fixed segments). While it is PlanState::following, an allocation asks the segment
+  /// source for its planned block before the free index (SegmentSource::take_planned).
+  std::array<const PlanState*, kNumPools> plan_state{};
+
+  bool follows_plan(Pool pool) const noexcept {
+    const PlanState* s = plan_state[static_cast<int>(pool)];
+    return s != nullptr && *s == PlanState::following;
+  }
 };
 
 /// The streams seen so far, with a one-entry cache in front of the hash map for the hot path.

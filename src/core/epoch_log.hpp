@@ -32,7 +32,7 @@ struct EpochLog {
   std::uint64_t signature = kSignatureSeed;
   std::size_t capacity = 0;  // vmm_plan_max_blocks
   bool full = false;         // the epoch made more allocations than capacity: no plan from it
-  std::vector<PlanBlock> entries;
+  std::vector<RecordedBlock> entries;
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
     ++live;
@@ -43,7 +43,7 @@ struct EpochLog {
       return;
     }
     b->epoch_slot = static_cast<std::uint32_t>(entries.size());
-    entries.push_back(PlanBlock{b->size, clock++, 0, b->addr - heap_start});
+    entries.push_back(RecordedBlock{b->size, clock++, 0, b->addr - heap_start});
   }
 
   /// True when the heap has nothing allocated any more.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -13,9 +14,9 @@ namespace tensorpool::detail {
 
 namespace {
 
-void check_input(std::span<const PlanBlock> blocks) {
+void check_input(std::span<const RecordedBlock> blocks) {
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const PlanBlock& b = blocks[i];
+    const RecordedBlock& b = blocks[i];
     if (b.size == 0 || b.start >= b.end)
       throw std::invalid_argument("plan_layout: block " + std::to_string(i) + " has size " + std::to_string(b.size) +
                                   " and lifetime [" + std::to_string(b.start) + ", " + std::to_string(b.end) + ")");
@@ -26,7 +27,7 @@ void check_input(std::span<const PlanBlock> blocks) {
 // are kept in offset order, so each block's gaps come from one pass over them that skips those
 // not alive with it: O(n^2) simple steps in all, a few ms for thousands of blocks (the
 // vmm_plan_max_blocks cap bounds n).
-std::vector<std::size_t> pack(std::span<const PlanBlock> blocks) {
+std::vector<std::size_t> pack(std::span<const RecordedBlock> blocks) {
   const std::size_t n = blocks.size();
   std::vector<std::size_t> order(n);
   std::iota(order.begin(), order.end(), std::size_t{0});
@@ -42,7 +43,7 @@ std::vector<std::size_t> pack(std::span<const PlanBlock> blocks) {
   placed.reserve(n);
   std::vector<std::size_t> offsets(n, 0);
   for (const std::size_t i : order) {
-    const PlanBlock& b = blocks[i];
+    const RecordedBlock& b = blocks[i];
     std::size_t top = 0;
     std::size_t best_gap = SIZE_MAX;
     std::size_t best_at = 0;
@@ -64,7 +65,7 @@ std::vector<std::size_t> pack(std::span<const PlanBlock> blocks) {
   return offsets;
 }
 
-std::size_t height_of(std::span<const PlanBlock> blocks, const std::vector<std::size_t>& offsets) {
+std::size_t height_of(std::span<const RecordedBlock> blocks, const std::vector<std::size_t>& offsets) {
   std::size_t h = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) h = std::max(h, offsets[i] + blocks[i].size);
   return h;
@@ -72,7 +73,7 @@ std::size_t height_of(std::span<const PlanBlock> blocks, const std::vector<std::
 
 // The events of the epoch in clock order: (tick, 2 * block + 1) for an allocation, (tick,
 // 2 * block) for a free.
-std::vector<std::pair<std::uint64_t, std::size_t>> events_in_order(std::span<const PlanBlock> blocks) {
+std::vector<std::pair<std::uint64_t, std::size_t>> events_in_order(std::span<const RecordedBlock> blocks) {
   std::vector<std::pair<std::uint64_t, std::size_t>> ev;
   ev.reserve(2 * blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i) {
@@ -83,33 +84,35 @@ std::vector<std::pair<std::uint64_t, std::size_t>> events_in_order(std::span<con
   return ev;
 }
 
-// Replays the epoch against plan.offsets and fills plan.below; false if two blocks alive
-// together overlap (the allocator must never follow such a plan).
-bool check_and_link(std::span<const PlanBlock> blocks, LayoutPlan& plan) {
-  plan.below.assign(blocks.size(), LayoutPlan::kNone);
+// Replays the epoch against `offsets`: for each block, the block alive below it when it is
+// allocated (PlannedLayout::below); nullopt if two blocks alive together overlap (the allocator
+// must never follow such a layout).
+std::optional<std::vector<std::uint32_t>> link_below(std::span<const RecordedBlock> blocks,
+                                                     const std::vector<std::size_t>& offsets) {
+  std::vector<std::uint32_t> below(blocks.size(), PlannedLayout::kNone);
   std::map<std::size_t, std::size_t> alive;  // offset -> block
   for (const auto& [tick, code] : events_in_order(blocks)) {
     const std::size_t i = code / 2;
-    const std::size_t off = plan.offsets[i];
+    const std::size_t off = offsets[i];
     if (code % 2 == 0) {
       alive.erase(off);
       continue;
     }
     auto next = alive.lower_bound(off);
-    if (next != alive.end() && next->first < off + blocks[i].size) return false;
+    if (next != alive.end() && next->first < off + blocks[i].size) return std::nullopt;
     if (next != alive.begin()) {
       const auto prev = std::prev(next);
-      if (prev->first + blocks[prev->second].size > off) return false;
-      plan.below[i] = static_cast<std::uint32_t>(prev->second);
+      if (prev->first + blocks[prev->second].size > off) return std::nullopt;
+      below[i] = static_cast<std::uint32_t>(prev->second);
     }
     alive.emplace(off, i);
   }
-  return true;
+  return below;
 }
 
 }  // namespace
 
-std::size_t peak_live_bytes(std::span<const PlanBlock> blocks) {
+std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) {
   std::size_t live = 0;
   std::size_t peak = 0;
   for (const auto& [tick, code] : events_in_order(blocks)) {
@@ -124,25 +127,32 @@ std::size_t peak_live_bytes(std::span<const PlanBlock> blocks) {
   return peak;
 }
 
-LayoutPlan plan_layout(std::span<const PlanBlock> blocks) {
+PlannedLayout plan_layout(std::span<const RecordedBlock> blocks) {
   check_input(blocks);
-  if (blocks.size() >= LayoutPlan::kNone) throw std::invalid_argument("plan_layout: too many blocks");
-  LayoutPlan plan;
-  plan.offsets.resize(blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i) plan.offsets[i] = blocks[i].recorded;
-  plan.height = height_of(blocks, plan.offsets);
-  plan.recorded = true;
+  if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");
+  PlannedLayout recorded;
+  recorded.offsets.resize(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) recorded.offsets[i] = blocks[i].recorded;
+  recorded.height = height_of(blocks, recorded.offsets);
+  recorded.source = LayoutSource::recorded;
   // The recorded layout when it is one and no packing can be lower (it reaches the live peak).
-  const bool recorded_valid = check_and_link(blocks, plan);
-  if (recorded_valid && plan.height <= peak_live_bytes(blocks)) return plan;
-  std::vector<std::size_t> packed = pack(blocks);
-  const std::size_t packed_height = height_of(blocks, packed);
-  if (recorded_valid && plan.height <= packed_height) return plan;
-  plan.offsets = std::move(packed);
-  plan.height = packed_height;
-  plan.recorded = false;
-  if (!check_and_link(blocks, plan)) throw std::logic_error("plan_layout: the packed layout overlaps itself");
-  return plan;
+  std::optional<std::vector<std::uint32_t>> recorded_below = link_below(blocks, recorded.offsets);
+  if (recorded_below && recorded.height <= peak_live_bytes(blocks)) {
+    recorded.below = std::move(*recorded_below);
+    return recorded;
+  }
+  PlannedLayout packed;
+  packed.offsets = pack(blocks);
+  packed.height = height_of(blocks, packed.offsets);
+  packed.source = LayoutSource::packed;
+  if (recorded_below && recorded.height <= packed.height) {
+    recorded.below = std::move(*recorded_below);
+    return recorded;
+  }
+  std::optional<std::vector<std::uint32_t>> packed_below = link_below(blocks, packed.offsets);
+  if (!packed_below) throw std::logic_error("plan_layout: the packed layout overlaps itself");
+  packed.below = std::move(*packed_below);
+  return packed;
 }
 
 }  // namespace tensorpool::detail

@@ -28,27 +28,30 @@ namespace tensorpool::detail {
 /// One recorded allocation. Invariants (checked by plan_layout): size > 0, start < end; the
 /// clock is strictly increasing over the epoch's allocations and frees (no two events share a
 /// tick), so two blocks overlap in time iff a.start < b.end && b.start < a.end.
-struct PlanBlock {
+struct RecordedBlock {
   std::size_t size = 0;
   std::uint64_t start = 0;    // tick of the allocation
   std::uint64_t end = 0;      // tick of the free (the epoch's last tick + 1 if never freed)
   std::size_t recorded = 0;   // the offset it had in the recorded epoch
 };
 
-struct LayoutPlan {
+/// Which candidate a layout is (see the file comment).
+enum class LayoutSource : std::uint8_t { recorded, packed };
+
+struct PlannedLayout {
   std::vector<std::size_t> offsets;  // per block, in input order
   /// Per block, in input order: the index of the block that ends closest below it among those
   /// alive when it is allocated (kNone: none), where a search for its address can start.
   std::vector<std::uint32_t> below;
   std::size_t height = 0;  // max(offset + size)
-  bool recorded = false;   // the recorded layout was kept
+  LayoutSource source = LayoutSource::recorded;
   static constexpr std::uint32_t kNone = UINT32_MAX;
 };
 
-/// Plans the layout; throws std::invalid_argument when a block breaks PlanBlock's invariants.
-LayoutPlan plan_layout(std::span<const PlanBlock> blocks);
+/// Plans the layout; throws std::invalid_argument when a block breaks RecordedBlock's invariants.
+PlannedLayout plan_layout(std::span<const RecordedBlock> blocks);
 
 /// The largest sum of sizes of blocks alive at one tick: no layout reaches lower.
-std::size_t peak_live_bytes(std::span<const PlanBlock> blocks);
+std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks);
 
 }  // namespace tensorpool::detail

@@ -61,7 +61,7 @@ class SegmentSource {
   /// b, free and coalesced (in no index), is in a heap with nothing allocated: returns b for the
   /// free index, or nullptr when the source keeps it (held).
   virtual Block* end_epoch(Block* b) { return b; }
-  /// Called instead of the free index while ss.planned[pool]: the block of exactly `size` bytes
+  /// Called before the free index while ss.follows_plan(pool): the block of exactly `size` bytes
   /// the heap's plan puts next (free, mapped, in no index), or nullptr when the request departs
   /// from the plan (which is then dropped until the heap's next epoch).
   virtual Block* take_planned(StreamState& ss, Pool pool, std::size_t size) {

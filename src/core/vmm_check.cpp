@@ -1,0 +1,130 @@
+// vmm_check.cpp: the invariants of the vmm heaps (vmm_heaps.hpp), for Allocator::check_invariants:
+// every segment is a heap, each heap's chunks, mapped and unmapped blocks, held pages and epoch
+// record agree with each other, and the reserved bytes and segments per pool are recounted from
+// the chunks (mapped and cached).
+#include <string>
+
+#include "core/util.hpp"
+#include "core/vmm_heaps.hpp"
+
+namespace tensorpool::detail {
+
+void VmmHeaps::check(Recount& rc) const {
+  std::size_t heap_segments = 0;
+  for (const auto& [addr, seg] : st_.segments) {
+    if (!seg->heap) invariant_failed("segment " + hex(addr) + " is not a heap, but the mode is vmm");
+    ++heap_segments;
+  }
+  if (heap_segments != heaps_.size()) invariant_failed("the heaps and the segments disagree");
+  for (const auto& [base, heap] : heaps_) {
+    auto it = st_.segments.find(base);
+    if (it == st_.segments.end() || it->second.get() != heap.segment)
+      invariant_failed("heap at " + hex(base) + " is not a segment of the allocator");
+    if (heap_of(*heap.segment->owner, heap.pool()) != &heap)
+      invariant_failed("heap at " + hex(base) + " is not its stream's heap of its pool");
+    check_heap(heap);
+    for (const auto& [a, c] : heap.chunks) {
+      rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
+      rc.add(c.pool, Metric::segments, 1);
+    }
+  }
+  for (const Chunk& c : cached_.chunks()) {
+    if (c.addr != 0) invariant_failed("a cached chunk claims to be mapped");
+    rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
+    rc.add(c.pool, Metric::segments, 1);
+  }
+}
+
+// Mapping consistency of a heap: chunks are page-aligned, inside the range, disjoint and each
+// within the heap's own pool; mapped blocks lie on chunks and unmapped ones off them; the held
+// pages are listed and counted.
+void VmmHeaps::check_heap(const Heap& h) const {
+  const Segment& seg = *h.segment;
+  Address prev_end = seg.addr;
+  for (const auto& [a, c] : h.chunks) {
+    if (a != c.addr || c.addr % page_ != 0 || c.size == 0 || c.size % page_ != 0)
+      invariant_failed("chunk at " + hex(c.addr) + " is not page-aligned");
+    if (c.addr < prev_end || c.end() > seg.end())
+      invariant_failed("chunk at " + hex(c.addr) + " overlaps or leaves the heap");
+    if (c.pool != seg.pool) invariant_failed("chunk at " + hex(c.addr) + " belongs to the other pool");
+    prev_end = c.end();
+  }
+  std::size_t unmapped = 0;
+  std::size_t held = 0;
+  std::size_t held_bytes = 0;
+  auto chunk_at = [&](Address addr) -> const Chunk* {  // the chunk covering addr, if any
+    auto it = h.chunks.upper_bound(addr);
+    if (it == h.chunks.begin()) return nullptr;
+    --it;
+    return addr < it->second.end() ? &it->second : nullptr;
+  };
+  for (const Block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->held) {
+      ++held;
+      held_bytes += b->size;
+      auto it = h.held.blocks().find(b->addr);
+      if (it == h.held.blocks().end() || it->second != b)
+        invariant_failed("held block " + hex(b->addr) + " is not listed");
+      if (b->next != nullptr && b->next->held) invariant_failed("held blocks at " + hex(b->addr) + " were not merged");
+    }
+    if (b->mapped) {
+      // Every page under the block is mapped: walk the chunks across it.
+      for (Address at = b->addr; at < b->addr + b->size;) {
+        const Chunk* c = chunk_at(at);
+        if (c == nullptr) invariant_failed("block " + hex(b->addr) + " spans an unmapped page at " + hex(at));
+        at = c->end();
+      }
+    } else {
+      ++unmapped;
+      if (b->addr % page_ != 0 || b->size % page_ != 0)
+        invariant_failed("unmapped block " + hex(b->addr) + " is not page-aligned");
+      auto it = h.chunks.lower_bound(b->addr);
+      if (chunk_at(b->addr) != nullptr || (it != h.chunks.end() && it->first < b->addr + b->size))
+        invariant_failed("unmapped block " + hex(b->addr) + " overlaps a chunk");
+      auto u = h.unmapped.find(b->addr);
+      if (u == h.unmapped.end() || u->second != b) invariant_failed("unmapped block " + hex(b->addr) + " is not listed");
+    }
+  }
+  if (unmapped != h.unmapped.size()) invariant_failed("the heap's unmapped list has stale entries");
+  if (held != h.held.blocks().size()) invariant_failed("the heap's held list has stale entries");
+  if (held_bytes != h.held.bytes()) invariant_failed("the heap's held byte count is wrong");
+  check_epoch(h);
+}
+
+// The epoch's record: `live` counts the blocks in use; each has its open entry in the log (or
+// none, past vmm_plan_max_blocks); the stream reads the heap's own plan state; a heap that
+// follows its plan has steps left.
+void VmmHeaps::check_epoch(const Heap& h) const {
+  const Segment& seg = *h.segment;
+  const EpochLog& log = h.epoch;
+  if (seg.epoch != &log) invariant_failed("the heap at " + hex(seg.addr) + " does not point to its epoch record");
+  std::size_t in_use = 0;
+  std::size_t open = 0;
+  for (const Block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->state == BlockState::free) continue;
+    ++in_use;
+    if (b->epoch_slot == EpochLog::kNoSlot) {
+      if (!log.full) invariant_failed("block " + hex(b->addr) + " is missing from its heap's epoch record");
+      continue;
+    }
+    if (b->epoch_slot >= log.entries.size() || log.entries[b->epoch_slot].end != 0 ||
+        log.entries[b->epoch_slot].start >= log.clock || log.entries[b->epoch_slot].size != b->size)
+      invariant_failed("block " + hex(b->addr) + " has no open entry in its heap's epoch record");
+    ++open;
+  }
+  if (in_use != log.live)
+    invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(log.live) + " blocks in use, not " +
+                     std::to_string(in_use));
+  std::size_t open_entries = 0;
+  for (const RecordedBlock& e : log.entries) open_entries += e.end == 0 ? 1 : 0;
+  if (open_entries != open) invariant_failed("the heap's epoch record has stale open entries");
+  if (log.entries.size() > log.capacity) invariant_failed("the heap's epoch record is too long");
+  if (h.plans.recount_steps() != h.plans.steps()) invariant_failed("the heap's count of stored plan steps is wrong");
+  if (seg.owner->plan_state[static_cast<int>(seg.pool)] != h.cursor.state_address())
+    invariant_failed("the stream of the heap at " + hex(seg.addr) + " does not read the heap's plan state");
+  const PlanCursor& c = h.cursor;
+  if (c.state() == PlanState::following && (c.plan() == nullptr || c.next() >= c.plan()->steps.size()))
+    invariant_failed("the heap at " + hex(seg.addr) + " follows a plan with no step left");
+}
+
+}  // namespace tensorpool::detail

@@ -1,0 +1,196 @@
+// vmm_heaps.hpp: the virtual-memory source (mode:vmm): its data and the class that runs it.
+// Physical pages, not address ranges, are the cached resource.
+//
+// Each stream has one heap per pool: a segment spanning a large reserved address range (twice
+// the device capacity), tiled by blocks like any segment. Physical memory comes in chunks (one
+// VirtualMemory::create_physical handle each, a multiple of the page size) mapped at
+// page-aligned addresses of the heap. Blocks under chunks are "mapped"; free address space
+// without pages is held by free blocks with mapped == false, listed in Heap::unmapped and never
+// in a free index, so the fast path only ever sees mapped memory. Because a heap is one
+// contiguous range, free space of neighbouring chunks coalesces, so the "separate segments never
+// merge" fragmentation of fixed segments does not arise. Mapped memory stays mapped unless it is
+// idle beyond a limit, needed elsewhere, or given back: a workload that repeats itself makes no
+// map calls.
+//
+// One file per concern (docs/architecture.md, "The virtual-memory source"):
+//   vmm_heaps.cpp   the SegmentSource: heaps made per stream and pool, the growth policy,
+//                   release and teardown
+//   vmm_pages.cpp   the pages: where a growth maps (placement, chunk sizes), mapping chunks,
+//                   the cache of unmapped chunks, idle memory and its reclaim
+//   vmm_epochs.cpp  epochs: held pages, and the planned layouts that serve an epoch which
+//                   repeats the one before (vmm_plans.hpp: the plan cache and cursor)
+//   vmm_check.cpp   the invariants of the source, for check_invariants
+// See docs/vmm.md.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "core/epoch_log.hpp"
+#include "core/segment_source.hpp"
+#include "core/vmm_plans.hpp"
+
+namespace tensorpool::detail {
+
+/// A physical allocation (one handle) of whole pages.
+struct Chunk {
+  Address addr = 0;  // where it is mapped (0 while unmapped, in the cache)
+  std::size_t size = 0;
+  PhysicalHandle handle = 0;
+  Pool pool = Pool::large;
+  Address end() const noexcept { return addr + size; }
+};
+
+/// Physical chunks mapped nowhere, kept to be mapped again (reserved memory, counted in the
+/// reserved bytes until released). Invariant: every chunk's addr is 0.
+class ChunkCache {
+ public:
+  /// Takes the chunk of `pool` to map next into `room` bytes: the smallest that covers `want`,
+  /// else the largest that fits; nullopt if none fits.
+  std::optional<Chunk> take(Pool pool, std::size_t want, std::size_t room);
+  void put(const Chunk& c) { chunks_.push_back(Chunk{0, c.size, c.handle, c.pool}); }
+  std::size_t bytes(Pool pool) const noexcept;
+  /// Removes and returns every chunk (to be released).
+  std::vector<Chunk> take_all() noexcept { return std::exchange(chunks_, {}); }
+  const std::vector<Chunk>& chunks() const noexcept { return chunks_; }
+
+ private:
+  std::vector<Chunk> chunks_;
+};
+
+/// A heap's held pages: free mapped blocks kept out of the free index when an epoch ends (one
+/// held block per run of mapped memory), given back a growth step at a time. Invariants: each
+/// listed block is free, mapped, has held == true and no held neighbour; bytes() is their sum.
+class HeldPages {
+ public:
+  /// Holds free block x (in no index), merged with held neighbours; returns the held block x is
+  /// now part of.
+  Block* hold(Block* x, BlockPool& blocks);
+  /// Takes the first `bytes` of held block r out of the held pages (the rest stays held);
+  /// returns them as a free block in no index, not coalesced.
+  Block* unhold(Block* r, std::size_t bytes, BlockPool& blocks);
+
+  bool empty() const noexcept { return blocks_.empty(); }
+  std::size_t bytes() const noexcept { return bytes_; }
+  const std::map<Address, Block*>& blocks() const noexcept { return blocks_; }
+
+ private:
+  std::map<Address, Block*> blocks_;  // by address
+  std::size_t bytes_ = 0;
+};
+
+/// One heap: its mapping state, its held pages and its epochs. Invariants (vmm_check.cpp): chunks
+/// do not overlap, lie inside the segment and are of its pool; every page of a block with
+/// mapped == true lies in a chunk; a block with mapped == false is free, page-aligned at both
+/// ends, intersects no chunk, and is in `unmapped` (which holds nothing else).
+struct Heap {
+  Heap(Segment* seg, std::size_t max_plan_steps) : segment(seg), plans(max_plan_steps) {
+    epoch.capacity = max_plan_steps;
+  }
+
+  Segment* segment;                    // the reserved range, in AllocatorState::segments
+  std::map<Address, Chunk> chunks;     // mapped chunks by address
+  std::map<Address, Block*> unmapped;  // free blocks without pages, by address
+  HeldPages held;
+
+  EpochLog epoch;                      // the current epoch's record (Segment::epoch points here)
+  std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
+  PlanCache plans;                     // plans by the signature of the epoch before theirs
+  PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
+
+  Pool pool() const noexcept { return segment->pool; }
+  Stream stream() const noexcept { return segment->owner->stream; }
+  FreeIndex& index() const noexcept { return *segment->index; }
+};
+
+/// Which heaps' pages an operation leaves alone.
+enum class Spare : std::uint8_t {
+  none,
+  following,  // those of heaps that follow a plan: their pages are about to be used where they lie
+};
+
+class VmmHeaps final : public SegmentSource {
+ public:
+  VmmHeaps(AllocatorState& state, VirtualMemory& vm);
+
+  // SegmentSource (vmm_heaps.cpp, vmm_epochs.cpp, vmm_check.cpp)
+  Block* grow(StreamState& ss, Pool pool, std::size_t size) override;
+  std::size_t release(ReleaseGoal goal) override;
+  void destroy() override;
+  void check(Recount& rc) const override;
+  Block* end_epoch(Block* b) override;
+  Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
+  void for_each_held(const std::function<void(const Block*)>& f) const override;
+
+ private:
+  /// Where a growth maps: `bytes` at the start of `hole` (an unmapped free block), of which the
+  /// request needs at least `need`.
+  struct Placement {
+    Block* hole = nullptr;
+    std::size_t bytes = 0;
+    std::size_t need = 0;
+    std::size_t request = 0;  // the request's size
+    Address block_end = 0;    // where the request's block will end, if it is placed here
+  };
+  /// What map_into() mapped.
+  struct Mapped {
+    Block* block = nullptr;  // the free mapped block at or before the hole (in the index); null: nothing mapped
+    bool complete = false;   // the `need` bytes were mapped
+  };
+  /// What a reclaim unmapped, and how much of what it was to keep mapped it did not use.
+  struct Reclaimed {
+    std::size_t bytes = 0;
+    std::size_t keep_left = 0;
+  };
+
+  // --- heaps (vmm_heaps.cpp) ---
+  Heap* heap_of(const StreamState& ss, Pool pool) const;
+  Heap& heap_of(const Block* b) { return heaps_.at(b->segment->addr); }
+  Heap& heap_for(StreamState& ss, Pool pool);
+  std::size_t held_bytes(Pool pool) const;
+
+  // --- pages (vmm_pages.cpp) ---
+  std::size_t growth_step(Pool pool) const noexcept;
+  std::size_t idle_limit(Pool pool) const noexcept;
+  Placement place(const Heap& heap, std::size_t size) const;
+  std::size_t new_chunk_size(const Placement& where, Address at, Address end) const;
+  std::size_t chunk_floor(bool past_block) const noexcept;
+  Mapped map_into(Heap& heap, const Placement& where);
+  std::optional<Chunk> create_chunk(std::size_t bytes, Pool pool);
+  std::size_t idle_physical(Pool pool) const;
+  Reclaimed reclaim_free_chunks(Pool pool, std::size_t keep, Spare spare);
+  Reclaimed reclaim_heap(Heap& heap, std::size_t keep);
+  Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
+  void mark_unmapped(Heap& heap, Block* b);
+  std::size_t release_cached_chunks();
+
+  // --- epochs: held pages and planned layouts (vmm_epochs.cpp) ---
+  void hold_all(Heap& heap, Block* freed);
+  Block* from_held(Heap& heap, std::size_t size);
+  void release_held(Pool pool, Spare spare);
+  void release_held(Heap& heap);
+  void plan_next_epoch(Heap& heap);
+  std::shared_ptr<const EpochPlan> make_plan(const Heap& heap) const;
+  bool map_plan(Heap& heap, std::size_t height);
+  Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;
+  Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
+
+  // --- invariants (vmm_check.cpp) ---
+  void check_heap(const Heap& heap) const;
+  void check_epoch(const Heap& heap) const;
+
+  AllocatorState& st_;
+  VirtualMemory& vm_;
+  const std::size_t page_;                 // vm_.page_size()
+  std::map<Address, Heap> heaps_;          // by the address of their range
+  std::unordered_map<const StreamState*, std::array<Heap*, kNumPools>> by_stream_;  // into heaps_
+  ChunkCache cached_;
+};
+
+}  // namespace tensorpool::detail
