@@ -17,6 +17,7 @@ Trace every_op() {
   const std::uint32_t fwd = t.intern("forward (model.py:42)");
   const std::uint32_t bwd = t.intern("backward (train.py:10)");
   const std::uint64_t base = 0x7f0000000000;
+  // Columns: op, flags, device, label, stream, addr, size, time_us (TraceEvent's fields in order).
   t.events = {
       {Op::seed_segment, kFlagSmallPool, 0, 0, 0, base, 2 << 20, 0},
       {Op::seed_alloc, 0, 0, fwd, 0, base, 512, 0},
@@ -40,8 +41,9 @@ Trace every_op() {
 Trace tiny() {
   Trace t;
   t.info.source = "tiny";
-  t.events = {{Op::alloc, 0, 0, 0, 0, 4096, 100, 1}, {Op::free_requested, 0, 0, 0, 0, 4096, 100, 2},
-              {Op::free_completed, 0, 0, 0, 0, 4096, 100, 3}};
+  t.events = {{.op = Op::alloc, .addr = 4096, .size = 100, .time_us = 1},
+              {.op = Op::free_requested, .addr = 4096, .size = 100, .time_us = 2},
+              {.op = Op::free_completed, .addr = 4096, .size = 100, .time_us = 3}};
   return t;
 }
 

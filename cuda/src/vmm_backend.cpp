@@ -34,7 +34,6 @@ CUmemAllocationProp device_allocation(int device) {
   return prop;
 }
 
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 }  // namespace
 
 CudaVmmBackend::CudaVmmBackend(int device) : CudaBackend(device, "cuMemMap") {

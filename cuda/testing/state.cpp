@@ -34,15 +34,13 @@ std::string_view family(std::string_view name) {
 
 SimulatedDeviceOptions sim_options(std::size_t capacity, std::size_t granularity,
                                    std::size_t page, EventMode mode) {
-  SimulatedDeviceOptions o;
-  o.name = "cuda-double";
-  o.ordinal = 0;  // every simulated device starts at the same base; to_user() separates them
-  o.capacity = capacity;
-  o.segment_granularity = granularity;
-  o.vm_page_size = page;
-  o.supports_virtual_memory = true;
-  o.event_mode = mode;
-  return o;
+  return {.name = "cuda-double",
+          .ordinal = 0,  // every simulated device starts at the same base; to_user() separates them
+          .capacity = capacity,
+          .segment_granularity = granularity,
+          .supports_virtual_memory = true,
+          .vm_page_size = page,
+          .event_mode = mode};
 }
 
 State::State() { rebuild(Options{}); }
@@ -136,7 +134,6 @@ Address to_sim(int region, Address user) noexcept {
   return user - (static_cast<Address>(region) << 44);
 }
 
-std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
 
 std::uintptr_t new_handle(State& s, std::uintptr_t tag) noexcept { return tag | s.next_id++; }
 

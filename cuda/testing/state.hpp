@@ -119,7 +119,6 @@ const DeviceOptions& device_options(const Options& o, int d);
 SimulatedDevice& device(State& s, int d);
 Address to_user(int region, Address sim) noexcept;
 Address to_sim(int region, Address user) noexcept;
-std::size_t round_up(std::size_t n, std::size_t to) noexcept;
 SimulatedDeviceOptions sim_options(std::size_t capacity, std::size_t granularity,
                                    std::size_t page, EventMode mode);
 

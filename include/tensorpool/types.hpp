@@ -31,6 +31,9 @@ inline constexpr std::size_t MiB = 1024 * KiB;
 inline constexpr std::size_t GiB = 1024 * MiB;
 inline constexpr std::size_t TiB = 1024 * GiB;
 
+/// n rounded up to a multiple of `to` (to > 0).
+constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
+
 /// "1.50 GiB"-style rendering of a byte count (binary units, two decimals above 1 KiB).
 std::string format_bytes(std::size_t bytes);
 

@@ -27,11 +27,6 @@ class FutexLock {
     lock_slow();
   }
 
-  bool try_lock() noexcept {
-    int expected = 0;
-    return state_.compare_exchange_strong(expected, 1, std::memory_order_acquire);
-  }
-
   void unlock() noexcept {
     if (state_.exchange(0, std::memory_order_release) == 2) state_.notify_one();
   }

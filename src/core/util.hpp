@@ -21,7 +21,4 @@ inline std::string hex(Address a) {
   return buf;
 }
 
-/// n rounded up to a multiple of `to` (to > 0).
-constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
-
 }  // namespace tensorpool::detail

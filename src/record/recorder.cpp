@@ -79,14 +79,7 @@ trace::TraceInfo header(const Allocator& first) {
 
 trace::TraceEvent seed(trace::Op op, std::uint16_t device, Stream stream, Address addr,
                        std::size_t size, std::uint8_t flags = 0) {
-  trace::TraceEvent e;
-  e.op = op;
-  e.flags = flags;
-  e.device = device;
-  e.stream = stream;
-  e.addr = addr;
-  e.size = size;
-  return e;
+  return {.op = op, .flags = flags, .device = device, .stream = stream, .addr = addr, .size = size};
 }
 
 /// The allocator's live state as seed events: its segments, then its allocated blocks.
@@ -290,10 +283,10 @@ bool Recorder::write_batch(const std::vector<trace::TraceEvent>& seeds,
     for (const auto& tap : taps) {
       // At most a ring's worth: everything present when the batch began, however busy the tap.
       const std::size_t n = tap->ring().pop(batch_.data(), batch_.size());
-      trace::TraceEvent e;
       for (std::size_t i = 0; i < n; ++i) {
-        if (!to_trace_event(batch_[i].event, tap->device(), started_ns_, e)) continue;
-        sink_->write(e, batch_[i].thread);
+        const std::optional<trace::TraceEvent> e = to_trace_event(batch_[i].event, tap->device(), started_ns_);
+        if (!e) continue;
+        sink_->write(*e, batch_[i].thread);
         ++written;
       }
     }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,9 +38,9 @@ class RecordSink {
 std::unique_ptr<RecordSink> open_sink(const std::string& path, RecordingFormat format,
                                       const trace::TraceInfo& info);
 
-/// The trace event of an observed allocator event; false for events the format has no op for.
-bool to_trace_event(const AllocatorEvent& e, std::uint16_t device, std::uint64_t started_ns,
-                    trace::TraceEvent& out) noexcept;
+/// The trace event of an observed allocator event; nullopt for events the format has no op for.
+std::optional<trace::TraceEvent> to_trace_event(const AllocatorEvent& e, std::uint16_t device,
+                                                std::uint64_t started_ns) noexcept;
 
 /// What the taps and the writer thread share: the lock and condition of every wait.
 struct RecorderSignal {

@@ -106,28 +106,38 @@ std::unique_ptr<RecordSink> open_sink(const std::string& path, RecordingFormat f
   }
 }
 
-bool to_trace_event(const AllocatorEvent& e, std::uint16_t device, std::uint64_t started_ns,
-                    trace::TraceEvent& out) noexcept {
-  out = trace::TraceEvent{};
-  out.device = device;
-  out.stream = e.stream;
-  out.addr = e.address;
-  out.time_us = e.time_ns > started_ns ? static_cast<std::int64_t>((e.time_ns - started_ns) / 1000) : 0;
+std::optional<trace::TraceEvent> to_trace_event(const AllocatorEvent& e, std::uint16_t device,
+                                                std::uint64_t started_ns) noexcept {
+  const trace::TraceEvent at{
+      .device = device,
+      .stream = e.stream,
+      .addr = e.address,
+      .time_us = e.time_ns > started_ns ? static_cast<std::int64_t>((e.time_ns - started_ns) / 1000) : 0};
+  const auto with = [&at](Op op, std::uint64_t size) {
+    trace::TraceEvent out = at;
+    out.op = op;
+    out.size = size;
+    return out;
+  };
   switch (e.type) {
-    case EventType::alloc: out.op = Op::alloc; out.size = e.requested; return true;
-    case EventType::free_requested: out.op = Op::free_requested; out.size = e.requested; return true;
-    case EventType::free_completed: out.op = Op::free_completed; out.size = e.requested; return true;
-    case EventType::record_stream: out.op = Op::record_stream; return true;
-    case EventType::segment_alloc: out.op = Op::segment_alloc; out.size = e.size; return true;
-    case EventType::segment_free: out.op = Op::segment_free; out.size = e.size; return true;
-    case EventType::segment_map: out.op = Op::segment_map; out.size = e.size; return true;
-    case EventType::segment_unmap: out.op = Op::segment_unmap; out.size = e.size; return true;
-    case EventType::oom: out.op = Op::oom; out.addr = 0; out.size = e.requested; return true;
+    case EventType::alloc: return with(Op::alloc, e.requested);
+    case EventType::free_requested: return with(Op::free_requested, e.requested);
+    case EventType::free_completed: return with(Op::free_completed, e.requested);
+    case EventType::record_stream: return with(Op::record_stream, 0);
+    case EventType::segment_alloc: return with(Op::segment_alloc, e.size);
+    case EventType::segment_free: return with(Op::segment_free, e.size);
+    case EventType::segment_map: return with(Op::segment_map, e.size);
+    case EventType::segment_unmap: return with(Op::segment_unmap, e.size);
+    case EventType::oom: {
+      trace::TraceEvent out = with(Op::oom, e.requested);
+      out.addr = 0;
+      return out;
+    }
     // After the segment_free (segment_unmap) events of what it released: the allocator reports
     // the call once it has run. The trace op has no fields.
-    case EventType::empty_cache: out.op = Op::empty_cache; out.addr = 0; out.stream = 0; return true;
+    case EventType::empty_cache: return trace::TraceEvent{.op = Op::empty_cache, .device = at.device, .time_us = at.time_us};
   }
-  return false;
+  return std::nullopt;
 }
 
 }  // namespace tensorpool::detail

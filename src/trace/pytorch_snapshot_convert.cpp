@@ -203,14 +203,7 @@ class DeviceConverter {
 
   TraceEvent make_event(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
                    std::int64_t time) const {
-    TraceEvent ev;
-    ev.op = op;
-    ev.device = device_;
-    ev.addr = addr;
-    ev.size = size;
-    ev.stream = stream;
-    ev.time_us = time;
-    return ev;
+    return {.op = op, .device = device_, .stream = stream, .addr = addr, .size = size, .time_us = time};
   }
 
   std::uint32_t label(const std::optional<Frame>& frame) const {

@@ -257,14 +257,7 @@ class LogParser {
 };
 
 TraceEvent make_event(Op op, const LogEntry& e, std::uint16_t device, std::int64_t time) {
-  TraceEvent ev;
-  ev.op = op;
-  ev.device = device;
-  ev.addr = op == Op::oom ? 0 : e.pointer;
-  ev.size = e.size;
-  ev.stream = e.stream;
-  ev.time_us = time;
-  return ev;
+  return {.op = op, .device = device, .stream = e.stream, .addr = op == Op::oom ? 0 : e.pointer, .size = e.size, .time_us = time};
 }
 
 // Pointers the log frees before allocating were live when it began.

@@ -41,15 +41,13 @@ class TraceBuilder {
  private:
   void push(trace::Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
             std::string_view label) {
-    trace::TraceEvent e;
-    e.op = op;
-    e.device = device_;
-    e.addr = addr;
-    e.size = size;
-    e.stream = stream;
-    e.time_us = static_cast<std::int64_t>(time_++);
-    e.label = label.empty() ? 0 : t_.intern(label);
-    t_.events.push_back(e);
+    t_.events.push_back({.op = op,
+                         .device = device_,
+                         .label = label.empty() ? 0 : t_.intern(label),
+                         .stream = stream,
+                         .addr = addr,
+                         .size = size,
+                         .time_us = static_cast<std::int64_t>(time_++)});
   }
 
   trace::Trace& t_;

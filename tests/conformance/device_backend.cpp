@@ -17,7 +17,6 @@ namespace {
 
 Address addr_of(const void* p) { return reinterpret_cast<Address>(p); }
 std::size_t round_down(std::size_t n, std::size_t to) { return n / to * to; }
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 bool disjoint(Address a, std::size_t an, Address b, std::size_t bn) { return a + an <= b || b + bn <= a; }
 
 void check_properties(BackendUnderTest& t) {

@@ -14,14 +14,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-struct Fixture {
-  // Fixed segments (support/fixed_mode.hpp): the simulated device would get vmm by default.
-  explicit Fixture(Config c = {}, SimulatedDeviceOptions o = {})
-      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, testing::fixed_mode(c)) {}
-  std::shared_ptr<SimulatedDevice> device;
-  Allocator alloc;
-  std::int64_t cur(Metric m) const { return alloc.stats().total[m].current; }
-};
+// Fixed segments (support/fixed_mode.hpp): the simulated device would get vmm by default.
+using Fixture = testing::FixedModeAllocator;
 
 Address addr(void* p) { return reinterpret_cast<Address>(p); }
 

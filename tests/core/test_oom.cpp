@@ -11,13 +11,8 @@ using namespace tensorpool;
 using Catch::Matchers::Contains;
 
 namespace {
-struct Fixture {
-  // Fixed segments (support/fixed_mode.hpp): the simulated device would get vmm by default.
-  explicit Fixture(Config c = {}, SimulatedDeviceOptions o = {})
-      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, testing::fixed_mode(c)) {}
-  std::shared_ptr<SimulatedDevice> device;
-  Allocator alloc;
-};
+// Fixed segments (support/fixed_mode.hpp): the simulated device would get vmm by default.
+using Fixture = testing::FixedModeAllocator;
 }  // namespace
 
 TEST_CASE("OutOfMemoryError is a bad_alloc that explains where memory went", "[oom]") {

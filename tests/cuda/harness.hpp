@@ -32,6 +32,12 @@ inline constexpr std::array<CudaBackendKind, 4> kAllKinds = {
     CudaBackendKind::async_pool, CudaBackendKind::malloc, CudaBackendKind::vmm,
     CudaBackendKind::pinned_host};
 
+/// Runs the rest of the test case once for each backend kind (a Catch2 generator: each run is a
+/// fresh pass through the test case), naming the kind in every failure message.
+#define TP_EACH_BACKEND_KIND(kind)                                                       \
+  const ::tensorpool::CudaBackendKind kind = GENERATE(from_range(::tpcuda::kAllKinds)); \
+  INFO("backend " << ::tensorpool::to_string(kind))
+
 /// Fails the test unless a runtime call succeeded.
 #define TP_CUDA_OK(call) REQUIRE((call) == cudaSuccess)
 

@@ -10,75 +10,66 @@ using namespace tpcuda;
 
 TEST_CASE("every backend allocates and frees segments", "[cuda][backends]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      auto backend = make_cuda_backend(kind, 0);
-      const DeviceProperties& props = backend->properties();
-      CudaStream s;
-      const std::size_t g = props.segment_granularity;
-      void* a = backend->allocate_segment(g, s.id());
-      void* b = backend->allocate_segment(3 * g, s.id());
-      REQUIRE(a != nullptr);
-      REQUIRE(b != nullptr);
-      REQUIRE(a != b);
-      REQUIRE(address(a) % props.alignment == 0);
-      REQUIRE(address(b) % props.alignment == 0);
-      // The two segments do not overlap.
-      REQUIRE((address(a) + g <= address(b) || address(b) + 3 * g <= address(a)));
-      backend->free_segment(a, g, s.id());
-      backend->free_segment(b, 3 * g, s.id());
-      REQUIRE(pending_error() == cudaSuccess);
-      REQUIRE(backend->alive());
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  auto backend = make_cuda_backend(kind, 0);
+  const DeviceProperties& props = backend->properties();
+  CudaStream s;
+  const std::size_t g = props.segment_granularity;
+  void* a = backend->allocate_segment(g, s.id());
+  void* b = backend->allocate_segment(3 * g, s.id());
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  REQUIRE(a != b);
+  REQUIRE(address(a) % props.alignment == 0);
+  REQUIRE(address(b) % props.alignment == 0);
+  // The two segments do not overlap.
+  REQUIRE((address(a) + g <= address(b) || address(b) + 3 * g <= address(a)));
+  backend->free_segment(a, g, s.id());
+  backend->free_segment(b, 3 * g, s.id());
+  REQUIRE(pending_error() == cudaSuccess);
+  REQUIRE(backend->alive());
 }
 
 TEST_CASE("backend properties describe the device", "[cuda][backends]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      auto backend = make_cuda_backend(kind, 0);
-      const DeviceProperties& p = backend->properties();
-      REQUIRE(p.ordinal == 0);
-      REQUIRE(backend->device() == 0);
-      REQUIRE(p.capacity > 0);
-      REQUIRE(p.name.find("cuda:0") == 0);
-      REQUIRE(p.segment_granularity >= 2 * MiB);
-      REQUIRE(p.segment_granularity % (2 * MiB) == 0);
-      VirtualMemory* vm = backend->virtual_memory();
-      REQUIRE((vm != nullptr) == (kind == CudaBackendKind::vmm));
-      if (vm != nullptr) REQUIRE(p.segment_granularity % vm->page_size() == 0);
-      const std::size_t free = backend->free_memory();
-      REQUIRE(free > 0);
-      REQUIRE(free <= p.capacity);
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  auto backend = make_cuda_backend(kind, 0);
+  const DeviceProperties& p = backend->properties();
+  REQUIRE(p.ordinal == 0);
+  REQUIRE(backend->device() == 0);
+  REQUIRE(p.capacity > 0);
+  REQUIRE(p.name.find("cuda:0") == 0);
+  REQUIRE(p.segment_granularity >= 2 * MiB);
+  REQUIRE(p.segment_granularity % (2 * MiB) == 0);
+  VirtualMemory* vm = backend->virtual_memory();
+  REQUIRE((vm != nullptr) == (kind == CudaBackendKind::vmm));
+  if (vm != nullptr) REQUIRE(p.segment_granularity % vm->page_size() == 0);
+  const std::size_t free = backend->free_memory();
+  REQUIRE(free > 0);
+  REQUIRE(free <= p.capacity);
 }
 
 TEST_CASE("every backend records, queries, waits for and recycles events", "[cuda][events]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      auto backend = make_cuda_backend(kind, 0);
-      CudaStream s1;
-      CudaStream s2;
-      const DeviceEvent e = backend->create_event();
-      REQUIRE(e != 0);
-      REQUIRE(backend->query_event(e));  // never recorded: complete
-      backend->record_event(e, s1.id());
-      backend->stream_wait_event(s2.id(), e);
-      finish(s1);
-      REQUIRE(backend->query_event(e));
-      backend->synchronize_event(e);
-      backend->synchronize_stream(s2.id());
-      backend->synchronize_device();
-      backend->destroy_event(e);
-      REQUIRE(backend->pooled_events() == 1);
-      REQUIRE(backend->create_event() == e);  // recycled from the pool, not created again
-      backend->destroy_event(e);
-      REQUIRE(pending_error() == cudaSuccess);
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  auto backend = make_cuda_backend(kind, 0);
+  CudaStream s1;
+  CudaStream s2;
+  const DeviceEvent e = backend->create_event();
+  REQUIRE(e != 0);
+  REQUIRE(backend->query_event(e));  // never recorded: complete
+  backend->record_event(e, s1.id());
+  backend->stream_wait_event(s2.id(), e);
+  finish(s1);
+  REQUIRE(backend->query_event(e));
+  backend->synchronize_event(e);
+  backend->synchronize_stream(s2.id());
+  backend->synchronize_device();
+  backend->destroy_event(e);
+  REQUIRE(backend->pooled_events() == 1);
+  REQUIRE(backend->create_event() == e);  // recycled from the pool, not created again
+  backend->destroy_event(e);
+  REQUIRE(pending_error() == cudaSuccess);
 }
 
 TEST_CASE("the default stream handles are accepted", "[cuda][streams]") {
@@ -109,22 +100,19 @@ TEST_CASE("a backend works on its own device and restores the caller's", "[cuda]
     REQUIRE(current == 0);
     return;
   }
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      TP_CUDA_OK(cudaSetDevice(1));
-      auto backend = make_cuda_backend(kind, 0);
-      auto alloc = make_allocator(backend);
-      void* p = alloc->allocate(4 * MiB);  // stream 0: device 0's default stream, not device 1's
-      int current = -1;
-      TP_CUDA_OK(cudaGetDevice(&current));
-      REQUIRE(current == 1);
-      alloc->deallocate(p);
-      alloc->empty_cache();
-      TP_CUDA_OK(cudaGetDevice(&current));
-      REQUIRE(current == 1);
-      REQUIRE(alloc->stats().upstream_frees == 1);
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  TP_CUDA_OK(cudaSetDevice(1));
+  auto backend = make_cuda_backend(kind, 0);
+  auto alloc = make_allocator(backend);
+  void* p = alloc->allocate(4 * MiB);  // stream 0: device 0's default stream, not device 1's
+  int current = -1;
+  TP_CUDA_OK(cudaGetDevice(&current));
+  REQUIRE(current == 1);
+  alloc->deallocate(p);
+  alloc->empty_cache();
+  TP_CUDA_OK(cudaGetDevice(&current));
+  REQUIRE(current == 1);
+  REQUIRE(alloc->stats().upstream_frees == 1);
 }
 
 TEST_CASE("a backend rejects a device that does not exist", "[cuda][backends]") {
@@ -187,70 +175,61 @@ TEST_CASE("VMM segments are whole pages, mapped and released as a unit", "[cuda]
 TEST_CASE("the caching allocator serves, caches and returns memory on every backend",
           "[cuda][allocator]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s;
-      // Fixed segments on every backend (the vmm backend defaults to mode:vmm, tested below).
-      auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("mode:fixed"));
-      void* small = alloc->allocate(1000, s.id());
-      void* large = alloc->allocate(24 * MiB, s.id());
-      REQUIRE(small != nullptr);
-      REQUIRE(large != nullptr);
-      alloc->deallocate(small);
-      alloc->deallocate(large);
-      REQUIRE(alloc->allocate(24 * MiB, s.id()) == large);  // cached: no new segment
-      REQUIRE(alloc->stats().upstream_allocs == 2);
-      alloc->deallocate(large);
-      alloc->check_invariants();
-      alloc->empty_cache();
-      REQUIRE(alloc->stats().total[Metric::reserved_bytes].current == 0);
-      alloc->check_invariants();
-      REQUIRE(pending_error() == cudaSuccess);
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s;
+  // Fixed segments on every backend (the vmm backend defaults to mode:vmm, tested below).
+  auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("mode:fixed"));
+  void* small = alloc->allocate(1000, s.id());
+  void* large = alloc->allocate(24 * MiB, s.id());
+  REQUIRE(small != nullptr);
+  REQUIRE(large != nullptr);
+  alloc->deallocate(small);
+  alloc->deallocate(large);
+  REQUIRE(alloc->allocate(24 * MiB, s.id()) == large);  // cached: no new segment
+  REQUIRE(alloc->stats().upstream_allocs == 2);
+  alloc->deallocate(large);
+  alloc->check_invariants();
+  alloc->empty_cache();
+  REQUIRE(alloc->stats().total[Metric::reserved_bytes].current == 0);
+  alloc->check_invariants();
+  REQUIRE(pending_error() == cudaSuccess);
 }
 
 TEST_CASE("mode:auto, the default, takes vmm on the vmm backend and fixed segments on the others",
           "[cuda][allocator]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0));
-      const Mode expected = kind == CudaBackendKind::vmm ? Mode::vmm : Mode::fixed;
-      REQUIRE(alloc->config().mode == expected);
-      void* p = alloc->allocate(24 * MiB, s.id());
-      REQUIRE(p != nullptr);
-      const Snapshot snap = alloc->snapshot();
-      REQUIRE(snap.segments.size() == 1);
-      REQUIRE(snap.segments[0].heap == (expected == Mode::vmm));
-      alloc->deallocate(p);
-      alloc->empty_cache();
-      REQUIRE(alloc->usage().reserved == 0);
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s;
+  auto alloc = make_allocator(make_cuda_backend(kind, 0));
+  const Mode expected = kind == CudaBackendKind::vmm ? Mode::vmm : Mode::fixed;
+  REQUIRE(alloc->config().mode == expected);
+  void* p = alloc->allocate(24 * MiB, s.id());
+  REQUIRE(p != nullptr);
+  const Snapshot snap = alloc->snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  REQUIRE(snap.segments[0].heap == (expected == Mode::vmm));
+  alloc->deallocate(p);
+  alloc->empty_cache();
+  REQUIRE(alloc->usage().reserved == 0);
 }
 
 TEST_CASE("a block used on another stream is reused once that stream's work is done",
           "[cuda][allocator][streams]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s1;
-      CudaStream s2;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0));
-      void* p = alloc->allocate(8 * MiB, s1.id());
-      alloc->record_stream(p, s2.id());
-      alloc->deallocate(p);
-      REQUIRE(alloc->stats().events_recorded == 1);
-      finish(s2);
-      void* q = alloc->allocate(8 * MiB, s1.id());  // the event is collected here
-      REQUIRE(q == p);
-      REQUIRE(alloc->stats().syncs == 0);
-      alloc->deallocate(q);
-      alloc->check_invariants();
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s1;
+  CudaStream s2;
+  auto alloc = make_allocator(make_cuda_backend(kind, 0));
+  void* p = alloc->allocate(8 * MiB, s1.id());
+  alloc->record_stream(p, s2.id());
+  alloc->deallocate(p);
+  REQUIRE(alloc->stats().events_recorded == 1);
+  finish(s2);
+  void* q = alloc->allocate(8 * MiB, s1.id());  // the event is collected here
+  REQUIRE(q == p);
+  REQUIRE(alloc->stats().syncs == 0);
+  alloc->deallocate(q);
+  alloc->check_invariants();
 }
 
 TEST_CASE("pinned staging buffers are reused after the copy stream's event", "[cuda][pinned]") {

@@ -33,148 +33,133 @@ std::size_t used(CudaBackendKind kind) {
 TEST_CASE("a cross-stream free is reused only after the other stream's event completes",
           "[cuda][allocator][streams]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s1;
-      CudaStream s2;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0));
-      void* p = alloc->allocate(8 * MiB, s1.id());
-      alloc->record_stream(p, s2.id());
-      dbl::clear_calls();
-      alloc->deallocate(p);
-      REQUIRE(dbl::calls("cudaEventRecord") == 1);
-      void* q = alloc->allocate(8 * MiB, s1.id());
-      REQUIRE(q != p);  // s2 may still be using p
-      REQUIRE(dbl::incomplete_events() == 1);
-      dbl::complete_stream(s2.get());
-      alloc->deallocate(q);
-      void* r = alloc->allocate(8 * MiB, s1.id());
-      REQUIRE((r == p || r == q));
-      REQUIRE(alloc->stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(8 * MiB));
-      REQUIRE(alloc->stats().syncs == 0);
-      alloc->deallocate(r);
-      alloc->check_invariants();
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s1;
+  CudaStream s2;
+  auto alloc = make_allocator(make_cuda_backend(kind, 0));
+  void* p = alloc->allocate(8 * MiB, s1.id());
+  alloc->record_stream(p, s2.id());
+  dbl::clear_calls();
+  alloc->deallocate(p);
+  REQUIRE(dbl::calls("cudaEventRecord") == 1);
+  void* q = alloc->allocate(8 * MiB, s1.id());
+  REQUIRE(q != p);  // s2 may still be using p
+  REQUIRE(dbl::incomplete_events() == 1);
+  dbl::complete_stream(s2.get());
+  alloc->deallocate(q);
+  void* r = alloc->allocate(8 * MiB, s1.id());
+  REQUIRE((r == p || r == q));
+  REQUIRE(alloc->stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(8 * MiB));
+  REQUIRE(alloc->stats().syncs == 0);
+  alloc->deallocate(r);
+  alloc->check_invariants();
 }
 
 TEST_CASE("under pressure a block cached for another stream is taken after a device-side wait",
           "[cuda][allocator][streams]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s1;
-      CudaStream s2;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("mode:fixed,memory_limit:20MiB"));
-      void* p = alloc->allocate(16 * MiB, s1.id());
-      alloc->deallocate(p);
-      dbl::clear_calls();
-      REQUIRE(alloc->allocate(8 * MiB, s2.id()) == p);
-      REQUIRE(dbl::calls("cudaStreamWaitEvent") == 1);
-      REQUIRE(dbl::calls("cudaEventSynchronize") + dbl::calls("cudaStreamSynchronize") == 0);
-      alloc->deallocate(p);
-      alloc->check_invariants();
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s1;
+  CudaStream s2;
+  auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("mode:fixed,memory_limit:20MiB"));
+  void* p = alloc->allocate(16 * MiB, s1.id());
+  alloc->deallocate(p);
+  dbl::clear_calls();
+  REQUIRE(alloc->allocate(8 * MiB, s2.id()) == p);
+  REQUIRE(dbl::calls("cudaStreamWaitEvent") == 1);
+  REQUIRE(dbl::calls("cudaEventSynchronize") + dbl::calls("cudaStreamSynchronize") == 0);
+  alloc->deallocate(p);
+  alloc->check_invariants();
 }
 
 TEST_CASE("an OOM in the middle of a multi-stream sequence goes through the ladder and leaves "
           "the allocator usable", "[cuda][allocator][oom]") {
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      Env env;
-      reset_with_capacity(128 * MiB);
-      CudaStream s1;
-      CudaStream s2;
-      CudaStream s3;
-      // Fixed segments on every backend (the vmm backend's ladder unmaps under syncs of its own).
-      auto alloc = make_allocator(backend_for(kind, 128 * MiB), Config::parse("mode:fixed"));
-      const Stream streams[] = {s1.id(), s2.id(), s3.id()};
-      // A cross-stream free still in flight when memory runs out: the ladder waits for it.
-      void* shared = alloc->allocate(20 * MiB, s1.id());
-      alloc->record_stream(shared, s2.id());
-      alloc->deallocate(shared);
-      std::vector<std::pair<void*, Stream>> live;
-      std::size_t n = 0;
-      OutOfMemoryInfo info;
-      bool oom = false;
-      try {
-        for (;; ++n) {
-          const Stream s = streams[n % 3];
-          live.emplace_back(alloc->allocate(12 * MiB, s), s);
-        }
-      } catch (const OutOfMemoryError& e) {
-        oom = true;
-        info = e.info();
-      }
-      REQUIRE(oom);
-      REQUIRE(n >= 9);  // 128 MiB: the shared 20 MiB segment and nine 12 MiB ones
-      REQUIRE(info.device == 0);
-      REQUIRE(info.requested == 12 * MiB);
-      const Stats st = alloc->stats();
-      REQUIRE(st.ooms == 1);
-      REQUIRE(st.upstream_alloc_failures >= 2);
-      REQUIRE(st.syncs == 1);  // the ladder waited for the in-flight free instead of failing
-      REQUIRE(dbl::last_error() == cudaSuccess);
-      alloc->check_invariants();
-
-      // Usable: a freed block serves the next request of its stream.
-      const auto [last, stream] = live.back();
-      live.pop_back();
-      alloc->deallocate(last);
-      REQUIRE(alloc->allocate(12 * MiB, stream) == last);
-      live.emplace_back(last, stream);
-      for (const auto& [p, s] : live) alloc->deallocate(p);
-      alloc->empty_cache();
-      alloc->check_invariants();
-      REQUIRE(used(kind) == 0);
-      REQUIRE(dbl::last_error() == cudaSuccess);
+  TP_EACH_BACKEND_KIND(kind);
+  Env env;
+  reset_with_capacity(128 * MiB);
+  CudaStream s1;
+  CudaStream s2;
+  CudaStream s3;
+  // Fixed segments on every backend (the vmm backend's ladder unmaps under syncs of its own).
+  auto alloc = make_allocator(backend_for(kind, 128 * MiB), Config::parse("mode:fixed"));
+  const Stream streams[] = {s1.id(), s2.id(), s3.id()};
+  // A cross-stream free still in flight when memory runs out: the ladder waits for it.
+  void* shared = alloc->allocate(20 * MiB, s1.id());
+  alloc->record_stream(shared, s2.id());
+  alloc->deallocate(shared);
+  std::vector<std::pair<void*, Stream>> live;
+  std::size_t n = 0;
+  OutOfMemoryInfo info;
+  bool oom = false;
+  try {
+    for (;; ++n) {
+      const Stream s = streams[n % 3];
+      live.emplace_back(alloc->allocate(12 * MiB, s), s);
     }
+  } catch (const OutOfMemoryError& e) {
+    oom = true;
+    info = e.info();
   }
+  REQUIRE(oom);
+  REQUIRE(n >= 9);  // 128 MiB: the shared 20 MiB segment and nine 12 MiB ones
+  REQUIRE(info.device == 0);
+  REQUIRE(info.requested == 12 * MiB);
+  const Stats st = alloc->stats();
+  REQUIRE(st.ooms == 1);
+  REQUIRE(st.upstream_alloc_failures >= 2);
+  REQUIRE(st.syncs == 1);  // the ladder waited for the in-flight free instead of failing
+  REQUIRE(dbl::last_error() == cudaSuccess);
+  alloc->check_invariants();
+
+  // Usable: a freed block serves the next request of its stream.
+  const auto [last, stream] = live.back();
+  live.pop_back();
+  alloc->deallocate(last);
+  REQUIRE(alloc->allocate(12 * MiB, stream) == last);
+  live.emplace_back(last, stream);
+  for (const auto& [p, s] : live) alloc->deallocate(p);
+  alloc->empty_cache();
+  alloc->check_invariants();
+  REQUIRE(used(kind) == 0);
+  REQUIRE(dbl::last_error() == cudaSuccess);
 }
 
 TEST_CASE("a transient out-of-memory from CUDA is absorbed by the ladder", "[cuda][allocator][oom]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s1;
-      CudaStream s2;
-      auto alloc = make_allocator(backend_for(kind, 8 * GiB), Config::parse("mode:fixed"));
-      alloc->deallocate(alloc->allocate(12 * MiB, s1.id()));  // a free 12 MiB segment on s1
-      dbl::fail_nth(alloc_api(kind), 1);
-      void* p = alloc->allocate(16 * MiB, s2.id());  // fails once; s1's segment is too small
-      REQUIRE(p != nullptr);
-      const Stats st = alloc->stats();
-      REQUIRE(st.upstream_alloc_failures == 1);
-      REQUIRE(st.upstream_frees == 1);  // the ladder returned s1's segment, then grew again
-      REQUIRE(st.ooms == 0);
-      REQUIRE(dbl::last_error() == cudaSuccess);
-      alloc->deallocate(p);
-      alloc->check_invariants();
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s1;
+  CudaStream s2;
+  auto alloc = make_allocator(backend_for(kind, 8 * GiB), Config::parse("mode:fixed"));
+  alloc->deallocate(alloc->allocate(12 * MiB, s1.id()));  // a free 12 MiB segment on s1
+  dbl::fail_nth(alloc_api(kind), 1);
+  void* p = alloc->allocate(16 * MiB, s2.id());  // fails once; s1's segment is too small
+  REQUIRE(p != nullptr);
+  const Stats st = alloc->stats();
+  REQUIRE(st.upstream_alloc_failures == 1);
+  REQUIRE(st.upstream_frees == 1);  // the ladder returned s1's segment, then grew again
+  REQUIRE(st.ooms == 0);
+  REQUIRE(dbl::last_error() == cudaSuccess);
+  alloc->deallocate(p);
+  alloc->check_invariants();
 }
 
 TEST_CASE("a failed event creation on a cross-stream free falls back to a stream sync",
           "[cuda][allocator][faults]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s1;
-      CudaStream s2;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0));
-      void* p = alloc->allocate(MiB, s1.id());
-      alloc->record_stream(p, s2.id());
-      dbl::fail_nth("cudaEventCreate", 1);
-      dbl::clear_calls();
-      REQUIRE_NOTHROW(alloc->deallocate(p));
-      REQUIRE(dbl::calls("cudaStreamSynchronize") == 1);
-      REQUIRE(alloc->stats().syncs == 1);
-      REQUIRE(dbl::last_error() == cudaSuccess);
-      REQUIRE(alloc->allocate(MiB, s1.id()) == p);
-      alloc->check_invariants();
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s1;
+  CudaStream s2;
+  auto alloc = make_allocator(make_cuda_backend(kind, 0));
+  void* p = alloc->allocate(MiB, s1.id());
+  alloc->record_stream(p, s2.id());
+  dbl::fail_nth("cudaEventCreate", 1);
+  dbl::clear_calls();
+  REQUIRE_NOTHROW(alloc->deallocate(p));
+  REQUIRE(dbl::calls("cudaStreamSynchronize") == 1);
+  REQUIRE(alloc->stats().syncs == 1);
+  REQUIRE(dbl::last_error() == cudaSuccess);
+  REQUIRE(alloc->allocate(MiB, s1.id()) == p);
+  alloc->check_invariants();
 }
 
 TEST_CASE("pinned staging buffers wait for the copy stream before reuse", "[cuda][pinned]") {
@@ -204,34 +189,31 @@ TEST_CASE("pinned staging buffers wait for the copy stream before reuse", "[cuda
 
 TEST_CASE("at process exit, destroying the allocator makes no CUDA call", "[cuda][shutdown]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      auto backend = make_cuda_backend(kind, 0);
-      CudaStream s1;
-      CudaStream s2;
-      auto alloc = make_allocator(backend);
-      (void)alloc->allocate(4 * MiB, s1.id());  // still allocated at exit
-      void* q = alloc->allocate(30 * MiB, s1.id());
-      alloc->record_stream(q, s2.id());
-      alloc->deallocate(q);  // a free waiting for s2's event
-      alloc->deallocate(alloc->allocate(MiB, s1.id()));  // and a cached free block
-      SECTION("the exit hook ran before the driver went away") {
-        cuda_detail::mark_cuda_shutdown();  // what the atexit hook does
-        dbl::simulate_driver_shutdown();
-      }
-      SECTION("CUDA reported the shutdown first") {
-        dbl::simulate_driver_shutdown();
-        REQUIRE_THROWS_AS(alloc->allocate(64 * MiB, s1.id()), DeviceError);
-        REQUIRE_NOTHROW(backend->free_segment(reinterpret_cast<void*>(Address{1} << 40), 2 * MiB, 0));
-      }
-      REQUIRE_FALSE(backend->alive());
-      REQUIRE_FALSE(cuda_runtime_alive());
-      dbl::clear_calls();
-      alloc.reset();
-      backend.reset();
-      REQUIRE(dbl::total_calls() == 0);
-    }
+  TP_EACH_BACKEND_KIND(kind);
+  auto backend = make_cuda_backend(kind, 0);
+  CudaStream s1;
+  CudaStream s2;
+  auto alloc = make_allocator(backend);
+  (void)alloc->allocate(4 * MiB, s1.id());  // still allocated at exit
+  void* q = alloc->allocate(30 * MiB, s1.id());
+  alloc->record_stream(q, s2.id());
+  alloc->deallocate(q);  // a free waiting for s2's event
+  alloc->deallocate(alloc->allocate(MiB, s1.id()));  // and a cached free block
+  SECTION("the exit hook ran before the driver went away") {
+    cuda_detail::mark_cuda_shutdown();  // what the atexit hook does
+    dbl::simulate_driver_shutdown();
   }
+  SECTION("CUDA reported the shutdown first") {
+    dbl::simulate_driver_shutdown();
+    REQUIRE_THROWS_AS(alloc->allocate(64 * MiB, s1.id()), DeviceError);
+    REQUIRE_NOTHROW(backend->free_segment(reinterpret_cast<void*>(Address{1} << 40), 2 * MiB, 0));
+  }
+  REQUIRE_FALSE(backend->alive());
+  REQUIRE_FALSE(cuda_runtime_alive());
+  dbl::clear_calls();
+  alloc.reset();
+  backend.reset();
+  REQUIRE(dbl::total_calls() == 0);
 }
 
 TEST_CASE("a backend shared by two allocators serves both", "[cuda][allocator]") {

@@ -13,6 +13,18 @@ namespace dbl = tensorpool::cuda_double;
 
 namespace {
 bool is_guard_call(const std::string& api) { return api == "cudaGetDevice" || api == "cudaSetDevice"; }
+
+// The message of the DeviceError that allocating a segment of `backend` throws ("" and a failure
+// when it throws none).
+std::string segment_error(DeviceBackend& backend) {
+  try {
+    (void)backend.allocate_segment(2 * MiB, 0);
+  } catch (const DeviceError& e) {
+    return e.what();
+  }
+  FAIL("no exception");
+  return "";
+}
 }  // namespace
 
 // --- the double itself ----------------------------------------------------------------------
@@ -105,33 +117,30 @@ TEST_CASE("double: capacity, device count and immediate completion are configura
 TEST_CASE("every backend call runs on the backend's device, the caller's device is restored",
           "[cuda][guard]") {
   Env env(2);
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      TP_CUDA_OK(cudaSetDevice(1));
-      auto backend = make_cuda_backend(kind, 0);
-      auto alloc = make_allocator(backend);
-      cudaStream_t s0 = nullptr;  // a stream of device 0, made while device 0 is current
-      TP_CUDA_OK(cudaSetDevice(0));
-      TP_CUDA_OK(cudaStreamCreate(&s0));
-      TP_CUDA_OK(cudaSetDevice(1));
-      dbl::clear_calls();
-      void* p = alloc->allocate(3 * MiB, to_stream(s0));
-      void* q = alloc->allocate(5 * MiB);  // stream 0: device 0's legacy stream
-      alloc->record_stream(p, 0);
-      alloc->deallocate(p);
-      alloc->deallocate(q);
-      alloc->empty_cache();
-      REQUIRE(dbl::current_device() == 1);
-      const auto log = dbl::call_log();
-      REQUIRE(dbl::calls(alloc_api(kind)) >= 2);
-      for (const auto& call : log) {
-        INFO(call.api);
-        if (!is_guard_call(call.api)) REQUIRE(call.device == 0);
-      }
-      REQUIRE(log.back().api == "cudaSetDevice");  // the guard restored device 1 last
-      TP_CUDA_OK(cudaStreamDestroy(s0));
-    }
+  TP_EACH_BACKEND_KIND(kind);
+  TP_CUDA_OK(cudaSetDevice(1));
+  auto backend = make_cuda_backend(kind, 0);
+  auto alloc = make_allocator(backend);
+  cudaStream_t s0 = nullptr;  // a stream of device 0, made while device 0 is current
+  TP_CUDA_OK(cudaSetDevice(0));
+  TP_CUDA_OK(cudaStreamCreate(&s0));
+  TP_CUDA_OK(cudaSetDevice(1));
+  dbl::clear_calls();
+  void* p = alloc->allocate(3 * MiB, to_stream(s0));
+  void* q = alloc->allocate(5 * MiB);  // stream 0: device 0's legacy stream
+  alloc->record_stream(p, 0);
+  alloc->deallocate(p);
+  alloc->deallocate(q);
+  alloc->empty_cache();
+  REQUIRE(dbl::current_device() == 1);
+  const auto log = dbl::call_log();
+  REQUIRE(dbl::calls(alloc_api(kind)) >= 2);
+  for (const auto& call : log) {
+    INFO(call.api);
+    if (!is_guard_call(call.api)) REQUIRE(call.device == 0);
   }
+  REQUIRE(log.back().api == "cudaSetDevice");  // the guard restored device 1 last
+  TP_CUDA_OK(cudaStreamDestroy(s0));
 }
 
 TEST_CASE("the async backend allocates from its own pool and frees on the segment's stream",
@@ -222,20 +231,17 @@ TEST_CASE("a query of an incomplete event leaves no error behind", "[cuda][event
 
 TEST_CASE("out of memory in CUDA gives nullptr and clears the last error", "[cuda][oom]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      auto backend = make_cuda_backend(kind, 0);
-      dbl::fail_nth(alloc_api(kind), 1);
-      REQUIRE(backend->allocate_segment(2 * MiB, 0) == nullptr);
-      REQUIRE(dbl::last_error() == cudaSuccess);
-      REQUIRE(dbl::live_allocations() == 0);
-      REQUIRE(dbl::live_physical() == 0);
-      REQUIRE(dbl::live_reservations() == 0);  // the VMM backend released its reservation
-      void* p = backend->allocate_segment(2 * MiB, 0);  // one fault only
-      REQUIRE(p != nullptr);
-      backend->free_segment(p, 2 * MiB, 0);
-    }
-  }
+  TP_EACH_BACKEND_KIND(kind);
+  auto backend = make_cuda_backend(kind, 0);
+  dbl::fail_nth(alloc_api(kind), 1);
+  REQUIRE(backend->allocate_segment(2 * MiB, 0) == nullptr);
+  REQUIRE(dbl::last_error() == cudaSuccess);
+  REQUIRE(dbl::live_allocations() == 0);
+  REQUIRE(dbl::live_physical() == 0);
+  REQUIRE(dbl::live_reservations() == 0);  // the VMM backend released its reservation
+  void* p = backend->allocate_segment(2 * MiB, 0);  // one fault only
+  REQUIRE(p != nullptr);
+  backend->free_segment(p, 2 * MiB, 0);
 }
 
 TEST_CASE("a device past its capacity answers out of memory", "[cuda][oom]") {
@@ -262,32 +268,22 @@ TEST_CASE("other CUDA errors throw DeviceError naming the call, the error and th
   SECTION("runtime") {
     auto backend = make_cuda_backend(CudaBackendKind::malloc, 1);
     dbl::fail_nth("cudaMalloc", 1, cudaErrorLaunchFailure);
-    try {
-      (void)backend->allocate_segment(2 * MiB, 0);
-      FAIL("no exception");
-    } catch (const DeviceError& e) {
-      const std::string what = e.what();
-      INFO(what);
-      REQUIRE(what.find("cudaMalloc") != std::string::npos);
-      REQUIRE(what.find("cudaErrorLaunchFailure") != std::string::npos);
-      REQUIRE(what.find("unspecified launch failure") != std::string::npos);
-      REQUIRE(what.find("device 1") != std::string::npos);
-    }
+    const std::string what = segment_error(*backend);
+    INFO(what);
+    REQUIRE(what.find("cudaMalloc") != std::string::npos);
+    REQUIRE(what.find("cudaErrorLaunchFailure") != std::string::npos);
+    REQUIRE(what.find("unspecified launch failure") != std::string::npos);
+    REQUIRE(what.find("device 1") != std::string::npos);
     REQUIRE(dbl::last_error() == cudaSuccess);
   }
   SECTION("driver") {
     auto backend = make_cuda_backend(CudaBackendKind::vmm, 0);
     dbl::fail_nth("cuMemCreate", 1, CUDA_ERROR_INVALID_VALUE);
-    try {
-      (void)backend->allocate_segment(2 * MiB, 0);
-      FAIL("no exception");
-    } catch (const DeviceError& e) {
-      const std::string what = e.what();
-      INFO(what);
-      REQUIRE(what.find("cuMemCreate") != std::string::npos);
-      REQUIRE(what.find("CUDA_ERROR_INVALID_VALUE") != std::string::npos);
-      REQUIRE(what.find("device 0") != std::string::npos);
-    }
+    const std::string what = segment_error(*backend);
+    INFO(what);
+    REQUIRE(what.find("cuMemCreate") != std::string::npos);
+    REQUIRE(what.find("CUDA_ERROR_INVALID_VALUE") != std::string::npos);
+    REQUIRE(what.find("device 0") != std::string::npos);
     REQUIRE(dbl::live_reservations() == 0);
   }
   SECTION("events") {

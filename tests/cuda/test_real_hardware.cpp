@@ -46,23 +46,20 @@ void check_pinned_memory(void* p, std::size_t n, cudaStream_t stream) {
 
 TEST_CASE("real: every backend's blocks are memory the GPU reads and writes", "[cuda][real]") {
   Env env;
-  for (const CudaBackendKind kind : kAllKinds) {
-    DYNAMIC_SECTION(to_string(kind)) {
-      CudaStream s;
-      auto alloc = make_allocator(make_cuda_backend(kind, 0));
-      for (const std::size_t n : {std::size_t{1000}, 3 * MiB + 7, 40 * MiB}) {
-        INFO(n);
-        void* p = alloc->allocate(n, s.id());
-        REQUIRE(p != nullptr);
-        if (kind == CudaBackendKind::pinned_host) check_pinned_memory(p, n, s.get());
-        else check_device_memory(p, n, s.get());
-        alloc->deallocate(p);
-      }
-      alloc->empty_cache();
-      alloc->check_invariants();
-      REQUIRE(cudaPeekAtLastError() == cudaSuccess);
-    }
+  TP_EACH_BACKEND_KIND(kind);
+  CudaStream s;
+  auto alloc = make_allocator(make_cuda_backend(kind, 0));
+  for (const std::size_t n : {std::size_t{1000}, 3 * MiB + 7, 40 * MiB}) {
+    INFO(n);
+    void* p = alloc->allocate(n, s.id());
+    REQUIRE(p != nullptr);
+    if (kind == CudaBackendKind::pinned_host) check_pinned_memory(p, n, s.get());
+    else check_device_memory(p, n, s.get());
+    alloc->deallocate(p);
   }
+  alloc->empty_cache();
+  alloc->check_invariants();
+  REQUIRE(cudaPeekAtLastError() == cudaSuccess);
 }
 
 TEST_CASE("real: the allocator's vmm mode hands out pages the GPU reads and writes",

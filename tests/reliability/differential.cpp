@@ -42,7 +42,6 @@ const char* kind_name(OpKind k) {
   return "?";
 }
 
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
@@ -69,7 +68,6 @@ RunFigures& RunFigures::operator+=(const RunFigures& o) {
   upstream_allocs += o.upstream_allocs;
   stream_waits += o.stream_waits;
   syncs += o.syncs;
-  vmm_growth_ooms += o.vmm_growth_ooms;
   for (std::size_t i = 0; i < site_calls.size(); ++i) site_calls[i] += o.site_calls[i];
   return *this;
 }
@@ -270,7 +268,6 @@ class Runner {
 
   Stream stream_of(const Op& op) const { return streams_[op.stream % streams_.size()]; }
   void expect_oom(std::size_t bytes, const Before& before);
-  std::size_t vmm_growth_step(std::size_t bytes) const;
   void check_new_block(Address a, std::size_t bytes, Stream t);
   void check_release(Address a, std::size_t bytes, bool unmap);
   void add_live(Address a, std::size_t bytes, Stream t);
@@ -432,27 +429,10 @@ void Runner::expect_oom(std::size_t bytes, const Before& before) {
       limit_ == 0 ? std::numeric_limits<std::size_t>::max() : (limit_ > reserved ? limit_ - reserved : 0);
   const std::size_t room_device = options_.capacity - sim_->used_bytes();
   const std::size_t room = std::min(room_limit, room_device);
-  if (need <= room && vmm_ && !options_.strict_vmm_growth && vmm_growth_step(bytes) > room) {
-    ++figures_.vmm_growth_ooms;  // the known issue, not a new failure
-    return;
-  }
   TP_EXPECT(need > room, "oom-with-room",
             "OutOfMemoryError for " << bytes << " bytes (" << need << " to map) with "
                                     << room_limit << " bytes left under the limit and " << room_device
                                     << " free on the device, no fault injected");
-}
-
-// Known issue (docs/reliability.md): in vmm mode a growth maps at least the pool's growth step
-// (a fraction of what the pool holds, between a page and vmm_max_growth) and does not fall back
-// to the bytes actually needed when the step does not fit, so a request that fits can still
-// fail. An upper bound of the step the allocator tries (src/core/vmm.cpp, growth_step(): a
-// 1/vmm_growth_divisor of the pool, 128 by default; at least a 64th here, so that tuning the
-// divisor up keeps the bound valid).
-std::size_t Runner::vmm_growth_step(std::size_t bytes) const {
-  if (round_size(bytes) <= config_.small_size) return unit_;
-  const Stats s = alloc_->stats();
-  const auto held = static_cast<std::size_t>(s.of(Pool::large)[Metric::reserved_bytes].current);
-  return round_up(std::clamp(held / std::min<std::size_t>(64, config_.vmm_growth_divisor), unit_, std::max(unit_, config_.vmm_max_growth)), unit_);
 }
 
 void Runner::check_new_block(Address a, std::size_t bytes, Stream t) {

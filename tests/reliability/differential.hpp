@@ -77,9 +77,6 @@ struct RunOptions {
   /// Test of the test: the model forgets that a stream may reuse its own block at once, so the
   /// first same-stream reuse with work outstanding is reported (used to check the shrinker).
   bool sabotage_same_stream = false;
-  /// Report an OutOfMemoryError in vmm mode when the request fits but the pool's growth step does
-  /// not (a bug the differential test found, now fixed); false tolerates it.
-  bool strict_vmm_growth = true;
 };
 
 /// Figures of one run, summed over runs for the report.
@@ -93,7 +90,6 @@ struct RunFigures {
   std::uint64_t upstream_allocs = 0;
   std::uint64_t stream_waits = 0;
   std::uint64_t syncs = 0;
-  std::uint64_t vmm_growth_ooms = 0;  // OOMs accepted only because of the known vmm issue
   std::array<std::uint64_t, 4> site_calls{};  // upstream calls per FaultSite
   RunFigures& operator+=(const RunFigures& o);
 };

@@ -5,7 +5,12 @@
 // ask for it with this.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+
+#include "tensorpool/allocator.hpp"
 #include "tensorpool/config.hpp"
+#include "tensorpool/simulated_device.hpp"
 
 namespace tensorpool::testing {
 
@@ -14,5 +19,15 @@ inline Config fixed_mode(Config c = {}) {
   if (c.mode == Mode::automatic) c.mode = Mode::fixed;
   return c;
 }
+
+/// A simulated device and an allocator with fixed segments on it: where the tests of that mode
+/// start.
+struct FixedModeAllocator {
+  explicit FixedModeAllocator(Config c = {}, SimulatedDeviceOptions o = {})
+      : device(std::make_shared<SimulatedDevice>(o)), alloc(device, fixed_mode(c)) {}
+  std::shared_ptr<SimulatedDevice> device;
+  Allocator alloc;
+  std::int64_t cur(Metric m) const { return alloc.stats().total[m].current; }
+};
 
 }  // namespace tensorpool::testing

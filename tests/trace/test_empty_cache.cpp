@@ -23,12 +23,7 @@ namespace pytorch = tensorpool::trace::pytorch;
 namespace {
 
 trace::TraceEvent ev(Op op, std::uint64_t addr = 0, std::uint64_t size = 0, std::uint16_t device = 0) {
-  trace::TraceEvent e;
-  e.op = op;
-  e.addr = addr;
-  e.size = size;
-  e.device = device;
-  return e;
+  return {.op = op, .device = device, .addr = addr, .size = size};
 }
 
 std::size_t count(const Trace& t, Op op) {

@@ -81,15 +81,7 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 TraceEvent ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0,
          std::int64_t time_us = 0, std::uint16_t device = 0, std::uint8_t flags = 0) {
-  TraceEvent e;
-  e.op = op;
-  e.addr = addr;
-  e.size = size;
-  e.stream = stream;
-  e.time_us = time_us;
-  e.device = device;
-  e.flags = flags;
-  return e;
+  return {.op = op, .flags = flags, .device = device, .stream = stream, .addr = addr, .size = size, .time_us = time_us};
 }
 
 /// Appends `e` to `t` with label `text` (interned in order of first use, as readers number them).
@@ -651,10 +643,10 @@ TEST_CASE("JSON lines written by other tools: minimal keys, CRLF, BOM, no end ob
   CHECK(t.info.source.empty());
   CHECK(t.info.metadata.empty());
   REQUIRE(t.events.size() == 3);
-  CHECK(t.events[0] == TraceEvent{Op::alloc, 0, 0, 1, 0, 4096, 64, 0});
+  CHECK(t.events[0] == TraceEvent{.op = Op::alloc, .label = 1, .addr = 4096, .size = 64});
   CHECK(t.labels.at(1) == "caf\xC3\xA9");
-  CHECK(t.events[1] == TraceEvent{Op::stream_sync, 0, 0, 0, 0x1F, 0, 0, 0});
-  CHECK(t.events[2] == TraceEvent{Op::iteration, 0, 0, 0, 0, 0, 3, -7});
+  CHECK(t.events[1] == TraceEvent{.op = Op::stream_sync, .stream = 0x1F});
+  CHECK(t.events[2] == TraceEvent{.op = Op::iteration, .size = 3, .time_us = -7});
 }
 
 TEST_CASE("JSON lines: malformed lines are reported with their line number", "[format]") {

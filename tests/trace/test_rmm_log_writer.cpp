@@ -18,14 +18,7 @@ namespace {
 
 rmm::LogEntry entry(std::uint64_t thread, std::int64_t time_us, rmm::Action action,
                     std::uint64_t pointer, std::uint64_t size, std::uint64_t stream) {
-  rmm::LogEntry e;
-  e.thread = thread;
-  e.time_us = time_us;
-  e.action = action;
-  e.pointer = pointer;
-  e.size = size;
-  e.stream = stream;
-  return e;
+  return {.thread = thread, .time_us = time_us, .action = action, .pointer = pointer, .size = size, .stream = stream};
 }
 
 }  // namespace

@@ -26,9 +26,8 @@
 // Device sizes: each block is one cudaMalloc, charged as the raw target charges one
 // (model::cuda_malloc_bytes): blocks of 2 MiB or more take whole 2 MiB pages, smaller ones are
 // packed by the driver into shared pages (512-byte rounding), so a 512 B bin is not charged a
-// page. An unbinned request of 3 MiB holds 4 MiB of the device. reserved() counts device sizes.
-// (The model used to round every block to 512 B: CUB then fitted devices smaller than the
-// same cudaMalloc calls made by the raw target did.)
+// page. An unbinned request of 3 MiB holds 4 MiB of the device. reserved() counts device sizes,
+// as the raw target counts the same cudaMalloc calls.
 //
 // Invariants:
 //  - reserved_ == sum of device sizes of live and cached blocks;
@@ -53,7 +52,6 @@ namespace tensorpool::replay {
 namespace {
 
 using model::kUnlimited;
-using model::round_up;
 
 constexpr const char* kName = "cub";
 constexpr std::size_t kGranule = 512;  // of the simulated device: its allocation granularity

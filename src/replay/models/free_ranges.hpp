@@ -64,13 +64,6 @@ class FreeRanges {
     erase(by_addr_.find(r.addr));
     if (r.size > size) insert(r.addr + size, r.size - size);
   }
-  /// Removes the free range that is exactly [addr, addr + size); false if there is none.
-  bool remove_exact(Address addr, std::size_t size) {
-    const auto it = by_addr_.find(addr);
-    if (it == by_addr_.end() || it->second != size) return false;
-    erase(it);
-    return true;
-  }
   /// Moves every range of `other` into this set (merging), leaving `other` empty.
   void absorb(FreeRanges& other) {
     for (const auto& [addr, size] : other.by_addr_) insert(addr, size);

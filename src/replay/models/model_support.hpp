@@ -23,10 +23,6 @@ namespace tensorpool::replay::model {
 
 inline constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max();
 
-inline constexpr std::size_t round_up(std::size_t value, std::size_t multiple) noexcept {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
 /// What an OutOfMemoryError reports about a model over `device` that failed a request of `requested`
 /// bytes (`rounded` after rounding) on `stream`, holding `reserved` bytes of which `allocated` are
 /// in live blocks. largest_free_block and memory_limit are left to the caller (0: none).

@@ -99,7 +99,6 @@ struct pytorch_common::Segment {
 
 namespace {
 
-using model::round_up;
 using pytorch_common::Block;
 using pytorch_common::Segment;
 using pytorch_rules::kLargeBuffer;

@@ -65,7 +65,6 @@ namespace tensorpool::replay {
 namespace {
 
 using model::kUnlimited;
-using model::round_up;
 
 constexpr const char* kName = "pytorch";
 

@@ -75,9 +75,9 @@ inline std::size_t round_size(std::size_t bytes, std::size_t divisions) noexcept
   if (divisions > 1 && bytes > kMinBlockSize * divisions) {
     const std::size_t floor = std::bit_floor(bytes);
     if (floor == bytes) return bytes;
-    return model::round_up(bytes, floor / divisions);  // floor / divisions >= 512, a power of two
+    return round_up(bytes, floor / divisions);  // floor / divisions >= 512, a power of two
   }
-  return model::round_up(bytes, kMinBlockSize);
+  return round_up(bytes, kMinBlockSize);
 }
 
 /// The pool of a rounded request.

@@ -140,7 +140,7 @@ class RmmArenaModel final : public ReplayTarget {
 
 void* RmmArenaModel::allocate(std::size_t bytes, Stream stream) {
   if (bytes > arena_size_) throw_oom(bytes, bytes, stream);
-  const std::size_t size = model::round_up(std::max<std::size_t>(bytes, 1), kAlign);
+  const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), kAlign);
   const bool large = size > superblock_size_;
   Address addr = 0;
   auto place = [&] { return large ? place_large(size, addr) : place_small(arenas_[stream], size, addr); };

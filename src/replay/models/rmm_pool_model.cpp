@@ -138,7 +138,7 @@ class RmmPoolModel final : public ReplayTarget {
 
 void* RmmPoolModel::allocate(std::size_t bytes, Stream stream) {
   if (bytes > sizes_.maximum) throw_oom(bytes, bytes, stream);
-  const std::size_t size = model::round_up(std::max<std::size_t>(bytes, 1), kAlign);
+  const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), kAlign);
   Address addr = 0;
   if (!take_from(stream, size, addr) && !take_from_other_stream(stream, size, addr)) {
     if (!grow_for(size, stream) || !take_from(stream, size, addr)) throw_oom(bytes, size, stream);
@@ -180,7 +180,7 @@ bool RmmPoolModel::grow_for(std::size_t size, Stream stream) {
   while (true) {
     if (grow_by(attempt, stream)) return true;
     if (attempt == size) return false;
-    attempt = std::max(size, model::round_up(attempt / 2, kAlign));
+    attempt = std::max(size, round_up(attempt / 2, kAlign));
   }
 }
 
