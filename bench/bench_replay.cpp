@@ -1,16 +1,17 @@
 // Replay throughput: events per second of the replay engine driving tensorpool (and the models)
 // on the simulated device, on one core. Target: at least 2 million events per second.
 //
-// Inputs: a generated LLM training trace (200 iterations, ~265k events) held in memory, and, when
-// present, the largest shared PyTorch snapshot (../shared/traces), imported once before timing.
+// Inputs: a generated LLM training trace (the demo's workload for 200 steps, 382,860 events) held
+// in memory, and, when present, the largest shared PyTorch snapshot (../shared/traces), imported
+// once before timing.
 #include <benchmark/benchmark.h>
 
 #include <filesystem>
 #include <memory>
 
-#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
+#include "tensorpool/workload/setup.hpp"
 
 using namespace tensorpool;
 
@@ -18,9 +19,9 @@ namespace {
 
 const trace::Trace& generated() {
   static const trace::Trace t = [] {
-    workload::GeneratorOptions g;
-    g.iterations = 200;
-    return workload::generate_llm_trace(g);
+    workload::WorkloadSetup setup = workload::WorkloadSetup::for_model("custom");
+    setup.apply("micro_batch:4,seq:2048,seq_dist:uniform,dp:2,steps:200", "bench");
+    return workload::generate_workload(setup);
   }();
   return t;
 }

@@ -1,7 +1,8 @@
-// replay_driver.cpp: replays of a generated training trace against tensorpool, for instruction
-// counts under valgrind's callgrind, which do not depend on the machine's load
-// (docs/benchmarks.md: the replay engine's observer hook costs nothing when no observer is set):
-//   valgrind --tool=callgrind tensorpool_replay_driver ITERATIONS REPLAYS [observe]
+// replay_driver.cpp: replays of a generated training trace (the demo's workload, STEPS optimizer
+// steps) against tensorpool, for instruction counts under valgrind's callgrind, which do not
+// depend on the machine's load (docs/benchmarks.md: the replay engine's observer hook costs
+// nothing when no observer is set):
+//   valgrind --tool=callgrind tensorpool_replay_driver STEPS REPLAYS [observe]
 // The instructions of one replay: Ir at REPLAYS=3 minus Ir at REPLAYS=1, halved. With `observe`,
 // a do-nothing observer watches each replay (what an attached observer costs).
 #include <cstdio>
@@ -9,7 +10,7 @@
 #include <cstring>
 
 #include "tensorpool/replay/replay.hpp"
-#include "tensorpool/workload/generator.hpp"
+#include "tensorpool/workload/setup.hpp"
 
 using namespace tensorpool;
 
@@ -26,12 +27,13 @@ struct Nothing final : replay::ReplayObserver {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s ITERATIONS REPLAYS [observe]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s STEPS REPLAYS [observe]\n", argv[0]);
     return 2;
   }
-  workload::GeneratorOptions g;
-  g.iterations = std::atoi(argv[1]);
-  const trace::Trace t = workload::generate_llm_trace(g);
+  workload::WorkloadSetup setup = workload::WorkloadSetup::for_model("custom");
+  setup.apply("micro_batch:4,seq:2048,seq_dist:uniform,dp:2", "replay_driver");
+  setup.steps = std::atoi(argv[1]);
+  const trace::Trace t = workload::generate_workload(setup);
   const long replays = std::atol(argv[2]);
   replay::ReplayOptions o;
 #ifdef TENSORPOOL_DRIVER_OBSERVER

@@ -17,7 +17,7 @@
 #include "tensorpool/trace/format.hpp"
 #include "tensorpool/trace/load.hpp"
 #include "tensorpool/trace/summary.hpp"
-#include "tensorpool/workload/generator.hpp"
+#include "tensorpool/workload/setup.hpp"
 
 namespace tensorpool::cli {
 
@@ -219,16 +219,22 @@ int cmd_convert(const std::string& in, const std::string& out, bool allow_trunca
   return 0;
 }
 
-int cmd_generate(const std::string& out, const workload::GeneratorOptions& g) {
-  const trace::Trace t = workload::generate_llm_trace(g);
-  trace::write_trace(out, t, trace::format_from_extension(out));
-  fmt::print(stderr, "wrote {}: {} events ({})\n", out, t.events.size(), g.to_string());
-  return 0;
+// The demo's built-in trace: the shape `--model custom` starts from (a 1.2B-parameter Llama-style
+// decoder: 16 layers, hidden 2048, SwiGLU 8192, vocabulary 32000), six optimizer steps of
+// micro-batch 4 with sequence lengths uniform in [1024, 2048], on one of two data-parallel ranks
+// (gradients all-reduced on a communication stream).
+constexpr const char* kDemoWorkload = "model:custom,micro_batch:4,seq:2048,seq_dist:uniform,steps:6,dp:2";
+
+workload::WorkloadSetup demo_setup() {
+  workload::WorkloadSetup s = workload::WorkloadSetup::for_model("custom");
+  s.apply(kDemoWorkload, "demo");
+  s.validate();
+  return s;
 }
 
 int cmd_demo(bool as_json) {
-  workload::GeneratorOptions g;  // a 1.0B-parameter decoder, varlen batches, 6 training steps
-  const trace::Trace t = workload::generate_llm_trace(g);
+  const workload::WorkloadSetup setup = demo_setup();
+  const trace::Trace t = workload::generate_workload(setup);
   RunOptions o;
   o.allocators = replay::target_names();
   o.json = as_json;
@@ -236,13 +242,16 @@ int cmd_demo(bool as_json) {
   if (as_json) {
     json rows = json::array();
     for (const auto& r : reports) rows.push_back(report_json(r, t));
-    json j{{"trace", g.to_string()}, {"events", t.events.size()}, {"allocators", rows}};
+    json j{{"trace", setup.describe()},
+           {"generate_command", std::string("tensorpool generate demo.tptrace --options ") + kDemoWorkload},
+           {"events", t.events.size()},
+           {"allocators", rows}};
     demo_fit_and_plan(t, &j);
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  fmt::print("tensorpool demo: a built-in LLM training trace ({} events)\n  {}\n", t.events.size(),
-             g.to_string());
+  fmt::print("tensorpool demo: a built-in LLM training trace ({} events)\n  {}\n  (tensorpool generate demo.tptrace --options {})\n",
+             t.events.size(), setup.describe(), kDemoWorkload);
   fmt::print("replayed against each allocator on a simulated 80 GiB device:\n\n");
   std::vector<replay::ReplayResult> rows;
   for (const auto& r : reports) rows.push_back(r.total);

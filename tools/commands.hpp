@@ -9,7 +9,6 @@
 #include "tensorpool/replay/fit.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/types.hpp"
-#include "tensorpool/workload/generator.hpp"
 
 namespace tensorpool::cli {
 
@@ -35,7 +34,6 @@ int cmd_info(const std::string& trace, bool json);
 int cmd_replay(const RunOptions& options);
 int cmd_compare(const RunOptions& options);
 int cmd_convert(const std::string& in, const std::string& out, bool allow_truncated);
-int cmd_generate(const std::string& out, const workload::GeneratorOptions& options);
 int cmd_demo(bool json);
 int cmd_allocators(bool json);
 /// export.cpp: replays against options.allocators[0] and writes a PyTorch memory snapshot.

@@ -378,31 +378,19 @@ class ConvertCommand final : public Subcommand {
 class GenerateCommand final : public Subcommand {
  public:
   explicit GenerateCommand(CLI::App& app)
-      : Subcommand(app.add_subcommand("generate", "Write a synthetic LLM-style trace")) {
+      : Subcommand(app.add_subcommand(
+            "generate", "Write the trace of a training or inference run of a model (a preset, or custom: the shape by --options)")) {
     app_->add_option("out", out_, "Output file; .tptrace (binary) or .jsonl")->required();
-    app_->add_option("--options", options_,
-                     "key:value,... of " + join(workload::GeneratorOptions::keys()) +
-                         "; with --model: of " + join(workload::WorkloadSetup::keys()));
+    app_->add_option("--options", workload_.options, "key:value,... of " + join(workload::WorkloadSetup::keys()));
     add_workload_flags(app_, workload_, WorkloadFlags::generate);
   }
-  void check() override {
-    if (workload_.given()) {
-      workload_.options = options_;
-      setup_ = workload_setup(workload_);
-    } else {
-      generator_.apply(options_, "--options");
-    }
-  }
-  int run() override {
-    return workload_.given() ? cmd_generate_workload(out_, setup_) : cmd_generate(out_, generator_);
-  }
+  void check() override { setup_ = workload_setup(workload_); }
+  int run() override { return cmd_generate_workload(out_, setup_); }
 
  private:
   std::string out_;
-  std::string options_;
   WorkloadArgs workload_;
   workload::WorkloadSetup setup_;
-  workload::GeneratorOptions generator_;
 };
 
 class FitCommand final : public Subcommand {

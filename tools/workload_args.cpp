@@ -33,13 +33,6 @@ std::vector<std::tuple<const char*, const char*, std::string WorkloadArgs::*>> f
 
 }  // namespace
 
-bool WorkloadArgs::given() const {
-  if (!model.empty()) return true;
-  for (const auto& [flag, key, field] : flags())
-    if (!(this->*field).empty()) return true;
-  return false;
-}
-
 workload::WorkloadSetup workload_setup(const WorkloadArgs& a) {
   workload::WorkloadSetup s = workload::WorkloadSetup::for_model(a.model.empty() ? "custom" : a.model);
   s.apply(a.options, "--options");

@@ -1,6 +1,6 @@
 // workload_args.hpp: the options that describe a training or inference run (a model preset, the
-// workload's key:value options and flags for the common ones), shared by `generate --model` and
-// `plan`, and `generate --model` itself.
+// workload's key:value options and flags for the common ones), shared by `generate` and `plan`,
+// and `generate` itself.
 #pragma once
 
 #include <string>
@@ -15,9 +15,6 @@ struct WorkloadArgs {
   // Flags for common keys (empty: not given); each is applied after `options`.
   std::string micro_batch, global_batch, seq, precision, checkpointing, zero, dp, tp, pp, mode;
 
-  /// A preset or any flag was given (generate then writes a workload trace, not the original
-  /// generator's).
-  bool given() const;
 };
 
 /// The setup the arguments describe, validated. Throws UsageError (unknown model, listing the

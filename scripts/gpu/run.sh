@@ -60,7 +60,7 @@ TRACES=()
 for t in "${TP_GPU_TRACES:-$ROOT/../shared/traces}"/*.pickle; do [ -f "$t" ] && TRACES+=("$t"); done
 CLI=$BUILD/tools/tensorpool
 if [ "${#TRACES[@]}" -eq 0 ] && [ -x "$CLI" ]; then
-  "$CLI" generate "$OUT/generated.tptrace" --options layers:8,hidden:2048,iterations:3 >/dev/null 2>&1 &&
+  "$CLI" generate "$OUT/generated.tptrace" --options layers:8,hidden:2048,micro_batch:4,seq:2048,steps:3 >/dev/null 2>&1 &&
     TRACES=("$OUT/generated.tptrace")
 fi
 COST=()

@@ -95,6 +95,31 @@ const std::vector<std::string>& WorkloadSetup::keys() {
   return k;
 }
 
+namespace {
+
+// The keys of the first generator (GeneratorOptions, before there was one vocabulary): refused
+// with the key or setting that says the same now.
+[[noreturn]] void throw_old_key(std::string_view origin, const KeyValue& e, std::string_view instead) {
+  throw ConfigError(std::string(origin) + ": '" + e.key + "' was a key of the old generator; use " +
+                    std::string(instead) + " (the workload keys: tensorpool generate --help)");
+}
+
+const std::vector<std::pair<std::string_view, std::string_view>>& old_generator_keys() {
+  static const std::vector<std::pair<std::string_view, std::string_view>> keys = {
+      {"batch", "micro_batch"},
+      {"seq_len", "seq"},
+      {"varlen", "seq_dist:uniform (lengths uniform in [seq_min, seq]; seq_min defaults to seq / 2)"},
+      {"iterations", "steps (optimizer steps)"},
+      {"training", "mode:training or mode:inference"},
+      {"ffn_multiple", "ffn (the MLP's inner width, e.g. ffn:8192 for hidden 2048 x 4)"},
+      {"comm_stream", "dp (with dp above 1, gradients are all-reduced on a communication stream)"},
+      {"eager_optimizer", "nothing: the optimizer states are created with the weights"},
+  };
+  return keys;
+}
+
+}  // namespace
+
 void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
   const std::vector<KeyValue> items = parse_key_values(text, origin);
   for (const KeyValue& e : items)  // the preset first: the other keys change it
@@ -150,7 +175,11 @@ void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
     else if (k == "max_batch") max_batch = number(1, kMax);
     else if (k == "kv") kv = enum_value<KvLayout>(origin, e);
     else if (k == "kv_block") kv_block = number(1, kMax);
-    else throw_unknown_key(origin, e, keys());
+    else {
+      for (const auto& [old, instead] : old_generator_keys())
+        if (k == old) throw_old_key(origin, e, instead);
+      throw_unknown_key(origin, e, keys());
+    }
   }
 }
 

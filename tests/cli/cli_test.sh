@@ -10,7 +10,7 @@ check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json
 check "demo fits the trace" 0 "Does it fit?" -- "$bin" demo
 check "demo plans a micro-batch where pytorch fits less" 0 "PyTorch's allocator (the pytorch model) fits micro-batch" -- "$bin" demo
 check "demo --json has the plan" 0 '"plan_command"' -- "$bin" demo --json
-check "generate" 0 "wrote" -- "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3
+check "generate" 0 "wrote" -- "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,ffn:1024,vocab:1000,micro_batch:4,seq:2048,seq_dist:uniform,steps:3
 check "info" 0 "allocation sizes" -- "$bin" info "$work/g.tptrace"
 check "info --json" 0 '"lifetime_histogram"' -- "$bin" info "$work/g.tptrace" --json
 check "replay" 0 "tensorpool" -- "$bin" replay "$work/g.tptrace"
@@ -59,6 +59,8 @@ check "bad capacity" 2 "--capacity" -- "$bin" compare "$work/g.tptrace" --capaci
 check "bad --conf" 2 "max_split_size" -- "$bin" replay "$work/g.tptrace" --conf max_split_size:huge
 check "unknown --conf key" 2 "unknown key" -- "$bin" replay "$work/g.tptrace" --conf bogus:1
 check "bad generator option" 2 "--options: unknown key 'layerz'" -- "$bin" generate "$work/x.tptrace" --options layerz:3
+check "the old generator's keys name the new ones" 2 "'iterations' was a key of the old generator; use steps" -- "$bin" generate "$work/x.tptrace" --options layers:2,iterations:3
+check "the old generator's batch" 2 "use micro_batch" -- "$bin" generate "$work/x.tptrace" --options batch:4
 test ! -e "$work/x.tptrace" && passes=$((passes + 1)) || { echo "FAIL: a refused generate wrote a file"; failures=$((failures + 1)); }
 check "--conf names the allocator that refuses a value" 2 "--conf for tensorpool: bad value 'huge' for key 'max_split_size'" -- "$bin" replay "$work/g.tptrace" --conf max_split_size:huge
 check "--conf no selected allocator takes" 2 "unknown key 'mode' for raw" -- "$bin" replay "$work/g.tptrace" --allocator raw --conf mode:vmm
@@ -74,7 +76,7 @@ check "allocators --json" 0 '"settings"' -- "$bin" allocators --json
 check "allocators --json says which hold their memory" 0 '"holds_memory_until_destroyed": true' -- "$bin" allocators --json
 check "--conf reaches a model that takes it" 0 '"allocator": "cub"' -- "$bin" replay "$work/g.tptrace" --allocator cub --conf max_cached_bytes:none --json
 a=$("$bin" replay "$work/g.tptrace" --allocator pytorch --json | grep peak_reserved_bytes | head -1)
-b=$("$bin" replay "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:2 --json | grep peak_reserved_bytes | head -1)
+b=$("$bin" replay "$work/g.tptrace" --allocator pytorch --conf roundup_power2_divisions:16 --json | grep peak_reserved_bytes | head -1)
 if [ -n "$a" ] && [ "$a" != "$b" ]; then passes=$((passes + 1)); else echo "FAIL: --conf did not reach the pytorch model: $a vs $b"; failures=$((failures + 1)); fi
 a=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --json | grep -c '"maps": 0')
 b=$("$bin" compare "$work/g.tptrace" --allocators tensorpool,raw --conf mode:vmm --json | grep -c '"maps": 0')

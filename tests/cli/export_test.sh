@@ -11,7 +11,7 @@ json_field() {  # json_field FILE PYTHON_EXPRESSION_ON_d
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1"
 }
 
-"$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3 2>/dev/null
+"$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,ffn:1024,vocab:1000,micro_batch:4,seq:2048,seq_dist:uniform,steps:3 2>/dev/null
 for alloc in tensorpool tensorpool-vmm pytorch; do
   out="$work/$alloc.pickle"
   check "export $alloc" 0 "wrote $out" -- "$bin" export "$work/g.tptrace" --allocator "$alloc" -o "$out"

@@ -56,10 +56,10 @@ def bar_frames(text):
 with tempfile.TemporaryDirectory() as work:
     small = os.path.join(work, "small.tptrace")
     big = os.path.join(work, "big.tptrace")
-    subprocess.run([binary, "generate", small, "--options", "layers:2,hidden:256,vocab:1000,iterations:3"],
+    subprocess.run([binary, "generate", small, "--options", "layers:2,hidden:256,ffn:1024,vocab:1000,micro_batch:4,seq:2048,seq_dist:uniform,steps:3"],
                    check=True, capture_output=True)
     # 8 allocators x ~140k events: above the 1M events from which compare draws a bar.
-    subprocess.run([binary, "generate", big, "--options", "layers:2,hidden:256,vocab:1000,iterations:700"],
+    subprocess.run([binary, "generate", big, "--options", "layers:2,hidden:256,ffn:1024,vocab:1000,micro_batch:4,seq:2048,seq_dist:uniform,steps:525"],
                    check=True, capture_output=True)
     report = [binary, "report", small, "-o", os.path.join(work, "r.html")]
 

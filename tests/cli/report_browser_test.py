@@ -138,7 +138,7 @@ def report(trace, out, *extra):
 
 with tempfile.TemporaryDirectory() as work:
     fixture = os.path.join(work, "g.tptrace")
-    subprocess.run([binary, "generate", fixture, "--options", "layers:4,hidden:1024,vocab:8000,iterations:4"],
+    subprocess.run([binary, "generate", fixture, "--options", "layers:4,hidden:1024,ffn:4096,vocab:8000,micro_batch:4,seq:2048,seq_dist:uniform,steps:4"],
                    check=True, capture_output=True)
     page = os.path.join(work, "fixture.html")
     report(fixture, page, "--fit")

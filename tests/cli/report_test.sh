@@ -18,7 +18,7 @@ print(eval(sys.argv[2]))
 PY
 }
 
-"$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,vocab:1000,iterations:3 2>/dev/null
+"$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,ffn:1024,vocab:1000,micro_batch:4,seq:2048,seq_dist:uniform,steps:3 2>/dev/null
 check "report" 0 "wrote $work/r.html" -- "$bin" report "$work/g.tptrace" -o "$work/r.html"
 check "report --json" 0 '"bytes":' -- "$bin" report "$work/g.tptrace" -o "$work/r.html" --json --allocators tensorpool,cub
 check "report --help names its output" 0 "Report to write (.html)" -- "$bin" report --help

@@ -13,7 +13,7 @@
 
 #include "support/skip.hpp"
 #include "cub_vs_model.hpp"
-#include "tensorpool/workload/generator.hpp"
+#include "support/workloads.hpp"
 #include "tensorpool/trace/pytorch_snapshot.hpp"
 
 using namespace tensorpool;
@@ -35,13 +35,7 @@ struct Builder {
   }
   void sync(std::uint64_t stream, std::uint16_t device = 0) { push(Op::stream_sync, 0, 0, stream, device); }
   void push(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint16_t device) {
-    trace::TraceEvent e;
-    e.op = op;
-    e.addr = addr;
-    e.size = size;
-    e.stream = stream;
-    e.device = device;
-    t.events.push_back(e);
+    t.events.push_back({.op = op, .device = device, .stream = stream, .addr = addr, .size = size});
   }
 };
 
@@ -170,11 +164,8 @@ TEST_CASE("cub model = real CUB: random traffic on three streams, settings from 
 }
 
 TEST_CASE("cub model = real CUB: a generated LLM training trace", "[cuda][cub]") {
-  workload::GeneratorOptions g;
-  g.layers = 4;
-  g.hidden = 1024;
-  g.iterations = 3;
-  require_same(cuda_replay::compare_cub_with_model(workload::generate_llm_trace(g), 80 * GiB));
+  require_same(cuda_replay::compare_cub_with_model(
+      tptest::generated("layers:4,hidden:1024,ffn:4096,micro_batch:4,seq:2048,seq_dist:uniform,steps:3"), 80 * GiB));
 }
 
 TEST_CASE("cub model = real CUB on every shared PyTorch snapshot", "[cuda][cub][shared]") {

@@ -21,7 +21,7 @@
 #include "tensorpool/replay/target.hpp"
 #include "tensorpool/replay/timeline.hpp"
 #include "tensorpool/trace/load.hpp"
-#include "tensorpool/workload/generator.hpp"
+#include "support/workloads.hpp"
 
 using namespace tensorpool;
 using namespace tensorpool::replay;
@@ -109,14 +109,7 @@ trace::Trace seeded_trace() {
   return t;
 }
 
-trace::Trace generated_trace() {
-  workload::GeneratorOptions g;
-  g.layers = 4;
-  g.hidden = 1024;
-  g.vocab = 8000;
-  g.iterations = 4;
-  return workload::generate_llm_trace(g);
-}
+trace::Trace generated_trace() { return tptest::generated(std::string(tptest::kSmallTraining) + ",steps:4"); }
 
 // The peak figures of one replay agree with each other.
 void check_peaks(const ReplayResult& r, std::size_t capacity) {

@@ -12,7 +12,7 @@
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/fit.hpp"
 #include "tensorpool/trace/load.hpp"
-#include "tensorpool/workload/generator.hpp"
+#include "support/workloads.hpp"
 #include "tensorpool/workload/setup.hpp"
 
 using namespace tensorpool;
@@ -24,13 +24,7 @@ namespace {
 // tolerance, so the check 1% below is meaningful.
 const trace::Trace& fixture() {
   static const trace::Trace t = [] {
-    workload::GeneratorOptions g;
-    g.layers = 4;
-    g.hidden = 1024;
-    g.vocab = 8000;
-    g.seq_len = 1024;
-    g.iterations = 3;
-    return workload::generate_llm_trace(g);
+    return tptest::generated("layers:4,hidden:1024,ffn:4096,vocab:8000,micro_batch:4,seq:1024,seq_dist:uniform,steps:3");
   }();
   return t;
 }

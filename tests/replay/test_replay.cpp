@@ -2,20 +2,20 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "support/skip.hpp"
+#include "support/workloads.hpp"
 #include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
-#include "tensorpool/workload/generator.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/trace/load.hpp"
 #include "tensorpool/trace/summary.hpp"
 #include "tensorpool/types.hpp"
 
 using namespace tensorpool::replay;
-using tensorpool::workload::generate_llm_trace;
-using tensorpool::workload::GeneratorOptions;
+using tptest::generated;
 using tensorpool::GiB;
 using tensorpool::MiB;
 using tensorpool::trace::TraceEvent;
@@ -25,13 +25,7 @@ namespace trace = tensorpool::trace;
 namespace {
 
 TraceEvent ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t stream = 0, std::uint16_t device = 0) {
-  TraceEvent e;
-  e.op = op;
-  e.addr = addr;
-  e.size = size;
-  e.stream = stream;
-  e.device = device;
-  return e;
+  return {.op = op, .device = device, .stream = stream, .addr = addr, .size = size};
 }
 
 ReplayReport run(const trace::Trace& t, const std::string& allocator, std::size_t capacity = 80 * GiB,
@@ -350,12 +344,7 @@ TEST_CASE("share_conf gives one settings list to the targets that take all of it
 }
 
 TEST_CASE("trace::summarize's requested peak is the replay engine's", "[replay][summary]") {
-  GeneratorOptions g;
-  g.layers = 3;
-  g.hidden = 512;
-  g.vocab = 4000;
-  g.iterations = 3;
-  trace::Trace t = generate_llm_trace(g);
+  trace::Trace t = generated("layers:3,hidden:512,ffn:2048,vocab:4000,micro_batch:4,seq:2048,seq_dist:uniform,steps:3");
   for (auto e : std::vector<TraceEvent>(t.events.begin(), t.events.begin() + 40)) {
     e.device = 1;  // a second device, with a different peak
     t.events.push_back(e);
@@ -366,15 +355,9 @@ TEST_CASE("trace::summarize's requested peak is the replay engine's", "[replay][
 }
 
 TEST_CASE("a steady training loop stops growing after its warm-up iterations", "[replay]") {
-  GeneratorOptions g;
-  g.layers = 4;
-  g.hidden = 1024;
-  g.vocab = 8000;
-  g.varlen = false;
-  g.iterations = 3;
-  const ReplayResult warm = run(generate_llm_trace(g), "tensorpool").total;
-  g.iterations = 8;
-  const trace::Trace t = generate_llm_trace(g);
+  const char* const loop = "layers:4,hidden:1024,ffn:4096,vocab:8000,micro_batch:4,seq:2048";
+  const ReplayResult warm = run(generated(std::string(loop) + ",steps:3"), "tensorpool").total;
+  const trace::Trace t = generated(std::string(loop) + ",steps:8");
   const ReplayResult r = run(t, "tensorpool").total;
   REQUIRE(r.iterations == 8);
   REQUIRE(r.upstream.allocs > 0);
@@ -386,14 +369,9 @@ TEST_CASE("a steady training loop stops growing after its warm-up iterations", "
 }
 
 TEST_CASE("vmm mode: a repeating training loop makes no upstream calls after its first iteration", "[replay][vmm]") {
-  GeneratorOptions g;
-  g.layers = 6;
-  g.hidden = 1024;
-  g.vocab = 8000;
-  g.varlen = false;
-  g.eager_optimizer = true;  // every iteration, the first included, has the same demand
-  g.iterations = 5;
-  const trace::Trace t = generate_llm_trace(g);
+  // The optimizer states are created with the weights: every iteration, the first included, has
+  // the same demand.
+  const trace::Trace t = generated("layers:6,hidden:1024,ffn:4096,vocab:8000,micro_batch:4,seq:2048,steps:5");
   const ReplayResult r = run(t, "tensorpool-vmm").total;
   REQUIRE(r.iterations == 5);
   REQUIRE(r.upstream.maps > 0);
@@ -419,14 +397,7 @@ TEST_CASE("vmm mode on the shared traces: utilization >= 0.97 and above the pyto
 }
 
 TEST_CASE("warm-up passes: the measured pass starts from the state the window left", "[replay]") {
-  GeneratorOptions g;
-  g.layers = 4;
-  g.hidden = 1024;
-  g.vocab = 8000;
-  g.varlen = false;
-  g.eager_optimizer = true;
-  g.iterations = 2;
-  const trace::Trace t = generate_llm_trace(g);
+  const trace::Trace t = generated("layers:4,hidden:1024,ffn:4096,vocab:8000,micro_batch:4,seq:2048,steps:2");
   for (const char* allocator : {"tensorpool", "tensorpool-vmm", "pytorch"}) {
     INFO(allocator);
     TraceSource source(t);

@@ -8,7 +8,7 @@
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/replay/timeline.hpp"
 #include "tensorpool/types.hpp"
-#include "tensorpool/workload/generator.hpp"
+#include "support/workloads.hpp"
 
 using namespace tensorpool;
 using namespace tensorpool::replay;
@@ -16,13 +16,8 @@ using trace::Op;
 
 namespace {
 
-trace::Trace generated(int iterations = 4) {
-  workload::GeneratorOptions g;
-  g.layers = 4;
-  g.hidden = 1024;
-  g.vocab = 8000;
-  g.iterations = iterations;
-  return workload::generate_llm_trace(g);
+trace::Trace generated(int steps = 4) {
+  return tptest::generated(std::string(tptest::kSmallTraining) + ",steps:" + std::to_string(steps));
 }
 
 // Keeps every point it is shown, and the OOM reports.

@@ -4,7 +4,7 @@
 
 #include "tensorpool/record.hpp"
 #include "tensorpool/replay/replay.hpp"
-#include "tensorpool/workload/generator.hpp"
+#include "tensorpool/workload/setup.hpp"
 
 static_assert(__cplusplus >= 202002L, "the installed tensorpool targets must pass C++20 to their users");
 #include "tensorpool/tensorpool.hpp"
@@ -20,10 +20,9 @@ int main() {
   alloc.empty_cache();
   if (alloc.usage().reserved != 0) return 1;
 
-  workload::GeneratorOptions g;
-  g.layers = 2;
-  g.iterations = 2;
-  const trace::Trace t = workload::generate_llm_trace(g);
+  workload::WorkloadSetup setup = workload::WorkloadSetup::for_model("custom");
+  setup.apply("layers:2,micro_batch:4,seq:2048,steps:2", "consumer");
+  const trace::Trace t = workload::generate_workload(setup);
   replay::TraceSource source(t);
   replay::ReplayOptions o;
   o.allocator = "tensorpool-vmm";
