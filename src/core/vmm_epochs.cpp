@@ -137,16 +137,18 @@ void VmmHeaps::plan_next_epoch(Heap& heap) {
   PlanCursor& cursor = heap.cursor;
   const bool matched = cursor.matched(heap.epoch.entries.size());
   const std::uint64_t signature = heap.epoch.signature;
-  std::shared_ptr<const EpochPlan> followed = cursor.plan();
-  const std::uint64_t followed_key = cursor.key();
-  cursor.record();  // until a plan for the next epoch is found and its pages are in place
-  if (matched && signature == heap.last_signature && followed_key == signature) {
+  if (matched && signature == heap.last_signature && cursor.key() == signature) {
     // The epoch repeated the one before it, as the plan stored after that one said: the same
     // plan again, with nothing to store or look up (a loop that runs one epoch over and over).
-    if (map_plan(heap, followed->height)) cursor.follow(std::move(followed), signature);
+    if (map_plan(heap, cursor.plan()->height)) {
+      cursor.follow_again();
+    } else {
+      cursor.record();
+    }
     return;
   }
-  std::shared_ptr<const EpochPlan> mine = matched ? std::move(followed) : make_plan(heap);
+  std::shared_ptr<const EpochPlan> mine = matched ? cursor.release_plan() : make_plan(heap);
+  cursor.record();  // until a plan for the next epoch is found and its pages are in place
   std::uint64_t next_key = heap.last_signature;  // where `mine` is stored
   std::shared_ptr<const EpochPlan> next = heap.plans.find(signature);
   if (next) {

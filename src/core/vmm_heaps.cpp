@@ -22,11 +22,6 @@ VmmHeaps::VmmHeaps(AllocatorState& state, VirtualMemory& vm) : st_(state), vm_(v
   st_.config.max_split_size = 0;  // every block of a heap can be split: no oversize segments
 }
 
-Heap* VmmHeaps::heap_of(const StreamState& ss, Pool pool) const {
-  auto it = by_stream_.find(&ss);
-  return it == by_stream_.end() ? nullptr : it->second[static_cast<int>(pool)];
-}
-
 // The heap of ss for `pool`, made on first use: a reserved range of twice the device's capacity,
 // one unmapped free block.
 Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {

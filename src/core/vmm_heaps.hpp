@@ -150,7 +150,10 @@ class VmmHeaps final : public SegmentSource {
   };
 
   // --- heaps (vmm_heaps.cpp) ---
-  Heap* heap_of(const StreamState& ss, Pool pool) const;
+  Heap* heap_of(const StreamState& ss, Pool pool) const {
+    auto it = by_stream_.find(&ss);
+    return it == by_stream_.end() ? nullptr : it->second[static_cast<int>(pool)];
+  }
   Heap& heap_of(const Block* b) { return heaps_.at(b->segment->addr); }
   Heap& heap_for(StreamState& ss, Pool pool);
   std::size_t held_bytes(Pool pool) const;

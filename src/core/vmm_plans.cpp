@@ -1,6 +1,7 @@
 // vmm_plans.cpp: the plan cache and the plan cursor of vmm_plans.hpp.
 #include "core/vmm_plans.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace tensorpool::detail {
@@ -41,6 +42,12 @@ void PlanCursor::follow(std::shared_ptr<const EpochPlan> plan, std::uint64_t key
   placed_.assign(plan_->steps.size(), nullptr);
   next_ = 0;
   state_ = plan_->steps.empty() ? PlanState::completed : PlanState::following;
+}
+
+void PlanCursor::follow_again() noexcept {
+  std::fill(placed_.begin(), placed_.end(), nullptr);
+  next_ = 0;
+  state_ = PlanState::following;
 }
 
 void PlanCursor::record() noexcept {

@@ -75,6 +75,11 @@ class PlanCursor {
 
   /// A new epoch follows `plan` (stored under `key`) from its first step.
   void follow(std::shared_ptr<const EpochPlan> plan, std::uint64_t key);
+  /// A new epoch follows the plan the last one followed to the end (matched()), from its first
+  /// step.
+  void follow_again() noexcept;
+  /// Hands over the plan (the cursor then has none: record() or follow() next).
+  std::shared_ptr<const EpochPlan> release_plan() noexcept { return std::move(plan_); }
   /// A new epoch without a plan.
   void record() noexcept;
 
