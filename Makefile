@@ -47,8 +47,11 @@ FUZZ_TARGETS := pickle pytorch_snapshot trace recording rmm_log config
 
 .PHONY: test-asan test-tsan fuzz
 
-# Every test under AddressSanitizer + UndefinedBehaviorSanitizer (preset asan, build-asan).
-test-asan: deps
+# One sanitizer build (preset asan, build-asan: clang, ASan + UBSan, coverage for libFuzzer) serves
+# both: every test runs under the sanitizers, and the fuzz targets are linked in the same build.
+# test-asan builds everything and runs every test.
+test-asan:
+	@bash scripts/install-deps.sh clang
 	@cmake --preset asan >/dev/null
 	@cmake --build --preset asan -j $(JOBS)
 	@ctest --preset asan -j $(JOBS)
@@ -62,18 +65,18 @@ test-tsan: deps
 	@if setarch "$$(uname -m)" -R true 2>/dev/null; then setarch "$$(uname -m)" -R ctest --preset tsan; \
 	 else ctest --preset tsan; fi
 
-# Builds the libFuzzer targets (only those) with clang (preset fuzz, build-fuzz) and runs each for
-# FUZZ_SECONDS from its seed corpus (fuzz/corpus/TARGET); new inputs go to fuzz-corpus-TARGET/,
-# crashes to fuzz-corpus-crashes/, logs to fuzz-corpus-logs/. Fails on the first crash.
+# Builds the libFuzzer targets (only those, in build-asan: after test-asan, nothing to do) and
+# runs each for FUZZ_SECONDS from its seed corpus (fuzz/corpus/TARGET); new inputs go to
+# fuzz-corpus-TARGET/, crashes to fuzz-corpus-crashes/, logs to fuzz-corpus-logs/. Fails on the
+# first crash.
 fuzz:
-	@bash scripts/install-deps.sh fuzz
-	@command -v clang++ >/dev/null || { echo "make fuzz: needs clang++ and libclang-rt-14-dev"; exit 1; }
-	@cmake --preset fuzz >/dev/null
-	@cmake --build --preset fuzz -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
+	@bash scripts/install-deps.sh clang
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
 	@mkdir -p fuzz-corpus-crashes fuzz-corpus-logs
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p fuzz-corpus-$$t; \
-	  build-fuzz/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=8192 \
+	  build-asan/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=8192 \
 	    -print_final_stats=1 -artifact_prefix=fuzz-corpus-crashes/$$t- \
 	    fuzz-corpus-$$t fuzz/corpus/$$t > fuzz-corpus-logs/$$t.log 2>&1 \
 	    || { tail -n 60 fuzz-corpus-logs/$$t.log; echo "fuzz_$$t: CRASH (input in fuzz-corpus-crashes/)"; exit 1; }; \

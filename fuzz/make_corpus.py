@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of the fuzz targets that python can produce (checked in; rerun only
 to change them): fuzz/corpus/{pickle,pytorch_snapshot,rmm_log,config}/. The native-trace seeds
-(fuzz/corpus/trace/) come from the project's own writers: build-fuzz/fuzz/fuzz_make_trace_seeds.
+(fuzz/corpus/trace/) come from the project's own writers: build-asan/fuzz/fuzz_make_trace_seeds.
 
 Usage: make_corpus.py [CORPUS_DIR]   (default: the corpus/ directory next to this script)
 Every seed is small (the fuzzer mutates them; a few KiB per target in all).

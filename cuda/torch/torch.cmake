@@ -24,7 +24,7 @@ function(tensorpool_torch_library name cuda_library)
     $<TARGET_OBJECTS:tensorpool_registry_objects> ${ARGN})
   target_link_libraries(${name} PRIVATE ${cuda_library} tensorpool tensorpool_trace tensorpool_record
     fmt::fmt spdlog::spdlog)
-  target_link_options(${name} PRIVATE LINKER:--exclude-libs,ALL LINKER:--no-undefined)
+  target_link_options(${name} PRIVATE LINKER:--exclude-libs,ALL ${TENSORPOOL_SHARED_NO_UNDEFINED})
 endfunction()
 
 tensorpool_torch_library(tensorpool_torch tensorpool_cuda)

@@ -53,6 +53,14 @@ class NoGlobals(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} refused")
 
 
+def cli(*args):
+    """The tensorpool CLI's output (a program of its own: without the sanitizer runtime this
+    interpreter preloads, which an executable of a clang sanitizer build links itself)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return subprocess.run([os.environ["TENSORPOOL_CLI"], *args], capture_output=True, text=True,
+                          check=True, env=env).stdout
+
+
 def load_plain(path):
     with open(path, "rb") as f:
         return NoGlobals(f).load()
@@ -304,8 +312,7 @@ class SnapshotTest(unittest.TestCase):
 
     @unittest.skipUnless(os.environ.get("TENSORPOOL_CLI"), "TENSORPOOL_CLI not set")
     def test_reimports_with_tensorpool_to_the_same_figures(self):
-        out = subprocess.run([os.environ["TENSORPOOL_CLI"], "info", self.path, "--json"],
-                             capture_output=True, text=True, check=True).stdout
+        out = cli("info", self.path, "--json")
         info = json.loads(out)
         live = requested = peak = 0
         for e in self.data["device_traces"][0]:  # the window covers the allocator's whole life
@@ -420,8 +427,7 @@ class RecordingTest(unittest.TestCase):
     @unittest.skipUnless(os.environ.get("TENSORPOOL_CLI"), "TENSORPOOL_CLI not set")
     def test_tensorpool_info_reads_it(self):
         path = self.run_recorded()
-        out = subprocess.run([os.environ["TENSORPOOL_CLI"], "info", path, "--json"],
-                             capture_output=True, text=True, check=True).stdout
+        out = cli("info", path, "--json")
         info = json.loads(out)
         self.assertEqual(info["source"], "tensorpool-recording")
         self.assertEqual(info["devices"], [0])
