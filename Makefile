@@ -43,6 +43,7 @@ clean:
 
 # --- reliability (docs/reliability.md): sanitizers and fuzzing ------------------------------
 FUZZ_SECONDS ?= 60
+FUZZ_JOBS    ?= $(JOBS)
 FUZZ_TARGETS := pickle pytorch_snapshot trace recording rmm_log config
 
 .PHONY: test-asan test-tsan fuzz
@@ -66,19 +67,12 @@ test-tsan: deps
 	 else ctest --preset tsan; fi
 
 # Builds the libFuzzer targets (only those, in build-asan: after test-asan, nothing to do) and
-# runs each for FUZZ_SECONDS from its seed corpus (fuzz/corpus/TARGET); new inputs go to
-# fuzz-corpus-TARGET/, crashes to fuzz-corpus-crashes/, logs to fuzz-corpus-logs/. Fails on the
-# first crash.
+# runs each for FUZZ_SECONDS from its seed corpus (fuzz/corpus/TARGET), FUZZ_JOBS at once (one per
+# core: each target gets a core for its FUZZ_SECONDS); new inputs go to fuzz-corpus-TARGET/,
+# crashes to fuzz-corpus-crashes/, logs to fuzz-corpus-logs/ (scripts/fuzz-one.sh). Fails if one
+# crashed.
 fuzz:
 	@bash scripts/install-deps.sh clang
 	@cmake --preset asan >/dev/null
 	@cmake --build --preset asan -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
-	@mkdir -p fuzz-corpus-crashes fuzz-corpus-logs
-	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p fuzz-corpus-$$t; \
-	  build-asan/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -max_len=8192 \
-	    -print_final_stats=1 -artifact_prefix=fuzz-corpus-crashes/$$t- \
-	    fuzz-corpus-$$t fuzz/corpus/$$t > fuzz-corpus-logs/$$t.log 2>&1 \
-	    || { tail -n 60 fuzz-corpus-logs/$$t.log; echo "fuzz_$$t: CRASH (input in fuzz-corpus-crashes/)"; exit 1; }; \
-	  echo "fuzz_$$t: $(FUZZ_SECONDS) s, $$(grep -o 'stat::number_of_executed_units: [0-9]*' fuzz-corpus-logs/$$t.log | grep -o '[0-9]*$$') executions, no crash"; \
-	done
+	@printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(FUZZ_JOBS) -I{} bash scripts/fuzz-one.sh {} $(FUZZ_SECONDS)
