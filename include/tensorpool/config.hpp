@@ -52,6 +52,11 @@
 //                                  just ended (up to N allocations) is planned offline and, if it
 //                                  runs again, served at the planned offsets with no device call;
 //                                  0 = never (docs/vmm.md, "Planned layouts")
+//   vmm_planner          background  vmm: who plans an epoch: a thread of the allocator's own,
+//                                  off the caller's path (the plan is followed from one of the
+//                                  heap's next epochs), or `synchronous`: the free that ends the
+//                                  epoch, so that the very next epoch can follow it
+//                                  (deterministic; what the replay targets use)
 //   backend              async     the device backend of the per-device registry
 //                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
 //                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
@@ -80,6 +85,8 @@ namespace tensorpool {
 enum class Mode : std::uint8_t { fixed, vmm, automatic };
 /// Which DeviceBackend the per-device registry makes (see tensorpool/registry.hpp).
 enum class Backend : std::uint8_t { async, malloc, vmm, simulated };
+/// Who plans a vmm heap's recorded epoch (vmm_planner).
+enum class PlannerMode : std::uint8_t { background, synchronous };
 const char* to_string(Backend backend) noexcept;
 
 struct Config {
@@ -102,6 +109,7 @@ struct Config {
   std::size_t vmm_chunk_divisor = 16;  // N: chunks of request/N (see above); 0: of vmm_max_chunk
   std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N
   std::size_t vmm_plan_max_blocks = 8192;      // epochs of at most N allocations get a planned layout
+  PlannerMode vmm_planner = PlannerMode::background;
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
   bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
   Backend backend = Backend::async;  // read by the registry only

@@ -36,13 +36,14 @@ struct StreamState {
   FreeIndex index[kNumIndexKinds];
   std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
   /// Per pool: the plan state of this stream's vmm heap (owned by the heap's PlanCursor; null: no
-  /// heap, or fixed segments). While it is PlanState::following, an allocation asks the segment
-  /// source for its planned block before the free index (SegmentSource::take_planned).
+  /// heap, or fixed segments). While it follows a plan (or waits to lay its pages out for one), an
+  /// allocation asks the segment source for its planned block before the free index
+  /// (SegmentSource::take_planned).
   std::array<const PlanState*, kNumPools> plan_state{};
 
   bool follows_plan(Pool pool) const noexcept {
     const PlanState* s = plan_state[static_cast<int>(pool)];
-    return s != nullptr && *s == PlanState::following;
+    return s != nullptr && plan_asks_source(*s);
   }
 };
 

@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <vector>
 
 #include "core/util.hpp"
@@ -74,7 +76,7 @@ struct Segment {
 class BlockPool {
  public:
   Block* acquire() {
-    if (free_ == nullptr) grow();
+    if (TP_UNLIKELY(free_ == nullptr)) return fresh();
     Block* b = free_;
     free_ = b->free_next;
     *b = Block{};
@@ -117,17 +119,26 @@ class BlockPool {
   }
 
  private:
+  // Storage comes in chunks of kChunk Blocks, constructed one at a time as they are first used
+  // (a bump pointer): a chunk's pages are faulted in one by one over many calls, never all in
+  // the call that needs a new chunk.
   static constexpr std::size_t kChunk = 512;
-  void grow() {
-    chunks_.push_back(std::make_unique<Block[]>(kChunk));
-    Block* chunk = chunks_.back().get();
-    for (std::size_t i = 0; i < kChunk; ++i) {
-      chunk[i].free_next = free_;
-      free_ = &chunk[i];
+  static_assert(std::is_trivially_destructible_v<Block>, "chunks are freed as raw storage");
+  struct FreeStorage {
+    void operator()(Block* p) const noexcept { ::operator delete(static_cast<void*>(p)); }
+  };
+  __attribute__((noinline)) Block* fresh() {
+    if (bump_ == bump_end_) {
+      chunks_.emplace_back(static_cast<Block*>(::operator new(kChunk * sizeof(Block))));
+      bump_ = chunks_.back().get();
+      bump_end_ = bump_ + kChunk;
     }
+    return ::new (static_cast<void*>(bump_++)) Block{};
   }
-  std::vector<std::unique_ptr<Block[]>> chunks_;
-  Block* free_ = nullptr;  // unused Blocks, linked through free_next
+  std::vector<std::unique_ptr<Block, FreeStorage>> chunks_;
+  Block* bump_ = nullptr;      // the next never-used Block of the last chunk
+  Block* bump_end_ = nullptr;  // the end of the last chunk
+  Block* free_ = nullptr;      // released Blocks, linked through free_next
 };
 
 }  // namespace tensorpool::detail

@@ -117,6 +117,15 @@ const std::vector<KeyHandler>& handlers() {
       {"vmm_plan_max_blocks",
        [](Config& c, auto o, const auto& kv) { c.vmm_plan_max_blocks = whole_number(o, kv, 0, 1u << 24); },
        [](const Config& c) { return std::to_string(c.vmm_plan_max_blocks); }},
+      {"vmm_planner",
+       [](Config& c, auto o, const auto& kv) {
+         if (kv.value == "background") c.vmm_planner = PlannerMode::background;
+         else if (kv.value == "synchronous") c.vmm_planner = PlannerMode::synchronous;
+         else throw_bad_value(o, kv, "background or synchronous");
+       },
+       [](const Config& c) {
+         return std::string(c.vmm_planner == PlannerMode::background ? "background" : "synchronous");
+       }},
       {"vmm_idle_divisor",
        [](Config& c, auto o, const auto& kv) { c.vmm_idle_divisor = whole_number(o, kv, 1, 1u << 20); },
        [](const Config& c) { return std::to_string(c.vmm_idle_divisor); }},

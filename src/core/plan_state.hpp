@@ -10,9 +10,15 @@ namespace tensorpool::detail {
 
 enum class PlanState : std::uint8_t {
   recording,  // no plan for this epoch: served online (free index, held pages), recorded
-  following,  // every request so far was the plan's next step: the next one is served at its offset
   completed,  // every step of the plan was served; any more requests are served online
   departed,   // a request the plan did not foresee came: online for the rest of the epoch
+  // The states from here on make the fast path ask the segment source first (plan_asks_source):
+  following,   // every request so far was the plan's next step: the next one is served at its offset
+  laying_out,  // the plan's pages are to be laid out from the heap's start once the stream's work
+               // that used them is done (an event): checked at the epoch's first request
 };
+
+/// Whether an allocation of a heap in state `s` asks the segment source first.
+constexpr bool plan_asks_source(PlanState s) noexcept { return s >= PlanState::following; }
 
 }  // namespace tensorpool::detail

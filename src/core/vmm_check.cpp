@@ -49,6 +49,16 @@ void VmmHeaps::check_heap(const Heap& h) const {
     if (c.pool != seg.pool) invariant_failed("chunk at " + hex(c.addr) + " belongs to the other pool");
     prev_end = c.end();
   }
+  std::size_t chunk_bytes = 0;
+  Address prefix_end = seg.addr;
+  for (const auto& [a, c] : h.chunks) {
+    chunk_bytes += c.size;
+    if (c.addr == prefix_end) prefix_end = c.end();
+  }
+  if (chunk_bytes != h.chunk_bytes || prefix_end - seg.addr != h.mapped_prefix)
+    invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(h.chunk_bytes) + " bytes of chunks, " +
+                     std::to_string(h.mapped_prefix) + " mapped from its start; they are " +
+                     std::to_string(chunk_bytes) + " and " + std::to_string(prefix_end - seg.addr));
   std::size_t unmapped = 0;
   std::size_t held = 0;
   std::size_t held_bytes = 0;
@@ -125,6 +135,10 @@ void VmmHeaps::check_epoch(const Heap& h) const {
   const PlanCursor& c = h.cursor;
   if (c.state() == PlanState::following && (c.plan() == nullptr || c.next() >= c.plan()->steps.size()))
     invariant_failed("the heap at " + hex(seg.addr) + " follows a plan with no step left");
+  if ((c.state() == PlanState::laying_out) != (h.layout_event != 0) ||
+      (c.state() == PlanState::laying_out && c.plan() == nullptr))
+    invariant_failed("the heap at " + hex(seg.addr) + " waits to lay out a plan without an event or a plan, "
+                     "or holds an event without waiting");
 }
 
 }  // namespace tensorpool::detail

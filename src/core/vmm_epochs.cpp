@@ -103,7 +103,7 @@ Block* VmmHeaps::from_held(Heap& heap, std::size_t size) {
 // releasing), but those of the heaps `spare` names.
 void VmmHeaps::release_held(Pool pool, Spare spare) {
   for (auto& [base, heap] : heaps_)
-    if (heap.pool() == pool && !(spare == Spare::following && heap.cursor.state() == PlanState::following))
+    if (heap.pool() == pool && !(spare == Spare::following && plan_asks_source(heap.cursor.state())))
       release_held(heap);
 }
 
@@ -131,76 +131,119 @@ Block* VmmHeaps::end_epoch(Block* b) {
 // The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch
 // before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the
 // same requests in the same order, no planning cost). The next epoch gets the plan stored after
-// an epoch like this one, if any, else this one's again, when the memory from the heap's start up
-// to its height is mapped (map_plan()); without one it runs unplanned from the held pages.
+// an epoch like this one, if any, else this one's again (synchronous planner) or the latest plan
+// of an epoch like this one (background planner: this one's is not made yet), when the memory
+// from the heap's start up to its height is mapped (map_plan()); without one it runs unplanned
+// from the held pages.
 void VmmHeaps::plan_next_epoch(Heap& heap) {
   PlanCursor& cursor = heap.cursor;
+  // Another stream took a block of the heap (oom_ladder.cpp) and gave it back before the heap's
+  // own stream made a request: the layout it waited for is dropped (a new one is asked below).
+  if (cursor.state() == PlanState::laying_out) abandon_layout(heap);
   const bool matched = cursor.matched(heap.epoch.entries.size());
   const std::uint64_t signature = heap.epoch.signature;
   if (matched && signature == heap.last_signature && cursor.key() == signature) {
     // The epoch repeated the one before it, as the plan stored after that one said: the same
     // plan again, with nothing to store or look up (a loop that runs one epoch over and over).
-    if (map_plan(heap, cursor.plan()->height)) {
-      cursor.follow_again();
-    } else {
-      cursor.record();
+    switch (map_plan(heap, cursor.plan()->height)) {
+      case Layout::ready: cursor.follow_again(); break;
+      case Layout::waiting: cursor.wait_for_layout_again(); break;
+      case Layout::impossible: cursor.record(); break;
     }
     return;
   }
-  std::shared_ptr<const EpochPlan> mine = matched ? cursor.release_plan() : make_plan(heap);
-  cursor.record();  // until a plan for the next epoch is found and its pages are in place
-  std::uint64_t next_key = heap.last_signature;  // where `mine` is stored
-  std::shared_ptr<const EpochPlan> next = heap.plans.find(signature);
-  if (next) {
-    next_key = signature;
+  std::shared_ptr<const EpochPlan> mine;
+  if (matched) {
+    mine = cursor.release_plan();
+  } else if (st_.config.vmm_planner == PlannerMode::synchronous) {
+    mine = plan_now(heap);
   } else {
-    next = mine;
+    hand_to_planner(heap);
   }
-  if (mine) heap.plans.store(heap.last_signature, std::move(mine), signature);
+  cursor.record();  // until a plan for the next epoch is found and its pages are in place
+  collect_plans(heap);
+  std::shared_ptr<const EpochPlan> next = heap.plans.find(signature);
+  std::uint64_t next_key = signature;
+  if (!next && mine) {
+    next = mine;
+    next_key = heap.last_signature;  // where `mine` is stored
+  } else if (!next) {
+    PlanCache::Found latest = heap.plans.latest_of(signature);
+    next = std::move(latest.plan);
+    next_key = latest.key;
+  }
+  if (mine) heap.plans.store(heap.last_signature, std::move(mine), signature, signature);
   heap.last_signature = signature;
-  if (next && map_plan(heap, next->height)) cursor.follow(std::move(next), next_key);
+  if (!next) return;
+  switch (map_plan(heap, next->height)) {
+    case Layout::ready: cursor.follow(std::move(next), next_key); break;
+    case Layout::waiting: cursor.wait_for_layout(std::move(next), next_key); break;
+    case Layout::impossible: break;
+  }
 }
 
-// The plan of the epoch just recorded (null when it made more allocations than are recorded, or
-// none, or planning failed: a free must not fail for want of a plan).
-std::shared_ptr<const EpochPlan> VmmHeaps::make_plan(const Heap& heap) const {
-  const std::vector<RecordedBlock>& record = heap.epoch.entries;
-  if (heap.epoch.full || record.empty()) return nullptr;
-  try {
-    const PlannedLayout layout = plan_layout(record);
-    auto plan = std::make_shared<EpochPlan>();
-    plan->steps.resize(record.size());
-    for (std::size_t i = 0; i < record.size(); ++i)
-      plan->steps[i] = EpochPlan::Step{.size = record[i].size, .offset = layout.offsets[i], .below = layout.below[i]};
-    plan->height = round_up(layout.height, page_);
-    return plan;
-  } catch (const std::exception& e) {
-    log().error("vmm: planning an epoch of {} allocations failed: {}", record.size(), e.what());
-    return nullptr;
-  }
+// The plan of the epoch just recorded, made here (null when it made more allocations than are
+// recorded, or none, or planning failed).
+std::shared_ptr<const EpochPlan> VmmHeaps::plan_now(const Heap& heap) const {
+  if (heap.epoch.full) return nullptr;
+  return make_epoch_plan(heap.epoch.entries, page_);
+}
+
+// Hands the epoch just recorded to the planner thread (nothing when it cannot be planned): its
+// record is swapped for a spare buffer, so the next epoch records at once. Without a spare (the
+// thread still plans the two epochs handed over before) this one is not planned: nothing is
+// allocated here, and a heap whose epochs come faster than they are planned queues no more.
+void VmmHeaps::hand_to_planner(Heap& heap) {
+  if (heap.epoch.full || heap.epoch.entries.empty()) return;
+  if (!planner_) planner_ = std::make_unique<EpochPlanner>(page_);
+  std::vector<RecordedBlock> spare = planner_->spare_buffer(heap.mailbox);
+  if (spare.capacity() < heap.epoch.capacity) return;
+  std::vector<RecordedBlock> record = std::exchange(heap.epoch.entries, std::move(spare));
+  planner_->submit(heap.mailbox, heap.last_signature, heap.epoch.signature, std::move(record));
+}
+
+// Stores the plans the planner thread finished for this heap.
+void VmmHeaps::collect_plans(Heap& heap) {
+  if (!planner_) return;
+  for (FinishedPlan& f : planner_->collect(heap.mailbox))
+    heap.plans.store(f.key, std::move(f.plan), f.signature, f.signature);
 }
 
 // Makes [start, start + height) of the empty heap mapped (and held), if the physical memory
 // the heap and the cache hold can: when it is not already, every chunk of the heap is unmapped
-// (after synchronizing its stream) and chunks are mapped back from the heap's start, its own and
-// the cached ones, until the plan's height is covered. No memory is created for a plan.
-bool VmmHeaps::map_plan(Heap& heap, std::size_t height) {
-  const Address start = heap.segment->addr;
-  const Address end = start + height;
-  Address covered = start;
-  for (auto it = heap.chunks.begin(); it != heap.chunks.end() && it->first == covered && covered < end; ++it)
-    covered = it->second.end();
-  if (covered >= end) return true;
-  std::size_t physical = cached_.bytes(heap.pool());
-  for (const auto& [a, c] : heap.chunks) physical += c.size;
-  if (physical < height) return false;
-  // Unmap everything (the heap is empty: every chunk lies under a free block); the heap becomes
-  // one unmapped hole, as when it was made, and is mapped again from its start. This is the one
-  // place a free makes device calls (and waits for the heap's stream): once, when an epoch ends
-  // whose plan the pages are not laid out for.
+// and chunks are mapped back from the heap's start, its own and the cached ones, until the plan's
+// height is covered. No memory is created for a plan. The pages move only once the work the
+// heap's stream queued on them is done: an event is recorded (never a wait here); the layout is
+// made at once if the event has completed, else at the next epoch's first request if it has by
+// then (finish_layout()), else the plan is dropped for that epoch.
+Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
+  if (heap.mapped_prefix >= height) return Layout::ready;
+  if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return Layout::impossible;
+  DeviceEvent e = 0;
+  try {
+    e = st_.device->create_event();
+    st_.device->record_event(e, heap.stream());
+    st_.counters.count(&Stats::events_recorded);
+    if (!st_.device->query_event(e)) {
+      heap.layout_event = std::exchange(e, 0);
+      return Layout::waiting;
+    }
+    st_.device->destroy_event(std::exchange(e, 0));
+  } catch (const DeviceError& err) {  // no layout, no plan: the heap runs unplanned
+    if (e != 0) st_.device->destroy_event(e);
+    log().warn("vmm: an event to lay out a planned heap failed: {}", err.what());
+    return Layout::impossible;
+  }
+  return lay_out(heap, height) ? Layout::ready : Layout::impossible;
+}
+
+// map_plan() once the stream's work on the heap's pages is done: unmap everything (the heap is
+// empty: every chunk lies under a free block), so the heap is one unmapped hole as when it was
+// made, and map it again from its start.
+bool VmmHeaps::lay_out(Heap& heap, std::size_t height) {
   try {
     release_held(heap);
-    reclaim_heap(heap, 0);
+    reclaim_heap(heap, 0, StreamWork::done);
     Block* hole = heap.segment->first;
     if (hole->mapped || hole->state != BlockState::free) return false;
     const Mapped mapped = map_into(heap, {.hole = hole, .bytes = height, .need = height});
@@ -214,12 +257,48 @@ bool VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   }
 }
 
+// At the first request of an epoch waiting to lay its plan's pages out: done if the stream's work
+// on them has completed by now (then the epoch follows the plan), else the plan is dropped for
+// this epoch. Either way the event is given back.
+// The layout is only made in an empty heap: a block another stream took from it meanwhile
+// (oom_ladder.cpp) drops the plan for this epoch.
+bool VmmHeaps::finish_layout(Heap& heap) {
+  PlanCursor& cursor = heap.cursor;
+  const DeviceEvent e = std::exchange(heap.layout_event, 0);
+  bool done = false;
+  try {
+    done = st_.device->query_event(e);
+    st_.device->destroy_event(e);
+  } catch (const DeviceError& err) {
+    log().warn("vmm: the event of a planned heap's layout failed: {}", err.what());
+  }
+  if (done && heap.epoch.live == 0 && lay_out(heap, cursor.plan()->height)) {
+    cursor.follow_again();
+    return true;
+  }
+  cursor.record();
+  return false;
+}
+
+// A layout that waits is given up: its event back, no plan for the epoch.
+void VmmHeaps::abandon_layout(Heap& heap) {
+  const DeviceEvent e = std::exchange(heap.layout_event, 0);
+  try {
+    st_.device->destroy_event(e);
+  } catch (const DeviceError& err) {
+    log().warn("vmm: the event of a planned heap's layout failed: {}", err.what());
+  }
+  heap.cursor.record();
+}
+
 // --- following a plan -----------------------------------------------------------------------
 
 Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size) {
   Heap* heap = heap_of(ss, pool);
-  if (heap == nullptr || heap->cursor.state() != PlanState::following) return nullptr;
+  if (heap == nullptr) return nullptr;
   PlanCursor& cursor = heap->cursor;
+  if (cursor.state() == PlanState::laying_out && !finish_layout(*heap)) return nullptr;
+  if (cursor.state() != PlanState::following) return nullptr;
   const EpochPlan::Step& step = cursor.next_step();
   Block* x = step.size == size ? find_planned(*heap, step) : nullptr;
   Block* b = x != nullptr ? carve(*heap, x, heap->segment->addr + step.offset, size) : nullptr;

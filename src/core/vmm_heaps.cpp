@@ -51,6 +51,12 @@ Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   heap.unmapped.emplace(base, b);
   st_.segments.emplace(base, std::move(seg));
   slot = &heap;
+  if (st_.config.vmm_planner == PlannerMode::background && st_.config.vmm_plan_max_blocks != 0) {
+    if (!planner_) planner_ = std::make_unique<EpochPlanner>(page_);
+    // Two spares: the record one epoch hands over is replaced while the one before it may still
+    // be planned.
+    planner_->prepare(heap.mailbox, 2, st_.config.vmm_plan_max_blocks);
+  }
   return heap;
 }
 
@@ -96,14 +102,17 @@ std::size_t VmmHeaps::release(ReleaseGoal goal) {
 // Teardown: no kernel may still touch the pages; unmap and release everything, give the
 // address ranges back.
 void VmmHeaps::destroy() {
+  if (planner_) planner_->stop();
   st_.device->synchronize_device();
   try {
+    for (auto& [base, heap] : heaps_)
+      if (heap.layout_event != 0) st_.device->destroy_event(std::exchange(heap.layout_event, 0));
     for (auto& [base, heap] : heaps_) {
       for (auto& [a, c] : heap.chunks) {
         vm_.unmap(c.addr, c.size);
         vm_.release_physical(c.handle);
       }
-      heap.chunks.clear();
+      heap.clear_chunks();
       vm_.release_address_range(heap.segment->addr, heap.segment->size);
     }
     for (const Chunk& c : cached_.take_all()) vm_.release_physical(c.handle);

@@ -34,6 +34,7 @@
 
 #include "core/epoch_log.hpp"
 #include "core/segment_source.hpp"
+#include "core/vmm_planner.hpp"
 #include "core/vmm_plans.hpp"
 
 namespace tensorpool::detail {
@@ -92,10 +93,15 @@ class HeldPages {
 struct Heap {
   Heap(Segment* seg, std::size_t max_plan_steps) : segment(seg), plans(max_plan_steps) {
     epoch.capacity = max_plan_steps;
+    epoch.entries.reserve(max_plan_steps);  // no reallocation in the fast path
+    cursor.reserve(max_plan_steps);
   }
 
   Segment* segment;                    // the reserved range, in AllocatorState::segments
-  std::map<Address, Chunk> chunks;     // mapped chunks by address
+  std::map<Address, Chunk> chunks;     // mapped chunks by address: changed by add_chunk/remove_chunk only
+  // Kept with `chunks` (check_heap), so that the end of an epoch reads them without a walk:
+  std::size_t chunk_bytes = 0;         // the sum of the chunks' sizes
+  std::size_t mapped_prefix = 0;       // [start, start + mapped_prefix) is covered by chunks
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   HeldPages held;
 
@@ -103,16 +109,50 @@ struct Heap {
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
   PlanCache plans;                     // plans by the signature of the epoch before theirs
   PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
+  PlanMailbox mailbox;                 // with the planner thread (vmm_planner:background)
+  DeviceEvent layout_event = 0;        // while laying_out: after the stream's work on the pages
 
   Pool pool() const noexcept { return segment->pool; }
   Stream stream() const noexcept { return segment->owner->stream; }
+
+  void add_chunk(const Chunk& c) {
+    chunks.emplace(c.addr, c);
+    chunk_bytes += c.size;
+    if (c.addr != segment->addr + mapped_prefix) return;
+    for (auto it = chunks.find(c.addr); it != chunks.end() && it->first == segment->addr + mapped_prefix; ++it)
+      mapped_prefix += it->second.size;
+  }
+  void remove_chunk(const Chunk& c) {
+    chunks.erase(c.addr);
+    chunk_bytes -= c.size;
+    if (c.addr < segment->addr + mapped_prefix) mapped_prefix = c.addr - segment->addr;
+  }
+  void clear_chunks() {
+    chunks.clear();
+    chunk_bytes = 0;
+    mapped_prefix = 0;
+  }
   FreeIndex& index() const noexcept { return *segment->index; }
 };
 
 /// Which heaps' pages an operation leaves alone.
 enum class Spare : std::uint8_t {
   none,
-  following,  // those of heaps that follow a plan: their pages are about to be used where they lie
+  following,  // those of heaps that follow a plan (or wait to lay their pages out for one): their
+              // pages are about to be used where they lie
+};
+
+/// Whether the work a stream queued on pages may still run when they are unmapped.
+enum class StreamWork : std::uint8_t {
+  may_run,  // synchronize the stream first
+  done,     // an event recorded after it has completed: no wait
+};
+
+/// What can be done now for a plan's pages (VmmHeaps::map_plan).
+enum class Layout : std::uint8_t {
+  ready,       // mapped from the heap's start up to the plan's height
+  impossible,  // the physical memory of the heap and the cache is not enough, or the device refused
+  waiting,     // the pages must move, after the stream's work on them (Heap::layout_event)
 };
 
 class VmmHeaps final : public SegmentSource {
@@ -168,7 +208,7 @@ class VmmHeaps final : public SegmentSource {
   std::optional<Chunk> create_chunk(std::size_t bytes, Pool pool);
   std::size_t idle_physical(Pool pool) const;
   Reclaimed reclaim_free_chunks(Pool pool, std::size_t keep, Spare spare);
-  Reclaimed reclaim_heap(Heap& heap, std::size_t keep);
+  Reclaimed reclaim_heap(Heap& heap, std::size_t keep, StreamWork work = StreamWork::may_run);
   Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
   void mark_unmapped(Heap& heap, Block* b);
   std::size_t release_cached_chunks();
@@ -179,8 +219,13 @@ class VmmHeaps final : public SegmentSource {
   void release_held(Pool pool, Spare spare);
   void release_held(Heap& heap);
   void plan_next_epoch(Heap& heap);
-  std::shared_ptr<const EpochPlan> make_plan(const Heap& heap) const;
-  bool map_plan(Heap& heap, std::size_t height);
+  std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
+  void hand_to_planner(Heap& heap);
+  void collect_plans(Heap& heap);
+  Layout map_plan(Heap& heap, std::size_t height);
+  bool lay_out(Heap& heap, std::size_t height);
+  bool finish_layout(Heap& heap);
+  void abandon_layout(Heap& heap);
   Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;
   Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
 
@@ -194,6 +239,8 @@ class VmmHeaps final : public SegmentSource {
   std::map<Address, Heap> heaps_;          // by the address of their range
   std::unordered_map<const StreamState*, std::array<Heap*, kNumPools>> by_stream_;  // into heaps_
   ChunkCache cached_;
+  // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
+  std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made on first use
 };
 
 }  // namespace tensorpool::detail

@@ -166,7 +166,7 @@ VmmHeaps::Mapped VmmHeaps::map_into(Heap& heap, const Placement& where) {
       throw;
     }
     c.addr = cursor;
-    heap.chunks.emplace(c.addr, c);
+    heap.add_chunk(c);
     st_.counters.count(&Stats::vm_maps);
     if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_map, c.addr, 0, c.size, heap.stream());
     cursor += c.size;
@@ -219,7 +219,7 @@ std::size_t VmmHeaps::idle_physical(Pool pool) const {
   std::size_t idle = cached_.bytes(pool);
   for (const auto& [stream, ss] : st_.streams) {
     const Heap* heap = heap_of(*ss, pool);
-    if (heap == nullptr || heap->cursor.state() == PlanState::following) continue;
+    if (heap == nullptr || plan_asks_source(heap->cursor.state())) continue;
     heap->index().for_each([&](const Block* b) {
       if (b->segment != heap->segment) return;
       for (auto it = heap->chunks.lower_bound(b->addr); it != heap->chunks.end() && it->second.end() <= b->addr + b->size;
@@ -236,7 +236,7 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t keep, S
   Reclaimed total{.bytes = 0, .keep_left = keep};
   for (auto& [stream, ss] : st_.streams) {
     Heap* heap = heap_of(*ss, pool);
-    if (heap == nullptr || (spare == Spare::following && heap->cursor.state() == PlanState::following)) continue;
+    if (heap == nullptr || (spare == Spare::following && plan_asks_source(heap->cursor.state()))) continue;
     const Reclaimed r = reclaim_heap(*heap, total.keep_left);
     total.bytes += r.bytes;
     total.keep_left = r.keep_left;
@@ -244,10 +244,10 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t keep, S
   return total;
 }
 
-// reclaim_free_chunks() for one heap. The heap's stream is synchronized first: kernels may still
-// use memory freed in stream order.
-VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep) {
-  std::vector<std::pair<Block*, std::vector<Chunk>>> work;
+// reclaim_free_chunks() for one heap. The heap's stream is synchronized first (kernels may still
+// use memory freed in stream order), unless the caller knows its work is done.
+VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamWork work) {
+  std::vector<std::pair<Block*, std::vector<Chunk>>> to_unmap;
   heap.index().for_each([&](Block* b) {
     if (b->segment != heap.segment) return;
     std::vector<Chunk> inside;
@@ -259,13 +259,15 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep) {
       }
       inside.push_back(it->second);
     }
-    if (!inside.empty()) work.emplace_back(b, std::move(inside));
+    if (!inside.empty()) to_unmap.emplace_back(b, std::move(inside));
   });
-  if (work.empty()) return {.bytes = 0, .keep_left = keep};
-  st_.device->synchronize_stream(heap.stream());
-  st_.counters.count(&Stats::syncs);
+  if (to_unmap.empty()) return {.bytes = 0, .keep_left = keep};
+  if (work == StreamWork::may_run) {
+    st_.device->synchronize_stream(heap.stream());
+    st_.counters.count(&Stats::syncs);
+  }
   std::size_t reclaimed = 0;
-  for (auto& [block, chunks] : work) {
+  for (auto& [block, chunks] : to_unmap) {
     Block* cur = block;
     heap.index().remove(cur);
     try {
@@ -295,7 +297,7 @@ Block* VmmHeaps::unmap_chunk(Heap& heap, Block* b, const Chunk& c) {
   Block* after = mid->size > c.size ? st_.blocks.split_at(mid, c.size) : nullptr;
   st_.counters.count(&Stats::vm_unmaps);
   if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.stream());
-  heap.chunks.erase(c.addr);
+  heap.remove_chunk(c);
   cached_.put(c);
   mark_unmapped(heap, mid);
   return after;

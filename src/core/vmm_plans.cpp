@@ -9,24 +9,36 @@ namespace tensorpool::detail {
 std::shared_ptr<const EpochPlan> PlanCache::find(std::uint64_t key) {
   const auto it = entries_.find(key);
   if (it == entries_.end()) return nullptr;
-  it->second.used = ++clock_;
+  lru_.splice(lru_.end(), lru_, it->second.lru);
   return it->second.plan;
 }
 
-void PlanCache::store(std::uint64_t key, std::shared_ptr<const EpochPlan> plan, std::uint64_t spare) {
-  auto [it, inserted] = entries_.try_emplace(key);
-  if (!inserted) steps_ -= it->second.plan->steps.size();
+PlanCache::Found PlanCache::latest_of(std::uint64_t signature) const {
+  const auto latest = latest_.find(signature);
+  if (latest == latest_.end()) return {};
+  return Found{entries_.at(latest->second).plan, latest->second};
+}
+
+void PlanCache::erase(std::unordered_map<std::uint64_t, Entry>::iterator it) {
+  const auto latest = latest_.find(it->second.signature);
+  if (latest != latest_.end() && latest->second == it->first) latest_.erase(latest);
+  steps_ -= it->second.plan->steps.size();
+  lru_.erase(it->second.lru);
+  entries_.erase(it);
+}
+
+void PlanCache::store(std::uint64_t key, std::shared_ptr<const EpochPlan> plan, std::uint64_t spare,
+                      std::uint64_t signature) {
+  if (auto old = entries_.find(key); old != entries_.end()) erase(old);
   steps_ += plan->steps.size();
-  it->second = Entry{std::move(plan), ++clock_};
-  // Eviction scans the entries: a few per heap (one per distinct epoch of an iteration).
+  lru_.push_back(key);
+  entries_.emplace(key, Entry{std::move(plan), signature, std::prev(lru_.end())});
+  latest_[signature] = key;
   while (steps_ > max_steps_ && entries_.size() > 1) {
-    auto oldest = entries_.end();
-    for (auto e = entries_.begin(); e != entries_.end(); ++e)
-      if (e->first != spare && e->first != key && (oldest == entries_.end() || e->second.used < oldest->second.used))
-        oldest = e;
-    if (oldest == entries_.end()) break;
-    steps_ -= oldest->second.plan->steps.size();
-    entries_.erase(oldest);
+    auto oldest = lru_.begin();
+    while (oldest != lru_.end() && (*oldest == spare || *oldest == key)) ++oldest;
+    if (oldest == lru_.end()) break;
+    erase(entries_.find(*oldest));
   }
 }
 
@@ -39,13 +51,17 @@ std::size_t PlanCache::recount_steps() const {
 void PlanCursor::follow(std::shared_ptr<const EpochPlan> plan, std::uint64_t key) {
   plan_ = std::move(plan);
   key_ = key;
-  placed_.assign(plan_->steps.size(), nullptr);
+  if (placed_.size() < plan_->steps.size()) placed_.resize(plan_->steps.size());
   next_ = 0;
   state_ = plan_->steps.empty() ? PlanState::completed : PlanState::following;
 }
 
+void PlanCursor::wait_for_layout(std::shared_ptr<const EpochPlan> plan, std::uint64_t key) {
+  follow(std::move(plan), key);
+  state_ = PlanState::laying_out;
+}
+
 void PlanCursor::follow_again() noexcept {
-  std::fill(placed_.begin(), placed_.end(), nullptr);
   next_ = 0;
   state_ = PlanState::following;
 }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -34,17 +35,29 @@ struct EpochPlan {
 
 /// The plans of a heap, each stored under the signature of the epoch that came before it (a heap
 /// that empties several times per iteration runs the same chain of epochs each iteration), at
-/// most `max_steps` steps in all; the least recently used go first.
-/// Invariant: steps() == the sum of the stored plans' steps.
+/// most `max_steps` steps in all; the least recently used go first. Every operation is O(1) but
+/// for the plans it evicts: a store at the end of an epoch never scans the cache.
+/// Invariants: steps() == the sum of the stored plans' steps; lru_ lists every key once.
 class PlanCache {
  public:
   explicit PlanCache(std::size_t max_steps) : max_steps_(max_steps) {}
 
   /// The plan stored under `key`, now the most recently used; null if none.
   std::shared_ptr<const EpochPlan> find(std::uint64_t key);
-  /// Stores `plan` under `key` (replacing what was there), then evicts the least recently used
-  /// plans but those under `key` and `spare` while the cache holds more than max_steps steps.
-  void store(std::uint64_t key, std::shared_ptr<const EpochPlan> plan, std::uint64_t spare);
+  /// Stores `plan` (of an epoch whose own signature is `signature`) under `key`, replacing what
+  /// was there, then evicts the least recently used plans but those under `key` and `spare` while
+  /// the cache holds more than max_steps steps.
+  void store(std::uint64_t key, std::shared_ptr<const EpochPlan> plan, std::uint64_t spare,
+             std::uint64_t signature);
+
+  /// The plan of an epoch whose own signature is `signature` stored last, and the key it is
+  /// stored under, while it is cached; null if none (not a use: the order of eviction does not
+  /// change).
+  struct Found {
+    std::shared_ptr<const EpochPlan> plan;
+    std::uint64_t key = 0;
+  };
+  Found latest_of(std::uint64_t signature) const;
 
   std::size_t steps() const noexcept { return steps_; }
   std::size_t recount_steps() const;  // for check_invariants
@@ -52,17 +65,22 @@ class PlanCache {
  private:
   struct Entry {
     std::shared_ptr<const EpochPlan> plan;
-    std::uint64_t used = 0;  // the value of clock_ when last stored or found
+    std::uint64_t signature = 0;           // the planned epoch's own
+    std::list<std::uint64_t>::iterator lru;  // its key in lru_
   };
+  void erase(std::unordered_map<std::uint64_t, Entry>::iterator it);
+
   std::unordered_map<std::uint64_t, Entry> entries_;
+  std::list<std::uint64_t> lru_;                         // keys, least recently used first
+  std::unordered_map<std::uint64_t, std::uint64_t> latest_;  // signature -> key stored last with it
   std::size_t steps_ = 0;
-  std::uint64_t clock_ = 0;
   std::size_t max_steps_;
 };
 
 /// Where a heap's current epoch stands with its plan (PlanState), and the blocks the plan's steps
 /// got so far. Invariants (VmmHeaps::check_epoch): state() == following implies a plan with
-/// next() < its number of steps; placed(i) is defined for i < next().
+/// next() < its number of steps; laying_out implies a plan and the heap's layout event;
+/// placed(i) is defined for i < next().
 class PlanCursor {
  public:
   PlanState state() const noexcept { return state_; }
@@ -73,11 +91,17 @@ class PlanCursor {
   const std::shared_ptr<const EpochPlan>& plan() const noexcept { return plan_; }
   std::uint64_t key() const noexcept { return key_; }
 
+  /// Room for plans of up to `steps` steps, so that following one allocates nothing.
+  void reserve(std::size_t steps) { placed_.reserve(steps); }
   /// A new epoch follows `plan` (stored under `key`) from its first step.
   void follow(std::shared_ptr<const EpochPlan> plan, std::uint64_t key);
-  /// A new epoch follows the plan the last one followed to the end (matched()), from its first
-  /// step.
+  /// A new epoch follows the plan the last one followed to the end (matched()), or the plan it
+  /// waited to lay out, from its first step.
   void follow_again() noexcept;
+  /// A new epoch will follow `plan` once its pages are laid out (PlanState::laying_out).
+  void wait_for_layout(std::shared_ptr<const EpochPlan> plan, std::uint64_t key);
+  /// ... the plan the last epoch followed to the end.
+  void wait_for_layout_again() noexcept { state_ = PlanState::laying_out; }
   /// Hands over the plan (the cursor then has none: record() or follow() next).
   std::shared_ptr<const EpochPlan> release_plan() noexcept { return std::move(plan_); }
   /// A new epoch without a plan.
@@ -103,7 +127,7 @@ class PlanCursor {
   PlanState state_ = PlanState::recording;
   std::shared_ptr<const EpochPlan> plan_;
   std::uint64_t key_ = 0;
-  std::vector<Block*> placed_;  // per step served so far
+  std::vector<Block*> placed_;  // per step; those below next() are the blocks served (the rest: stale)
   std::size_t next_ = 0;
 };
 

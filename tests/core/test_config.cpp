@@ -52,6 +52,10 @@ TEST_CASE("Config::parse sets every key", "[config]") {
   REQUIRE(Config::parse("vmm_plan_max_blocks:0").vmm_plan_max_blocks == 0);
   REQUIRE_THROWS_WITH(Config::parse("vmm_plan_max_blocks:-1"), Contains("vmm_plan_max_blocks"));
   REQUIRE_THROWS_WITH(Config::parse("vmm_plan_max_blocks:99999999"), Contains("vmm_plan_max_blocks"));
+  REQUIRE(Config().vmm_planner == PlannerMode::background);
+  REQUIRE(Config::parse("vmm_planner:synchronous").vmm_planner == PlannerMode::synchronous);
+  REQUIRE_THAT(Config::parse("vmm_planner:synchronous").to_string(), Contains("vmm_planner:synchronous"));
+  REQUIRE_THROWS_WITH(Config::parse("vmm_planner:later"), Contains("'vmm_planner'") && Contains("background or synchronous"));
   // mode: auto by default (vmm where the device has virtual memory), fixed or vmm when asked.
   REQUIRE(Config().mode == Mode::automatic);
   REQUIRE(Config::parse("mode:auto").mode == Mode::automatic);

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "support/deterministic.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
@@ -34,7 +35,7 @@ std::size_t random_size(std::mt19937_64& rng) {
 void run_random(std::uint64_t seed, int operations, const char* conf) {
   INFO("seed " << seed << ", config " << conf);
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 2 * GiB});
-  Allocator alloc(device, Config::parse(conf));
+  Allocator alloc(device, testing::deterministic_config(conf));
   std::mt19937_64 rng(seed);
   std::vector<Stream> streams = {kDefaultStream, device->create_stream(), device->create_stream(),
                                  device->create_stream()};
@@ -206,7 +207,7 @@ TEST_CASE("randomized: a repeated step follows its planned layout with no device
     INFO("seed " << seed);
     auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * GiB,
                                                                            .event_mode = EventMode::immediate});
-    Allocator alloc(device, Config{});
+    Allocator alloc(device, testing::deterministic_config(""));
     std::mt19937_64 rng(seed);
     const std::vector<Stream> streams = {kDefaultStream, device->create_stream(), device->create_stream()};
     const std::vector<StepOp> step = random_step(rng, streams, 300);

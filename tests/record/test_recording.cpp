@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/logging.hpp"
+#include "support/deterministic.hpp"
 #include "support/fixed_mode.hpp"
 #include "support/allocator_workload.hpp"
 #include "support/temp_dir.hpp"
@@ -142,7 +143,7 @@ TEST_CASE("a recorded workload replays to the live run's peaks and upstream coun
     TempDir dir("tensorpool_test_record");
     const std::string path = dir.file("live.tptrace");
     auto device = make_device();
-    Allocator alloc(device, testing::fixed_mode(Config::parse(conf)));  // as the "tensorpool" target
+    Allocator alloc(device, testing::fixed_mode(testing::deterministic_config(conf)));  // as the "tensorpool" target
     Recording rec = start_recording(alloc, path);
     auto counter = std::make_shared<Counter>();
     alloc.add_observer(counter);

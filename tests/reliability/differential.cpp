@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "reliability/recording_device.hpp"
+#include "support/deterministic.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 namespace tensorpool::reliability {
@@ -319,7 +320,7 @@ Runner::Runner(const RunOptions& options) : options_(options) {
   sim_ = std::make_shared<SimulatedDevice>(so);
   dev_ = std::make_shared<RecordingDevice>(sim_);
   dev_->before_release = [this](Address a, std::size_t n, bool unmap) { check_release(a, n, unmap); };
-  config_ = Config::parse(options.config, "differential");
+  config_ = testing::deterministic_config(options.config, "differential");
   alloc_ = std::make_unique<Allocator>(dev_, config_);
   vmm_ = alloc_->config().mode == Mode::vmm;  // the mode taken (mode:auto takes vmm here)
   unit_ = vmm_ ? sim_->page_size() : sim_->properties().segment_granularity;

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "reliability/differential.hpp"
+#include "support/deterministic.hpp"
 #include "support/fixed_mode.hpp"
 #include "tensorpool/tensorpool.hpp"
 
@@ -25,7 +26,7 @@ namespace {
 struct Rig {
   explicit Rig(const char* config, std::size_t capacity = GiB)
       : sim(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = capacity})),
-        alloc(sim, testing::fixed_mode(Config::parse(config))) {}  // fixed unless `config` says vmm
+        alloc(sim, testing::fixed_mode(testing::deterministic_config(config))) {}  // fixed unless `config` says vmm
   // Nothing may remain once everything is freed, all work completed and the cache emptied.
   void expect_no_leak() {
     sim->complete_all();

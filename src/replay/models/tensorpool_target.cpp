@@ -34,6 +34,9 @@ Config target_config(Mode preset, std::string_view conf, std::string_view origin
     if (item.key == "backend") throw_unknown_key(origin, item, replay_keys());
   Config c;
   c.mode = preset;
+  // Deterministic replays: each epoch is planned by the free that ends it (a planner that keeps
+  // up with the program; on a device the default plans in a thread, vmm.md).
+  c.vmm_planner = PlannerMode::synchronous;
   c.apply(conf, origin);
   return c;
 }

@@ -1,0 +1,121 @@
+// vmm_planner.cpp: the planner of vmm_planner.hpp: the plan of an epoch, and the thread that
+// makes them off the caller's path.
+#include "core/vmm_planner.hpp"
+
+#include <exception>
+#include <utility>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+#include "core/logging.hpp"
+#include "tensorpool/types.hpp"
+
+namespace tensorpool::detail {
+
+std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page) {
+  if (record.empty()) return nullptr;
+  try {
+    const PlannedLayout layout = plan_layout(record);
+    auto plan = std::make_shared<EpochPlan>();
+    plan->steps.resize(record.size());
+    for (std::size_t i = 0; i < record.size(); ++i)
+      plan->steps[i] = EpochPlan::Step{.size = record[i].size, .offset = layout.offsets[i], .below = layout.below[i]};
+    plan->height = round_up(layout.height, page);
+    return plan;
+  } catch (const std::exception& e) {
+    log().error("vmm: planning an epoch of {} allocations failed: {}", record.size(), e.what());
+    return nullptr;
+  }
+}
+
+void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t capacity) {
+  std::vector<std::vector<RecordedBlock>> buffers(spares);
+  for (auto& b : buffers) b.reserve(capacity);
+  std::lock_guard lock(mutex_);
+  for (auto& b : buffers) mailbox.buffers.push_back(std::move(b));
+  if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
+}
+
+void EpochPlanner::submit(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
+                          std::vector<RecordedBlock> record) {
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    queue_.push_back(Job{&mailbox, key, signature, std::move(record)});
+    ++mailbox.pending;
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    wake = waiting_;  // a busy thread takes the job when it is done: no system call here
+  }
+  if (wake) wake_.notify_one();
+}
+
+std::vector<FinishedPlan> EpochPlanner::collect(PlanMailbox& mailbox) {
+  std::lock_guard lock(mutex_);
+  return std::exchange(mailbox.finished, {});
+}
+
+std::vector<RecordedBlock> EpochPlanner::spare_buffer(PlanMailbox& mailbox) {
+  std::lock_guard lock(mutex_);
+  if (mailbox.buffers.empty()) return {};
+  std::vector<RecordedBlock> buffer = std::move(mailbox.buffers.back());
+  mailbox.buffers.pop_back();
+  return buffer;
+}
+
+void EpochPlanner::drain() {
+  std::unique_lock lock(mutex_);
+  idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
+void EpochPlanner::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+// The thread runs only where a core would idle (Linux: SCHED_IDLE): a thread woken by submit()
+// would otherwise preempt the caller on its own core, tens of microseconds inside a free. Where
+// the policy cannot be set the thread runs at the default priority.
+namespace {
+void lower_priority_of_this_thread() {
+#if defined(__linux__)
+  sched_param param{};
+  param.sched_priority = 0;
+  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0)
+    log().debug("vmm planner: SCHED_IDLE refused; the planner thread runs at the default priority");
+#endif
+}
+}  // namespace
+
+void EpochPlanner::run() {
+  lower_priority_of_this_thread();
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    waiting_ = true;
+    wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    waiting_ = false;
+    if (stopping_) return;
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    std::shared_ptr<const EpochPlan> plan = make_epoch_plan(job.record, page_);
+    job.record.clear();
+    lock.lock();
+    busy_ = false;
+    --job.mailbox->pending;
+    if (plan) job.mailbox->finished.push_back(FinishedPlan{job.key, job.signature, std::move(plan)});
+    job.mailbox->buffers.push_back(std::move(job.record));
+    if (queue_.empty()) idle_.notify_all();
+  }
+}
+
+}  // namespace tensorpool::detail

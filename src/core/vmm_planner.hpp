@@ -1,0 +1,94 @@
+// vmm_planner.hpp: where the epochs of the vmm heaps are planned (vmm_epochs.cpp hands them over).
+//
+// vmm_planner:background (the default): a thread of the allocator's own plans each recorded
+// epoch off the caller's path; the free that ends an epoch only hands its record over (a swap of
+// buffers), and the plan is stored in the heap's PlanCache when the heap collects it, at one of
+// its next epoch ends (a plan is one epoch late at worst when the thread keeps up).
+// vmm_planner:synchronous: the free that ends the epoch plans it at once, so the next epoch may
+// follow it: deterministic, what the replay targets use (a replay's epochs last microseconds).
+//
+// Thread safety: the thread touches only its queue, the job it plans and the heaps' mailboxes,
+// each under the planner's mutex (a leaf lock: nothing else is taken while it is held). A heap
+// outlives the planner (VmmHeaps stops it first).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "core/layout_plan.hpp"
+#include "core/vmm_plans.hpp"
+
+namespace tensorpool::detail {
+
+/// The plan of a recorded epoch as a heap follows it, its height in whole pages; null when the
+/// record is empty or planning fails (logged: a free must not fail for want of a plan).
+std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page);
+
+/// A finished plan on its way to its heap's PlanCache: stored under `key` (the signature of the
+/// epoch before the planned one), the planned epoch's own signature `signature`.
+struct FinishedPlan {
+  std::uint64_t key = 0;
+  std::uint64_t signature = 0;
+  std::shared_ptr<const EpochPlan> plan;
+};
+
+/// What the planner thread and one heap exchange; the heap's side is taken under the planner's
+/// mutex (EpochPlanner::collect, EpochPlanner::spare_buffer).
+struct PlanMailbox {
+  std::vector<FinishedPlan> finished;                 // in the order they were planned
+  std::vector<std::vector<RecordedBlock>> buffers;    // planned records, cleared, for reuse
+  std::size_t pending = 0;                            // jobs handed over and not yet finished
+};
+
+class EpochPlanner {
+ public:
+  explicit EpochPlanner(std::size_t page) : page_(page) {}
+  ~EpochPlanner() { stop(); }
+  EpochPlanner(const EpochPlanner&) = delete;
+  EpochPlanner& operator=(const EpochPlanner&) = delete;
+
+  /// Starts the thread, if not yet, and gives `mailbox` `spares` empty record buffers of
+  /// `capacity` entries: called when a heap is made (a call that maps memory anyway), so that the
+  /// frees that end its epochs neither start a thread nor allocate a buffer.
+  void prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t capacity);
+  /// Hands the record of an epoch over (the thread starts on the first call, if prepare() did
+  /// not start it). O(1) for the caller: the record is moved, nothing is planned here.
+  void submit(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature, std::vector<RecordedBlock> record);
+  /// The plans finished for `mailbox` since the last call, in order.
+  std::vector<FinishedPlan> collect(PlanMailbox& mailbox);
+  /// An empty record buffer with capacity, from the planned ones or prepare()'s; empty (no
+  /// capacity) when every one is queued or being planned.
+  std::vector<RecordedBlock> spare_buffer(PlanMailbox& mailbox);
+  /// Waits until every job handed over is planned (for teardown and tests; never on the hot path).
+  void drain();
+  /// Stops the thread (after the job it is planning); the jobs still queued are dropped.
+  void stop();
+
+ private:
+  struct Job {
+    PlanMailbox* mailbox;
+    std::uint64_t key;
+    std::uint64_t signature;
+    std::vector<RecordedBlock> record;
+  };
+  void run();
+
+  const std::size_t page_;
+  std::mutex mutex_;
+  std::condition_variable wake_;  // the thread: a job came, or stop
+  std::condition_variable idle_;  // drain(): the queue emptied
+  std::deque<Job> queue_;
+  bool busy_ = false;    // the thread is planning a job taken off the queue
+  bool waiting_ = false; // the thread waits for a job: only then does submit() wake it
+  bool stopping_ = false;
+  std::thread thread_;   // started by the first submit()
+};
+
+}  // namespace tensorpool::detail

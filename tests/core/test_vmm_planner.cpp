@@ -1,0 +1,80 @@
+// The background planner (vmm_planner:background, the default): epochs are planned by a thread of
+// the allocator's own, and a repeated epoch follows its plan once the plan has arrived, with no
+// device call; the free that ends an epoch plans nothing. The synchronous planner's behaviour is
+// what test_vmm.cpp's "[plan]" tests pin down (tests/support/deterministic.hpp).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+
+namespace {
+
+Address addr(void* p) { return reinterpret_cast<Address>(p); }
+
+// a and b, a freed, c (in a's place when the plan is followed), b and c freed: one epoch.
+std::vector<Address> abc_epoch(Allocator& alloc) {
+  void* a = alloc.allocate(40 * MiB);
+  void* b = alloc.allocate(40 * MiB);
+  alloc.deallocate(a);
+  void* c = alloc.allocate(60 * MiB);
+  const std::vector<Address> at = {addr(a), addr(b), addr(c)};
+  alloc.deallocate(b);
+  alloc.deallocate(c);
+  alloc.check_invariants();
+  return at;
+}
+
+}  // namespace
+
+TEST_CASE("vmm planner: a repeated epoch follows the plan the thread made, then makes no device call",
+          "[vmm][plan][planner]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.event_mode = EventMode::immediate});
+  Allocator alloc(device, Config::parse("mode:vmm,vmm_idle_divisor:1"));
+  REQUIRE(alloc.config().vmm_planner == PlannerMode::background);
+  const Address base = abc_epoch(alloc)[0];
+  const std::vector<Address> planned = {base, base + 60 * MiB, base};
+  // The plan arrives when the thread has made it: an epoch later at best, later on a busy host.
+  int epochs = 1;
+  while (abc_epoch(alloc) != planned) {
+    REQUIRE(++epochs < 2000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const DeviceCounters settled = device->counters();
+  for (int run = 0; run < 5; ++run) {
+    INFO("run " << run);
+    REQUIRE(abc_epoch(alloc) == planned);
+    REQUIRE(device->counters().maps == settled.maps);
+    REQUIRE(device->counters().physical_creates == settled.physical_creates);
+    REQUIRE(device->counters().syncs() == settled.syncs());
+  }
+  alloc.empty_cache();
+  REQUIRE(alloc.usage().reserved == 0);
+}
+
+TEST_CASE("vmm planner: an allocator destroyed while its thread plans loses nothing", "[vmm][plan][planner]") {
+  // Many heaps hand large epochs to the thread, and the allocator goes at once: the thread stops
+  // after the plan it is making, the queued jobs are dropped, every page goes back.
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.event_mode = EventMode::immediate});
+  {
+    Allocator alloc(device, Config::parse("mode:vmm"));
+    std::vector<Stream> streams;
+    for (int i = 0; i < 8; ++i) streams.push_back(device->create_stream());
+    for (int round = 0; round < 3; ++round) {
+      for (const Stream s : streams) {
+        std::vector<void*> blocks;
+        for (int i = 0; i < 2000; ++i) blocks.push_back(alloc.allocate(4096 + 512 * (i % 7), s));
+        for (std::size_t i = 0; i < blocks.size(); i += 2) alloc.deallocate(blocks[i]);
+        for (std::size_t i = 1; i < blocks.size(); i += 2) alloc.deallocate(blocks[i]);
+      }
+    }
+    alloc.check_invariants();
+  }
+  REQUIRE(device->used_bytes() == 0);
+  REQUIRE(device->mapped_bytes() == 0);
+}
