@@ -29,12 +29,14 @@ test: build
 BENCH_ARGS := --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out_format=json
 bench: deps
 	@cmake --preset release >/dev/null
-	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay tensorpool_bench_annotations
+	@cmake --build build-release -j $(JOBS) --target tensorpool_bench tensorpool_bench_replay tensorpool_bench_annotations \
+	  tensorpool_bench_latency
 	@if grep -q 'build bench/tensorpool_bench_cub:' build-release/build.ninja; then \
 	  cmake --build build-release -j $(JOBS) --target tensorpool_bench_cub; fi
 	@build-release/bench/tensorpool_bench $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench.json
 	@build-release/bench/tensorpool_bench_replay $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_replay.json
 	@build-release/bench/tensorpool_bench_annotations $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_annotations.json
+	@build-release/bench/tensorpool_bench_latency --json build-release/bench-tensorpool_bench_latency.json
 	@if [ -x build-release/bench/tensorpool_bench_cub ]; then \
 	  build-release/bench/tensorpool_bench_cub $(BENCH_ARGS) --benchmark_out=build-release/bench-tensorpool_bench_cub.json; fi
 

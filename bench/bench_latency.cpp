@@ -4,17 +4,21 @@
 // and in mode:fixed. Calls that made an upstream call (a device allocation, free, map or unmap)
 // are counted apart: the bound the allocator promises is for the others.
 //
-//   tensorpool_bench_latency [--json FILE] [--passes N] [TRACE...]
+//   tensorpool_bench_latency [--json FILE|-] [--passes N] [--runs R] [TRACE...]
 //
 // Without TRACE: every ../shared/traces/*.pickle beside the source tree, and the synthetic step.
-// Prints one Markdown table (per trace, mode and call: count, p50, p99, p99.9, max in
-// microseconds, and the calls with an upstream call); --json writes the same figures.
+// The whole measurement is made R times (default 3; a noisy host's preemptions land in one run,
+// not in all): per trace, mode and call, the median over runs of p50, p99 and p99.9, and of the
+// max both the lowest and the highest over runs, in microseconds, with the calls that made an
+// upstream call counted apart. Prints one Markdown table; --json FILE writes the same rows
+// (--json -: to stdout, without the table, for scripts/bench-tables.py record).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <random>
 #include <string>
@@ -139,19 +143,46 @@ double percentile(std::vector<double>& v, double p) {
 struct Row {
   std::string trace, mode, call;
   std::size_t quiet = 0, with_upstream = 0;
-  double p50 = 0, p99 = 0, p999 = 0, max = 0, with_upstream_max = 0;
+  double p50 = 0, p99 = 0, p999 = 0, max_low = 0, max_high = 0, with_upstream_max = 0;
 };
 
-Row row(const std::string& trace, const char* mode, const char* call, Samples& s) {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One row from the samples of each run.
+Row row(const std::string& trace, const char* mode, const char* call, std::vector<Samples>& runs) {
   Row r{trace, mode, call};
-  r.quiet = s.quiet_us.size();
-  r.with_upstream = s.with_upstream;
-  r.with_upstream_max = s.with_upstream_max_us;
-  r.max = s.quiet_us.empty() ? 0 : *std::max_element(s.quiet_us.begin(), s.quiet_us.end());
-  r.p50 = percentile(s.quiet_us, 0.50);
-  r.p99 = percentile(s.quiet_us, 0.99);
-  r.p999 = percentile(s.quiet_us, 0.999);
+  std::vector<double> p50, p99, p999, maxes;
+  for (Samples& s : runs) {
+    r.quiet = s.quiet_us.size();
+    r.with_upstream = s.with_upstream;
+    r.with_upstream_max = std::max(r.with_upstream_max, s.with_upstream_max_us);
+    maxes.push_back(s.quiet_us.empty() ? 0 : *std::max_element(s.quiet_us.begin(), s.quiet_us.end()));
+    p50.push_back(percentile(s.quiet_us, 0.50));
+    p99.push_back(percentile(s.quiet_us, 0.99));
+    p999.push_back(percentile(s.quiet_us, 0.999));
+  }
+  r.p50 = median(p50);
+  r.p99 = median(p99);
+  r.p999 = median(p999);
+  r.max_low = *std::min_element(maxes.begin(), maxes.end());
+  r.max_high = *std::max_element(maxes.begin(), maxes.end());
   return r;
+}
+
+void write_json(std::ostream& out, const std::vector<Row>& rows, int passes, int runs) {
+  out << "{\"passes\": " << passes << ", \"runs\": " << runs << ", \"rows\": [\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    out << "  {\"trace\": \"" << r.trace << "\", \"mode\": \"" << r.mode << "\", \"call\": \"" << r.call
+        << "\", \"calls\": " << r.quiet << ", \"p50_us\": " << r.p50 << ", \"p99_us\": " << r.p99
+        << ", \"p999_us\": " << r.p999 << ", \"max_us_lowest\": " << r.max_low << ", \"max_us_highest\": " << r.max_high
+        << ", \"with_upstream\": " << r.with_upstream << ", \"with_upstream_max_us\": " << r.with_upstream_max << "}"
+        << (i + 1 < rows.size() ? ",\n" : "\n");
+  }
+  out << "]}\n";
 }
 
 }  // namespace
@@ -159,14 +190,17 @@ Row row(const std::string& trace, const char* mode, const char* call, Samples& s
 int main(int argc, char** argv) {
   std::string json_path;
   int passes = 5;
+  int runs = 3;
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json_path = argv[++i];
     } else if (std::strcmp(argv[i], "--passes") == 0 && i + 1 < argc) {
       passes = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
+      runs = std::max(1, std::atoi(argv[++i]));
     } else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--passes N] [TRACE...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json FILE|-] [--passes N] [--runs R] [TRACE...]\n", argv[0]);
       return 2;
     } else {
       paths.push_back(argv[i]);
@@ -186,38 +220,37 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (auto& [name, t] : traces) {
     for (const auto& [mode, conf] : {std::pair{"default", ""}, std::pair{"fixed", "mode:fixed"}}) {
-      Samples allocs, frees;
-      // Room for every sample up front: the bench's own reallocations stay out of the timings
-      // (a freed large vector trims the C heap, and the allocator's next malloc faults pages in).
-      allocs.quiet_us.reserve(t.events.size() * static_cast<std::size_t>(passes));
-      frees.quiet_us.reserve(t.events.size() * static_cast<std::size_t>(passes));
-      replay::ReplayOptions o;
-      o.warmup = passes - 1;  // every pass is timed: the target sees them all
-      o.make_target = [&, c = conf](const replay::TargetOptions& to) {
-        return std::make_unique<TimedTarget>(to, c, allocs, frees);
-      };
-      replay::TraceSource source(t);
-      replay::replay(source, o);
+      std::vector<Samples> allocs(static_cast<std::size_t>(runs)), frees(static_cast<std::size_t>(runs));
+      for (int run = 0; run < runs; ++run) {
+        Samples& a = allocs[static_cast<std::size_t>(run)];
+        Samples& f = frees[static_cast<std::size_t>(run)];
+        // Room for every sample up front: the bench's own reallocations stay out of the timings
+        // (a freed large vector trims the C heap, and the allocator's next malloc faults pages in).
+        a.quiet_us.reserve(t.events.size() * static_cast<std::size_t>(passes));
+        f.quiet_us.reserve(t.events.size() * static_cast<std::size_t>(passes));
+        replay::ReplayOptions o;
+        o.warmup = passes - 1;  // every pass is timed: the target sees them all
+        o.make_target = [&, c = conf](const replay::TargetOptions& to) { return std::make_unique<TimedTarget>(to, c, a, f); };
+        replay::TraceSource source(t);
+        replay::replay(source, o);
+      }
       rows.push_back(row(name, mode, "allocate", allocs));
       rows.push_back(row(name, mode, "deallocate", frees));
     }
   }
-  std::printf("| trace | mode | call | calls | p50 us | p99 us | p99.9 us | max us | with upstream calls: count, max us |\n");
+  if (json_path == "-") {
+    write_json(std::cout, rows, passes, runs);
+    return 0;
+  }
+  std::printf("| trace | mode | call | calls | p50 us | p99 us | p99.9 us | max us (lowest, highest of %d runs) | "
+              "with upstream calls: count, max us |\n", runs);
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows)
-    std::printf("| %s | %s | %s | %zu | %.2f | %.2f | %.2f | %.1f | %zu, %.1f |\n", r.trace.c_str(), r.mode.c_str(),
-                r.call.c_str(), r.quiet, r.p50, r.p99, r.p999, r.max, r.with_upstream, r.with_upstream_max);
+    std::printf("| %s | %s | %s | %zu | %.2f | %.2f | %.2f | %.1f, %.1f | %zu, %.1f |\n", r.trace.c_str(), r.mode.c_str(),
+                r.call.c_str(), r.quiet, r.p50, r.p99, r.p999, r.max_low, r.max_high, r.with_upstream, r.with_upstream_max);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
-    out << "[\n";
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      out << "  {\"trace\": \"" << r.trace << "\", \"mode\": \"" << r.mode << "\", \"call\": \"" << r.call
-          << "\", \"calls\": " << r.quiet << ", \"p50_us\": " << r.p50 << ", \"p99_us\": " << r.p99
-          << ", \"p999_us\": " << r.p999 << ", \"max_us\": " << r.max << ", \"with_upstream\": " << r.with_upstream
-          << ", \"with_upstream_max_us\": " << r.with_upstream_max << "}" << (i + 1 < rows.size() ? ",\n" : "\n");
-    }
-    out << "]\n";
+    write_json(out, rows, passes, runs);
   }
   return 0;
 }

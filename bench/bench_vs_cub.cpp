@@ -11,18 +11,24 @@
 // frees that size.
 //
 // Allocators compared:
-//   tensorpool   mode:fixed, the other settings at their defaults (fixed segments, as CUB's are
-//                cudaMalloc blocks; the figures of docs/benchmarks.md were measured so);
-//   cub          CachingDeviceAllocator(bin_growth 8, min_bin 3, max_bin 9, no cache limit): every
-//                size here is cached (bins up to 8^9 = 128 MiB; 100 MiB takes the 128 MiB bin);
-//   cub-default  the default-constructed allocator (max_bin 7 = 2 MiB, 6 MiB - 1 cache limit):
-//                64 MiB and 100 MiB are not binned, so each pair is a cudaMalloc and a cudaFree
-//                of the stand-in (1 thread only).
+//   tensorpool-fixed  mode:fixed, the other settings at their defaults (fixed segments, as CUB's
+//                     are cudaMalloc blocks);
+//   tensorpool-vmm    the default mode on a device with virtual memory (vmm heaps, planned
+//                     layouts, the background planner);
+//   cub               CachingDeviceAllocator(bin_growth 8, min_bin 3, max_bin 9, no cache limit):
+//                     every size here is cached (bins up to 8^9 = 128 MiB; 100 MiB takes the
+//                     128 MiB bin);
+//   cub-default       the default-constructed allocator (max_bin 7 = 2 MiB, 6 MiB - 1 cache
+//                     limit): 64 MiB and 100 MiB are not binned, so each pair is a cudaMalloc and
+//                     a cudaFree of the stand-in (1 thread only).
+// Threads: 1, and 2 on one allocator, either on the same stream (/same_stream) or each on its own
+// (/own_streams; CUB is given distinct stream handles, which its stand-in ignores).
 // Counters: live_blocks, upstream_in_loop (cudaMalloc / segment allocations made inside the timed
 // loop: 0 when the pair is served from the cache).
 #include <benchmark/benchmark.h>
 #include <cub/util_allocator.cuh>
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -40,16 +46,25 @@ enum class CubConfig { all_cached, defaults };
 
 class TensorpoolSide {
  public:
-  TensorpoolSide()
+  explicit TensorpoolSide(Mode mode)
       : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB})),
-        alloc_(device_, Config::parse("mode:fixed")) {}
-  void* allocate(std::size_t bytes) { return alloc_.allocate(bytes); }
+        alloc_(device_, config(mode)) {
+    for (int i = 0; i < 2; ++i) streams_.push_back(device_->create_stream());
+  }
+  void* allocate(std::size_t bytes, int lane = -1) { return alloc_.allocate(bytes, stream(lane)); }
   void deallocate(void* p) { alloc_.deallocate(p); }
-  std::uint64_t upstream_allocs() const { return alloc_.stats().upstream_allocs; }
+  std::uint64_t upstream_allocs() const { return alloc_.stats().upstream_allocs + device_->counters().maps; }
 
  private:
+  static Config config(Mode mode) {
+    Config c;
+    c.mode = mode;
+    return c;
+  }
+  Stream stream(int lane) const { return lane < 0 ? kDefaultStream : streams_[static_cast<std::size_t>(lane)]; }
   std::shared_ptr<SimulatedDevice> device_;
   Allocator alloc_;
+  std::vector<Stream> streams_;
 };
 
 class CubSide {
@@ -58,9 +73,11 @@ class CubSide {
       : cub_(config == CubConfig::all_cached
                  ? std::make_unique<cub::CachingDeviceAllocator>(8U, 3U, 9U, cub::CachingDeviceAllocator::INVALID_SIZE)
                  : std::make_unique<cub::CachingDeviceAllocator>()) {}
-  void* allocate(std::size_t bytes) {
+  void* allocate(std::size_t bytes, int lane = -1) {
     void* p = nullptr;
-    if (cub_->DeviceAllocate(&p, bytes, nullptr) != cudaSuccess) std::abort();
+    // Distinct handles per lane; the stand-in's runtime never dereferences them.
+    cudaStream_t stream = lane < 0 ? nullptr : reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(0x100 + lane));
+    if (cub_->DeviceAllocate(&p, bytes, stream) != cudaSuccess) std::abort();
     return p;
   }
   void deallocate(void* p) {
@@ -88,20 +105,24 @@ struct Filled {
   std::vector<void*> held;
 };
 
+enum class Lanes { same_stream, own_streams };
+int lane_of(Lanes lanes, int thread) { return lanes == Lanes::own_streams ? thread : -1; }
+
 template <class Side, class... Args>
-void pair_benchmark(benchmark::State& state, Args... args) {
+void pair_benchmark(benchmark::State& state, Lanes lanes, Args... args) {
   static std::unique_ptr<Filled<Side>> shared;  // one allocator for every thread of the run
   static std::uint64_t upstream_before = 0;
   const auto size = static_cast<std::size_t>(state.range(0));
   if (state.thread_index() == 0) {
     shared = std::make_unique<Filled<Side>>(static_cast<std::size_t>(state.range(1)), args...);
-    std::vector<void*> warm;  // one cached block of `size` per thread
-    for (int t = 0; t < state.threads(); ++t) warm.push_back(shared->side.allocate(size));
+    std::vector<void*> warm;  // one cached block of `size` per thread, on its stream
+    for (int t = 0; t < state.threads(); ++t) warm.push_back(shared->side.allocate(size, lane_of(lanes, t)));
     for (void* p : warm) shared->side.deallocate(p);
     upstream_before = shared->side.upstream_allocs();
   }
+  const int lane = lane_of(lanes, state.thread_index());
   for (auto _ : state) {  // the loop starts and ends with a barrier of all threads
-    void* p = shared->side.allocate(size);
+    void* p = shared->side.allocate(size, lane);
     benchmark::DoNotOptimize(p);
     shared->side.deallocate(p);
   }
@@ -125,14 +146,23 @@ void pair_args(benchmark::internal::Benchmark* b) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  const auto add = [](const std::string& name, auto fn, int threads) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)->Apply(pair_args)->Threads(threads);
+  };
   for (int threads : {1, 2}) {
-    benchmark::RegisterBenchmark("pair/tensorpool", pair_benchmark<TensorpoolSide>)
-        ->Apply(pair_args)->Threads(threads);
-    benchmark::RegisterBenchmark("pair/cub", pair_benchmark<CubSide, CubConfig>, CubConfig::all_cached)
-        ->Apply(pair_args)->Threads(threads);
+    for (const Lanes lanes : {Lanes::same_stream, Lanes::own_streams}) {
+      if (threads == 1 && lanes == Lanes::own_streams) continue;  // one thread: one stream
+      const std::string suffix = lanes == Lanes::same_stream ? "/same_stream" : "/own_streams";
+      add("pair/tensorpool-fixed" + suffix,
+          [lanes](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, lanes, Mode::fixed); }, threads);
+      add("pair/tensorpool-vmm" + suffix,
+          [lanes](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, lanes, Mode::vmm); }, threads);
+      add("pair/cub" + suffix,
+          [lanes](benchmark::State& st) { pair_benchmark<CubSide>(st, lanes, CubConfig::all_cached); }, threads);
+    }
   }
-  benchmark::RegisterBenchmark("pair/cub-default", pair_benchmark<CubSide, CubConfig>, CubConfig::defaults)
-      ->Apply(pair_args)->Threads(1);
+  add("pair/cub-default/same_stream",
+      [](benchmark::State& st) { pair_benchmark<CubSide>(st, Lanes::same_stream, CubConfig::defaults); }, 1);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

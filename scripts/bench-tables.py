@@ -91,9 +91,14 @@ def gbench_medians(data):
     for b in data["benchmarks"]:
         if b.get("aggregate_name") != "median":
             continue
-        m = re.match(r"pair/([a-z-]+)/size:(\d+)/live:(\d+)/real_time/threads:(\d+)", b["run_name"])
-        if m:
-            rows[(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)))] = b
+        m = re.match(r"pair/([a-z-]+)(?:/([a-z_]+))?/size:(\d+)/live:(\d+)/real_time/threads:(\d+)", b["run_name"])
+        if not m:
+            continue
+        allocator, lanes = m.group(1), m.group(2) or "same_stream"
+        if allocator == "tensorpool-fixed":  # the name of mode:fixed before the vmm side was added
+            allocator = "tensorpool"
+        key = (allocator, int(m.group(3)), int(m.group(4)), int(m.group(5)))
+        rows[key if lanes == "same_stream" else key + (lanes,)] = b
     return rows
 
 
@@ -386,7 +391,69 @@ def table_gpu(_):
     return "\n".join(out) + "\n"
 
 
-TABLES = {"cub-side-by-side": table_cub, "cub-validation": table_cub_validation, "rmm": table_rmm,
+# --- no stalls: per-call latency, threads, the pair in both modes (issue 24) -------------------
+
+def table_latency(_):
+    data, meta = load("latency")
+    before, meta_before = load("latency-before")
+    if not data:
+        return "(no results: run `scripts/bench-tables.py record latency -- build-release/bench/tensorpool_bench_latency --json -`)\n"
+    old = {(r["trace"], r["mode"], r["call"]): r for r in (before or {}).get("rows", [])}
+    out = [stamp(meta, meta_before),
+           "Host time per call that made no upstream call, microseconds: p50 / p99 / p99.9 (medians over %d runs "
+           "of %d passes), and the max as the lowest and highest over the runs; `before` is 2850efd (planner in the "
+           "free, stream synchronization in the remap, whole-table rehash), measured in the same session.\n"
+           % (data.get("runs", 0), data.get("passes", 0)),
+           "| trace | call | default mode p50 / p99 / p99.9 | default max (lowest, highest) | before: max (lowest, highest) "
+           "| fixed mode max (lowest, highest) | calls with upstream calls (default) |",
+           "|---|---|---|---|---|---|---|"]
+    rows = {(r["trace"], r["mode"], r["call"]): r for r in data["rows"]}
+    for (trace, mode, call), r in rows.items():
+        if mode != "default":
+            continue
+        f = rows.get((trace, "fixed", call))
+        b = old.get((trace, mode, call))
+        out.append("| %s | %s | %.2f / %.2f / %.2f | %.1f, %.1f | %s | %s | %d |" % (
+            trace, call, r["p50_us"], r["p99_us"], r["p999_us"], r["max_us_lowest"], r["max_us_highest"],
+            "%.1f, %.1f" % (b["max_us_lowest"], b["max_us_highest"]) if b else "-",
+            "%.1f, %.1f" % (f["max_us_lowest"], f["max_us_highest"]) if f else "-", r["with_upstream"]))
+    return "\n".join(out) + "\n"
+
+
+def table_threads(_):
+    data, meta = load("bench-cub-threads")
+    if not data:
+        return "(no results: run `scripts/bench-tables.py record bench-cub-threads -- ...`)\n"
+    r = gbench_medians(data)
+    out = [stamp(meta), "Wall time per allocate + free pair, all threads together (median of the repetitions; "
+           "total throughput is its inverse), and the total throughput of 2 threads over 1:\n",
+           "| size | live | allocator | 1 thread | 2 threads, same stream | x 1 thread | 2 threads, own streams | x 1 thread |",
+           "|---|---|---|---|---|---|---|---|"]
+    sizes = sorted({k[1] for k in r})
+    for size in sizes:
+        for live in (1000, 100000):
+            for a in ("tensorpool", "tensorpool-vmm", "cub"):
+                one, same, own = r.get((a, size, live, 1)), r.get((a, size, live, 2)), r.get((a, size, live, 2, "own_streams"))
+                if not one:
+                    continue
+                name = {"tensorpool": "tensorpool, mode:fixed", "tensorpool-vmm": "tensorpool, default (vmm)"}.get(a, "CUB")
+                cell = lambda b: ("%.0f ns" % b["real_time"], "%.2f" % (one["real_time"] / b["real_time"])) if b else ("-", "-")
+                out.append("| %s | %dk | %s | %.0f ns | %s | %s | %s | %s |" % (
+                    size_text(size), live // 1000, name, one["real_time"], *cell(same), *cell(own)))
+    out.append("\nThe pair, one thread, the default mode against mode:fixed and CUB (wall time, medians):\n")
+    out.append("| size | live | default (vmm) | mode:fixed | default / fixed | default / CUB |")
+    out.append("|---|---|---|---|---|---|")
+    for size in sizes:
+        for live in (1000, 100000):
+            v, f, c = (r.get((a, size, live, 1)) for a in ("tensorpool-vmm", "tensorpool", "cub"))
+            if v and f and c:
+                out.append("| %s | %dk | %.1f ns | %.1f ns | %.2f | %.2f |" % (
+                    size_text(size), live // 1000, v["real_time"], f["real_time"], v["real_time"] / f["real_time"],
+                    v["real_time"] / c["real_time"]))
+    return "\n".join(out) + "\n"
+
+
+TABLES = {"latency": table_latency, "threads": table_threads, "cub-side-by-side": table_cub, "cub-validation": table_cub_validation, "rmm": table_rmm,
           "empty-cache": table_empty_cache, "gpu": table_gpu, "fit-shared": table_fit_shared,
           "fit-suite": table_fit_suite, "fit-vmm": table_fit_vmm}
 

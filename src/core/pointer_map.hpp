@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "core/block.hpp"
+#include "core/util.hpp"
 
 namespace tensorpool::detail {
 
@@ -30,21 +31,21 @@ class PointerMap {
 
   std::size_t size() const noexcept { return cur_.size + old_.size; }
 
-  void insert(Address key, Block* value) {
-    if (old_.size != 0) migrate(kMigrationSteps);
-    if ((cur_.size + 1) * 2 > cur_.capacity()) grow();
+  TP_ALWAYS_INLINE void insert(Address key, Block* value) {
+    if (TP_UNLIKELY(old_.size != 0)) migrate(kMigrationSteps);
+    if (TP_UNLIKELY((cur_.size + 1) * 2 > cur_.capacity())) grow();
     cur_.insert(key, value);
   }
 
-  Block* find(Address key) const noexcept {
+  TP_ALWAYS_INLINE Block* find(Address key) const noexcept {
     if (Block* b = cur_.find(key)) return b;
-    return old_.size != 0 ? old_.find(key) : nullptr;
+    return TP_UNLIKELY(old_.size != 0) ? old_.find(key) : nullptr;
   }
 
   /// Removes `key` and returns its block, or nullptr if absent (nothing changes then).
-  Block* erase(Address key) noexcept {
+  TP_ALWAYS_INLINE Block* erase(Address key) noexcept {
     if (Block* b = cur_.erase(key)) return b;
-    return old_.size != 0 ? old_.erase(key) : nullptr;
+    return TP_UNLIKELY(old_.size != 0) ? old_.erase(key) : nullptr;
   }
 
   template <class F>
@@ -85,19 +86,19 @@ class PointerMap {
     std::size_t home(Address key) const noexcept {
       return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> shift);
     }
-    void insert(Address key, Block* value) noexcept {
+    TP_ALWAYS_INLINE void insert(Address key, Block* value) noexcept {
       std::size_t i = home(key);
       while (slots[i].key != 0) i = (i + 1) & mask;
       slots[i] = {key, value};
       ++size;
     }
-    Block* find(Address key) const noexcept {
+    TP_ALWAYS_INLINE Block* find(Address key) const noexcept {
       for (std::size_t i = home(key);; i = (i + 1) & mask) {
         if (slots[i].key == key) return slots[i].value;
         if (slots[i].key == 0) return nullptr;
       }
     }
-    Block* erase(Address key) noexcept {
+    TP_ALWAYS_INLINE Block* erase(Address key) noexcept {
       std::size_t i = home(key);
       for (;; i = (i + 1) & mask) {
         if (slots[i].key == key) break;
@@ -128,7 +129,7 @@ class PointerMap {
     }
   };
 
-  void grow() {
+  __attribute__((noinline)) void grow() {
     migrate(SIZE_MAX);  // only if inserts outran the migration: never with kMigrationSteps
     old_ = std::exchange(cur_, Table::make(cur_.capacity() * 2));
     migrated_ = 0;
@@ -136,7 +137,7 @@ class PointerMap {
 
   // Moves entries of old_ to cur_ from slot migrated_ on, `steps` slots at most (a move or a
   // skip each); an entry moved out may pull a later one into its slot, which is looked at again.
-  void migrate(std::size_t steps) noexcept {
+  __attribute__((noinline)) void migrate(std::size_t steps) noexcept {
     for (; steps != 0 && old_.size != 0; --steps) {
       const std::size_t i = migrated_ & old_.mask;
       const Address key = old_.slots[i].key;

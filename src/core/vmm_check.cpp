@@ -72,8 +72,7 @@ void VmmHeaps::check_heap(const Heap& h) const {
     if (b->held) {
       ++held;
       held_bytes += b->size;
-      auto it = h.held.blocks().find(b->addr);
-      if (it == h.held.blocks().end() || it->second != b)
+      if (h.held.find(b->addr) != b)
         invariant_failed("held block " + hex(b->addr) + " is not listed");
       if (b->next != nullptr && b->next->held) invariant_failed("held blocks at " + hex(b->addr) + " were not merged");
     }

@@ -23,6 +23,7 @@
 // pages serve it), and that epoch is planned afresh. A program that repeats its steps from an
 // empty heap so runs them at the live peak the packing reaches, with no device call (docs/vmm.md,
 // "Planned layouts").
+#include <algorithm>
 #include <exception>
 #include <memory>
 #include <utility>
@@ -43,28 +44,41 @@ bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState
 
 // --- held pages -----------------------------------------------------------------------------
 
+HeldPages::Entries::iterator HeldPages::position(Address addr) noexcept {
+  return std::lower_bound(blocks_.begin(), blocks_.end(), addr,
+                          [](const std::pair<Address, Block*>& e, Address a) { return e.first < a; });
+}
+
+Block* HeldPages::find(Address addr) const noexcept {
+  const auto it = std::lower_bound(blocks_.begin(), blocks_.end(), addr,
+                                   [](const std::pair<Address, Block*>& e, Address a) { return e.first < a; });
+  return it != blocks_.end() && it->first == addr ? it->second : nullptr;
+}
+
 Block* HeldPages::hold(Block* x, BlockPool& blocks) {
   x->held = true;
   bytes_ += x->size;
   if (x->next != nullptr && x->next->held) {
-    blocks_.erase(x->next->addr);
+    blocks_.erase(position(x->next->addr));
     blocks.absorb_next(x);
   }
   if (x->prev != nullptr && x->prev->held) {
     x = x->prev;
     blocks.absorb_next(x);
   } else {
-    blocks_.emplace(x->addr, x);
+    blocks_.insert(position(x->addr), {x->addr, x});
   }
   return x;
 }
 
 Block* HeldPages::unhold(Block* r, std::size_t bytes, BlockPool& blocks) {
-  blocks_.erase(r->addr);
+  const auto it = position(r->addr);
   if (bytes < r->size) {
     Block* rest = blocks.split_at(r, bytes);
     rest->held = true;
-    blocks_.emplace(rest->addr, rest);
+    *it = {rest->addr, rest};  // inside r's range: the order stays
+  } else {
+    blocks_.erase(it);
   }
   r->held = false;
   bytes_ -= r->size;

@@ -79,10 +79,17 @@ class HeldPages {
 
   bool empty() const noexcept { return blocks_.empty(); }
   std::size_t bytes() const noexcept { return bytes_; }
-  const std::map<Address, Block*>& blocks() const noexcept { return blocks_; }
+  /// The held blocks as (address, block), by address.
+  const std::vector<std::pair<Address, Block*>>& blocks() const noexcept { return blocks_; }
+  /// The held block that starts at `addr`, or nullptr.
+  Block* find(Address addr) const noexcept;
 
  private:
-  std::map<Address, Block*> blocks_;  // by address
+  using Entries = std::vector<std::pair<Address, Block*>>;
+  Entries::iterator position(Address addr) noexcept;
+  // A sorted vector: a heap holds a few blocks (one per run of mapped pages between holes), and
+  // an epoch of a repeated step holds and unholds them every time: no node allocated per call.
+  Entries blocks_;
   std::size_t bytes_ = 0;
 };
 
