@@ -40,6 +40,8 @@ struct StreamState {
   /// allocation asks the segment source for its planned block before the free index
   /// (SegmentSource::take_planned).
   std::array<const PlanState*, kNumPools> plan_state{};
+  /// Per pool: this stream's vmm heap (vmm_heaps.hpp; null: none yet, or fixed segments).
+  std::array<Heap*, kNumPools> vmm_heaps{};
 
   bool follows_plan(Pool pool) const noexcept {
     const PlanState* s = plan_state[static_cast<int>(pool)];

@@ -30,6 +30,7 @@ struct Segment;
 struct StreamState;
 class FreeIndex;
 struct EpochLog;
+struct Heap;
 
 struct Block {
   Address addr = 0;
@@ -62,6 +63,7 @@ struct Segment {
   bool oversize = false;
   bool heap = false;             // a vmm heap: a reserved range, mapped only where chunks lie
   EpochLog* epoch = nullptr;     // a vmm heap's record of its epoch (epoch_log.hpp), else null
+  Heap* vmm = nullptr;           // the vmm heap it is (vmm_heaps.hpp), else null
   std::size_t blocks = 1;
   Block* first = nullptr;
 

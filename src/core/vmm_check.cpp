@@ -20,8 +20,8 @@ void VmmHeaps::check(Recount& rc) const {
     auto it = st_.segments.find(base);
     if (it == st_.segments.end() || it->second.get() != heap.segment)
       invariant_failed("heap at " + hex(base) + " is not a segment of the allocator");
-    if (heap_of(*heap.segment->owner, heap.pool()) != &heap)
-      invariant_failed("heap at " + hex(base) + " is not its stream's heap of its pool");
+    if (heap_of(*heap.segment->owner, heap.pool()) != &heap || heap.segment->vmm != &heap)
+      invariant_failed("heap at " + hex(base) + " is not its stream's heap of its pool, or its segment's");
     check_heap(heap);
     for (const auto& [a, c] : heap.chunks) {
       rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));

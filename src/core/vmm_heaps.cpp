@@ -25,7 +25,7 @@ VmmHeaps::VmmHeaps(AllocatorState& state, VirtualMemory& vm) : st_(state), vm_(v
 // The heap of ss for `pool`, made on first use: a reserved range of twice the device's capacity,
 // one unmapped free block.
 Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
-  Heap*& slot = by_stream_[&ss][static_cast<int>(pool)];
+  Heap*& slot = ss.vmm_heaps[static_cast<int>(pool)];
   if (slot != nullptr) return *slot;
   const std::size_t range = round_up(2 * st_.props.capacity, page_);
   const Address base = vm_.reserve_address_range(range, page_);
@@ -47,6 +47,7 @@ Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   seg->first = b;
   Heap& heap = heaps_.try_emplace(base, seg.get(), st_.config.vmm_plan_max_blocks).first->second;
   seg->epoch = &heap.epoch;
+  seg->vmm = &heap;
   ss.plan_state[static_cast<int>(pool)] = heap.cursor.state_address();
   heap.unmapped.emplace(base, b);
   st_.segments.emplace(base, std::move(seg));

@@ -197,11 +197,8 @@ class VmmHeaps final : public SegmentSource {
   };
 
   // --- heaps (vmm_heaps.cpp) ---
-  Heap* heap_of(const StreamState& ss, Pool pool) const {
-    auto it = by_stream_.find(&ss);
-    return it == by_stream_.end() ? nullptr : it->second[static_cast<int>(pool)];
-  }
-  Heap& heap_of(const Block* b) { return heaps_.at(b->segment->addr); }
+  static Heap* heap_of(const StreamState& ss, Pool pool) noexcept { return ss.vmm_heaps[static_cast<int>(pool)]; }
+  static Heap& heap_of(const Block* b) noexcept { return *b->segment->vmm; }
   Heap& heap_for(StreamState& ss, Pool pool);
   std::size_t held_bytes(Pool pool) const;
 
@@ -244,7 +241,6 @@ class VmmHeaps final : public SegmentSource {
   VirtualMemory& vm_;
   const std::size_t page_;                 // vm_.page_size()
   std::map<Address, Heap> heaps_;          // by the address of their range
-  std::unordered_map<const StreamState*, std::array<Heap*, kNumPools>> by_stream_;  // into heaps_
   ChunkCache cached_;
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
   std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made on first use
