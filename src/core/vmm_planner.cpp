@@ -46,7 +46,6 @@ void EpochPlanner::submit(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t
     std::lock_guard lock(mutex_);
     if (stopping_) return;
     queue_.push_back(Job{&mailbox, key, signature, std::move(record)});
-    ++mailbox.pending;
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     wake = waiting_;  // a busy thread takes the job when it is done: no system call here
   }
@@ -64,11 +63,6 @@ std::vector<RecordedBlock> EpochPlanner::spare_buffer(PlanMailbox& mailbox) {
   std::vector<RecordedBlock> buffer = std::move(mailbox.buffers.back());
   mailbox.buffers.pop_back();
   return buffer;
-}
-
-void EpochPlanner::drain() {
-  std::unique_lock lock(mutex_);
-  idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
 }
 
 void EpochPlanner::stop() {
@@ -105,16 +99,12 @@ void EpochPlanner::run() {
     if (stopping_) return;
     Job job = std::move(queue_.front());
     queue_.pop_front();
-    busy_ = true;
     lock.unlock();
     std::shared_ptr<const EpochPlan> plan = make_epoch_plan(job.record, page_);
     job.record.clear();
     lock.lock();
-    busy_ = false;
-    --job.mailbox->pending;
     if (plan) job.mailbox->finished.push_back(FinishedPlan{job.key, job.signature, std::move(plan)});
     job.mailbox->buffers.push_back(std::move(job.record));
-    if (queue_.empty()) idle_.notify_all();
   }
 }
 

@@ -44,7 +44,6 @@ struct FinishedPlan {
 struct PlanMailbox {
   std::vector<FinishedPlan> finished;                 // in the order they were planned
   std::vector<std::vector<RecordedBlock>> buffers;    // planned records, cleared, for reuse
-  std::size_t pending = 0;                            // jobs handed over and not yet finished
 };
 
 class EpochPlanner {
@@ -66,8 +65,6 @@ class EpochPlanner {
   /// An empty record buffer with capacity, from the planned ones or prepare()'s; empty (no
   /// capacity) when every one is queued or being planned.
   std::vector<RecordedBlock> spare_buffer(PlanMailbox& mailbox);
-  /// Waits until every job handed over is planned (for teardown and tests; never on the hot path).
-  void drain();
   /// Stops the thread (after the job it is planning); the jobs still queued are dropped.
   void stop();
 
@@ -83,9 +80,7 @@ class EpochPlanner {
   const std::size_t page_;
   std::mutex mutex_;
   std::condition_variable wake_;  // the thread: a job came, or stop
-  std::condition_variable idle_;  // drain(): the queue emptied
   std::deque<Job> queue_;
-  bool busy_ = false;    // the thread is planning a job taken off the queue
   bool waiting_ = false; // the thread waits for a job: only then does submit() wake it
   bool stopping_ = false;
   std::thread thread_;   // started by the first submit()
