@@ -30,46 +30,57 @@ DeviceEvent Allocator::Impl::acquire_event() {
 }
 
 // b was freed by its user but other streams used it: record an event on each; the block is
-// reusable once all have completed. If an event cannot be made, fall back to synchronizing that
-// stream, so a device fault never loses a block or throws from a free.
+// reusable once all have completed. A free never waits: if an event cannot be made, the block
+// waits in that stream's queue without one (PendingFree::event == 0) until an event recorded on
+// the stream after it has completed (work on a stream completes in order), or until a path that
+// may wait synchronizes the stream (the OOM ladder, empty_cache, teardown). A device fault never
+// loses a block or throws from a free.
 void Allocator::Impl::defer_free(Block* b) {
   b->state = BlockState::pending_free;
   for (const Stream s : *b->uses) {
+    DeviceEvent e = 0;
     try {
-      const DeviceEvent e = acquire_event();
-      try {
-        device->record_event(e, s);
-      } catch (...) {
-        release_event(e);
-        throw;
-      }
+      e = acquire_event();
+      device->record_event(e, s);
       counters.count(&Stats::events_recorded);
-      streams.get(s).pending.push_back({e, b});
-      ++b->pending_events;
-      ++pending_total_;
     } catch (const DeviceError& err) {
-      detail::log().warn("event for a cross-stream free failed ({}); synchronizing stream {}",
-                         err.what(), s);
-      device->synchronize_stream(s);
-      counters.count(&Stats::syncs);
+      if (e != 0) release_event(e);
+      e = 0;
+      detail::log().warn("event for a cross-stream free failed ({}); the block waits for stream {} to be "
+                         "synchronized or for a later event on it", err.what(), s);
     }
+    streams.get(s).pending.push_back({e, b});
+    ++b->pending_events;
+    ++pending_total_;
   }
   delete b->uses;
   b->uses = nullptr;
-  if (b->pending_events == 0) release_block(b);
+  if (b->pending_events == 0) release_block(b);  // no stream to wait for
 }
 
 // `done` has left its stream's queue: recycle its event; the block is free after its last one.
 void Allocator::Impl::pending_done(const PendingFree& done) {
-  release_event(done.event);
+  if (done.event != 0) release_event(done.event);
   --pending_total_;
   if (--done.block->pending_events == 0) release_block(done.block);
 }
 
+namespace {
+
+// Whether q's first entry is done: its event has completed, or, without an event, one recorded
+// on the stream after it has (work on a stream completes in order).
+bool first_done(const std::deque<PendingFree>& q, DeviceBackend& device) {
+  for (const PendingFree& f : q)
+    if (f.event != 0) return device.query_event(f.event);
+  return false;
+}
+
+}  // namespace
+
 void Allocator::Impl::process_events() {
   for (auto& [stream, ss] : streams) {
     auto& q = ss->pending;
-    while (!q.empty() && device->query_event(q.front().event)) {
+    while (!q.empty() && first_done(q, *device)) {
       const PendingFree done = q.front();
       q.pop_front();
       pending_done(done);
@@ -82,7 +93,11 @@ void Allocator::Impl::synchronize_pending() {
     auto& q = ss->pending;
     while (!q.empty()) {
       const PendingFree done = q.front();
-      device->synchronize_event(done.event);
+      if (done.event != 0) {
+        device->synchronize_event(done.event);
+      } else {
+        device->synchronize_stream(stream);
+      }
       counters.count(&Stats::syncs);
       q.pop_front();
       pending_done(done);

@@ -117,17 +117,41 @@ TEST_CASE("faults: vmm, a map failing midway keeps what was mapped", "[faults][v
   r.expect_no_leak();
 }
 
-TEST_CASE("faults: a failed event creation in a free synchronizes instead of throwing", "[faults]") {
+TEST_CASE("faults: a failed event creation in a free neither throws nor waits: the block waits for the stream",
+          "[faults]") {
   Rig r("memory_limit:none");
   const Stream s1 = r.sim->create_stream();
   const Stream s2 = r.sim->create_stream();
-  void* p = r.alloc.allocate(MiB, s1);
-  r.alloc.record_stream(p, s2);
-  r.sim->fail_nth(FaultSite::event_create, 1);
-  const auto syncs = r.sim->counters().stream_syncs;
-  REQUIRE_NOTHROW(r.alloc.deallocate(p));
-  CHECK(r.sim->counters().stream_syncs == syncs + 1);
-  CHECK(r.alloc.usage().active == 0);  // reusable at once: nothing pending
+  const auto syncs = r.sim->counters().syncs();
+  SECTION("until an event recorded on the stream after it completes") {
+    void* p = r.alloc.allocate(MiB, s1);
+    r.alloc.record_stream(p, s2);
+    void* q = r.alloc.allocate(MiB, s1);
+    r.alloc.record_stream(q, s2);
+    r.sim->fail_nth(FaultSite::event_create, 1);
+    REQUIRE_NOTHROW(r.alloc.deallocate(p));  // no event: waits in s2's queue without one
+    r.alloc.deallocate(q);                   // an event on s2, recorded after p's free
+    CHECK(r.sim->counters().syncs() == syncs);
+    CHECK(r.alloc.usage().active == 2 * MiB);
+    r.alloc.check_invariants();
+    r.sim->complete_stream(s2);
+    r.alloc.deallocate(r.alloc.allocate(512));  // the next allocation collects both
+    CHECK(r.alloc.usage().active == 0);
+    CHECK(r.sim->counters().syncs() == syncs);
+  }
+  SECTION("until a path that may wait synchronizes it") {
+    void* p = r.alloc.allocate(MiB, s1);
+    r.alloc.record_stream(p, s2);
+    r.sim->fail_nth(FaultSite::event_create, 1);
+    REQUIRE_NOTHROW(r.alloc.deallocate(p));
+    CHECK(r.sim->counters().syncs() == syncs);
+    r.alloc.deallocate(r.alloc.allocate(512));
+    CHECK(r.alloc.usage().active == MiB);  // nothing says s2 is done yet
+    r.alloc.check_invariants();
+    r.alloc.empty_cache();  // waits for what is pending: s2 is synchronized
+    CHECK(r.sim->counters().syncs() == syncs + 1);
+    CHECK(r.alloc.usage().active == 0);
+  }
   r.alloc.check_invariants();
   r.expect_no_leak();
 }
