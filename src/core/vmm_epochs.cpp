@@ -12,17 +12,19 @@
 // release() give them back to the index first.
 //
 // Planned layouts: the recorded epoch is planned offline (layout_plan.hpp: the lower of the
-// recorded layout and a packing by size) and stored in the heap's PlanCache under the signature
-// of the epoch before it; the next epoch gets the plan stored after an epoch like the one that
-// just ended, else that one's own. While the epoch makes the plan's requests in order, the
-// PlanCursor says `following` and each request is served at its planned offset (take_planned()),
-// carved from held or free memory, with no device call and no search of the index. The plan
-// needs the memory from the heap's start to its height mapped; if the pages lie elsewhere
-// (remapped under pressure), the free that ends the epoch maps them back there (map_plan()),
-// once. A request the plan did not foresee departs from it for the rest of the epoch (the held
-// pages serve it), and that epoch is planned afresh. A program that repeats its steps from an
-// empty heap so runs them at the live peak the packing reaches, with no device call (docs/vmm.md,
-// "Planned layouts").
+// recorded layout and a packing by size), by the planner thread or, with vmm_planner:synchronous,
+// in the free that ends it (vmm_planner.hpp), and stored in the heap's PlanCache under the
+// signature of the epoch before it; the next epoch gets the plan stored after an epoch like the
+// one that just ended, else that one's own (or the latest of its kind, while the thread plans it).
+// While the epoch makes the plan's requests in order, the PlanCursor says `following` and each
+// request is served at its planned offset (take_planned()), carved from held or free memory, with
+// no device call and no search of the index. The plan needs the memory from the heap's start to
+// its height mapped; if the pages lie elsewhere (remapped under pressure), they are mapped back
+// there once the stream's work on them is done (an event, never a wait: map_plan(), at once or at
+// the next epoch's first request; PlanCursor `laying_out` meanwhile). A request the plan did not
+// foresee departs from it for the rest of the epoch (the held pages serve it), and that epoch is
+// planned afresh. A program that repeats its steps from an empty heap so runs them at the live
+// peak the packing reaches, with no device call (docs/vmm.md, "Planned layouts").
 #include <algorithm>
 #include <exception>
 #include <memory>
