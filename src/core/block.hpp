@@ -61,15 +61,16 @@ struct Segment {
   FreeIndex* index = nullptr;    // &owner->index[kind]
   Pool pool = Pool::large;
   bool oversize = false;
-  bool heap = false;             // a vmm heap: a reserved range, mapped only where chunks lie
   EpochLog* epoch = nullptr;     // a vmm heap's record of its epoch (epoch_log.hpp), else null
-  Heap* vmm = nullptr;           // the vmm heap it is (vmm_heaps.hpp), else null
+  Heap* vmm = nullptr;           // the vmm heap it is (vmm_heaps.hpp: a reserved range, mapped
+                                 // only where chunks lie), else null
   std::size_t blocks = 1;
   Block* first = nullptr;
 
   /// Free bytes in it sit next to used (or unmapped) space: "inactive split" memory.
-  bool is_split() const noexcept { return blocks > 1 || heap; }
-  bool is_free() const noexcept { return blocks == 1 && first->state == BlockState::free && !heap; }
+  bool is_heap() const noexcept { return vmm != nullptr; }
+  bool is_split() const noexcept { return blocks > 1 || is_heap(); }
+  bool is_free() const noexcept { return blocks == 1 && first->state == BlockState::free && !is_heap(); }
   Address end() const noexcept { return addr + size; }
 };
 

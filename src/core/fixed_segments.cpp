@@ -106,7 +106,7 @@ void FixedSegments::destroy() {
 
 void FixedSegments::check(Recount& rc) const {
   for (const auto& [addr, seg] : st_.segments) {
-    if (seg->heap) invariant_failed("segment " + hex(addr) + " is a heap, but the mode is fixed");
+    if (seg->is_heap()) invariant_failed("segment " + hex(addr) + " is a heap, but the mode is fixed");
     for (const Block* b = seg->first; b != nullptr; b = b->next)
       if (!b->mapped) invariant_failed("block " + hex(b->addr) + " of a fixed segment has no pages");
     rc.add(seg->pool, Metric::reserved_bytes, static_cast<std::int64_t>(seg->size));

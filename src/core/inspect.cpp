@@ -86,7 +86,7 @@ Snapshot Allocator::Impl::snapshot() const {
   Snapshot snap;
   snap.segments.reserve(segments.size());
   for (const auto& [addr, seg] : segments) {
-    SegmentInfo info{seg->addr, seg->size, seg->owner->stream, seg->pool, seg->oversize, seg->heap, {}};
+    SegmentInfo info{seg->addr, seg->size, seg->owner->stream, seg->pool, seg->oversize, seg->is_heap(), {}};
     info.blocks.reserve(seg->blocks);
     for (const Block* b = seg->first; b != nullptr; b = b->next)
       info.blocks.push_back({b->addr, b->size, b->requested, b->state, b->mapped});
@@ -139,7 +139,7 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
     if (b->next != nullptr && b->state == BlockState::free && b->next->state == BlockState::free &&
         b->mapped == b->next->mapped && b->held == b->next->held)
       fail("adjacent free blocks at " + hex(b->addr) + " were not coalesced");
-    if (b->held && (b->state != BlockState::free || !b->mapped || !seg.heap))
+    if (b->held && (b->state != BlockState::free || !b->mapped || !seg.is_heap()))
       fail("held block " + hex(b->addr) + " is not a free mapped block of a heap");
     if (!b->mapped && b->state != BlockState::free)
       fail("block " + hex(b->addr) + " is in use but has no pages");

@@ -12,7 +12,7 @@ namespace tensorpool::detail {
 void VmmHeaps::check(Recount& rc) const {
   std::size_t heap_segments = 0;
   for (const auto& [addr, seg] : st_.segments) {
-    if (!seg->heap) invariant_failed("segment " + hex(addr) + " is not a heap, but the mode is vmm");
+    if (!seg->is_heap()) invariant_failed("segment " + hex(addr) + " is not a heap, but the mode is vmm");
     ++heap_segments;
   }
   if (heap_segments != heaps_.size()) invariant_failed("the heaps and the segments disagree");

@@ -46,14 +46,18 @@ bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState
 
 // --- held pages -----------------------------------------------------------------------------
 
+namespace {
+
+bool starts_before(const std::pair<Address, Block*>& entry, Address addr) { return entry.first < addr; }
+
+}  // namespace
+
 HeldPages::Entries::iterator HeldPages::position(Address addr) noexcept {
-  return std::lower_bound(blocks_.begin(), blocks_.end(), addr,
-                          [](const std::pair<Address, Block*>& e, Address a) { return e.first < a; });
+  return std::lower_bound(blocks_.begin(), blocks_.end(), addr, starts_before);
 }
 
 Block* HeldPages::find(Address addr) const noexcept {
-  const auto it = std::lower_bound(blocks_.begin(), blocks_.end(), addr,
-                                   [](const std::pair<Address, Block*>& e, Address a) { return e.first < a; });
+  const auto it = std::lower_bound(blocks_.begin(), blocks_.end(), addr, starts_before);
   return it != blocks_.end() && it->first == addr ? it->second : nullptr;
 }
 
@@ -211,7 +215,6 @@ std::shared_ptr<const EpochPlan> VmmHeaps::plan_now(const Heap& heap) const {
 // allocated here, and a heap whose epochs come faster than they are planned queues no more.
 void VmmHeaps::hand_to_planner(Heap& heap) {
   if (heap.epoch.full || heap.epoch.entries.empty()) return;
-  if (!planner_) planner_ = std::make_unique<EpochPlanner>(page_);
   std::vector<RecordedBlock> spare = planner_->spare_buffer(heap.mailbox);
   if (spare.capacity() < heap.epoch.capacity) return;
   std::vector<RecordedBlock> record = std::exchange(heap.epoch.entries, std::move(spare));

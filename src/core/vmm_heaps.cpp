@@ -38,7 +38,6 @@ Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   seg->owner = &ss;
   seg->pool = pool;
   seg->index = &AllocatorState::index_for(ss, pool, false);
-  seg->heap = true;
   Block* b = st_.blocks.acquire();
   b->addr = base;
   b->size = range;

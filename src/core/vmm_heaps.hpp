@@ -23,13 +23,11 @@
 // See docs/vmm.md.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "core/epoch_log.hpp"
@@ -243,7 +241,7 @@ class VmmHeaps final : public SegmentSource {
   std::map<Address, Heap> heaps_;          // by the address of their range
   ChunkCache cached_;
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
-  std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made on first use
+  std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made with the first heap
 };
 
 }  // namespace tensorpool::detail

@@ -46,7 +46,6 @@ void EpochPlanner::submit(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t
     std::lock_guard lock(mutex_);
     if (stopping_) return;
     queue_.push_back(Job{&mailbox, key, signature, std::move(record)});
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     wake = waiting_;  // a busy thread takes the job when it is done: no system call here
   }
   if (wake) wake_.notify_one();

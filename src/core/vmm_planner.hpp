@@ -57,8 +57,8 @@ class EpochPlanner {
   /// `capacity` entries: called when a heap is made (a call that maps memory anyway), so that the
   /// frees that end its epochs neither start a thread nor allocate a buffer.
   void prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t capacity);
-  /// Hands the record of an epoch over (the thread starts on the first call, if prepare() did
-  /// not start it). O(1) for the caller: the record is moved, nothing is planned here.
+  /// Hands the record of an epoch over (to the thread prepare() started). O(1) for the caller:
+  /// the record is moved, nothing is planned here.
   void submit(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature, std::vector<RecordedBlock> record);
   /// The plans finished for `mailbox` since the last call, in order.
   std::vector<FinishedPlan> collect(PlanMailbox& mailbox);
@@ -83,7 +83,7 @@ class EpochPlanner {
   std::deque<Job> queue_;
   bool waiting_ = false; // the thread waits for a job: only then does submit() wake it
   bool stopping_ = false;
-  std::thread thread_;   // started by the first submit()
+  std::thread thread_;   // started by prepare()
 };
 
 }  // namespace tensorpool::detail

@@ -1,7 +1,6 @@
 // vmm_plans.cpp: the plan cache and the plan cursor of vmm_plans.hpp.
 #include "core/vmm_plans.hpp"
 
-#include <algorithm>
 #include <utility>
 
 namespace tensorpool::detail {
