@@ -211,20 +211,18 @@ std::shared_ptr<const EpochPlan> VmmHeaps::plan_now(const Heap& heap) const {
 
 // Hands the epoch just recorded to the planner thread (nothing when it cannot be planned): its
 // record is swapped for a spare buffer, so the next epoch records at once. Without a spare (the
-// thread still plans the two epochs handed over before) this one is not planned: nothing is
-// allocated here, and a heap whose epochs come faster than they are planned queues no more.
+// thread still plans the two epochs handed over before), or while the thread holds its mutex,
+// this one is not planned: nothing is allocated or waited for here, and a heap whose epochs come
+// faster than they are planned queues no more.
 void VmmHeaps::hand_to_planner(Heap& heap) {
   if (heap.epoch.full || heap.epoch.entries.empty()) return;
-  std::vector<RecordedBlock> spare = planner_->spare_buffer(heap.mailbox);
-  if (spare.capacity() < heap.epoch.capacity) return;
-  std::vector<RecordedBlock> record = std::exchange(heap.epoch.entries, std::move(spare));
-  planner_->submit(heap.mailbox, heap.last_signature, heap.epoch.signature, std::move(record));
+  planner_->try_hand_over(heap.mailbox, heap.last_signature, heap.epoch.signature, heap.epoch.entries);
 }
 
 // Stores the plans the planner thread finished for this heap.
 void VmmHeaps::collect_plans(Heap& heap) {
   if (!planner_) return;
-  for (FinishedPlan& f : planner_->collect(heap.mailbox))
+  for (FinishedPlan& f : planner_->try_collect(heap.mailbox))
     heap.plans.store(f.key, std::move(f.plan), f.signature, f.signature);
 }
 

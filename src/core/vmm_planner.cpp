@@ -39,29 +39,23 @@ void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
 }
 
-void EpochPlanner::submit(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
-                          std::vector<RecordedBlock> record) {
-  bool wake = false;
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_) return;
-    queue_.push_back(Job{&mailbox, key, signature, std::move(record)});
-    wake = waiting_;  // a busy thread takes the job when it is done: no system call here
-  }
-  if (wake) wake_.notify_one();
-}
-
-std::vector<FinishedPlan> EpochPlanner::collect(PlanMailbox& mailbox) {
-  std::lock_guard lock(mutex_);
-  return std::exchange(mailbox.finished, {});
-}
-
-std::vector<RecordedBlock> EpochPlanner::spare_buffer(PlanMailbox& mailbox) {
-  std::lock_guard lock(mutex_);
-  if (mailbox.buffers.empty()) return {};
-  std::vector<RecordedBlock> buffer = std::move(mailbox.buffers.back());
+bool EpochPlanner::try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
+                                 std::vector<RecordedBlock>& record) {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || stopping_ || mailbox.buffers.empty()) return false;
+  std::vector<RecordedBlock> spare = std::move(mailbox.buffers.back());
   mailbox.buffers.pop_back();
-  return buffer;
+  queue_.push_back(Job{&mailbox, key, signature, std::exchange(record, std::move(spare))});
+  const bool wake = waiting_;  // a busy thread takes the job when it is done: no system call here
+  lock.unlock();
+  if (wake) wake_.notify_one();
+  return true;
+}
+
+std::vector<FinishedPlan> EpochPlanner::try_collect(PlanMailbox& mailbox) {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return {};
+  return std::exchange(mailbox.finished, {});
 }
 
 void EpochPlanner::stop() {

@@ -8,8 +8,10 @@
 // follow it: deterministic, what the replay targets use (a replay's epochs last microseconds).
 //
 // Thread safety: the thread touches only its queue, the job it plans and the heaps' mailboxes,
-// each under the planner's mutex (a leaf lock: nothing else is taken while it is held). A heap
-// outlives the planner (VmmHeaps stops it first).
+// each under the planner's mutex (a leaf lock: nothing else is taken while it is held). The
+// allocator's side only tries the mutex (try_hand_over, try_collect): the thread runs at
+// SCHED_IDLE and may be preempted holding it, and a free must not wait for it. A heap outlives
+// the planner (VmmHeaps stops it first).
 #pragma once
 
 #include <condition_variable>
@@ -39,8 +41,7 @@ struct FinishedPlan {
   std::shared_ptr<const EpochPlan> plan;
 };
 
-/// What the planner thread and one heap exchange; the heap's side is taken under the planner's
-/// mutex (EpochPlanner::collect, EpochPlanner::spare_buffer).
+/// What the planner thread and one heap exchange, under the planner's mutex.
 struct PlanMailbox {
   std::vector<FinishedPlan> finished;                 // in the order they were planned
   std::vector<std::vector<RecordedBlock>> buffers;    // planned records, cleared, for reuse
@@ -57,14 +58,15 @@ class EpochPlanner {
   /// `capacity` entries: called when a heap is made (a call that maps memory anyway), so that the
   /// frees that end its epochs neither start a thread nor allocate a buffer.
   void prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t capacity);
-  /// Hands the record of an epoch over (to the thread prepare() started). O(1) for the caller:
-  /// the record is moved, nothing is planned here.
-  void submit(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature, std::vector<RecordedBlock> record);
-  /// The plans finished for `mailbox` since the last call, in order.
-  std::vector<FinishedPlan> collect(PlanMailbox& mailbox);
-  /// An empty record buffer with capacity, from the planned ones or prepare()'s; empty (no
-  /// capacity) when every one is queued or being planned.
-  std::vector<RecordedBlock> spare_buffer(PlanMailbox& mailbox);
+  /// Hands the epoch recorded in `record` over to the thread prepare() started, and gives
+  /// `record` a spare buffer in its place (empty, with capacity). O(1), and the caller never
+  /// waits: when the thread holds the mutex (it may be preempted there, at SCHED_IDLE), or every
+  /// spare of the mailbox is queued or being planned, nothing happens and it returns false.
+  bool try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
+                     std::vector<RecordedBlock>& record);
+  /// The plans finished for `mailbox` since the last call, in order; none when the thread holds
+  /// the mutex (they are collected next time): the caller never waits.
+  std::vector<FinishedPlan> try_collect(PlanMailbox& mailbox);
   /// Stops the thread (after the job it is planning); the jobs still queued are dropped.
   void stop();
 
