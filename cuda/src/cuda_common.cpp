@@ -4,6 +4,8 @@
 // after it has observed it.
 #include "cuda_common.hpp"
 
+#include "driver_api.hpp"
+
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -52,8 +54,9 @@ void throw_runtime_error(cudaError_t err, const char* call, int device, std::siz
 void throw_driver_error(CUresult err, const char* call, int device, std::size_t bytes) {
   const char* name = nullptr;
   const char* text = nullptr;
-  if (cuGetErrorName(err, &name) != CUDA_SUCCESS || name == nullptr) name = "CUDA_ERROR_UNKNOWN";
-  if (cuGetErrorString(err, &text) != CUDA_SUCCESS || text == nullptr) text = "unrecognized error";
+  const DriverApi& api = driver();  // loaded: a driver call has just returned `err`
+  if (api.get_error_name(err, &name) != CUDA_SUCCESS || name == nullptr) name = "CUDA_ERROR_UNKNOWN";
+  if (api.get_error_string(err, &text) != CUDA_SUCCESS || text == nullptr) text = "unrecognized error";
   const std::string msg = describe(call, bytes, device, name, text);
   if (err == CUDA_ERROR_DEINITIALIZED) {
     mark_cuda_shutdown();

@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include "cuda_common.hpp"
+#include "driver_api.hpp"
 
 namespace tensorpool {
 
@@ -22,6 +23,7 @@ using cuda_detail::as_stream;
 using cuda_detail::check;
 using cuda_detail::check_driver;
 using cuda_detail::DeviceGuard;
+using cuda_detail::driver;
 
 namespace {
 constexpr bool kBindContext = true;
@@ -39,17 +41,17 @@ CUmemAllocationProp device_allocation(int device) {
 CudaVmmBackend::CudaVmmBackend(int device) : CudaBackend(device, "cuMemMap") {
   DeviceGuard guard(device_, kBindContext);
   CUdevice dev = 0;
-  check_driver(cuDeviceGet(&dev, device_), "cuDeviceGet", device_);
+  check_driver(driver().device_get(&dev, device_), "cuDeviceGet", device_);
   int supported = 0;
   check_driver(
-      cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+      driver().device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
       "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)", device_);
   if (supported == 0)
     throw DeviceError("CUDA device " + std::to_string(device_) +
                       " does not support virtual memory management");
   const CUmemAllocationProp prop = device_allocation(device_);
   std::size_t page = 0;
-  check_driver(cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+  check_driver(driver().mem_get_allocation_granularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                "cuMemGetAllocationGranularity", device_);
   if (page == 0) throw DeviceError("cuMemGetAllocationGranularity returned 0");
   page_ = page;
@@ -133,7 +135,7 @@ Address CudaVmmBackend::reserve_address_range(std::size_t bytes, std::size_t ali
   DeviceGuard guard(device_, kBindContext);
   CUdeviceptr ptr = 0;
   const std::size_t align = std::max(alignment, page_);
-  const CUresult err = cuMemAddressReserve(&ptr, bytes, align, 0, 0);
+  const CUresult err = driver().mem_address_reserve(&ptr, bytes, align, 0, 0);
   if (!cuda_detail::check_driver_alloc(err, "cuMemAddressReserve", device_, bytes)) return 0;
   return static_cast<Address>(ptr);
 }
@@ -142,7 +144,7 @@ void CudaVmmBackend::release_address_range(Address base, std::size_t bytes) {
   if (!alive()) return;
   cuda_detail::ignoring_shutdown([&] {
     DeviceGuard guard(device_, kBindContext);
-    check_driver(cuMemAddressFree(static_cast<CUdeviceptr>(base), bytes), "cuMemAddressFree",
+    check_driver(driver().mem_address_free(static_cast<CUdeviceptr>(base), bytes), "cuMemAddressFree",
                  device_, bytes);
   });
 }
@@ -151,7 +153,7 @@ PhysicalHandle CudaVmmBackend::create_physical(std::size_t bytes) {
   DeviceGuard guard(device_, kBindContext);
   const CUmemAllocationProp prop = device_allocation(device_);
   CUmemGenericAllocationHandle handle = 0;
-  if (!cuda_detail::check_driver_alloc(cuMemCreate(&handle, bytes, &prop, 0), "cuMemCreate",
+  if (!cuda_detail::check_driver_alloc(driver().mem_create(&handle, bytes, &prop, 0), "cuMemCreate",
                                        device_, bytes))
     return 0;
   return static_cast<PhysicalHandle>(handle);
@@ -161,7 +163,7 @@ void CudaVmmBackend::release_physical(PhysicalHandle handle) {
   if (!alive()) return;
   cuda_detail::ignoring_shutdown([&] {
     DeviceGuard guard(device_, kBindContext);
-    check_driver(cuMemRelease(static_cast<CUmemGenericAllocationHandle>(handle)), "cuMemRelease",
+    check_driver(driver().mem_release(static_cast<CUmemGenericAllocationHandle>(handle)), "cuMemRelease",
                  device_);
   });
 }
@@ -170,15 +172,15 @@ bool CudaVmmBackend::try_map(Address addr, std::size_t bytes, PhysicalHandle han
   DeviceGuard guard(device_, kBindContext);
   const auto ptr = static_cast<CUdeviceptr>(addr);
   const CUresult mapped =
-      cuMemMap(ptr, bytes, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0);
+      driver().mem_map(ptr, bytes, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0);
   if (!cuda_detail::check_driver_alloc(mapped, "cuMemMap", device_, bytes)) return false;
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = device_;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  const CUresult granted = cuMemSetAccess(ptr, bytes, &access, 1);
+  const CUresult granted = driver().mem_set_access(ptr, bytes, &access, 1);
   if (granted == CUDA_SUCCESS) return true;
-  (void)cuMemUnmap(ptr, bytes);  // leave the range as it was
+  (void)driver().mem_unmap(ptr, bytes);  // leave the range as it was
   return cuda_detail::check_driver_alloc(granted, "cuMemSetAccess", device_, bytes);
 }
 
@@ -197,7 +199,7 @@ void CudaVmmBackend::unmap(Address addr, std::size_t bytes) {
 
 void CudaVmmBackend::unmap_unsynchronized(Address addr, std::size_t bytes) {
   DeviceGuard guard(device_, kBindContext);
-  check_driver(cuMemUnmap(static_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap", device_, bytes);
+  check_driver(driver().mem_unmap(static_cast<CUdeviceptr>(addr), bytes), "cuMemUnmap", device_, bytes);
 }
 
 }  // namespace tensorpool

@@ -9,6 +9,11 @@
 #define CUDA_API_PER_THREAD_DEFAULT_STREAM 1
 #endif
 
+#include <cuda.h>
+
+#include <map>
+#include <string_view>
+
 #include "testing/state.hpp"
 
 // The exported name after the headers' renaming, e.g. "cudaEventRecord_ptsz".
@@ -52,6 +57,41 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
   return runtime_call(TP_NAME(cudaStreamSynchronize),
                       [&](State& s) { return stream_synchronize(s, stream, kPerThreadApi); });
+}
+
+// The double's own driver functions (driver_api.cpp) by name; a driver older than `cuda_version`
+// (Options::driver_version) has none of them. Here because the headers rename it under
+// CUDA_API_PER_THREAD_DEFAULT_STREAM (one call name for both: the faults of fail_nth).
+cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,
+                                                       unsigned long long, cudaDriverEntryPointQueryResult* status) {
+  return runtime_call("cudaGetDriverEntryPointByVersion", [&](State& s) {
+    if (symbol == nullptr || fn == nullptr) return cudaErrorInvalidValue;
+    static const std::map<std::string_view, void*> functions = {
+        {"cuGetErrorName", reinterpret_cast<void*>(&cuGetErrorName)},
+        {"cuGetErrorString", reinterpret_cast<void*>(&cuGetErrorString)},
+        {"cuDeviceGet", reinterpret_cast<void*>(&cuDeviceGet)},
+        {"cuDeviceGetAttribute", reinterpret_cast<void*>(&cuDeviceGetAttribute)},
+        {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&cuMemGetAllocationGranularity)},
+        {"cuMemAddressReserve", reinterpret_cast<void*>(&cuMemAddressReserve)},
+        {"cuMemAddressFree", reinterpret_cast<void*>(&cuMemAddressFree)},
+        {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate)},
+        {"cuMemRelease", reinterpret_cast<void*>(&cuMemRelease)},
+        {"cuMemMap", reinterpret_cast<void*>(&cuMemMap)},
+        {"cuMemUnmap", reinterpret_cast<void*>(&cuMemUnmap)},
+        {"cuMemSetAccess", reinterpret_cast<void*>(&cuMemSetAccess)},
+    };
+    *fn = nullptr;
+    cudaDriverEntryPointQueryResult result = cudaDriverEntryPointSuccess;
+    if (static_cast<int>(cuda_version) > s.options.driver_version) {
+      result = cudaDriverEntryPointVersionNotSufficent;
+    } else if (auto it = functions.find(symbol); it != functions.end()) {
+      *fn = it->second;
+    } else {
+      result = cudaDriverEntryPointSymbolNotFound;
+    }
+    if (status != nullptr) *status = result;
+    return cudaSuccess;
+  });
 }
 
 }  // extern "C"
