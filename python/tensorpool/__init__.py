@@ -14,11 +14,17 @@ set_per_process_memory_fraction() and Tensor.record_stream() do nothing (PyTorch
 CUDAPluggableAllocator cannot set the hooks behind them). This module provides them, with
 PyTorch's key names. See docs/pytorch.md.
 
-The library is found, in this order, at $TENSORPOOL_LIBRARY, next to this file, then by the
-dynamic loader's search path (LD_LIBRARY_PATH, ...). Settings come from TENSORPOOL_CONF or
-install(conf=...) ("key:value,...", with backend:async|malloc|vmm|simulated). With
+The library is found, in this order, at $TENSORPOOL_LIBRARY, next to this file
+(libtensorpool_torch.so, else the plain C library libtensorpool_c.so, which has everything but
+install()), then by the dynamic loader's search path (LD_LIBRARY_PATH, ...). Settings come
+from TENSORPOOL_CONF or install(conf=...) ("key:value,...", with
+backend:async|malloc|vmm|simulated). With
 TENSORPOOL_TRACE=path the library records every device's allocator events into a trace file
 (docs/recording.md).
+
+The analyses of the CLI (compare, fit, info, report) are here too, on a trace file or a
+snapshot dict, returning plain data (tensorpool.analysis); `tensorpool` on the command line and
+`python -m tensorpool` run the CLI installed with the package (pip install .).
 """
 
 import collections
@@ -45,9 +51,16 @@ __all__ = [
     "record_stream",
     "record_history",
     "dump_snapshot",
+    "compare",
+    "fit",
+    "info",
+    "report",
+    "Report",
+    "TensorpoolCliError",
 ]
 
 _LIBRARY_NAME = "libtensorpool_torch.so"
+_C_LIBRARY_NAME = "libtensorpool_c.so"
 _ALLOC_FN = "tensorpool_torch_malloc"
 _FREE_FN = "tensorpool_torch_free"
 
@@ -83,8 +96,10 @@ def _candidates():
     env = os.environ.get("TENSORPOOL_LIBRARY")
     if env:
         return [env]
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME)
-    return [here] if os.path.exists(here) else [_LIBRARY_NAME]
+    here = os.path.dirname(os.path.abspath(__file__))
+    beside = [os.path.join(here, name) for name in (_LIBRARY_NAME, _C_LIBRARY_NAME)]
+    found = [path for path in beside if os.path.exists(path)]
+    return found[:1] if found else [_LIBRARY_NAME]
 
 
 def _declare(lib):
@@ -371,3 +386,7 @@ def dump_snapshot(path="dump_snapshot.pickle"):
     pytorch.org/memory_viz and torch.cuda._memory_viz open it. Written through a temporary file:
     a failure leaves no file behind."""
     _check(_library().tensorpool_dump_snapshot(os.fsencode(path)), f"dump_snapshot({path!r})")
+
+
+# Last: the analyses' module imports TensorpoolError from here.
+from tensorpool.analysis import Report, TensorpoolCliError, compare, fit, info, report  # noqa: E402

@@ -9,7 +9,9 @@ simulated backend. The allocations are made through the library as PyTorch would
 Where torch is importable (or, failing that, torch/cuda/_memory_viz.py of an installed torch can
 be loaded on its own: it needs only the standard library), torch.cuda._memory_viz must render
 the exported snapshot; without torch those tests are skipped. TENSORPOOL_CLI, when set, is the
-tensorpool binary whose importer must read the snapshot back to the same figures.
+tensorpool binary whose importer must read the snapshot back to the same figures, and which
+the module's analyses (tensorpool.compare/fit/info/report, python -m tensorpool) run: their
+answers and errors must be the CLI's own.
 """
 import ctypes
 import importlib.util
@@ -447,6 +449,106 @@ def torch_importable():
         return True
     except Exception:
         return False
+
+
+def without_timings(value):
+    """`value` less what differs between two runs of one replay: host time and the trace's path."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if not k.startswith("host_") and k != "trace"}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+@unittest.skipUnless(os.environ.get("TENSORPOOL_CLI"), "TENSORPOOL_CLI not set")
+class AnalysesTest(unittest.TestCase):
+    """tensorpool.compare/fit/info/report: the CLI's answers, as plain data, and its errors."""
+
+    @classmethod
+    def setUpClass(cls):
+        # The analyses run the CLI as a child: without the sanitizer runtime this interpreter
+        # may preload (see cli()); restored for the other tests' child interpreters.
+        cls.preload = os.environ.pop("LD_PRELOAD", None)
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.trace = os.path.join(cls.tmp.name, "small.tptrace")
+        cli("generate", cls.trace, "--options",
+            "layers:2,hidden:256,heads:4,kv_heads:4,ffn:1024,vocab:1000,context:128,seq:128,micro_batch:2,steps:2")
+        cls.snapshot = os.path.join(cls.tmp.name, "small.pickle")
+        cli("export", cls.trace, "-o", cls.snapshot, "-q")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+        if cls.preload is not None:
+            os.environ["LD_PRELOAD"] = cls.preload
+
+    def test_answers_equal_the_clis(self):
+        allocators = ["tensorpool", "pytorch"]
+        for name, function in (("compare", tensorpool.compare), ("fit", tensorpool.fit)):
+            expected = json.loads(cli(name, self.trace, "--json", "-q", "--allocators", ",".join(allocators)))
+            got = function(self.trace, allocators=allocators)
+            self.assertEqual(without_timings(got), without_timings(expected), name)
+        self.assertEqual(tensorpool.info(self.trace), json.loads(cli("info", self.trace, "--json")))
+        # Options: a flag, a number, a dict repeated as NAME=VALUE.
+        got = tensorpool.compare(self.trace, allocators=["tensorpool"], warmup=1, capacity="8GiB",
+                                 allocator_conf={"tensorpool": "max_split_size:64MiB"})
+        expected = json.loads(cli("compare", self.trace, "--json", "-q", "--allocators", "tensorpool",
+                                  "--warmup", "1", "--capacity", "8GiB",
+                                  "--allocator-conf", "tensorpool=max_split_size:64MiB"))
+        self.assertEqual(without_timings(got), without_timings(expected))
+
+    def test_a_snapshot_dict_is_the_snapshot_file(self):
+        snapshot = load_plain(self.snapshot)
+        self.assertIsInstance(snapshot, dict)
+        from_dict = tensorpool.fit(snapshot, allocators=["tensorpool"])
+        from_file = tensorpool.fit(self.snapshot, allocators=["tensorpool"])
+        self.assertEqual(without_timings(from_dict), without_timings(from_file))
+        self.assertEqual(from_dict["trace"], "<snapshot dict>")
+
+    def test_report(self):
+        report = tensorpool.report(self.trace, allocators=["tensorpool", "pytorch"])
+        self.assertIsNone(report.path)
+        self.assertTrue(report.html.lstrip().lower().startswith("<!doctype html>"))
+        self.assertTrue(report._repr_html_().startswith('<iframe srcdoc="&lt;!'))
+        kept = os.path.join(self.tmp.name, "report.html")
+        again = tensorpool.report(self.trace, kept, allocators=["tensorpool"])
+        self.assertEqual(again.path, kept)
+        with open(kept, encoding="utf-8") as f:
+            self.assertEqual(f.read(), again.html)
+
+    def test_bad_input_raises_the_clis_message(self):
+        truncated = os.path.join(self.tmp.name, "truncated.pickle")
+        with open(self.snapshot, "rb") as f, open(truncated, "wb") as out:
+            out.write(f.read(200))
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        done = subprocess.run([os.environ["TENSORPOOL_CLI"], "fit", truncated, "--json"],
+                              capture_output=True, text=True, env=env)
+        self.assertEqual(done.returncode, 1)
+        with self.assertRaises(tensorpool.TensorpoolCliError) as caught:
+            tensorpool.fit(truncated)
+        self.assertEqual(str(caught.exception), done.stderr.strip())
+        self.assertIn("offset", str(caught.exception))
+        self.assertEqual(caught.exception.returncode, 1)
+        with self.assertRaises(tensorpool.TensorpoolCliError) as caught:
+            tensorpool.compare(self.trace, no_such_option=3)
+        self.assertEqual(caught.exception.returncode, 2)
+        self.assertIn("--no-such-option", str(caught.exception))
+        with self.assertRaises(tensorpool.TensorpoolCliError):
+            tensorpool.info(os.path.join(self.tmp.name, "absent.pickle"))
+        with self.assertRaises(TypeError):
+            tensorpool.fit(42)
+
+    def test_python_m_tensorpool_is_the_cli(self):
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        own = subprocess.run(["bash", "-c", 'exec -a tensorpool "$0" --help', os.environ["TENSORPOOL_CLI"]],
+                             capture_output=True, text=True, env=env, check=True).stdout
+        module = subprocess.run([sys.executable, "-m", "tensorpool", "--help"], capture_output=True,
+                                text=True, env=env, check=True).stdout
+        self.assertEqual(module, own)
+        missing = subprocess.run([sys.executable, "-m", "tensorpool", "--help"], capture_output=True, text=True,
+                                 env=dict(env, TENSORPOOL_CLI=os.path.join(self.tmp.name, "absent")))
+        self.assertEqual(missing.returncode, 2)
+        self.assertIn("TENSORPOOL_CLI=", missing.stderr)
 
 
 if __name__ == "__main__":
