@@ -1,6 +1,7 @@
 // plan.cpp: `tensorpool plan`: the largest micro-batch each allocator fits for a training setup on
 // a device capacity, and the setup changes that let a larger one fit.
 #include "plan.hpp"
+#include "plan_answer.hpp"
 
 #include <algorithm>
 #include <iostream>
@@ -37,15 +38,7 @@ std::vector<std::uint64_t> micro_batch_candidates(const WorkloadSetup& s) {
   return out;
 }
 
-// The setup at micro-batch `mb`, with only the micro-batches its peak needs in the trace: a
-// pipeline's first stage keeps pp of them in flight, and one more reaches the steady state
-// (gradients held while a micro-batch runs forward).
-WorkloadSetup at_micro_batch(const WorkloadSetup& s, std::uint64_t mb) {
-  WorkloadSetup m = s;
-  m.micro_batch = mb;
-  if (m.trace_micro_batches == 0) m.trace_micro_batches = static_cast<std::uint64_t>(s.pp) + 1;
-  return m;
-}
+WorkloadSetup at_micro_batch(const WorkloadSetup& s, std::uint64_t mb) { return plan_setup_at(s, mb); }
 
 replay::TraceFamily family_of(const WorkloadSetup& s) {
   return [s](std::uint64_t mb) {
@@ -97,6 +90,15 @@ bool larger(const PlanFit& changed, const PlanFit& base) {
 }
 
 }  // namespace
+
+// A pipeline's first stage keeps pp micro-batches in flight, and one more reaches the steady state
+// (gradients held while a micro-batch runs forward).
+WorkloadSetup plan_setup_at(const WorkloadSetup& s, std::uint64_t mb) {
+  WorkloadSetup m = s;
+  m.micro_batch = mb;
+  if (m.trace_micro_batches == 0) m.trace_micro_batches = static_cast<std::uint64_t>(s.pp) + 1;
+  return m;
+}
 
 void check_plan(const WorkloadSetup& s) {
   if (s.mode != workload::Mode::training)
@@ -243,11 +245,14 @@ int cmd_plan(const PlanOptions& options) {
   progress.step(fmt::format("plan: {} allocator(s), the setup and its changes", o.targets.size()));
   if (progress.enabled()) o.on_replay = [&progress] { progress.add(1); };
   const PlanReport r = make_plan(o);
+  const PlanAnswer answer = plan_answer(r);
   progress.finish();
   if (o.json) {
-    std::cout << plan_json(r).dump(2) << "\n";
+    nlohmann::json out = plan_json(r);
+    out["answer"] = answer_json(answer);
+    std::cout << out.dump(2) << "\n";
   } else {
-    fmt::print("{}", plan_text(r));
+    fmt::print("{}\n{}", answer.text, plan_text(r));
   }
   return 0;
 }

@@ -56,6 +56,10 @@ struct PlanReport {
   std::vector<PlanChange> changes;        // ranked by `saves`, largest first
 };
 
+/// The setup at micro-batch `mb`, with only the micro-batches its peak needs in the trace (what
+/// plan replays).
+workload::WorkloadSetup plan_setup_at(const workload::WorkloadSetup& setup, std::uint64_t mb);
+
 /// Refuses a setup plan cannot search (inference, no global batch), naming the option; throws
 /// ConfigError.
 void check_plan(const workload::WorkloadSetup& setup);

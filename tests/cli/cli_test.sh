@@ -157,6 +157,26 @@ while IFS=$'\t' read -r alloc mb opts next_opts; do
   if [[ ( "$mb" == None || "$best" == *'"ooms": 0,'* ) && "$next" != *'"ooms": 0,'* ]]; then passes=$((passes + 1));
   else echo "FAIL: plan's micro-batch $mb for $alloc: $best; the next: $next"; failures=$((failures + 1)); fi
 done <"$work/plan.tsv"
+# The answer in words, first: what fits, or why nothing can; where the bytes go at the peak.
+check "plan answers first" 0 "Answer: micro-batch" -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool,pytorch
+check "plan says why nothing fits" 0 "The model states alone (weights, gradients and optimizer states: 16.0 bytes per parameter" -- "$bin" plan --model gpt2 --global-batch 8 --capacity 2GiB --allocators tensorpool
+python3 - "$work/plan.json" <<'PY' && passes=$((passes + 1)) || { echo "FAIL: plan --json's answer"; failures=$((failures + 1)); }
+import json, sys
+plan = json.load(open(sys.argv[1]))
+answer = plan["answer"]
+fitting = [a["micro_batch"] for a in plan["allocators"] if a["micro_batch"] is not None]
+assert answer["text"].startswith("Answer: "), answer["text"]
+assert answer["micro_batch"] == max(fitting), (answer["micro_batch"], fitting)
+for key in ("breakdown", "next_breakdown"):
+    b = answer[key]
+    assert sum(b["bytes"].values()) == b["peak_requested_bytes"], b
+    assert b["model_states_bytes"] == b["bytes"]["weights"] + b["bytes"]["gradients"] + b["bytes"]["optimizer states"], b
+# The peak of the answer's micro-batch is the peak requested its fitting allocators replayed.
+assert all(a["peak_requested_bytes"] == answer["breakdown"]["peak_requested_bytes"]
+           for a in plan["allocators"] if a["micro_batch"] == answer["micro_batch"]), plan["allocators"]
+assert answer["next_micro_batch"] > answer["micro_batch"]
+assert answer["next_breakdown"]["peak_requested_bytes"] > answer["breakdown"]["peak_requested_bytes"]
+PY
 n_allocators=$("$bin" allocators --json | grep -c '"name"')
 [ "$(wc -l <"$work/plan.tsv")" -eq "$n_allocators" ] && passes=$((passes + 1)) || { echo "FAIL: plan --json lists $(wc -l <"$work/plan.tsv") allocators, not $n_allocators"; failures=$((failures + 1)); }
 # fit and plan take the allocators' settings and the cost model as replay does: an rmm-arena of a
