@@ -171,11 +171,12 @@ std::string plan_text(const PlanReport& r) {
     if (!c.helps) continue;
     std::string mbs;
     for (const auto& f : c.fits) mbs += fmt::format(" {}={}", f.allocator, f.micro_batch ? std::to_string(*f.micro_batch) : "none");
-    helping += fmt::format("  {:<44} saves {:>10}:{}\n", c.change.description + " (" + c.change.options + ")",
-                           gib(c.saves), mbs);
+    helping += fmt::format("  {:<44} saves {:>10}:{}\n    costs: {}\n", c.change.description + " (" + c.change.options + ")",
+                           gib(c.saves), mbs, c.change.cost);
   }
   out += helping.empty()
-             ? "\nno single change among mixed precision, checkpointing, ZeRO and sequence length lets a larger micro-batch fit\n"
+             ? "\nno single change among mixed precision, attention, checkpointing, an 8-bit optimizer, offloading, ZeRO and "
+               "sequence length lets a larger micro-batch fit\n"
              : fmt::format("\nchanges that let a larger micro-batch fit, by the memory they save at micro-batch {}"
                            " (and the micro-batch each allocator then fits):\n{}",
                            r.reference_micro_batch, helping);
@@ -216,6 +217,7 @@ nlohmann::json plan_json(const PlanReport& r) {
     for (const auto& f : c.fits) per.push_back(fit_json(f, c.change.setup, o.capacity));
     changes.push_back({{"change", c.change.description},
                        {"options", c.change.options},
+                       {"cost", c.change.cost},
                        {"saves_bytes", c.saves},
                        {"helps", c.helps},
                        {"allocators", per}});

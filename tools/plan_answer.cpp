@@ -105,7 +105,8 @@ std::string helping_changes(const PlanReport& r) {
       if (*f.micro_batch == best) who.push_back(f.allocator);
     }
     if (best == 0) continue;
-    out += fmt::format("  - {} ({}): micro-batch {} with {}\n", c.change.description, c.change.options, best, join(who));
+    out += fmt::format("  - {} ({}): micro-batch {} with {}; costs: {}\n", c.change.description, c.change.options, best,
+                       join(who), c.change.cost);
   }
   return out;
 }
@@ -210,8 +211,9 @@ PlanAnswer plan_answer(const PlanReport& r) {
     a.text = fmt::format("Answer: nothing fits on {}, not even micro-batch {}{}.\n", gib(capacity), *a.next_micro_batch, dp);
     a.text += why_not(*a.at_next, s, capacity, *a.next_micro_batch);
     const std::string helping = helping_changes(r);
-    a.text += helping.empty() ? "No single change tried (mixed precision, checkpointing, ZeRO, sequence length) makes it fit: "
-                                "the model states must shrink or be spread over more GPUs (--dp N --zero 3).\n"
+    a.text += helping.empty() ? "No single change tried (mixed precision, attention, checkpointing, an 8-bit optimizer, "
+                                "offloading, ZeRO, sequence length) makes it fit: the model states must shrink or be spread "
+                                "over more GPUs (--dp N --zero 3).\n"
                               : "What fits instead:\n" + helping;
     return a;
   }

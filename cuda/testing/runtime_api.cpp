@@ -74,6 +74,7 @@ cudaError_t create_stream(State& s, cudaStream_t* stream) {
   X(cudaErrorInitializationError, "initialization error")                   \
   X(cudaErrorCudartUnloading, "driver shutting down")                       \
   X(cudaErrorNoDevice, "no CUDA-capable device is detected")                \
+  X(cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version") \
   X(cudaErrorInvalidDevice, "invalid device ordinal")                       \
   X(cudaErrorInvalidResourceHandle, "invalid resource handle")              \
   X(cudaErrorNotReady, "device not ready")                                  \

@@ -30,6 +30,8 @@ template <> const std::vector<std::string>& names_of<KvLayout>() { static const 
 template <> const std::vector<std::string>& names_of<Arrival>() { static const std::vector<std::string> n{"poisson", "fixed", "burst"}; return n; }
 template <> const std::vector<std::string>& names_of<LengthDistribution::Kind>() { static const std::vector<std::string> n{"fixed", "uniform", "lognormal"}; return n; }
 template <> const std::vector<std::string>& names_of<MlpKind>() { static const std::vector<std::string> n{"gelu", "gated"}; return n; }
+template <> const std::vector<std::string>& names_of<Optimizer>() { static const std::vector<std::string> n{"adamw", "adamw8bit"}; return n; }
+template <> const std::vector<std::string>& names_of<Offload>() { static const std::vector<std::string> n{"none", "optimizer"}; return n; }
 template <> const std::vector<std::string>& names_of<NormKind>() { static const std::vector<std::string> n{"layernorm", "rmsnorm"}; return n; }
 
 template <class E>
@@ -76,6 +78,8 @@ std::string to_string(Batching v) { return name_of(v); }
 std::string to_string(KvLayout v) { return name_of(v); }
 std::string to_string(Arrival v) { return name_of(v); }
 std::string to_string(LengthDistribution::Kind v) { return name_of(v); }
+std::string to_string(Optimizer v) { return name_of(v); }
+std::string to_string(Offload v) { return name_of(v); }
 
 WorkloadSetup WorkloadSetup::for_model(std::string_view name) {
   WorkloadSetup s;
@@ -89,7 +93,7 @@ const std::vector<std::string>& WorkloadSetup::keys() {
       "norm", "biases", "dropout", "tied_embeddings", "positions", "context",
       "mode", "precision", "attention", "tp", "seed",
       "micro_batch", "global_batch", "seq", "seq_min", "seq_dist", "batching", "checkpointing",
-      "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
+      "optimizer", "offload", "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
       "requests", "arrival", "arrival_rate", "prompt", "prompt_min", "prompt_dist", "output",
       "output_min", "output_dist", "max_batch", "kv", "kv_block"};
   return k;
@@ -157,6 +161,8 @@ void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
     else if (k == "seq_dist") seq_dist = enum_value<LengthDistribution::Kind>(origin, e);
     else if (k == "batching") batching = enum_value<Batching>(origin, e);
     else if (k == "checkpointing") checkpointing = enum_value<Checkpointing>(origin, e);
+    else if (k == "optimizer") optimizer = enum_value<Optimizer>(origin, e);
+    else if (k == "offload") offload = enum_value<Offload>(origin, e);
     else if (k == "zero") zero = static_cast<int>(number(0, 3));
     else if (k == "dp") dp = count(1);
     else if (k == "pp") pp = count(1);
@@ -198,6 +204,7 @@ std::string WorkloadSetup::to_string() const {
          ",seed:" + num(seed) + ",micro_batch:" + num(micro_batch) + ",global_batch:" + num(global_batch) +
          ",seq:" + num(seq) + ",seq_min:" + num(seq_min) + ",seq_dist:" + name_of(seq_dist) +
          ",batching:" + name_of(batching) + ",checkpointing:" + name_of(checkpointing) +
+         ",optimizer:" + name_of(optimizer) + ",offload:" + name_of(offload) +
          ",zero:" + num(static_cast<std::uint64_t>(zero)) + ",dp:" + num(static_cast<std::uint64_t>(dp)) +
          ",pp:" + num(static_cast<std::uint64_t>(pp)) + ",steps:" + num(static_cast<std::uint64_t>(steps)) +
          ",trace_micro_batches:" + num(trace_micro_batches) + ",moe_imbalance:" + decimal_text(moe_imbalance) +
@@ -286,6 +293,8 @@ void check_inference(const WorkloadSetup& s) {
   if (s.pp != 1) refuse("option 'pp' (" + num(static_cast<std::uint64_t>(s.pp)) + ") is for training; inference runs with pp:1");
   if (s.dp != 1 || s.zero != 0) refuse("options 'dp' and 'zero' are for training; inference runs with dp:1, zero:0");
   if (s.checkpointing != Checkpointing::none) refuse("option 'checkpointing' is for training; inference keeps no activations");
+  if (s.optimizer != Optimizer::adamw || s.offload != Offload::none)
+    refuse("options 'optimizer' and 'offload' are for training; inference has no optimizer");
   if (s.prompt_min > s.prompt) refuse("option 'prompt_min' (" + num(s.prompt_min) + ") is above prompt (" + num(s.prompt) + ")");
   if (s.output_min > s.output) refuse("option 'output_min' (" + num(s.output_min) + ") is above output (" + num(s.output) + ")");
 }
@@ -313,6 +322,8 @@ std::string WorkloadSetup::describe() const {
            ", checkpointing " + name_of(checkpointing) + ", ZeRO " + num(static_cast<std::uint64_t>(zero)) +
            ", dp " + num(static_cast<std::uint64_t>(dp)) + ", tp " + num(static_cast<std::uint64_t>(tp)) +
            ", pp " + num(static_cast<std::uint64_t>(pp));
+    if (optimizer != Optimizer::adamw) out += ", optimizer " + name_of(optimizer);
+    if (offload != Offload::none) out += ", optimizer offloaded to host";
   } else {
     out += ", " + num(requests) + " requests, prompts up to " + num(prompt) + ", outputs up to " + num(output) +
            ", batch up to " + num(max_batch) + ", " + name_of(kv) + " KV cache, tp " + num(static_cast<std::uint64_t>(tp));
@@ -329,7 +340,7 @@ trace::Trace generate_workload(const WorkloadSetup& s) {
 
 std::vector<SetupChange> setup_changes(const WorkloadSetup& s) {
   std::vector<SetupChange> out;
-  const auto add = [&](std::string description, const std::string& options) {
+  const auto add = [&](std::string description, const std::string& options, std::string cost) {
     WorkloadSetup changed = s;
     changed.apply(options, "setup change");
     try {
@@ -337,19 +348,34 @@ std::vector<SetupChange> setup_changes(const WorkloadSetup& s) {
     } catch (const ConfigError&) {
       return;  // a change that does not apply to this setup
     }
-    out.push_back({std::move(description), options, std::move(changed)});
+    out.push_back({std::move(description), options, std::move(cost), std::move(changed)});
   };
   if (s.mode != Mode::training) return out;
-  if (s.precision == Precision::fp32) add("bf16 mixed precision", "precision:bf16");
-  if (s.attention == Attention::eager) add("flash attention", "attention:flash");
+  if (s.precision == Precision::fp32)
+    add("bf16 mixed precision", "precision:bf16", "16-bit weights and activations beside fp32 master weights");
+  if (s.attention == Attention::eager)
+    add("flash attention", "attention:flash", "recomputes the attention scores in the backward pass, in a fused kernel");
   if (s.checkpointing == Checkpointing::none && s.attention == Attention::eager)
-    add("selective activation recomputation", "checkpointing:selective");
-  if (s.checkpointing != Checkpointing::full) add("full activation checkpointing", "checkpointing:full");
+    add("selective activation recomputation", "checkpointing:selective",
+        "recomputes the attention core in the backward pass");
+  if (s.checkpointing != Checkpointing::full)
+    add("full activation checkpointing", "checkpointing:full",
+        "runs each layer's forward pass again in the backward pass (about a third more compute)");
+  if (s.optimizer == Optimizer::adamw && s.offload == Offload::none)
+    add("8-bit AdamW states (bitsandbytes AdamW8bit)", "optimizer:adamw8bit",
+        "moments quantized by blocks of 256 (Dettmers et al. 2022 report no loss of accuracy)");
+  if (s.offload == Offload::none) {
+    const std::uint64_t host = 2 * (s.precision == Precision::fp32 ? 4 : 2);
+    add("optimizer states in host memory (ZeRO-Offload)", "offload:optimizer",
+        "the step on the CPU; per step " + num(host) + " bytes per parameter over PCIe (gradients out, weights back)");
+  }
   if (s.dp > 1)
     for (int stage = s.zero + 1; stage <= 3; ++stage)
-      add("ZeRO stage " + std::to_string(stage), "zero:" + std::to_string(stage));
+      add("ZeRO stage " + std::to_string(stage), "zero:" + std::to_string(stage),
+          stage == 3 ? "all-gathers each layer's weights twice per step" : "a reduce-scatter instead of an all-reduce");
   const std::uint64_t half = s.sequence() / 2;
-  if (half >= 64) add("sequence length " + num(half), "seq:" + num(half) + ",seq_min:0");
+  if (half >= 64)
+    add("sequence length " + num(half), "seq:" + num(half) + ",seq_min:0", "a different job: shorter sequences");
   return out;
 }
 

@@ -84,6 +84,7 @@ class StageTrace {
 
   bool mixed() const { return s_.precision != Precision::fp32; }
   bool sharded_states() const { return s_.zero >= 1; }
+  bool offloaded() const { return s_.offload == Offload::optimizer; }
   bool sharded_grads() const { return s_.zero >= 2; }
   bool sharded_weights() const { return s_.zero >= 3; }
   bool data_parallel() const { return s_.dp > 1; }
@@ -121,14 +122,22 @@ class StageTrace {
         u.weights.push_back(alloc(weight_bytes * n, "weights:" + p.name));
       }
     }
+    if (offloaded()) return;  // master weights and moments in host memory
     for (Unit& u : units_) {  // the optimizer's states, created with the weights
       for (const Param& p : u.params) {
         const std::uint64_t n = sharded_states() ? shard(p.elements) : p.elements;
         if (mixed()) alloc(4 * n, "optimizer:master." + p.name);
-        alloc(4 * n, "optimizer:exp_avg." + p.name);
-        alloc(4 * n, "optimizer:exp_avg_sq." + p.name);
+        alloc(moment_bytes(n), "optimizer:exp_avg." + p.name);
+        alloc(moment_bytes(n), "optimizer:exp_avg_sq." + p.name);
       }
     }
+  }
+
+  // One Adam moment of n elements: fp32, or (adamw8bit, n >= 4096) uint8 with an fp32 scale per
+  // block of 256 (bitsandbytes keeps the scales in a tensor of their own; counted with it here).
+  std::uint64_t moment_bytes(std::uint64_t n) const {
+    if (s_.optimizer != Optimizer::adamw8bit || n < 4096) return 4 * n;
+    return n + 4 * ((n + 255) / 256);
   }
 
   // ZeRO-3: all-gathers unit u's weights (on the communication stream) unless they are here.
@@ -173,6 +182,7 @@ class StageTrace {
   void optimizer_step() {
     if (data_parallel()) b_.sync(kCommStream);
     for (Unit& u : units_) {
+      if (offloaded()) break;  // the step runs on the host, on copies of the gradients
       for (const Param& p : u.params) {  // the gradient in fp32, one tensor at a time
         Tensor tmp = alloc(4 * (sharded_states() ? shard(p.elements) : p.elements), "temporaries:optimizer.step");
         free(tmp);

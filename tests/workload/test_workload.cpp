@@ -377,11 +377,52 @@ TEST_CASE("setup changes: what saves memory, only where it applies", "[workload]
     CHECK_NOTHROW(c.setup.validate());
   }
   CHECK(options == std::set<std::string>{"precision:bf16", "attention:flash", "checkpointing:selective",
-                                         "checkpointing:full", "zero:1", "zero:2", "zero:3", "seq:2048,seq_min:0"});
+                                         "checkpointing:full", "optimizer:adamw8bit", "offload:optimizer", "zero:1",
+                                         "zero:2", "zero:3", "seq:2048,seq_min:0"});
+  for (const SetupChange& c : setup_changes(s)) CHECK_FALSE(c.cost.empty());
   std::set<std::string> pipelined;
   for (const SetupChange& c : setup_changes(setup("llama2-7b", "pp:2,dp:8,global_batch:64,checkpointing:full")))
     pipelined.insert(c.options);
-  CHECK(pipelined == std::set<std::string>{"zero:1", "seq:2048,seq_min:0"});
+  CHECK(pipelined == std::set<std::string>{"optimizer:adamw8bit", "offload:optimizer", "zero:1", "seq:2048,seq_min:0"});
+  // Offloaded, the optimizer's states are no longer on the device: no 8-bit change either.
+  std::set<std::string> offloaded;
+  for (const SetupChange& c : setup_changes(setup("gpt2", "offload:optimizer"))) offloaded.insert(c.options);
+  CHECK(offloaded == std::set<std::string>{"checkpointing:full", "seq:512,seq_min:0"});
+}
+
+TEST_CASE("an 8-bit optimizer and an offloaded one: the optimizer's bytes on the device", "[workload]") {
+  const std::string shape = "layers:2,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,steps:2";
+  const auto optimizer_bytes = [&](const std::string& options) {
+    return live(generate_workload(setup("custom", shape + "," + options)), prefix("optimizer:")).peak;
+  };
+  // Per parameter tensor of n elements: the fp32 master copy (bf16 mixed precision), and each
+  // moment in fp32, or in uint8 with an fp32 scale per 256 elements from 4096 elements up.
+  std::uint64_t fp32 = 0, eight_bit = 0;
+  const WorkloadSetup base = setup("custom", shape);
+  std::vector<std::uint64_t> sizes;
+  const trace::Trace t = generate_workload(base);
+  for (const auto& e : t.events) {
+    if (e.op != Op::alloc || !starts_with(t.labels[e.label], "weights:")) continue;
+    const std::uint64_t n = e.size / 2;  // bf16 weights
+    fp32 += 4 * n + 2 * 4 * n;
+    eight_bit += 4 * n + 2 * (n >= 4096 ? n + 4 * ((n + 255) / 256) : 4 * n);
+    sizes.push_back(n);
+  }
+  REQUIRE(std::any_of(sizes.begin(), sizes.end(), [](std::uint64_t n) { return n < 4096; }));  // norms stay fp32
+  CHECK(optimizer_bytes("optimizer:adamw") == fp32);
+  CHECK(optimizer_bytes("optimizer:adamw8bit") == eight_bit);
+  CHECK(optimizer_bytes("offload:optimizer") == 0);
+  // Offloaded, the step allocates nothing on the device; the weights and gradients stay.
+  const trace::Trace off = generate_workload(setup("custom", shape + ",offload:optimizer"));
+  CHECK(live(off, prefix("temporaries:optimizer.step")).allocations == 0);
+  CHECK(live(t, prefix("temporaries:optimizer.step")).allocations > 0);
+  CHECK(live(off, prefix("grads:")).peak == live(t, prefix("grads:")).peak);
+  CHECK(setup("custom", shape + ",optimizer:adamw8bit,offload:optimizer").to_string().find("optimizer:adamw8bit,offload:optimizer") !=
+        std::string::npos);
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "mode:inference,optimizer:adamw8bit"),
+                      Contains("options 'optimizer' and 'offload' are for training"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "optimizer:adam"),
+                      Contains("bad value 'adam' for key 'optimizer': expected one of adamw, adamw8bit"));
 }
 
 TEST_CASE("every kind of workload trace is consistent and deterministic", "[workload]") {

@@ -21,7 +21,13 @@
 // stream and freed there, a cross-stream free) and the weights too (stage 3: each layer's weights
 // are all-gathered before its forward and again before its backward, one layer ahead). Without
 // ZeRO, dp > 1 all-reduces each layer's gradients on the communication stream (record_stream).
-// Optimizer states are created with the weights (as DeepSpeed and Megatron do).
+// Optimizer states are created with the weights (as DeepSpeed and Megatron do). optimizer:adamw8bit
+// keeps each moment of a tensor of at least 4096 elements in uint8 with one fp32 scale per 256
+// elements (bitsandbytes Optimizer2State.init_state, block_wise; Dettmers et al. 2022, "8-bit
+// Optimizers via Block-wise Quantization"), smaller tensors in fp32. offload:optimizer keeps the
+// fp32 master weights and the moments in host memory and steps there (ZeRO-Offload, Ren et al.
+// 2021): the device holds the weights and gradients only, and the optimizer step allocates nothing
+// on it.
 // Sequence lengths come from a distribution (seq_dist); with batching:dynamic each micro-batch
 // holds about micro_batch x seq tokens whatever its length. An MoE layer routes each token to
 // top_k of the experts; moe_imbalance is the load of the busiest expert over the mean load.
@@ -56,6 +62,12 @@ enum class Attention : std::uint8_t { flash, eager };
 enum class Batching : std::uint8_t { fixed, dynamic };
 enum class KvLayout : std::uint8_t { contiguous, paged };
 enum class Arrival : std::uint8_t { poisson, fixed, burst };
+/// The optimizer's states: AdamW's two moments in fp32 (adamw), or quantized to 8 bits by blocks
+/// of 256 elements with an fp32 scale each, as bitsandbytes' AdamW8bit keeps them (adamw8bit).
+enum class Optimizer : std::uint8_t { adamw, adamw8bit };
+/// Where the optimizer's states (and the fp32 master weights) live: on the device (none), or in
+/// host memory with the step on the CPU (optimizer: ZeRO-Offload).
+enum class Offload : std::uint8_t { none, optimizer };
 
 /// Lengths (of sequences, prompts, outputs) from a distribution over [min, max]:
 ///   fixed: always max; uniform: uniform over [min, max];
@@ -83,6 +95,8 @@ struct WorkloadSetup {
   LengthDistribution::Kind seq_dist = LengthDistribution::Kind::fixed;
   Batching batching = Batching::fixed;
   Checkpointing checkpointing = Checkpointing::none;
+  Optimizer optimizer = Optimizer::adamw;
+  Offload offload = Offload::none;
   int zero = 0;  // ZeRO stage 0-3
   int dp = 1;    // data-parallel degree (what ZeRO shards over)
   int pp = 1;    // pipeline-parallel degree: the trace's devices are the stages
@@ -140,14 +154,17 @@ struct WorkloadSetup {
 /// The allocations of `setup` (validated first).
 trace::Trace generate_workload(const WorkloadSetup& setup);
 
-/// A change to a training setup that saves memory: what it is, its options, the changed setup.
+/// A change to a training setup that saves memory: what it is, its options, what it costs besides
+/// memory, the changed setup.
 struct SetupChange {
   std::string description;  // "full activation checkpointing"
   std::string options;      // "checkpointing:full"
+  std::string cost;         // "each layer's forward pass again in the backward pass"
   WorkloadSetup setup;
 };
 /// The changes worth trying on a training setup: mixed precision (from fp32), selective and full
-/// activation checkpointing, flash attention (from eager), each higher ZeRO stage (with dp > 1),
+/// activation checkpointing, flash attention (from eager), an 8-bit optimizer (from AdamW's fp32
+/// moments), the optimizer in host memory (ZeRO-Offload), each higher ZeRO stage (with dp > 1),
 /// half the sequence length. Only changes that apply (and pass validate()) are listed.
 std::vector<SetupChange> setup_changes(const WorkloadSetup& setup);
 
@@ -159,5 +176,7 @@ std::string to_string(Batching v);
 std::string to_string(KvLayout v);
 std::string to_string(Arrival v);
 std::string to_string(LengthDistribution::Kind v);
+std::string to_string(Optimizer v);
+std::string to_string(Offload v);
 
 }  // namespace tensorpool::workload
