@@ -2,6 +2,7 @@
 // a device capacity, and the setup changes that let a larger one fit.
 #include "plan.hpp"
 #include "plan_answer.hpp"
+#include "plan_page.hpp"
 
 #include <algorithm>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "report.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
+#include "tensorpool/trace/pytorch_export.hpp"
 
 namespace tensorpool::cli {
 
@@ -248,13 +250,22 @@ int cmd_plan(const PlanOptions& options) {
   if (progress.enabled()) o.on_replay = [&progress] { progress.add(1); };
   const PlanReport r = make_plan(o);
   const PlanAnswer answer = plan_answer(r);
+  std::size_t page_bytes = 0;
+  if (!o.report.empty()) {
+    const std::string page = plan_page(r, answer);
+    trace::pytorch::write_file_atomically(o.report, page, "plan report");
+    page_bytes = page.size();
+  }
   progress.finish();
   if (o.json) {
     nlohmann::json out = plan_json(r);
     out["answer"] = answer_json(answer);
+    if (!o.report.empty()) out["report"] = {{"output", o.report}, {"bytes", page_bytes}};
     std::cout << out.dump(2) << "\n";
   } else {
     fmt::print("{}\n{}", answer.text, plan_text(r));
+    if (!o.report.empty())
+      fmt::print(stderr, "wrote {} ({:.1f} KiB)\n", o.report, static_cast<double>(page_bytes) / 1024.0);
   }
   return 0;
 }

@@ -24,6 +24,7 @@ struct PlanOptions {
   unsigned threads = 0;  // 0: one per core
   bool json = false;
   bool quiet = false;    // no progress bar (progress.hpp)
+  std::string report;    // also write the plan's HTML page here (plan_page.hpp); empty: none
   /// Called after each replay of the searches, from any of their threads (thread-safe); empty:
   /// never. cmd_plan() sets it to its progress bar.
   std::function<void()> on_replay;

@@ -444,11 +444,14 @@ class PlanCommand final : public Subcommand {
     targets_.add_to(app_);
     search_.add_threads(app_);
     output_.add_to(app_);
+    app_->add_option("--report", plan_.report,
+                     "Also write the plan as one self-contained HTML page: the answer, and where the bytes go at the peak as stacked bars");
   }
   void check() override {
     run_.capacity = parse_capacity(capacity_);
     run_.allocators = allocators_.names();
     targets_.resolve(run_);
+    if (!plan_.report.empty()) trace::pytorch::check_writable(plan_.report, "plan report");
     plan_.setup = workload_setup(workload_);
     check_plan(plan_.setup);
     plan_.capacity = run_.capacity;

@@ -177,6 +177,26 @@ assert all(a["peak_requested_bytes"] == answer["breakdown"]["peak_requested_byte
 assert answer["next_micro_batch"] > answer["micro_batch"]
 assert answer["next_breakdown"]["peak_requested_bytes"] > answer["breakdown"]["peak_requested_bytes"]
 PY
+# plan --report: one self-contained page, its bars adding up to the answer's breakdowns.
+check "plan --report" 0 "Answer: micro-batch" -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool,pytorch --report "$work/plan.html"
+"$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool,pytorch --json --report "$work/plan2.html" >"$work/plan2.json" 2>/dev/null
+python3 - "$work/plan2.json" "$work/plan2.html" <<'PY' && passes=$((passes + 1)) || { echo "FAIL: plan --report's page"; failures=$((failures + 1)); }
+import json, re, sys
+plan = json.load(open(sys.argv[1]))
+page = open(sys.argv[2]).read()
+assert plan["report"]["output"] == sys.argv[2] and plan["report"]["bytes"] == len(page.encode())
+assert "<script" not in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+bars = re.findall(r'<rect class="part" data-kind="([^"]+)" data-bytes="(\d+)"', page)
+answer = plan["answer"]
+fitting = [a for a in plan["allocators"] if a["micro_batch"] == answer["micro_batch"]]
+requested = answer["breakdown"]["peak_requested_bytes"]
+# Each fitting allocator's bar: the breakdown, then its reserved bytes above the requested ones;
+# the last bar: the next micro-batch's breakdown alone.
+expected = sum(a["peak_reserved_bytes"] for a in fitting) + answer["next_breakdown"]["peak_requested_bytes"]
+assert sum(int(b) for _, b in bars) == expected, (sum(int(b) for _, b in bars), expected)
+assert 'class="capacity"' in page
+PY
+check "plan --report: an unwritable page is refused first" 2 "cannot write plan report '$work/no/such/dir/p.html'" -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --report "$work/no/such/dir/p.html"
 n_allocators=$("$bin" allocators --json | grep -c '"name"')
 [ "$(wc -l <"$work/plan.tsv")" -eq "$n_allocators" ] && passes=$((passes + 1)) || { echo "FAIL: plan --json lists $(wc -l <"$work/plan.tsv") allocators, not $n_allocators"; failures=$((failures + 1)); }
 # fit and plan take the allocators' settings and the cost model as replay does: an rmm-arena of a
