@@ -47,8 +47,10 @@ std::string bars_svg(const std::vector<Bar>& bars, std::size_t capacity) {
   for (const Bar& b : bars) top = std::max(top, b.breakdown->peak + b.waste);
   const double scale = static_cast<double>(kHeight) / static_cast<double>(top);
   const int width = kLeft + static_cast<int>(bars.size()) * (kBarWidth + kGap) + kGap;
-  std::string svg = fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" role="img">)", width,
-                                kTop + kHeight + kBottom);
+  const int height = kTop + kHeight + kBottom;
+  std::string svg = fmt::format(
+      R"(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {} {}" width="{}" height="{}" style="max-width:100%;height:auto" role="img">)",
+      width, height, width, height);
   const auto y_of = [&](std::size_t bytes) { return kTop + kHeight - static_cast<double>(bytes) * scale; };
   for (int i = 0; i <= 4; ++i) {  // the axis: five ticks
     const std::size_t at = top / 4 * static_cast<std::size_t>(i);
@@ -83,12 +85,19 @@ std::string bars_svg(const std::vector<Bar>& bars, std::size_t capacity) {
   return svg + "</svg>";
 }
 
-std::string legend(const PeakBreakdown& b) {
+// The kinds some bar has bytes of, and the allocators' share if some bar has one.
+std::string legend(const std::vector<Bar>& bars) {
   std::string out = "<p class=\"legend\">";
-  for (std::size_t k = 0; k < b.parts.size(); ++k)
-    out += fmt::format(R"(<span><i style="background:{}"></i>{}</span> )", kKindColours[std::min(k, kKindColours.size() - 1)],
-                       escape(b.parts[k].kind));
-  return out + fmt::format(R"(<span><i style="background:{}"></i>{}</span></p>)", kWasteColour, kWasteKind);
+  const PeakBreakdown& first = *bars.front().breakdown;
+  for (std::size_t k = 0; k < first.parts.size(); ++k) {
+    const bool shown = std::any_of(bars.begin(), bars.end(), [&](const Bar& b) { return b.breakdown->parts[k].bytes > 0; });
+    if (shown)
+      out += fmt::format(R"(<span><i style="background:{}"></i>{}</span> )", kKindColours[std::min(k, kKindColours.size() - 1)],
+                         escape(first.parts[k].kind));
+  }
+  if (std::any_of(bars.begin(), bars.end(), [](const Bar& b) { return b.waste > 0; }))
+    out += fmt::format(R"(<span><i style="background:{}"></i>{}</span>)", kWasteColour, kWasteKind);
+  return out + "</p>";
 }
 
 }  // namespace
@@ -107,7 +116,8 @@ std::string plan_page(const PlanReport& r, const PlanAnswer& a) {
   }
   if (a.next_micro_batch && a.at_next) {
     bars.push_back({fmt::format("micro-batch {}", *a.next_micro_batch), &*a.at_next, 0});
-    caption += fmt::format(" Micro-batch {} (the last bar): its live tensors alone.", *a.next_micro_batch);
+    caption += bars.size() == 1 ? fmt::format("Micro-batch {}, which does not fit: its live tensors alone.", *a.next_micro_batch)
+                                : fmt::format(" Micro-batch {} (the last bar): its live tensors alone.", *a.next_micro_batch);
   }
   std::string page = R"(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>tensorpool plan</title>
@@ -123,7 +133,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bo
   page += "<h2>The answer</h2>\n<pre id=\"answer\">" + escape(a.text) + "</pre>\n";
   if (!bars.empty()) {
     page += "<h2>Where the bytes go at the peak</h2>\n<p>" + escape(caption) + "</p>\n";
-    page += legend(*bars.front().breakdown) + bars_svg(bars, o.capacity) + "\n";
+    page += legend(bars) + bars_svg(bars, o.capacity) + "\n";
   }
   page += "<h2>Per allocator</h2>\n<table><tr><th>allocator</th><th>micro-batch</th><th>accumulation</th>"
           "<th>peak requested</th><th>peak reserved</th></tr>\n";
