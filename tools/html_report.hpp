@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "commands.hpp"
@@ -78,5 +79,8 @@ std::uint64_t report_work(const trace::Trace& trace, const RunOptions& options, 
 
 /// The page: inline CSS and script, the data as JSON in the page.
 std::string render_html(const ReportData& data);
+
+/// `text` with & < > " as HTML entities (for text and attribute values).
+std::string html_escape(std::string_view text);
 
 }  // namespace tensorpool::cli

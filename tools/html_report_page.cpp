@@ -147,19 +147,6 @@ std::string data_json(const ReportData& d) {
   return safe;
 }
 
-std::string html_escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // The template with each `{{NAME}}` replaced by its value, in one pass (a value is never scanned
 // for placeholders: a trace path or label may contain anything).
@@ -186,6 +173,20 @@ std::string fill(std::string_view page, const std::map<std::string, std::string_
 }
 
 }  // namespace
+
+std::string html_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
 
 std::string render_html(const ReportData& data) {
   const std::string title = html_escape("tensorpool report: " + data.trace_path);

@@ -6,25 +6,13 @@
 
 #include <fmt/format.h>
 
+#include "html_report.hpp"
 #include "tensorpool/types.hpp"
 
 namespace tensorpool::cli {
 
 namespace {
 
-std::string escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 double gib(std::size_t bytes) { return static_cast<double>(bytes) / static_cast<double>(GiB); }
 
@@ -66,15 +54,15 @@ std::string bars_svg(const std::vector<Bar>& bars, std::size_t capacity) {
       if (bytes == 0) return;
       svg += fmt::format(R"(<rect class="part" data-kind="{}" data-bytes="{}" x="{}" y="{:.2f}" width="{}" height="{:.2f}" fill="{}">)"
                          R"(<title>{}: {} ({:.2f} GiB)</title></rect>)",
-                         escape(kind), bytes, x, y_of(base + bytes), kBarWidth, static_cast<double>(bytes) * scale, colour,
-                         escape(b.label), escape(kind), gib(bytes));
+                         html_escape(kind), bytes, x, y_of(base + bytes), kBarWidth, static_cast<double>(bytes) * scale, colour,
+                         html_escape(b.label), html_escape(kind), gib(bytes));
       base += bytes;
     };
     for (std::size_t k = 0; k < b.breakdown->parts.size(); ++k)
       segment(b.breakdown->parts[k].bytes, kKindColours[std::min(k, kKindColours.size() - 1)], b.breakdown->parts[k].kind);
     segment(b.waste, kWasteColour, kWasteKind);
     svg += fmt::format(R"(<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>)", x + kBarWidth / 2,
-                       kTop + kHeight + 16, escape(b.label));
+                       kTop + kHeight + 16, html_escape(b.label));
     svg += fmt::format(R"(<text x="{}" y="{}" font-size="11" text-anchor="middle">{:.2f} GiB</text>)", x + kBarWidth / 2,
                        kTop + kHeight + 32, gib(base));
   }
@@ -93,7 +81,7 @@ std::string legend(const std::vector<Bar>& bars) {
     const bool shown = std::any_of(bars.begin(), bars.end(), [&](const Bar& b) { return b.breakdown->parts[k].bytes > 0; });
     if (shown)
       out += fmt::format(R"(<span><i style="background:{}"></i>{}</span> )", kKindColours[std::min(k, kKindColours.size() - 1)],
-                         escape(first.parts[k].kind));
+                         html_escape(first.parts[k].kind));
   }
   if (std::any_of(bars.begin(), bars.end(), [](const Bar& b) { return b.waste > 0; }))
     out += fmt::format(R"(<span><i style="background:{}"></i>{}</span>)", kWasteColour, kWasteKind);
@@ -128,11 +116,11 @@ pre{background:#f6f6f6;padding:12px;white-space:pre-wrap}
 table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}td:first-child,th:first-child{text-align:left}
 </style></head><body>
 )";
-  page += fmt::format("<h1>plan: {}</h1>\n<p>{} on a device of {:.2f} GiB</p>\n", escape(o.setup.model.name),
-                      escape(o.setup.describe()), gib(o.capacity));
-  page += "<h2>The answer</h2>\n<pre id=\"answer\">" + escape(a.text) + "</pre>\n";
+  page += fmt::format("<h1>plan: {}</h1>\n<p>{} on a device of {:.2f} GiB</p>\n", html_escape(o.setup.model.name),
+                      html_escape(o.setup.describe()), gib(o.capacity));
+  page += "<h2>The answer</h2>\n<pre id=\"answer\">" + html_escape(a.text) + "</pre>\n";
   if (!bars.empty()) {
-    page += "<h2>Where the bytes go at the peak</h2>\n<p>" + escape(caption) + "</p>\n";
+    page += "<h2>Where the bytes go at the peak</h2>\n<p>" + html_escape(caption) + "</p>\n";
     page += legend(bars) + bars_svg(bars, o.capacity) + "\n";
   }
   page += "<h2>Per allocator</h2>\n<table><tr><th>allocator</th><th>micro-batch</th><th>accumulation</th>"
@@ -140,9 +128,9 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bo
   for (const PlanFit& f : r.fits) {
     if (f.micro_batch)
       page += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2f} GiB</td><td>{:.2f} GiB</td></tr>\n",
-                          escape(f.allocator), *f.micro_batch, f.accumulation, gib(f.peak_requested), gib(f.peak_reserved));
+                          html_escape(f.allocator), *f.micro_batch, f.accumulation, gib(f.peak_requested), gib(f.peak_reserved));
     else
-      page += fmt::format("<tr><td>{}</td><td>none</td><td>-</td><td>-</td><td>-</td></tr>\n", escape(f.allocator));
+      page += fmt::format("<tr><td>{}</td><td>none</td><td>-</td><td>-</td><td>-</td></tr>\n", html_escape(f.allocator));
   }
   page += "</table>\n</body></html>\n";
   return page;
