@@ -19,18 +19,18 @@ std::vector<Param> layer_params(const WorkloadSetup& s) {
   const std::uint64_t bias = m.biases ? 1 : 0;
   std::vector<Param> p = {
       {"attention.norm", norm_elements(m)},
-      {"attention.qkv", h * qkv / t + bias * qkv / t},
-      {"attention.out", h / t * h + bias * h},
+      {"attention.qkv", h * qkv / t + bias * qkv / t, h, qkv / t},
+      {"attention.out", h / t * h + bias * h, h / t, h},
       {"mlp.norm", norm_elements(m)},
   };
   const auto expert = [&](const std::string& prefix) {
     if (m.mlp == MlpKind::gated) {
-      p.push_back({prefix + "gate", h * f});
-      p.push_back({prefix + "up", h * f});
-      p.push_back({prefix + "down", f * h});
+      p.push_back({prefix + "gate", h * f, h, f});
+      p.push_back({prefix + "up", h * f, h, f});
+      p.push_back({prefix + "down", f * h, f, h});
     } else {
-      p.push_back({prefix + "fc1", h * f + bias * f});
-      p.push_back({prefix + "fc2", f * h + bias * h});
+      p.push_back({prefix + "fc1", h * f + bias * f, h, f});
+      p.push_back({prefix + "fc2", f * h + bias * h, f, h});
     }
   };
   if (m.experts > 1) {

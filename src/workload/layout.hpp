@@ -16,6 +16,10 @@ namespace tensorpool::workload {
 struct Param {
   std::string name;
   std::uint64_t elements = 0;
+  /// A weight matrix (in x out, plus a bias row when the model has biases); 0 for norms and
+  /// embeddings. LoRA adapts exactly these (finetune:lora|qlora).
+  std::uint64_t in = 0, out = 0;
+  bool trainable = true;  // false: a frozen base weight (no gradient, no optimizer state)
 };
 
 /// One transformer layer: norms, the fused QKV projection, the output projection, the MLP (or

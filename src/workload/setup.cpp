@@ -32,6 +32,7 @@ template <> const std::vector<std::string>& names_of<LengthDistribution::Kind>()
 template <> const std::vector<std::string>& names_of<MlpKind>() { static const std::vector<std::string> n{"gelu", "gated"}; return n; }
 template <> const std::vector<std::string>& names_of<Optimizer>() { static const std::vector<std::string> n{"adamw", "adamw8bit"}; return n; }
 template <> const std::vector<std::string>& names_of<Offload>() { static const std::vector<std::string> n{"none", "optimizer"}; return n; }
+template <> const std::vector<std::string>& names_of<Finetune>() { static const std::vector<std::string> n{"full", "lora", "qlora"}; return n; }
 template <> const std::vector<std::string>& names_of<NormKind>() { static const std::vector<std::string> n{"layernorm", "rmsnorm"}; return n; }
 
 template <class E>
@@ -80,6 +81,7 @@ std::string to_string(Arrival v) { return name_of(v); }
 std::string to_string(LengthDistribution::Kind v) { return name_of(v); }
 std::string to_string(Optimizer v) { return name_of(v); }
 std::string to_string(Offload v) { return name_of(v); }
+std::string to_string(Finetune v) { return name_of(v); }
 
 WorkloadSetup WorkloadSetup::for_model(std::string_view name) {
   WorkloadSetup s;
@@ -93,7 +95,7 @@ const std::vector<std::string>& WorkloadSetup::keys() {
       "norm", "biases", "dropout", "tied_embeddings", "positions", "context",
       "mode", "precision", "attention", "tp", "seed",
       "micro_batch", "global_batch", "seq", "seq_min", "seq_dist", "batching", "checkpointing",
-      "optimizer", "offload", "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
+      "optimizer", "offload", "finetune", "lora_rank", "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
       "requests", "arrival", "arrival_rate", "prompt", "prompt_min", "prompt_dist", "output",
       "output_min", "output_dist", "max_batch", "kv", "kv_block"};
   return k;
@@ -163,6 +165,8 @@ void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
     else if (k == "checkpointing") checkpointing = enum_value<Checkpointing>(origin, e);
     else if (k == "optimizer") optimizer = enum_value<Optimizer>(origin, e);
     else if (k == "offload") offload = enum_value<Offload>(origin, e);
+    else if (k == "finetune") finetune = enum_value<Finetune>(origin, e);
+    else if (k == "lora_rank") lora_rank = number(1, 65536);
     else if (k == "zero") zero = static_cast<int>(number(0, 3));
     else if (k == "dp") dp = count(1);
     else if (k == "pp") pp = count(1);
@@ -204,7 +208,8 @@ std::string WorkloadSetup::to_string() const {
          ",seed:" + num(seed) + ",micro_batch:" + num(micro_batch) + ",global_batch:" + num(global_batch) +
          ",seq:" + num(seq) + ",seq_min:" + num(seq_min) + ",seq_dist:" + name_of(seq_dist) +
          ",batching:" + name_of(batching) + ",checkpointing:" + name_of(checkpointing) +
-         ",optimizer:" + name_of(optimizer) + ",offload:" + name_of(offload) +
+         ",optimizer:" + name_of(optimizer) + ",offload:" + name_of(offload) + ",finetune:" + name_of(finetune) +
+         ",lora_rank:" + num(lora_rank) +
          ",zero:" + num(static_cast<std::uint64_t>(zero)) + ",dp:" + num(static_cast<std::uint64_t>(dp)) +
          ",pp:" + num(static_cast<std::uint64_t>(pp)) + ",steps:" + num(static_cast<std::uint64_t>(steps)) +
          ",trace_micro_batches:" + num(trace_micro_batches) + ",moe_imbalance:" + decimal_text(moe_imbalance) +
@@ -280,6 +285,9 @@ void check_training(const WorkloadSetup& s) {
   if (s.zero >= 2 && s.pp > 1)
     refuse("option 'zero' (" + num(static_cast<std::uint64_t>(s.zero)) +
            ") with pp > 1: ZeRO stages 2 and 3 shard what the pipeline keeps per stage; use zero:1");
+  if (s.finetune != Finetune::full && s.zero != 0)
+    refuse("option 'finetune' (" + name_of(s.finetune) + ") with zero:" + num(static_cast<std::uint64_t>(s.zero)) +
+           ": LoRA with ZeRO is not modelled; use zero:0");
   const std::uint64_t seq = s.sequence();
   if (s.seq_min > seq)
     refuse("option 'seq_min' (" + num(s.seq_min) + ") is above seq (" + num(seq) + ")");
@@ -293,8 +301,8 @@ void check_inference(const WorkloadSetup& s) {
   if (s.pp != 1) refuse("option 'pp' (" + num(static_cast<std::uint64_t>(s.pp)) + ") is for training; inference runs with pp:1");
   if (s.dp != 1 || s.zero != 0) refuse("options 'dp' and 'zero' are for training; inference runs with dp:1, zero:0");
   if (s.checkpointing != Checkpointing::none) refuse("option 'checkpointing' is for training; inference keeps no activations");
-  if (s.optimizer != Optimizer::adamw || s.offload != Offload::none)
-    refuse("options 'optimizer' and 'offload' are for training; inference has no optimizer");
+  if (s.optimizer != Optimizer::adamw || s.offload != Offload::none || s.finetune != Finetune::full)
+    refuse("options 'optimizer', 'offload' and 'finetune' are for training; inference has no optimizer");
   if (s.prompt_min > s.prompt) refuse("option 'prompt_min' (" + num(s.prompt_min) + ") is above prompt (" + num(s.prompt) + ")");
   if (s.output_min > s.output) refuse("option 'output_min' (" + num(s.output_min) + ") is above output (" + num(s.output) + ")");
 }
@@ -324,6 +332,7 @@ std::string WorkloadSetup::describe() const {
            ", pp " + num(static_cast<std::uint64_t>(pp));
     if (optimizer != Optimizer::adamw) out += ", optimizer " + name_of(optimizer);
     if (offload != Offload::none) out += ", optimizer offloaded to host";
+    if (finetune != Finetune::full) out += std::string(finetune == Finetune::lora ? ", LoRA" : ", QLoRA") + " rank " + num(lora_rank);
   } else {
     out += ", " + num(requests) + " requests, prompts up to " + num(prompt) + ", outputs up to " + num(output) +
            ", batch up to " + num(max_batch) + ", " + name_of(kv) + " KV cache, tp " + num(static_cast<std::uint64_t>(tp));
@@ -368,6 +377,12 @@ std::vector<SetupChange> setup_changes(const WorkloadSetup& s) {
     const std::uint64_t host = 2 * (s.precision == Precision::fp32 ? 4 : 2);
     add("optimizer states in host memory (ZeRO-Offload)", "offload:optimizer",
         "the step on the CPU; per step " + num(host) + " bytes per parameter over PCIe (gradients out, weights back)");
+  }
+  if (s.finetune == Finetune::full && s.zero == 0) {
+    add("LoRA adapters of rank 16, base weights frozen", "finetune:lora,lora_rank:16",
+        "a different job: fine-tunes low-rank adapters instead of every weight (Hu et al. 2021)");
+    add("QLoRA: 4-bit base weights and LoRA adapters of rank 16", "finetune:qlora,lora_rank:16",
+        "a different job: fine-tunes adapters over 4-bit weights, dequantized for each matmul (Dettmers et al. 2023)");
   }
   if (s.dp > 1)
     for (int stage = s.zero + 1; stage <= 3; ++stage)

@@ -67,6 +67,7 @@ class StageTrace {
     for (int l = 0; l < per_stage; ++l) units_.push_back(Unit{Unit::Kind::layer, layer_params(s), {}, {}, {}});
     if (last_) units_.push_back(Unit{Unit::Kind::head, head_params(s), {}, {}, {}});
     layer0_ = first_ ? 1 : 0;
+    if (lora()) add_adapters();
   }
 
   void run() {
@@ -85,6 +86,44 @@ class StageTrace {
   bool mixed() const { return s_.precision != Precision::fp32; }
   bool sharded_states() const { return s_.zero >= 1; }
   bool offloaded() const { return s_.offload == Offload::optimizer; }
+  bool lora() const { return s_.finetune != Finetune::full; }
+
+  // LoRA: every base weight frozen; beside each weight matrix of a layer, A (in x r) and B
+  // (r x out), trainable.
+  void add_adapters() {
+    const std::uint64_t r = s_.lora_rank;
+    for (Unit& u : units_) {
+      std::vector<Param> adapters;
+      for (Param& p : u.params) {
+        p.trainable = false;
+        if (u.kind != Unit::Kind::layer || p.in == 0) continue;
+        adapters.push_back({"lora_A." + p.name, p.in * r});
+        adapters.push_back({"lora_B." + p.name, r * p.out});
+      }
+      u.params.insert(u.params.end(), adapters.begin(), adapters.end());
+    }
+  }
+  // The bytes of a weight on the device: the training precision, or a frozen matrix in NF4
+  // (qlora: 4 bits per weight, an 8-bit scale per 64, an fp32 scale per 256 of those).
+  std::uint64_t weight_bytes(const Param& p, std::uint64_t n) const {
+    if (p.trainable || s_.finetune != Finetune::qlora || p.in == 0) return e_ * n;
+    const std::uint64_t blocks = (n + 63) / 64;
+    return (n + 1) / 2 + blocks + 4 * ((blocks + 255) / 256);
+  }
+  // Per layer: the adapters' x A, kept for backward (tokens x r per adapted matrix).
+  std::uint64_t adapted_matrices() const {
+    std::uint64_t n = 0;
+    for (const Param& p : layer_params(s_)) n += p.in != 0 ? 1 : 0;
+    return n;
+  }
+  // QLoRA: the largest matrix of a layer dequantized for its matmul.
+  void dequantize_for_matmul() {
+    if (s_.finetune != Finetune::qlora) return;
+    std::uint64_t most = 0;
+    for (const Param& p : layer_params(s_)) most = std::max(most, p.in != 0 ? p.elements : 0);
+    Tensor w = alloc(e_ * most, "temporaries:qlora.dequantize");
+    free(w);
+  }
   bool sharded_grads() const { return s_.zero >= 2; }
   bool sharded_weights() const { return s_.zero >= 3; }
   bool data_parallel() const { return s_.dp > 1; }
@@ -115,16 +154,16 @@ class StageTrace {
   // --- model states ------------------------------------------------------------------------
 
   void create_model_states() {
-    const std::uint64_t weight_bytes = e_;
     for (Unit& u : units_) {
       for (const Param& p : u.params) {
         const std::uint64_t n = sharded_weights() ? shard(p.elements) : p.elements;
-        u.weights.push_back(alloc(weight_bytes * n, "weights:" + p.name));
+        u.weights.push_back(alloc(weight_bytes(p, n), "weights:" + p.name));
       }
     }
     if (offloaded()) return;  // master weights and moments in host memory
     for (Unit& u : units_) {  // the optimizer's states, created with the weights
       for (const Param& p : u.params) {
+        if (!p.trainable) continue;
         const std::uint64_t n = sharded_states() ? shard(p.elements) : p.elements;
         if (mixed()) alloc(4 * n, "optimizer:master." + p.name);
         alloc(moment_bytes(n), "optimizer:exp_avg." + p.name);
@@ -169,12 +208,14 @@ class StageTrace {
       Tensor bucket = alloc(e_ * total_elements(unit.params), "zero:grad_bucket");
       b_.record_stream(bucket.addr, kCommStream);
       if (first)
-        for (const Param& p : unit.params) unit.grads.push_back(alloc(e_ * shard(p.elements), "grads:" + p.name));
+        for (const Param& p : unit.params)
+          if (p.trainable) unit.grads.push_back(alloc(e_ * shard(p.elements), "grads:" + p.name));
       free(bucket);
       return;
     }
     if (first)
-      for (const Param& p : unit.params) unit.grads.push_back(alloc(e_ * p.elements, "grads:" + p.name));
+      for (const Param& p : unit.params)
+        if (p.trainable) unit.grads.push_back(alloc(e_ * p.elements, "grads:" + p.name));
     if (data_parallel() && micro.index + 1 == trace_micro_batches())
       for (const Tensor& g : unit.grads) b_.record_stream(g.addr, kCommStream);
   }
@@ -184,6 +225,7 @@ class StageTrace {
     for (Unit& u : units_) {
       if (offloaded()) break;  // the step runs on the host, on copies of the gradients
       for (const Param& p : u.params) {  // the gradient in fp32, one tensor at a time
+        if (!p.trainable) continue;
         Tensor tmp = alloc(4 * (sharded_states() ? shard(p.elements) : p.elements), "temporaries:optimizer.step");
         free(tmp);
       }
@@ -273,8 +315,11 @@ class StageTrace {
     const bool core = keep == Keep::all;
     LayerPass p;
     if (owns_input) p.saved.push_back(x);
+    dequantize_for_matmul();
     Tensor ln1 = tensor(act, "attention.norm", all, p, prefix);
     Tensor qkv = tensor(T * (h_ + 2 * m.kv_dim()) / t_ * e_, "attention.qkv", all, p, prefix);
+    Tensor adapters;
+    if (lora()) adapters = tensor(T * s_.lora_rank * adapted_matrices() * e_, "lora.xA", all, p, prefix);
     release(ln1, all);
     Tensor ctx = attention_core(qkv, mb, core, all, p, prefix);
     release(qkv, all);
@@ -294,6 +339,7 @@ class StageTrace {
     free(out);
     release(mask2, all);
     release(resid1, all);
+    release(adapters, all);
     return p;
   }
 
@@ -456,6 +502,7 @@ class StageTrace {
   // returns the gradient of the layer's input.
   Tensor layer_backward(Tensor& dy, Micro& mb, std::size_t layer) {
     LayerPass& kept = mb.layers[layer];
+    dequantize_for_matmul();
     std::vector<Tensor> saved = kept.saved;
     if (s_.checkpointing == Checkpointing::full) {
       LayerPass again = layer_forward(kept.saved.front(), mb, layer, Keep::all, "recompute:", false);

@@ -377,17 +377,23 @@ TEST_CASE("setup changes: what saves memory, only where it applies", "[workload]
     CHECK_NOTHROW(c.setup.validate());
   }
   CHECK(options == std::set<std::string>{"precision:bf16", "attention:flash", "checkpointing:selective",
-                                         "checkpointing:full", "optimizer:adamw8bit", "offload:optimizer", "zero:1",
+                                         "checkpointing:full", "optimizer:adamw8bit", "offload:optimizer",
+                                         "finetune:lora,lora_rank:16", "finetune:qlora,lora_rank:16", "zero:1",
                                          "zero:2", "zero:3", "seq:2048,seq_min:0"});
   for (const SetupChange& c : setup_changes(s)) CHECK_FALSE(c.cost.empty());
   std::set<std::string> pipelined;
   for (const SetupChange& c : setup_changes(setup("llama2-7b", "pp:2,dp:8,global_batch:64,checkpointing:full")))
     pipelined.insert(c.options);
-  CHECK(pipelined == std::set<std::string>{"optimizer:adamw8bit", "offload:optimizer", "zero:1", "seq:2048,seq_min:0"});
+  CHECK(pipelined == std::set<std::string>{"optimizer:adamw8bit", "offload:optimizer", "finetune:lora,lora_rank:16",
+                                           "finetune:qlora,lora_rank:16", "zero:1", "seq:2048,seq_min:0"});
   // Offloaded, the optimizer's states are no longer on the device: no 8-bit change either.
   std::set<std::string> offloaded;
   for (const SetupChange& c : setup_changes(setup("gpt2", "offload:optimizer"))) offloaded.insert(c.options);
-  CHECK(offloaded == std::set<std::string>{"checkpointing:full", "seq:512,seq_min:0"});
+  CHECK(offloaded == std::set<std::string>{"checkpointing:full", "finetune:lora,lora_rank:16",
+                                           "finetune:qlora,lora_rank:16", "seq:512,seq_min:0"});
+  // With ZeRO, no LoRA change (not modelled together).
+  for (const SetupChange& c : setup_changes(setup("llama2-7b", "zero:1,dp:8,global_batch:64")))
+    CHECK(c.options.find("finetune") == std::string::npos);
 }
 
 TEST_CASE("an 8-bit optimizer and an offloaded one: the optimizer's bytes on the device", "[workload]") {
@@ -420,9 +426,48 @@ TEST_CASE("an 8-bit optimizer and an offloaded one: the optimizer's bytes on the
   CHECK(setup("custom", shape + ",optimizer:adamw8bit,offload:optimizer").to_string().find("optimizer:adamw8bit,offload:optimizer") !=
         std::string::npos);
   REQUIRE_THROWS_WITH(setup("llama2-7b", "mode:inference,optimizer:adamw8bit"),
-                      Contains("options 'optimizer' and 'offload' are for training"));
+                      Contains("options 'optimizer', 'offload' and 'finetune' are for training"));
   REQUIRE_THROWS_WITH(setup("llama2-7b", "optimizer:adam"),
                       Contains("bad value 'adam' for key 'optimizer': expected one of adamw, adamw8bit"));
+}
+
+TEST_CASE("LoRA and QLoRA: frozen base weights, trainable adapters, 4-bit matrices", "[workload]") {
+  const std::string shape = "layers:2,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,steps:2,mlp:gated";
+  const trace::Trace full = generate_workload(setup("custom", shape));
+  const trace::Trace lora = generate_workload(setup("custom", shape + ",finetune:lora,lora_rank:8"));
+  const trace::Trace qlora = generate_workload(setup("custom", shape + ",finetune:qlora,lora_rank:8"));
+  check_consistent(lora);
+  check_consistent(qlora);
+  // Per layer, the adapted matrices (in x out): qkv 512 x 1536, out 512 x 512, gate and up
+  // 512 x 2048, down 2048 x 512; each gets A (in x 8) and B (8 x out).
+  const std::uint64_t r = 8, layers = 2;
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> matrices = {
+      {512, 1536}, {512, 512}, {512, 2048}, {512, 2048}, {2048, 512}};
+  std::uint64_t adapter = 0, base = 0, nf4 = 0;
+  for (const auto& [in, out] : matrices) {
+    adapter += r * (in + out);
+    base += in * out;
+    const std::uint64_t blocks = (in * out + 63) / 64;
+    nf4 += in * out / 2 + blocks + 4 * ((blocks + 255) / 256);
+  }
+  adapter *= layers;
+  base *= layers;
+  nf4 *= layers;
+  // Only the adapters train: their gradients (bf16) and optimizer states (master + moments).
+  CHECK(live(lora, prefix("grads:")).peak == 2 * adapter);
+  CHECK(live(lora, prefix("optimizer:")).peak == 12 * adapter);
+  CHECK(live(lora, prefix("grads:lora_")).peak == 2 * adapter);
+  // The base weights as in full training; in QLoRA the matrices in NF4, the rest (norms,
+  // embedding, head) unchanged.
+  const std::uint64_t full_weights = live(full, prefix("weights:")).peak;
+  CHECK(live(lora, prefix("weights:")).peak == full_weights + 2 * adapter);
+  CHECK(live(qlora, prefix("weights:")).peak == full_weights - 2 * base + nf4 + 2 * adapter);
+  // Each layer keeps its adapters' x A for backward; QLoRA dequantizes a matrix per matmul.
+  CHECK(live(lora, [](const std::string& l) { return l == "activations:lora.xA"; }).allocations > 0);
+  CHECK(live(qlora, prefix("temporaries:qlora.dequantize")).allocations > 0);
+  CHECK(live(lora, prefix("temporaries:qlora.dequantize")).allocations == 0);
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "finetune:lora,zero:1,dp:2"), Contains("LoRA with ZeRO is not modelled"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "lora_rank:0"), Contains("'lora_rank'"));
 }
 
 TEST_CASE("every kind of workload trace is consistent and deterministic", "[workload]") {

@@ -27,7 +27,14 @@
 // Optimizers via Block-wise Quantization"), smaller tensors in fp32. offload:optimizer keeps the
 // fp32 master weights and the moments in host memory and steps there (ZeRO-Offload, Ren et al.
 // 2021): the device holds the weights and gradients only, and the optimizer step allocates nothing
-// on it.
+// on it. finetune:lora (Hu et al. 2021) freezes every base weight (no gradient, no optimizer
+// state) and trains two matrices of rank lora_rank beside each weight matrix of each layer
+// (in x r and r x out; the QLoRA paper's setting: every linear layer), with the same model-state
+// rules as any trainable weight; each layer keeps its adapters' x A (tokens x r per matrix) for
+// backward. finetune:qlora (Dettmers et al. 2023) keeps those frozen matrices in 4-bit NF4 with
+// double-quantized constants (an 8-bit scale per 64 weights, an fp32 one per 256 scales: about
+// 4.13 bits per weight) and dequantizes a matrix to the compute precision for its matmul (a
+// temporary the size of the layer's largest matrix, in forward and in backward).
 // Sequence lengths come from a distribution (seq_dist); with batching:dynamic each micro-batch
 // holds about micro_batch x seq tokens whatever its length. An MoE layer routes each token to
 // top_k of the experts; moe_imbalance is the load of the busiest expert over the mean load.
@@ -68,6 +75,9 @@ enum class Optimizer : std::uint8_t { adamw, adamw8bit };
 /// Where the optimizer's states (and the fp32 master weights) live: on the device (none), or in
 /// host memory with the step on the CPU (optimizer: ZeRO-Offload).
 enum class Offload : std::uint8_t { none, optimizer };
+/// What trains: every weight (full), or low-rank adapters on every weight matrix of each layer
+/// with the base weights frozen in the training precision (lora) or in 4-bit NF4 (qlora).
+enum class Finetune : std::uint8_t { full, lora, qlora };
 
 /// Lengths (of sequences, prompts, outputs) from a distribution over [min, max]:
 ///   fixed: always max; uniform: uniform over [min, max];
@@ -97,6 +107,8 @@ struct WorkloadSetup {
   Checkpointing checkpointing = Checkpointing::none;
   Optimizer optimizer = Optimizer::adamw;
   Offload offload = Offload::none;
+  Finetune finetune = Finetune::full;
+  std::uint64_t lora_rank = 16;  // the adapters' rank (finetune:lora|qlora)
   int zero = 0;  // ZeRO stage 0-3
   int dp = 1;    // data-parallel degree (what ZeRO shards over)
   int pp = 1;    // pipeline-parallel degree: the trace's devices are the stages
@@ -178,5 +190,6 @@ std::string to_string(Arrival v);
 std::string to_string(LengthDistribution::Kind v);
 std::string to_string(Optimizer v);
 std::string to_string(Offload v);
+std::string to_string(Finetune v);
 
 }  // namespace tensorpool::workload
