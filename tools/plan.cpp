@@ -177,8 +177,8 @@ std::string plan_text(const PlanReport& r) {
                            gib(c.saves), mbs, c.change.cost);
   }
   out += helping.empty()
-             ? "\nno single change among mixed precision, attention, checkpointing, an 8-bit optimizer, offloading, ZeRO and "
-               "sequence length lets a larger micro-batch fit\n"
+             ? "\nno single change among mixed precision, attention, checkpointing, an 8-bit optimizer, offloading, LoRA, ZeRO "
+               "and sequence length lets a larger micro-batch fit\n"
              : fmt::format("\nchanges that let a larger micro-batch fit, by the memory they save at micro-batch {}"
                            " (and the micro-batch each allocator then fits):\n{}",
                            r.reference_micro_batch, helping);

@@ -190,37 +190,35 @@ nlohmann::json breakdown_json(const PeakBreakdown& b) {
   return {{"device", b.device}, {"peak_requested_bytes", b.peak}, {"model_states_bytes", b.model_states()}, {"bytes", parts}};
 }
 
-PlanAnswer plan_answer(const PlanReport& r) {
+namespace {
+
+// " over 8 data-parallel GPUs", or nothing with one.
+std::string over_dp(const workload::WorkloadSetup& s) {
+  return s.dp > 1 ? fmt::format(" over {} data-parallel GPUs", s.dp) : "";
+}
+
+void answer_nothing_fits(const PlanReport& r, PlanAnswer& a) {
   const workload::WorkloadSetup& s = r.options.setup;
   const std::size_t capacity = r.options.capacity;
-  PlanAnswer a;
-  std::vector<std::string> best_allocators;
-  for (const PlanFit& f : r.fits) {
-    if (!f.micro_batch) continue;
-    if (!a.micro_batch || *f.micro_batch > *a.micro_batch) {
-      a.micro_batch = f.micro_batch;
-      best_allocators.clear();
-    }
-    if (*f.micro_batch == *a.micro_batch) best_allocators.push_back(f.allocator);
-  }
-  const std::uint64_t per_rank = s.effective_global_batch() / static_cast<std::uint64_t>(s.dp);
-  const std::string dp = s.dp > 1 ? fmt::format(" over {} data-parallel GPUs", s.dp) : "";
-  if (!a.micro_batch) {
-    a.next_micro_batch = r.candidates.front();
-    a.at_next = breakdown_at(s, *a.next_micro_batch);
-    a.text = fmt::format("Answer: nothing fits on {}, not even micro-batch {}{}.\n", gib(capacity), *a.next_micro_batch, dp);
-    a.text += why_not(*a.at_next, s, capacity, *a.next_micro_batch);
-    const std::string helping = helping_changes(r);
-    a.text += helping.empty() ? "No single change tried (mixed precision, attention, checkpointing, an 8-bit optimizer, "
-                                "offloading, ZeRO, sequence length) makes it fit: the model states must shrink or be spread "
-                                "over more GPUs (--dp N --zero 3).\n"
-                              : "What fits instead:\n" + helping;
-    return a;
-  }
+  a.next_micro_batch = r.candidates.front();
+  a.at_next = breakdown_at(s, *a.next_micro_batch);
+  a.text = fmt::format("Answer: nothing fits on {}, not even micro-batch {}{}.\n", gib(capacity), *a.next_micro_batch,
+                       over_dp(s));
+  a.text += why_not(*a.at_next, s, capacity, *a.next_micro_batch);
+  const std::string helping = helping_changes(r);
+  a.text += helping.empty() ? "No single change tried (mixed precision, attention, checkpointing, an 8-bit optimizer, "
+                              "offloading, LoRA, ZeRO, sequence length) makes it fit: the model states must shrink or be "
+                              "spread over more GPUs (--dp N --zero 3).\n"
+                            : "What fits instead:\n" + helping;
+}
+
+void answer_fits(const PlanReport& r, const std::vector<std::string>& best_allocators, PlanAnswer& a) {
+  const workload::WorkloadSetup& s = r.options.setup;
   const std::uint64_t mb = *a.micro_batch;
+  const std::uint64_t per_rank = s.effective_global_batch() / static_cast<std::uint64_t>(s.dp);
   a.at_answer = breakdown_at(s, mb);
   a.text = fmt::format("Answer: micro-batch {} x {} accumulation steps (global batch {}{}) fits {} with {}.\n", mb,
-                       per_rank / mb, s.effective_global_batch(), dp, gib(capacity), join(best_allocators));
+                       per_rank / mb, s.effective_global_batch(), over_dp(s), gib(r.options.capacity), join(best_allocators));
   if (const PlanFit* pytorch = fit_of(r.fits, "pytorch"); pytorch != nullptr && pytorch->micro_batch != a.micro_batch) {
     a.text += pytorch->micro_batch
                   ? fmt::format("PyTorch's own allocator (the pytorch model) fits micro-batch {} x {}.\n",
@@ -243,6 +241,26 @@ PlanAnswer plan_answer(const PlanReport& r) {
     a.at_next = breakdown_at(s, *next);
     a.text += fmt::format("Micro-batch {} does not fit: its live tensors alone peak at {} ({}).\n", *next,
                           gib(a.at_next->peak), breakdown_text(*a.at_next));
+  }
+}
+
+}  // namespace
+
+PlanAnswer plan_answer(const PlanReport& r) {
+  PlanAnswer a;
+  std::vector<std::string> best_allocators;  // those that fit the largest micro-batch
+  for (const PlanFit& f : r.fits) {
+    if (!f.micro_batch) continue;
+    if (!a.micro_batch || *f.micro_batch > *a.micro_batch) {
+      a.micro_batch = f.micro_batch;
+      best_allocators.clear();
+    }
+    if (*f.micro_batch == *a.micro_batch) best_allocators.push_back(f.allocator);
+  }
+  if (a.micro_batch) {
+    answer_fits(r, best_allocators, a);
+  } else {
+    answer_nothing_fits(r, a);
   }
   return a;
 }
