@@ -6,6 +6,7 @@
 #include <string>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "tensorpool/errors.hpp"
 
@@ -37,11 +38,33 @@ std::shared_ptr<spdlog::logger> make_logger() {
   return logger;
 }
 
+spdlog::level::level_enum spdlog_level(Logger::Level level) {
+  switch (level) {
+    case Logger::Level::trace: return spdlog::level::trace;
+    case Logger::Level::debug: return spdlog::level::debug;
+    case Logger::Level::info: return spdlog::level::info;
+    case Logger::Level::warn: return spdlog::level::warn;
+    case Logger::Level::error: return spdlog::level::err;
+    case Logger::Level::critical: return spdlog::level::critical;
+  }
+  return spdlog::level::err;
+}
+
 }  // namespace
 
-spdlog::logger& log() {
+spdlog::logger& Logger::spdlog_logger() {
   static std::shared_ptr<spdlog::logger> logger = make_logger();
   return *logger;
+}
+
+bool Logger::enabled(Level level) const { return spdlog_logger().should_log(spdlog_level(level)); }
+
+void Logger::write(Level level, std::string_view message) { spdlog_logger().log(spdlog_level(level), message); }
+
+Logger& log() {
+  static Logger logger;
+  (void)Logger::spdlog_logger();  // TENSORPOOL_LOG_LEVEL is read (and checked) on first use
+  return logger;
 }
 
 }  // namespace tensorpool::detail

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <spdlog/logger.h>
 #include <spdlog/sinks/base_sink.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -426,7 +427,7 @@ TEST_CASE("TENSORPOOL_TRACE records every attached allocator into one file, or l
     return run_in_child([&] {
       setenv("TENSORPOOL_TRACE", value.c_str(), 1);
       auto sink = std::make_shared<ErrorSink>();
-      detail::log().sinks().push_back(sink);
+      detail::Logger::spdlog_logger().sinks().push_back(sink);
       return body(*sink);
     });
   };
