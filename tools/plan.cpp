@@ -23,9 +23,6 @@ using workload::WorkloadSetup;
 
 namespace {
 
-std::string gib(std::size_t bytes) {
-  return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / static_cast<double>(GiB));
-}
 
 // The micro-batches that reach the global batch exactly: the divisors of global batch / dp.
 std::vector<std::uint64_t> micro_batch_candidates(const WorkloadSetup& s) {
@@ -40,11 +37,10 @@ std::vector<std::uint64_t> micro_batch_candidates(const WorkloadSetup& s) {
   return out;
 }
 
-WorkloadSetup at_micro_batch(const WorkloadSetup& s, std::uint64_t mb) { return plan_setup_at(s, mb); }
 
 replay::TraceFamily family_of(const WorkloadSetup& s) {
   return [s](std::uint64_t mb) {
-    return std::make_shared<const trace::Trace>(workload::generate_workload(at_micro_batch(s, mb)));
+    return std::make_shared<const trace::Trace>(workload::generate_workload(plan_setup_at(s, mb)));
   };
 }
 
@@ -56,7 +52,7 @@ std::size_t largest(const replay::ReplayReport& r, std::size_t replay::ReplayRes
 }
 
 std::size_t peak_requested_at(const WorkloadSetup& s, std::uint64_t mb) {
-  const trace::Trace t = workload::generate_workload(at_micro_batch(s, mb));
+  const trace::Trace t = workload::generate_workload(plan_setup_at(s, mb));
   replay::TraceSource source(t);
   std::size_t most = 0;
   for (const auto& d : replay::baseline(source, "requested").devices) most = std::max(most, d.result.peak_requested);
@@ -92,6 +88,10 @@ bool larger(const PlanFit& changed, const PlanFit& base) {
 }
 
 }  // namespace
+
+std::string gib(std::size_t bytes) {
+  return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / static_cast<double>(GiB));
+}
 
 // A pipeline's first stage keeps pp micro-batches in flight, and one more reaches the steady state
 // (gradients held while a micro-batch runs forward).
@@ -203,8 +203,8 @@ nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t ca
           {"next_first_oom", next_oom},
           // The workload options of the traces replayed at micro_batch and next_micro_batch
           // (for `generate --options`): the plan keeps only what the peak needs of each step.
-          {"trace_options", f.micro_batch ? nlohmann::json(at_micro_batch(s, *f.micro_batch).to_string()) : nlohmann::json(nullptr)},
-          {"next_trace_options", f.next_micro_batch ? nlohmann::json(at_micro_batch(s, *f.next_micro_batch).to_string()) : nlohmann::json(nullptr)}};
+          {"trace_options", f.micro_batch ? nlohmann::json(plan_setup_at(s, *f.micro_batch).to_string()) : nlohmann::json(nullptr)},
+          {"next_trace_options", f.next_micro_batch ? nlohmann::json(plan_setup_at(s, *f.next_micro_batch).to_string()) : nlohmann::json(nullptr)}};
 }
 
 }  // namespace

@@ -57,6 +57,9 @@ struct PlanReport {
   std::vector<PlanChange> changes;        // ranked by `saves`, largest first
 };
 
+/// `bytes` as "12.34 GiB" (the plan's text and answer).
+std::string gib(std::size_t bytes);
+
 /// The setup at micro-batch `mb`, with only the micro-batches its peak needs in the trace (what
 /// plan replays).
 workload::WorkloadSetup plan_setup_at(const workload::WorkloadSetup& setup, std::uint64_t mb);

@@ -41,7 +41,6 @@ std::size_t kind_of(std::string_view label) {
   return kKinds.size() - 1;
 }
 
-std::string gib(std::size_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / static_cast<double>(GiB)); }
 std::string gib_number(std::size_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / static_cast<double>(GiB)); }
 
 // Live requested bytes by kind, per device, keeping each device's kinds at its peak.
@@ -68,8 +67,12 @@ const PlanFit* fit_of(const std::vector<PlanFit>& fits, std::string_view allocat
   return nullptr;
 }
 
-PeakBreakdown breakdown_at(const workload::WorkloadSetup& s, std::uint64_t micro_batch) {
-  return breakdown_at_peak(workload::generate_workload(plan_setup_at(s, micro_batch)));
+// The breakdown at `micro_batch`: from the trace the search kept of it (the micro-batch after an
+// allocator's answer), else generated again.
+PeakBreakdown breakdown_at(const PlanReport& r, std::uint64_t micro_batch) {
+  for (const PlanFit& f : r.fits)
+    if (f.next_micro_batch == micro_batch && f.next_trace) return breakdown_at_peak(*f.next_trace);
+  return breakdown_at_peak(workload::generate_workload(plan_setup_at(r.options.setup, micro_batch)));
 }
 
 // Why micro-batch `mb` cannot fit, from its breakdown: the model states alone, or the whole peak.
@@ -201,7 +204,7 @@ void answer_nothing_fits(const PlanReport& r, PlanAnswer& a) {
   const workload::WorkloadSetup& s = r.options.setup;
   const std::size_t capacity = r.options.capacity;
   a.next_micro_batch = r.candidates.front();
-  a.at_next = breakdown_at(s, *a.next_micro_batch);
+  a.at_next = breakdown_at(r, *a.next_micro_batch);
   a.text = fmt::format("Answer: nothing fits on {}, not even micro-batch {}{}.\n", gib(capacity), *a.next_micro_batch,
                        over_dp(s));
   a.text += why_not(*a.at_next, s, capacity, *a.next_micro_batch);
@@ -216,7 +219,7 @@ void answer_fits(const PlanReport& r, const std::vector<std::string>& best_alloc
   const workload::WorkloadSetup& s = r.options.setup;
   const std::uint64_t mb = *a.micro_batch;
   const std::uint64_t per_rank = s.effective_global_batch() / static_cast<std::uint64_t>(s.dp);
-  a.at_answer = breakdown_at(s, mb);
+  a.at_answer = breakdown_at(r, mb);
   a.text = fmt::format("Answer: micro-batch {} x {} accumulation steps (global batch {}{}) fits {} with {}.\n", mb,
                        per_rank / mb, s.effective_global_batch(), over_dp(s), gib(r.options.capacity), join(best_allocators));
   if (const PlanFit* pytorch = fit_of(r.fits, "pytorch"); pytorch != nullptr && pytorch->micro_batch != a.micro_batch) {
@@ -238,7 +241,7 @@ void answer_fits(const PlanReport& r, const std::vector<std::string>& best_alloc
   const auto next = std::upper_bound(r.candidates.begin(), r.candidates.end(), mb);
   if (next != r.candidates.end()) {
     a.next_micro_batch = *next;
-    a.at_next = breakdown_at(s, *next);
+    a.at_next = breakdown_at(r, *next);
     a.text += fmt::format("Micro-batch {} does not fit: its live tensors alone peak at {} ({}).\n", *next,
                           gib(a.at_next->peak), breakdown_text(*a.at_next));
   }

@@ -14,7 +14,7 @@ namespace tensorpool::cli {
 namespace {
 
 
-double gib(std::size_t bytes) { return static_cast<double>(bytes) / static_cast<double>(GiB); }
+double gib_value(std::size_t bytes) { return static_cast<double>(bytes) / static_cast<double>(GiB); }
 
 // One colour per kind of PeakBreakdown (in its order), then the allocators' share.
 constexpr std::array<const char*, 8> kKindColours = {"#1f4e79", "#2e75b6", "#9dc3e6", "#c55a11",
@@ -44,7 +44,7 @@ std::string bars_svg(const std::vector<Bar>& bars, std::size_t capacity) {
     const std::size_t at = top / 4 * static_cast<std::size_t>(i);
     svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#e0e0e0"/>)", kLeft, width, y_of(at), y_of(at));
     svg += fmt::format(R"(<text x="{}" y="{:.1f}" font-size="11" text-anchor="end">{:.1f} GiB</text>)", kLeft - 6,
-                       y_of(at) + 4, gib(at));
+                       y_of(at) + 4, gib_value(at));
   }
   for (std::size_t i = 0; i < bars.size(); ++i) {
     const Bar& b = bars[i];
@@ -55,7 +55,7 @@ std::string bars_svg(const std::vector<Bar>& bars, std::size_t capacity) {
       svg += fmt::format(R"(<rect class="part" data-kind="{}" data-bytes="{}" x="{}" y="{:.2f}" width="{}" height="{:.2f}" fill="{}">)"
                          R"(<title>{}: {} ({:.2f} GiB)</title></rect>)",
                          html_escape(kind), bytes, x, y_of(base + bytes), kBarWidth, static_cast<double>(bytes) * scale, colour,
-                         html_escape(b.label), html_escape(kind), gib(bytes));
+                         html_escape(b.label), html_escape(kind), gib_value(bytes));
       base += bytes;
     };
     for (std::size_t k = 0; k < b.breakdown->parts.size(); ++k)
@@ -64,12 +64,12 @@ std::string bars_svg(const std::vector<Bar>& bars, std::size_t capacity) {
     svg += fmt::format(R"(<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>)", x + kBarWidth / 2,
                        kTop + kHeight + 16, html_escape(b.label));
     svg += fmt::format(R"(<text x="{}" y="{}" font-size="11" text-anchor="middle">{:.2f} GiB</text>)", x + kBarWidth / 2,
-                       kTop + kHeight + 32, gib(base));
+                       kTop + kHeight + 32, gib_value(base));
   }
   svg += fmt::format(R"(<line class="capacity" x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#c00000" stroke-width="2" stroke-dasharray="6 3"/>)",
                      kLeft, width, y_of(capacity), y_of(capacity));
   svg += fmt::format(R"(<text x="{}" y="{:.1f}" font-size="11" fill="#c00000" text-anchor="end">capacity {:.2f} GiB</text>)",
-                     width - 4, y_of(capacity) - 4, gib(capacity));
+                     width - 4, y_of(capacity) - 4, gib_value(capacity));
   return svg + "</svg>";
 }
 
@@ -117,7 +117,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bo
 </style></head><body>
 )";
   page += fmt::format("<h1>plan: {}</h1>\n<p>{} on a device of {:.2f} GiB</p>\n", html_escape(o.setup.model.name),
-                      html_escape(o.setup.describe()), gib(o.capacity));
+                      html_escape(o.setup.describe()), gib_value(o.capacity));
   page += "<h2>The answer</h2>\n<pre id=\"answer\">" + html_escape(a.text) + "</pre>\n";
   if (!bars.empty()) {
     page += "<h2>Where the bytes go at the peak</h2>\n<p>" + html_escape(caption) + "</p>\n";
@@ -128,7 +128,7 @@ table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bo
   for (const PlanFit& f : r.fits) {
     if (f.micro_batch)
       page += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2f} GiB</td><td>{:.2f} GiB</td></tr>\n",
-                          html_escape(f.allocator), *f.micro_batch, f.accumulation, gib(f.peak_requested), gib(f.peak_reserved));
+                          html_escape(f.allocator), *f.micro_batch, f.accumulation, gib_value(f.peak_requested), gib_value(f.peak_reserved));
     else
       page += fmt::format("<tr><td>{}</td><td>none</td><td>-</td><td>-</td><td>-</td></tr>\n", html_escape(f.allocator));
   }
