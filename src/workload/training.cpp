@@ -67,6 +67,11 @@ class StageTrace {
     for (int l = 0; l < per_stage; ++l) units_.push_back(Unit{Unit::Kind::layer, layer_params(s), {}, {}, {}});
     if (last_) units_.push_back(Unit{Unit::Kind::head, head_params(s), {}, {}, {}});
     layer0_ = first_ ? 1 : 0;
+    for (const Param& p : layer_params(s)) {
+      if (p.in == 0) continue;
+      ++matrices_per_layer_;
+      largest_matrix_ = std::max(largest_matrix_, p.elements);
+    }
     if (lora()) add_adapters();
   }
 
@@ -110,18 +115,10 @@ class StageTrace {
     const std::uint64_t blocks = (n + 63) / 64;
     return (n + 1) / 2 + blocks + 4 * ((blocks + 255) / 256);
   }
-  // Per layer: the adapters' x A, kept for backward (tokens x r per adapted matrix).
-  std::uint64_t adapted_matrices() const {
-    std::uint64_t n = 0;
-    for (const Param& p : layer_params(s_)) n += p.in != 0 ? 1 : 0;
-    return n;
-  }
   // QLoRA: the largest matrix of a layer dequantized for its matmul.
   void dequantize_for_matmul() {
     if (s_.finetune != Finetune::qlora) return;
-    std::uint64_t most = 0;
-    for (const Param& p : layer_params(s_)) most = std::max(most, p.in != 0 ? p.elements : 0);
-    Tensor w = alloc(e_ * most, "temporaries:qlora.dequantize");
+    Tensor w = alloc(e_ * largest_matrix_, "temporaries:qlora.dequantize");
     free(w);
   }
   bool sharded_grads() const { return s_.zero >= 2; }
@@ -319,7 +316,7 @@ class StageTrace {
     Tensor ln1 = tensor(act, "attention.norm", all, p, prefix);
     Tensor qkv = tensor(T * (h_ + 2 * m.kv_dim()) / t_ * e_, "attention.qkv", all, p, prefix);
     Tensor adapters;
-    if (lora()) adapters = tensor(T * s_.lora_rank * adapted_matrices() * e_, "lora.xA", all, p, prefix);
+    if (lora()) adapters = tensor(T * s_.lora_rank * matrices_per_layer_ * e_, "lora.xA", all, p, prefix);
     release(ln1, all);
     Tensor ctx = attention_core(qkv, mb, core, all, p, prefix);
     release(qkv, all);
@@ -560,6 +557,8 @@ class StageTrace {
   bool first_ = false, last_ = false;
   std::vector<Unit> units_;  // [embedding] layers... [head]
   std::size_t layer0_ = 0;   // index of the first layer in units_
+  std::uint64_t matrices_per_layer_ = 0;  // weight matrices of a layer (what LoRA adapts)
+  std::uint64_t largest_matrix_ = 0;      // elements of a layer's largest weight matrix
 };
 
 }  // namespace
