@@ -20,11 +20,11 @@ is printed.
 """
 import json
 import os
-import pickle
-import shutil
 import subprocess
 import sys
 import tempfile
+
+from replay_json import without_timings
 
 SKIP = 77
 
@@ -45,15 +45,6 @@ def expect(condition, message):
     if not condition:
         fail(message)
     print(f"ok: {message}")
-
-
-def without_timings(value):
-    """`value` less what differs between two runs of one replay: host time and the trace's path."""
-    if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if not k.startswith("host_") and k != "trace"}
-    if isinstance(value, list):
-        return [without_timings(v) for v in value]
-    return value
 
 
 def up_to_date_clone(source, clone):

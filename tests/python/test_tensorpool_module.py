@@ -25,6 +25,7 @@ import tempfile
 import unittest
 
 import tensorpool
+from replay_json import without_timings
 
 BACKEND = os.environ.get("TENSORPOOL_TEST_BACKEND", "simulated")
 MiB = 1 << 20
@@ -449,15 +450,6 @@ def torch_importable():
         return True
     except Exception:
         return False
-
-
-def without_timings(value):
-    """`value` less what differs between two runs of one replay: host time and the trace's path."""
-    if isinstance(value, dict):
-        return {k: without_timings(v) for k, v in value.items() if not k.startswith("host_") and k != "trace"}
-    if isinstance(value, list):
-        return [without_timings(v) for v in value]
-    return value
 
 
 @unittest.skipUnless(os.environ.get("TENSORPOOL_CLI"), "TENSORPOOL_CLI not set")
