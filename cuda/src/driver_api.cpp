@@ -32,18 +32,9 @@ void look_up(Fn& fn, const char* symbol) {
 
 DriverApi load() {
   DriverApi api{};
-  look_up(api.get_error_name, "cuGetErrorName");
-  look_up(api.get_error_string, "cuGetErrorString");
-  look_up(api.device_get, "cuDeviceGet");
-  look_up(api.device_get_attribute, "cuDeviceGetAttribute");
-  look_up(api.mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
-  look_up(api.mem_address_reserve, "cuMemAddressReserve");
-  look_up(api.mem_address_free, "cuMemAddressFree");
-  look_up(api.mem_create, "cuMemCreate");
-  look_up(api.mem_release, "cuMemRelease");
-  look_up(api.mem_map, "cuMemMap");
-  look_up(api.mem_unmap, "cuMemUnmap");
-  look_up(api.mem_set_access, "cuMemSetAccess");
+#define TP_LOOK_UP(member, symbol) look_up(api.member, #symbol);
+  TP_DRIVER_FUNCTIONS(TP_LOOK_UP)
+#undef TP_LOOK_UP
   return api;
 }
 

@@ -9,20 +9,27 @@
 
 namespace tensorpool::cuda_detail {
 
+/// Every driver function the backends call, as X(member of DriverApi, the driver's name). The
+/// CUDA-runtime test double answers its lookups from the same list (cuda/testing/stream_api.cpp).
+#define TP_DRIVER_FUNCTIONS(X)                                  \
+  X(get_error_name, cuGetErrorName)                             \
+  X(get_error_string, cuGetErrorString)                         \
+  X(device_get, cuDeviceGet)                                    \
+  X(device_get_attribute, cuDeviceGetAttribute)                 \
+  X(mem_get_allocation_granularity, cuMemGetAllocationGranularity) \
+  X(mem_address_reserve, cuMemAddressReserve)                   \
+  X(mem_address_free, cuMemAddressFree)                         \
+  X(mem_create, cuMemCreate)                                    \
+  X(mem_release, cuMemRelease)                                  \
+  X(mem_map, cuMemMap)                                          \
+  X(mem_unmap, cuMemUnmap)                                      \
+  X(mem_set_access, cuMemSetAccess)
+
 /// The driver's entry points, with the signatures of the cuda.h the library was compiled with.
 struct DriverApi {
-  decltype(&::cuGetErrorName) get_error_name;
-  decltype(&::cuGetErrorString) get_error_string;
-  decltype(&::cuDeviceGet) device_get;
-  decltype(&::cuDeviceGetAttribute) device_get_attribute;
-  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity;
-  decltype(&::cuMemAddressReserve) mem_address_reserve;
-  decltype(&::cuMemAddressFree) mem_address_free;
-  decltype(&::cuMemCreate) mem_create;
-  decltype(&::cuMemRelease) mem_release;
-  decltype(&::cuMemMap) mem_map;
-  decltype(&::cuMemUnmap) mem_unmap;
-  decltype(&::cuMemSetAccess) mem_set_access;
+#define TP_DRIVER_MEMBER(member, symbol) decltype(&::symbol) member;
+  TP_DRIVER_FUNCTIONS(TP_DRIVER_MEMBER)
+#undef TP_DRIVER_MEMBER
 };
 
 /// The entry points, looked up once per process (thread-safe). Throws DeviceError naming the

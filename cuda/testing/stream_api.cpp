@@ -14,6 +14,7 @@
 #include <map>
 #include <string_view>
 
+#include "src/driver_api.hpp"
 #include "testing/state.hpp"
 
 // The exported name after the headers' renaming, e.g. "cudaEventRecord_ptsz".
@@ -59,7 +60,8 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
                       [&](State& s) { return stream_synchronize(s, stream, kPerThreadApi); });
 }
 
-// The double's own driver functions (driver_api.cpp) by name; a driver older than `cuda_version`
+// The double's own driver functions (driver_api.cpp) by name, those the backends look up
+// (TP_DRIVER_FUNCTIONS); a driver older than `cuda_version`
 // (Options::driver_version) has none of them. Here because the headers rename it under
 // CUDA_API_PER_THREAD_DEFAULT_STREAM (one call name for both: the faults of fail_nth).
 cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int cuda_version,
@@ -67,18 +69,9 @@ cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion(const char* symbol, void*
   return runtime_call("cudaGetDriverEntryPointByVersion", [&](State& s) {
     if (symbol == nullptr || fn == nullptr) return cudaErrorInvalidValue;
     static const std::map<std::string_view, void*> functions = {
-        {"cuGetErrorName", reinterpret_cast<void*>(&cuGetErrorName)},
-        {"cuGetErrorString", reinterpret_cast<void*>(&cuGetErrorString)},
-        {"cuDeviceGet", reinterpret_cast<void*>(&cuDeviceGet)},
-        {"cuDeviceGetAttribute", reinterpret_cast<void*>(&cuDeviceGetAttribute)},
-        {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&cuMemGetAllocationGranularity)},
-        {"cuMemAddressReserve", reinterpret_cast<void*>(&cuMemAddressReserve)},
-        {"cuMemAddressFree", reinterpret_cast<void*>(&cuMemAddressFree)},
-        {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate)},
-        {"cuMemRelease", reinterpret_cast<void*>(&cuMemRelease)},
-        {"cuMemMap", reinterpret_cast<void*>(&cuMemMap)},
-        {"cuMemUnmap", reinterpret_cast<void*>(&cuMemUnmap)},
-        {"cuMemSetAccess", reinterpret_cast<void*>(&cuMemSetAccess)},
+#define TP_DOUBLE_ENTRY(member, symbol) {#symbol, reinterpret_cast<void*>(&symbol)},
+        TP_DRIVER_FUNCTIONS(TP_DOUBLE_ENTRY)
+#undef TP_DOUBLE_ENTRY
     };
     *fn = nullptr;
     cudaDriverEntryPointQueryResult result = cudaDriverEntryPointSuccess;
