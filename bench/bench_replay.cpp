@@ -20,7 +20,7 @@ namespace {
 const trace::Trace& generated() {
   static const trace::Trace t = [] {
     workload::WorkloadSetup setup = workload::WorkloadSetup::for_model("custom");
-    setup.apply("micro_batch:4,seq:2048,seq_dist:uniform,dp:2,steps:200", "bench");
+    setup.apply("framework:megatron,micro_batch:4,seq:2048,seq_dist:uniform,dp:2,steps:200", "bench");
     return workload::generate_workload(setup);
   }();
   return t;

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   workload::WorkloadSetup setup = workload::WorkloadSetup::for_model("custom");
-  setup.apply("micro_batch:4,seq:2048,seq_dist:uniform,dp:2", "replay_driver");
+  setup.apply("framework:megatron,micro_batch:4,seq:2048,seq_dist:uniform,dp:2", "replay_driver");
   setup.steps = std::atoi(argv[1]);
   const trace::Trace t = workload::generate_workload(setup);
   const long replays = std::atol(argv[2]);

@@ -223,7 +223,7 @@ int cmd_convert(const std::string& in, const std::string& out, bool allow_trunca
 // decoder: 16 layers, hidden 2048, SwiGLU 8192, vocabulary 32000), six optimizer steps of
 // micro-batch 4 with sequence lengths uniform in [1024, 2048], on one of two data-parallel ranks
 // (gradients all-reduced on a communication stream).
-constexpr const char* kDemoWorkload = "model:custom,micro_batch:4,seq:2048,seq_dist:uniform,steps:6,dp:2";
+constexpr const char* kDemoWorkload = "model:custom,framework:megatron,micro_batch:4,seq:2048,seq_dist:uniform,steps:6,dp:2";
 
 workload::WorkloadSetup demo_setup() {
   workload::WorkloadSetup s = workload::WorkloadSetup::for_model("custom");
@@ -260,7 +260,7 @@ int cmd_demo(bool as_json) {
              "seg+/seg-: device allocations/frees during the trace (start: calls made for the blocks\n"
              "live when a trace begins mid-run); ns/op: host time per alloc or free.\n");
   fmt::print("{}\nTry: tensorpool compare <your PyTorch snapshot.pickle>, tensorpool fit <it>,\n"
-             "     tensorpool plan --model llama2-7b --capacity 80GiB --global-batch 64 --zero 3 --dp 8\n",
+             "     tensorpool plan --model llama2-7b --capacity 80GiB --global-batch 64 --zero 3 --dp 8 --options framework:megatron\n",
              demo_fit_and_plan(t, nullptr));
   return 0;
 }

@@ -21,11 +21,12 @@ struct Kind {
   std::string_view name;
   std::array<std::string_view, 4> prefixes;
 };
-constexpr std::array<Kind, 8> kKinds = {{
+constexpr std::array<Kind, 9> kKinds = {{
     {"weights", {"weights"}},
     {"gradients", {"grads"}},
     {"optimizer states", {"optimizer"}},
     {"activations", {"activations", "recompute", "inputs", "pipeline"}},
+    {"autocast casts", {"autocast"}},
     {"loss", {"loss"}},
     {"temporaries", {"temporaries"}},
     {"ZeRO buffers", {"zero"}},

@@ -17,7 +17,7 @@ namespace {
 double gib_value(std::size_t bytes) { return static_cast<double>(bytes) / static_cast<double>(GiB); }
 
 // One colour per kind of PeakBreakdown (in its order), then the allocators' share.
-constexpr std::array<const char*, 8> kKindColours = {"#1f4e79", "#2e75b6", "#9dc3e6", "#c55a11",
+constexpr std::array<const char*, 9> kKindColours = {"#1f4e79", "#2e75b6", "#9dc3e6", "#c55a11", "#8064a2",
                                                      "#f4b183", "#ffd966", "#a9d18e", "#bfbfbf"};
 constexpr const char* kWasteColour = "#7f7f7f";
 constexpr const char* kWasteKind = "fragmentation and cache";

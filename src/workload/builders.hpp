@@ -1,5 +1,5 @@
 // builders.hpp: the trace builders behind generate_workload() (internal to tensorpool::workload):
-// training.cpp and inference.cpp. Both take a validated setup.
+// training.cpp, torch_loop.cpp and inference.cpp. Each takes a validated setup.
 #pragma once
 
 #include "tensorpool/trace/event.hpp"
@@ -7,7 +7,8 @@
 
 namespace tensorpool::workload {
 
-trace::Trace generate_training_trace(const WorkloadSetup& setup);
+trace::Trace generate_training_trace(const WorkloadSetup& setup);  // framework:megatron
+trace::Trace generate_torch_trace(const WorkloadSetup& setup);     // framework:pytorch (training, forward)
 trace::Trace generate_inference_trace(const WorkloadSetup& setup);
 
 }  // namespace tensorpool::workload

@@ -60,6 +60,18 @@ std::uint64_t total_elements(const std::vector<Param>& params) {
   return n;
 }
 
+std::vector<std::vector<std::uint64_t>> micro_batch_lengths(const WorkloadSetup& s) {
+  std::mt19937_64 rng(s.seed);
+  const std::uint64_t seq = s.sequence();
+  const LengthDistribution d = s.sequence_lengths();
+  const std::uint64_t all = s.accumulation();
+  const std::uint64_t per_step = s.trace_micro_batches == 0 ? all : std::min(all, s.trace_micro_batches);
+  std::vector<std::vector<std::uint64_t>> lengths(static_cast<std::size_t>(s.steps));
+  for (auto& step : lengths)
+    for (std::uint64_t i = 0; i < per_step; ++i) step.push_back(draw_length(d, rng, seq >= 128 ? 64 : 1));
+  return lengths;
+}
+
 std::uint64_t draw_length(const LengthDistribution& d, std::mt19937_64& rng, std::uint64_t granule) {
   using Kind = LengthDistribution::Kind;
   if (d.kind == Kind::fixed || d.min >= d.max) return d.max;

@@ -35,6 +35,10 @@ std::uint64_t total_elements(const std::vector<Param>& params);
 
 /// A length from `d` (see LengthDistribution); `granule` rounds drawn lengths down (not below
 /// d.min, and never for Kind::fixed).
+/// The sequence length of every micro-batch put in the trace, per optimizer step (the same on
+/// every pipeline stage): drawn from the setup's distribution, rounded down to 64 from 128 up.
+std::vector<std::vector<std::uint64_t>> micro_batch_lengths(const WorkloadSetup& s);
+
 std::uint64_t draw_length(const LengthDistribution& d, std::mt19937_64& rng, std::uint64_t granule = 1);
 
 }  // namespace tensorpool::workload

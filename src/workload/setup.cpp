@@ -21,16 +21,21 @@ constexpr std::uint64_t kMaxInt = std::numeric_limits<int>::max();
 // The name of each value of an enum, in value order.
 template <class E>
 const std::vector<std::string>& names_of();
-template <> const std::vector<std::string>& names_of<Mode>() { static const std::vector<std::string> n{"training", "inference"}; return n; }
-template <> const std::vector<std::string>& names_of<Precision>() { static const std::vector<std::string> n{"fp32", "bf16", "fp16"}; return n; }
+template <> const std::vector<std::string>& names_of<Framework>() { static const std::vector<std::string> n{"pytorch", "megatron"}; return n; }
+template <> const std::vector<std::string>& names_of<Mode>() { static const std::vector<std::string> n{"training", "inference", "forward"}; return n; }
+template <> const std::vector<std::string>& names_of<Precision>() { static const std::vector<std::string> n{"fp32", "bf16", "fp16", "autocast-bf16", "autocast-fp16"}; return n; }
+template <> const std::vector<std::string>& names_of<OptimizerImpl>() { static const std::vector<std::string> n{"foreach", "fused", "for-loop", "handwritten"}; return n; }
+template <> const std::vector<std::string>& names_of<LossOps>() { static const std::vector<std::string> n{"cross_entropy", "written"}; return n; }
+template <> const std::vector<std::string>& names_of<ActivationOps>() { static const std::vector<std::string> n{"fused", "written"}; return n; }
+template <> const std::vector<std::string>& names_of<QkvLayout>() { static const std::vector<std::string> n{"separate", "fused"}; return n; }
 template <> const std::vector<std::string>& names_of<Checkpointing>() { static const std::vector<std::string> n{"none", "selective", "full"}; return n; }
-template <> const std::vector<std::string>& names_of<Attention>() { static const std::vector<std::string> n{"flash", "eager"}; return n; }
+template <> const std::vector<std::string>& names_of<Attention>() { static const std::vector<std::string> n{"flash", "eager", "sdpa"}; return n; }
 template <> const std::vector<std::string>& names_of<Batching>() { static const std::vector<std::string> n{"fixed", "dynamic"}; return n; }
 template <> const std::vector<std::string>& names_of<KvLayout>() { static const std::vector<std::string> n{"contiguous", "paged"}; return n; }
 template <> const std::vector<std::string>& names_of<Arrival>() { static const std::vector<std::string> n{"poisson", "fixed", "burst"}; return n; }
 template <> const std::vector<std::string>& names_of<LengthDistribution::Kind>() { static const std::vector<std::string> n{"fixed", "uniform", "lognormal"}; return n; }
 template <> const std::vector<std::string>& names_of<MlpKind>() { static const std::vector<std::string> n{"gelu", "gated"}; return n; }
-template <> const std::vector<std::string>& names_of<Optimizer>() { static const std::vector<std::string> n{"adamw", "adamw8bit"}; return n; }
+template <> const std::vector<std::string>& names_of<Optimizer>() { static const std::vector<std::string> n{"adamw", "adamw8bit", "sgd"}; return n; }
 template <> const std::vector<std::string>& names_of<Offload>() { static const std::vector<std::string> n{"none", "optimizer"}; return n; }
 template <> const std::vector<std::string>& names_of<Finetune>() { static const std::vector<std::string> n{"full", "lora", "qlora"}; return n; }
 template <> const std::vector<std::string>& names_of<NormKind>() { static const std::vector<std::string> n{"layernorm", "rmsnorm"}; return n; }
@@ -71,6 +76,11 @@ void set_shape(ModelShape& m, T& field, T value) {
 
 }  // namespace
 
+std::string to_string(Framework v) { return name_of(v); }
+std::string to_string(OptimizerImpl v) { return name_of(v); }
+std::string to_string(LossOps v) { return name_of(v); }
+std::string to_string(ActivationOps v) { return name_of(v); }
+std::string to_string(QkvLayout v) { return name_of(v); }
 std::string to_string(Mode v) { return name_of(v); }
 std::string to_string(Precision v) { return name_of(v); }
 std::string to_string(Checkpointing v) { return name_of(v); }
@@ -93,9 +103,9 @@ const std::vector<std::string>& WorkloadSetup::keys() {
   static const std::vector<std::string> k = {
       "model", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "top_k", "mlp",
       "norm", "biases", "dropout", "tied_embeddings", "positions", "context",
-      "mode", "precision", "attention", "tp", "seed",
+      "framework", "mode", "precision", "attention", "tp", "seed",
       "micro_batch", "global_batch", "seq", "seq_min", "seq_dist", "batching", "checkpointing",
-      "optimizer", "offload", "finetune", "lora_rank", "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
+      "optimizer", "optimizer_impl", "loss", "activation", "qkv", "clip_grad", "no_grad", "offload", "finetune", "lora_rank", "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
       "requests", "arrival", "arrival_rate", "prompt", "prompt_min", "prompt_dist", "output",
       "output_min", "output_dist", "max_batch", "kv", "kv_block"};
   return k;
@@ -126,16 +136,40 @@ const std::vector<std::pair<std::string_view, std::string_view>>& old_generator_
 
 }  // namespace
 
+namespace {
+
+// What framework:NAME sets before the other keys (they may change it).
+void apply_framework_defaults(WorkloadSetup& s) {
+  const bool megatron = s.framework == Framework::megatron;
+  s.precision = megatron ? Precision::bf16 : Precision::autocast_bf16;
+  s.attention = megatron ? Attention::flash : Attention::sdpa;
+  s.optimizer_impl = megatron ? OptimizerImpl::fused : OptimizerImpl::foreach;
+  s.qkv = megatron ? QkvLayout::fused : QkvLayout::separate;
+}
+
+bool given(const std::vector<KeyValue>& items, std::string_view key) {
+  for (const KeyValue& e : items)
+    if (e.key == key) return true;
+  return false;
+}
+
+}  // namespace
+
 void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
   const std::vector<KeyValue> items = parse_key_values(text, origin);
-  for (const KeyValue& e : items)  // the preset first: the other keys change it
+  for (const KeyValue& e : items) {  // the preset and the framework first: the other keys change them
     if (e.key == "model") model = for_model(e.value).model;
+    if (e.key == "framework") {
+      framework = enum_value<Framework>(origin, e);
+      apply_framework_defaults(*this);
+    }
+  }
   for (const KeyValue& e : items) {
     const auto number = [&](std::uint64_t lo, std::uint64_t hi) { return whole_number(origin, e, lo, hi); };
     const auto count = [&](std::uint64_t lo) { return static_cast<int>(number(lo, kMaxInt)); };
     ModelShape& m = model;
     const std::string& k = e.key;
-    if (k == "model") continue;
+    if (k == "model" || k == "framework") continue;
     if (k == "layers") set_shape(m, m.layers, count(1));
     else if (k == "hidden") set_shape(m, m.hidden, number(8, kMax));
     else if (k == "heads") set_shape(m, m.heads, count(1));
@@ -164,6 +198,12 @@ void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
     else if (k == "batching") batching = enum_value<Batching>(origin, e);
     else if (k == "checkpointing") checkpointing = enum_value<Checkpointing>(origin, e);
     else if (k == "optimizer") optimizer = enum_value<Optimizer>(origin, e);
+    else if (k == "optimizer_impl") optimizer_impl = enum_value<OptimizerImpl>(origin, e);
+    else if (k == "loss") loss = enum_value<LossOps>(origin, e);
+    else if (k == "activation") activation = enum_value<ActivationOps>(origin, e);
+    else if (k == "qkv") qkv = enum_value<QkvLayout>(origin, e);
+    else if (k == "clip_grad") clip_grad = bool_value(origin, e);
+    else if (k == "no_grad") no_grad = bool_value(origin, e);
     else if (k == "offload") offload = enum_value<Offload>(origin, e);
     else if (k == "finetune") finetune = enum_value<Finetune>(origin, e);
     else if (k == "lora_rank") lora_rank = number(1, 65536);
@@ -191,6 +231,8 @@ void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
       throw_unknown_key(origin, e, keys());
     }
   }
+  // Serving keeps 16-bit weights: mode:inference without a precision of its own leaves autocast.
+  if (mode == Mode::inference && autocast() && !given(items, "precision")) precision = Precision::bf16;
 }
 
 std::string WorkloadSetup::to_string() const {
@@ -203,12 +245,15 @@ std::string WorkloadSetup::to_string() const {
          ",top_k:" + num(static_cast<std::uint64_t>(m.top_k)) + ",mlp:" + workload::to_string(m.mlp) +
          ",norm:" + workload::to_string(m.norm) + ",biases:" + b(m.biases) + ",dropout:" + b(m.dropout) +
          ",tied_embeddings:" + b(m.tied_embeddings) + ",positions:" + num(m.positions) +
-         ",context:" + num(m.context) + ",mode:" + name_of(mode) + ",precision:" + name_of(precision) +
+         ",context:" + num(m.context) + ",framework:" + name_of(framework) + ",mode:" + name_of(mode) +
+         ",precision:" + name_of(precision) +
          ",attention:" + name_of(attention) + ",tp:" + num(static_cast<std::uint64_t>(tp)) +
          ",seed:" + num(seed) + ",micro_batch:" + num(micro_batch) + ",global_batch:" + num(global_batch) +
          ",seq:" + num(seq) + ",seq_min:" + num(seq_min) + ",seq_dist:" + name_of(seq_dist) +
          ",batching:" + name_of(batching) + ",checkpointing:" + name_of(checkpointing) +
-         ",optimizer:" + name_of(optimizer) + ",offload:" + name_of(offload) + ",finetune:" + name_of(finetune) +
+         ",optimizer:" + name_of(optimizer) + ",optimizer_impl:" + name_of(optimizer_impl) + ",loss:" + name_of(loss) +
+         ",activation:" + name_of(activation) + ",qkv:" + name_of(qkv) + ",clip_grad:" + b(clip_grad) +
+         ",no_grad:" + b(no_grad) + ",offload:" + name_of(offload) + ",finetune:" + name_of(finetune) +
          ",lora_rank:" + num(lora_rank) +
          ",zero:" + num(static_cast<std::uint64_t>(zero)) + ",dp:" + num(static_cast<std::uint64_t>(dp)) +
          ",pp:" + num(static_cast<std::uint64_t>(pp)) + ",steps:" + num(static_cast<std::uint64_t>(steps)) +
@@ -297,7 +342,49 @@ void check_training(const WorkloadSetup& s) {
            decimal_text(most) + "): an expert gets each token at most once");
 }
 
+// The PyTorch loop is one GPU's eager program: what needs Megatron-LM or DeepSpeed is refused,
+// naming the framework that has it.
+void check_pytorch(const WorkloadSetup& s) {
+  const auto needs_megatron = [](const std::string& option) {
+    refuse(option + " is modelled in the Megatron-LM/DeepSpeed loop: add framework:megatron");
+  };
+  if (s.tp != 1) needs_megatron("option 'tp' (" + num(static_cast<std::uint64_t>(s.tp)) + ")");
+  if (s.pp != 1) needs_megatron("option 'pp' (" + num(static_cast<std::uint64_t>(s.pp)) + ")");
+  if (s.dp != 1) needs_megatron("option 'dp' (" + num(static_cast<std::uint64_t>(s.dp)) + ")");
+  if (s.zero != 0) needs_megatron("option 'zero' (" + num(static_cast<std::uint64_t>(s.zero)) + ")");
+  if (s.offload != Offload::none) needs_megatron("option 'offload' (ZeRO-Offload)");
+  if (s.finetune != Finetune::full) needs_megatron("option 'finetune' (" + name_of(s.finetune) + ")");
+  if (s.model.experts > 1) needs_megatron("a mixture of experts (experts " + num(static_cast<std::uint64_t>(s.model.experts)) + ")");
+  if (s.checkpointing == Checkpointing::selective)
+    needs_megatron("option 'checkpointing' (selective: Megatron-LM's recomputation of the attention core; the PyTorch loop has checkpointing:full, torch.utils.checkpoint per layer)");
+}
+
+void check_megatron(const WorkloadSetup& s) {
+  const auto pytorch_only = [](const std::string& what) {
+    refuse(what + " is the PyTorch loop's (framework:pytorch); framework:megatron has precision fp32|bf16|fp16, "
+           "attention flash|eager, optimizer adamw|adamw8bit (fused), F.cross_entropy, fused Q/K/V");
+  };
+  if (s.autocast()) pytorch_only("option 'precision' (" + name_of(s.precision) + ")");
+  if (s.attention == Attention::sdpa) pytorch_only("option 'attention' (sdpa)");
+  if (s.optimizer == Optimizer::sgd) pytorch_only("option 'optimizer' (sgd)");
+  if (s.optimizer_impl != OptimizerImpl::fused) pytorch_only("option 'optimizer_impl' (" + name_of(s.optimizer_impl) + ")");
+  if (s.loss != LossOps::cross_entropy) pytorch_only("option 'loss' (written)");
+  if (s.activation != ActivationOps::fused) pytorch_only("option 'activation' (written)");
+  if (s.qkv != QkvLayout::fused) pytorch_only("option 'qkv' (separate)");
+  if (s.clip_grad) pytorch_only("option 'clip_grad'");
+  if (s.mode == Mode::forward) pytorch_only("mode:forward");
+}
+
+void check_forward(const WorkloadSetup& s) {
+  if (s.optimizer != Optimizer::adamw || s.offload != Offload::none || s.finetune != Finetune::full ||
+      s.optimizer_impl != OptimizerImpl::foreach || s.clip_grad)
+    refuse("options 'optimizer', 'optimizer_impl', 'clip_grad', 'offload' and 'finetune' are for training; mode:forward runs forward passes only");
+  if (s.checkpointing != Checkpointing::none) refuse("option 'checkpointing' is for training; mode:forward keeps nothing for a backward pass");
+}
+
 void check_inference(const WorkloadSetup& s) {
+  if (s.autocast())
+    refuse("option 'precision' (" + name_of(s.precision) + ") is for training and forward passes; mode:inference serves 16-bit or fp32 weights (bf16, fp16, fp32)");
   if (s.pp != 1) refuse("option 'pp' (" + num(static_cast<std::uint64_t>(s.pp)) + ") is for training; inference runs with pp:1");
   if (s.dp != 1 || s.zero != 0) refuse("options 'dp' and 'zero' are for training; inference runs with dp:1, zero:0");
   if (s.checkpointing != Checkpointing::none) refuse("option 'checkpointing' is for training; inference keeps no activations");
@@ -315,8 +402,14 @@ void WorkloadSetup::validate() const {
   check_divides("tp", t, "heads", static_cast<std::uint64_t>(model.heads), model.name);
   check_divides("tp", t, "kv_heads", static_cast<std::uint64_t>(model.kv_heads), model.name);
   check_divides("tp", t, "ffn", model.ffn, model.name);
-  if (mode == Mode::training) check_training(*this);
-  else check_inference(*this);
+  if (framework == Framework::megatron) check_megatron(*this);
+  if (mode == Mode::inference) {
+    check_inference(*this);
+    return;
+  }
+  check_training(*this);
+  if (framework == Framework::pytorch) check_pytorch(*this);
+  if (mode == Mode::forward) check_forward(*this);
 }
 
 std::string WorkloadSetup::describe() const {
@@ -324,7 +417,12 @@ std::string WorkloadSetup::describe() const {
   char params[32];
   std::snprintf(params, sizeof params, "%.3gB", billions);
   std::string out = model.name + " (" + params + " parameters): " + name_of(mode) + ", " + name_of(precision);
+  if (mode == Mode::forward) {
+    return out + ", the PyTorch loop" + (no_grad ? " under no_grad" : " with grad on") + ", seq " + num(sequence()) +
+           ", batch " + num(micro_batch) + ", " + name_of(attention) + " attention";
+  }
   if (mode == Mode::training) {
+    out += framework == Framework::pytorch ? ", the PyTorch loop (AdamW " + name_of(optimizer_impl) + ")" : ", the Megatron-LM/DeepSpeed loop";
     out += ", seq " + num(sequence()) + (seq_dist == LengthDistribution::Kind::fixed ? "" : " (" + name_of(seq_dist) + ")") +
            ", global batch " + num(effective_global_batch()) + ", " + name_of(attention) + " attention" +
            ", checkpointing " + name_of(checkpointing) + ", ZeRO " + num(static_cast<std::uint64_t>(zero)) +
@@ -342,7 +440,8 @@ std::string WorkloadSetup::describe() const {
 
 trace::Trace generate_workload(const WorkloadSetup& s) {
   s.validate();
-  return s.mode == Mode::training ? generate_training_trace(s) : generate_inference_trace(s);
+  if (s.mode == Mode::inference) return generate_inference_trace(s);
+  return s.framework == Framework::pytorch ? generate_torch_trace(s) : generate_training_trace(s);
 }
 
 // --- setup changes --------------------------------------------------------------------------
@@ -360,29 +459,44 @@ std::vector<SetupChange> setup_changes(const WorkloadSetup& s) {
     out.push_back({std::move(description), options, std::move(cost), std::move(changed)});
   };
   if (s.mode != Mode::training) return out;
-  if (s.precision == Precision::fp32)
-    add("bf16 mixed precision", "precision:bf16", "16-bit weights and activations beside fp32 master weights");
+  const bool torch = s.framework == Framework::pytorch;
+  // What needs DeepSpeed (ZeRO-Offload) or is modelled in its loop (LoRA) runs there.
+  const std::string deepspeed = torch ? "framework:megatron," : "";
+  const std::string in_deepspeed = torch ? " (modelled in the DeepSpeed-style loop: bf16 weights, fp32 master weights)" : "";
+  if (s.precision == Precision::fp32) {
+    if (torch)
+      add("autocast (bf16) instead of fp32", "precision:autocast-bf16",
+          "matmuls in bf16 under torch.autocast: most activations in 16 bits and a bf16 copy of each weight cached for the forward pass; parameters, gradients and optimizer states stay fp32");
+    else
+      add("bf16 mixed precision", "precision:bf16", "16-bit weights and activations beside fp32 master weights");
+  }
   if (s.attention == Attention::eager)
-    add("flash attention", "attention:flash", "recomputes the attention scores in the backward pass, in a fused kernel");
-  if (s.checkpointing == Checkpointing::none && s.attention == Attention::eager)
+    add(torch ? "F.scaled_dot_product_attention instead of attention written out" : "flash attention",
+        torch ? "attention:sdpa" : "attention:flash", "recomputes the attention scores in the backward pass, in a fused kernel");
+  if (s.checkpointing == Checkpointing::none && s.attention == Attention::eager && !torch)
     add("selective activation recomputation", "checkpointing:selective",
         "recomputes the attention core in the backward pass");
   if (s.checkpointing != Checkpointing::full)
     add("full activation checkpointing", "checkpointing:full",
-        "runs each layer's forward pass again in the backward pass (about a third more compute)");
+        torch ? "torch.utils.checkpoint around each layer: its forward pass runs again in the backward pass (about a third more compute)"
+              : "runs each layer's forward pass again in the backward pass (about a third more compute)");
+  if (torch && s.optimizer == Optimizer::adamw && s.optimizer_impl != OptimizerImpl::fused)
+    add("fused AdamW instead of " + name_of(s.optimizer_impl), "optimizer_impl:fused",
+        "none: torch.optim.AdamW(fused=True) updates every state in place in one kernel, without the " +
+            std::string(s.optimizer_impl == OptimizerImpl::foreach ? "full-size temporary of _foreach_sqrt" : "per-parameter temporaries"));
   if (s.optimizer == Optimizer::adamw && s.offload == Offload::none)
     add("8-bit AdamW states (bitsandbytes AdamW8bit)", "optimizer:adamw8bit",
         "moments quantized by blocks of 256 (Dettmers et al. 2022 report no loss of accuracy)");
   if (s.offload == Offload::none) {
     const std::uint64_t host = 2 * (s.precision == Precision::fp32 ? 4 : 2);
-    add("optimizer states in host memory (ZeRO-Offload)", "offload:optimizer",
-        "the step on the CPU; per step " + num(host) + " bytes per parameter over PCIe (gradients out, weights back)");
+    add("optimizer states in host memory (ZeRO-Offload)", deepspeed + "offload:optimizer",
+        "the step on the CPU; per step " + num(host) + " bytes per parameter over PCIe (gradients out, weights back)" + in_deepspeed);
   }
   if (s.finetune == Finetune::full && s.zero == 0) {
-    add("LoRA adapters of rank 16, base weights frozen", "finetune:lora,lora_rank:16",
-        "a different job: fine-tunes low-rank adapters instead of every weight (Hu et al. 2021)");
-    add("QLoRA: 4-bit base weights and LoRA adapters of rank 16", "finetune:qlora,lora_rank:16",
-        "a different job: fine-tunes adapters over 4-bit weights, dequantized for each matmul (Dettmers et al. 2023)");
+    add("LoRA adapters of rank 16, base weights frozen", deepspeed + "finetune:lora,lora_rank:16",
+        "a different job: fine-tunes low-rank adapters instead of every weight (Hu et al. 2021)" + in_deepspeed);
+    add("QLoRA: 4-bit base weights and LoRA adapters of rank 16", deepspeed + "finetune:qlora,lora_rank:16",
+        "a different job: fine-tunes adapters over 4-bit weights, dequantized for each matmul (Dettmers et al. 2023)" + in_deepspeed);
   }
   if (s.dp > 1)
     for (int stage = s.zero + 1; stage <= 3; ++stage)

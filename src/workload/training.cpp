@@ -567,15 +567,7 @@ trace::Trace generate_training_trace(const WorkloadSetup& s) {
   trace::Trace t;
   t.info.source = "generator:" + s.model.name;
   t.info.metadata.push_back("workload=" + s.to_string());
-  // The sequence lengths of every micro-batch, the same on every stage.
-  std::mt19937_64 rng(s.seed);
-  const std::uint64_t seq = s.sequence();
-  const LengthDistribution d = s.sequence_lengths();
-  const std::uint64_t per_step = s.trace_micro_batches == 0 ? s.accumulation()
-                                                            : std::min(s.accumulation(), s.trace_micro_batches);
-  std::vector<std::vector<std::uint64_t>> lengths(static_cast<std::size_t>(s.steps));
-  for (auto& step : lengths)
-    for (std::uint64_t i = 0; i < per_step; ++i) step.push_back(draw_length(d, rng, seq >= 128 ? 64 : 1));
+  const std::vector<std::vector<std::uint64_t>> lengths = micro_batch_lengths(s);
   TraceBuilder b(t);
   for (int stage = 0; stage < s.pp; ++stage) StageTrace(s, b, stage, lengths).run();
   return t;

@@ -10,7 +10,7 @@ check "demo --json" 0 '"peak_reserved_bytes"' -- "$bin" demo --json
 check "demo fits the trace" 0 "Does it fit?" -- "$bin" demo
 check "demo plans a micro-batch where pytorch fits less" 0 "PyTorch's allocator (the pytorch model) fits micro-batch" -- "$bin" demo
 check "demo --json has the plan" 0 '"plan_command"' -- "$bin" demo --json
-check "generate" 0 "wrote" -- "$bin" generate "$work/g.tptrace" --options layers:2,hidden:256,ffn:1024,vocab:1000,micro_batch:4,seq:2048,seq_dist:uniform,steps:3
+check "generate" 0 "wrote" -- "$bin" generate "$work/g.tptrace" --options framework:megatron,layers:2,hidden:256,ffn:1024,vocab:1000,micro_batch:4,seq:2048,seq_dist:uniform,steps:3
 check "info" 0 "allocation sizes" -- "$bin" info "$work/g.tptrace"
 check "info --json" 0 '"lifetime_histogram"' -- "$bin" info "$work/g.tptrace" --json
 check "replay" 0 "tensorpool" -- "$bin" replay "$work/g.tptrace"
@@ -121,7 +121,8 @@ check "fit: a device the trace lacks" 1 "device 9 has no events" -- "$bin" fit "
 small="hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,layers:4,seq:1024"
 check "generate --model" 0 "wrote" -- "$bin" generate "$work/w.tptrace" --model custom --options "$small" --global-batch 8 --micro-batch 2
 check "a workload trace records its setup" 0 "metadata: workload=model:custom,layers:4" -- "$bin" info "$work/w.tptrace"
-check "generate pipeline stages as devices" 0 "wrote" -- "$bin" generate "$work/pp.tptrace" --model custom --options "$small" --pp 2 --global-batch 4
+check "generate pipeline stages as devices" 0 "wrote" -- "$bin" generate "$work/pp.tptrace" --model custom --options "framework:megatron,$small" --pp 2 --global-batch 4
+check "the PyTorch loop names the framework that has pipelines" 2 "option 'pp' (2) is modelled in the Megatron-LM/DeepSpeed loop: add framework:megatron" -- "$bin" generate "$work/x.tptrace" --model custom --options "$small" --pp 2 --global-batch 4
 check "fit per device" 0 "tensorpool              1" -- "$bin" fit "$work/pp.tptrace" --allocators tensorpool
 check "generate inference" 0 "inference" -- "$bin" generate "$work/inf.tptrace" --model llama2-7b --mode inference --options layers:2,requests:8
 check "unknown model lists the presets" 2 "known models: gpt2, gpt2-xl, gpt2-1.5b, llama2-7b, llama2-13b, llama2-70b, llama3-8b, mixtral-8x7b" -- "$bin" generate "$work/x.tptrace" --model llama9

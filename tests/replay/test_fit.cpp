@@ -33,7 +33,7 @@ const trace::Trace& fixture() {
 const trace::Trace& two_devices() {
   static const trace::Trace t = [] {
     workload::WorkloadSetup s = workload::WorkloadSetup::for_model("custom");
-    s.apply("layers:4,hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,seq:1024,micro_batch:2,"
+    s.apply("framework:megatron,layers:4,hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,seq:1024,micro_batch:2,"
             "global_batch:8,pp:2,steps:1");
     return workload::generate_workload(s);
   }();
@@ -189,7 +189,7 @@ TEST_CASE("fit: seed segments a model adopts count as OOMs when the device is to
 
 TEST_CASE("largest_fitting: the answer fits, the next member does not, each trace built once", "[fit]") {
   workload::WorkloadSetup base = workload::WorkloadSetup::for_model("custom");
-  base.apply("layers:4,hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,seq:1024,global_batch:64,steps:2,"
+  base.apply("framework:megatron,layers:4,hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,seq:1024,global_batch:64,steps:2,"
              "seq_dist:uniform");
   std::atomic<int> built{0};
   const TraceFamily family = [&](std::uint64_t mb) {

@@ -9,10 +9,13 @@
 namespace tptest {
 
 /// The trace of the run `options` (workload keys, tensorpool/workload/setup.hpp) describes, from
-/// the shape `--model custom` starts with: what `tensorpool generate OUT --options OPTIONS` writes.
+/// the shape `--model custom` starts with, in the Megatron-LM/DeepSpeed loop unless `options` name
+/// another (the replay tests were written against its traces: optimizer states created with the
+/// weights, so every iteration has the same demand): what `tensorpool generate OUT --options
+/// framework:megatron,OPTIONS` writes.
 inline tensorpool::trace::Trace generated(std::string_view options) {
   tensorpool::workload::WorkloadSetup s = tensorpool::workload::WorkloadSetup::for_model("custom");
-  s.apply(options, "test workload");
+  s.apply("framework:megatron," + std::string(options), "test workload");
   s.validate();
   return tensorpool::workload::generate_workload(s);
 }

@@ -31,6 +31,11 @@ WorkloadSetup setup(std::string_view model, std::string_view options) {
   return s;
 }
 
+// The Megatron-LM/DeepSpeed loop (framework:megatron): what the published formulas describe.
+WorkloadSetup megatron_setup(std::string_view model, std::string_view options) {
+  return setup(model, "framework:megatron," + std::string(options));
+}
+
 bool starts_with(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
 
 // Live bytes and blocks of the allocations whose label `pick` accepts, on one device (-1: all).
@@ -77,6 +82,10 @@ std::function<bool(const std::string&)> prefix(std::string p) {
   return [p](const std::string& label) { return starts_with(label, p); };
 }
 
+std::uint64_t summarize_peak(const trace::Trace& t) {
+  return live(t, [](const std::string&) { return true; }).peak;
+}
+
 bool model_state(const std::string& label) {
   return starts_with(label, "weights:") || starts_with(label, "grads:") || starts_with(label, "optimizer:");
 }
@@ -107,7 +116,7 @@ constexpr const char* kGpt = "hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:10
 // layers (the embedding, the last layer's output and the final norm cancel out).
 double activations_per_layer(const std::string& options) {
   const auto at_end_of_forward = [&](int layers) {
-    const trace::Trace t = generate_workload(setup("custom", std::string(kGpt) + ",layers:" + std::to_string(layers) + "," + options));
+    const trace::Trace t = generate_workload(megatron_setup("custom", std::string(kGpt) + ",layers:" + std::to_string(layers) + "," + options));
     return static_cast<double>(live(t, prefix("activations:"), "loss:logits").at_marker);
   };
   return (at_end_of_forward(4) - at_end_of_forward(2)) / 2.0;
@@ -138,7 +147,7 @@ TEST_CASE("presets have their published parameter counts", "[workload]") {
 
 TEST_CASE("model states: 16 bytes per parameter for Adam, sharded by ZeRO stage (ZeRO paper)", "[workload]") {
   const std::string shape = "layers:4,hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,seq:256,steps:1";
-  const double psi = static_cast<double>(setup("custom", shape).model.parameters());
+  const double psi = static_cast<double>(megatron_setup("custom", shape).model.parameters());
   // (option, bytes per parameter on one rank) with N = 4 data-parallel ranks
   const std::vector<std::pair<std::string, double>> cases = {
       {"precision:bf16", 16.0},          {"precision:fp16", 16.0},          {"precision:fp32", 16.0},
@@ -147,11 +156,11 @@ TEST_CASE("model states: 16 bytes per parameter for Adam, sharded by ZeRO stage 
   };
   for (const auto& [options, per_param] : cases) {
     INFO(options);
-    const trace::Trace t = generate_workload(setup("custom", shape + "," + options));
+    const trace::Trace t = generate_workload(megatron_setup("custom", shape + "," + options));
     CHECK(static_cast<double>(live(t, model_state).peak) == Approx(per_param * psi).epsilon(0.10));
   }
   // Tensor parallelism divides nearly all of them (norms stay whole).
-  const trace::Trace tp = generate_workload(setup("custom", shape + ",tp:2"));
+  const trace::Trace tp = generate_workload(megatron_setup("custom", shape + ",tp:2"));
   CHECK(static_cast<double>(live(tp, model_state).peak) == Approx(16.0 * psi / 2).epsilon(0.10));
 }
 
@@ -181,7 +190,7 @@ TEST_CASE("activations per layer: s*b*h*(34 + 5*a*s/h) bytes (Korthikanti et al.
 }
 
 TEST_CASE("full recompute runs each layer's forward again in its backward, one layer at a time", "[workload]") {
-  const trace::Trace t = generate_workload(setup("custom", std::string(kGpt) + ",layers:4,attention:eager,checkpointing:full"));
+  const trace::Trace t = generate_workload(megatron_setup("custom", std::string(kGpt) + ",layers:4,attention:eager,checkpointing:full"));
   const Live recompute = live(t, prefix("recompute:"));
   const double s = 512, b = 2, h = 1024, a = 16;
   CHECK(recompute.allocations > 0);
@@ -195,16 +204,16 @@ TEST_CASE("KV cache: 2 x layers x kv_heads x head_dim x bytes per token", "[work
   // Llama-2-70B's attention (64 heads, 8 KV heads of 128) in 4 layers.
   const std::string base = "layers:4,mode:inference,requests:1,prompt:1000,prompt_dist:fixed,output:200,output_dist:fixed";
   const double per_token = 2.0 * 4 * 8 * 128 * 2;
-  const WorkloadSetup contiguous = setup("llama2-70b", base + ",kv:contiguous");
+  const WorkloadSetup contiguous = megatron_setup("llama2-70b", base + ",kv:contiguous");
   CHECK(static_cast<double>(contiguous.kv_bytes_per_token()) == per_token);
   const Live c = live(generate_workload(contiguous), prefix("kv_cache:"));
   CHECK(static_cast<double>(c.peak) == Approx(1200 * per_token).epsilon(0.10));
   CHECK(c.at_end == 0);
-  const Live p = live(generate_workload(setup("llama2-70b", base + ",kv:paged,kv_block:16")), prefix("kv_cache:"));
+  const Live p = live(generate_workload(megatron_setup("llama2-70b", base + ",kv:paged,kv_block:16")), prefix("kv_cache:"));
   CHECK(static_cast<double>(p.peak) == Approx(1200 * per_token).epsilon(0.10));
   CHECK(p.allocations == (1199 + 15) / 16);  // blocks of 16 tokens as the sequence grows
   // bf16 weights: 2 bytes per parameter.
-  const WorkloadSetup seven = setup("llama2-7b", "mode:inference,requests:1,prompt:16,prompt_dist:fixed,output:4,output_dist:fixed");
+  const WorkloadSetup seven = megatron_setup("llama2-7b", "mode:inference,requests:1,prompt:16,prompt_dist:fixed,output:4,output_dist:fixed");
   CHECK(static_cast<double>(live(generate_workload(seven), prefix("weights:")).peak) ==
         Approx(2.0 * static_cast<double>(seven.model.parameters())).epsilon(0.01));
   CHECK(seven.kv_bytes_per_token() == 2ull * 32 * 32 * 128 * 2);
@@ -212,7 +221,7 @@ TEST_CASE("KV cache: 2 x layers x kv_heads x head_dim x bytes per token", "[work
 
 TEST_CASE("continuous batching: at most max_batch requests hold a cache, freed as each finishes", "[workload]") {
   const std::string base = "layers:2,mode:inference,requests:40,max_batch:8,kv:contiguous,prompt:256,output:64";
-  const trace::Trace burst = generate_workload(setup("llama2-7b", base + ",arrival:burst"));
+  const trace::Trace burst = generate_workload(megatron_setup("llama2-7b", base + ",arrival:burst"));
   check_consistent(burst);
   const Live k = live(burst, prefix("kv_cache:"));
   CHECK(k.most_blocks == 8 * 2);  // a full batch, one tensor per layer each
@@ -220,13 +229,13 @@ TEST_CASE("continuous batching: at most max_batch requests hold a cache, freed a
   CHECK(k.at_end == 0);
   CHECK(live(burst, prefix("weights:")).at_end > 0);
   // Requests that arrive slowly never fill the batch.
-  const Live slow = live(generate_workload(setup("llama2-7b", base + ",arrival:fixed,arrival_rate:0.01")), prefix("kv_cache:"));
+  const Live slow = live(generate_workload(megatron_setup("llama2-7b", base + ",arrival:fixed,arrival_rate:0.01")), prefix("kv_cache:"));
   CHECK(slow.most_blocks < k.most_blocks);
   CHECK(slow.allocations == k.allocations);
 }
 
 TEST_CASE("pipeline stages are the trace's devices, stage s keeps pp - s micro-batches in flight", "[workload]") {
-  const WorkloadSetup s = setup("custom", "layers:8,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,"
+  const WorkloadSetup s = megatron_setup("custom", "layers:8,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,"
                                           "micro_batch:1,global_batch:8,pp:4,steps:2");
   const trace::Trace t = generate_workload(s);
   check_consistent(t);
@@ -248,7 +257,7 @@ TEST_CASE("ZeRO and data parallelism: collectives on the communication stream, c
   const std::string shape = "layers:4,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,steps:2";
   for (const char* options : {"zero:3,dp:4", "zero:2,dp:4", "dp:2"}) {
     INFO(options);
-    const trace::Trace t = generate_workload(setup("custom", shape + "," + options));
+    const trace::Trace t = generate_workload(megatron_setup("custom", shape + "," + options));
     check_consistent(t);
     std::set<std::uint64_t> recorded;
     std::uint64_t syncs = 0, cross_stream_frees = 0;
@@ -268,24 +277,24 @@ TEST_CASE("ZeRO and data parallelism: collectives on the communication stream, c
 
 TEST_CASE("gradient accumulation: gradients once per step, a forward pass per micro-batch", "[workload]") {
   const std::string shape = "layers:2,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,steps:3";
-  const WorkloadSetup s = setup("custom", shape + ",micro_batch:2,global_batch:8");
+  const WorkloadSetup s = megatron_setup("custom", shape + ",micro_batch:2,global_batch:8");
   CHECK(s.accumulation() == 4);
   const trace::Trace t = generate_workload(s);
   check_consistent(t);
   CHECK(live(t, prefix("inputs:input_ids")).allocations == 3 * 4);
   // Per layer 7 tensors (2 norms, qkv, out, gate, up, down); the embedding, final norm, output layer.
   CHECK(live(t, prefix("grads:")).allocations == 3 * (2 * 7 + 3));
-  const trace::Trace cut = generate_workload(setup("custom", shape + ",micro_batch:2,global_batch:8,trace_micro_batches:2"));
+  const trace::Trace cut = generate_workload(megatron_setup("custom", shape + ",micro_batch:2,global_batch:8,trace_micro_batches:2"));
   CHECK(live(cut, prefix("inputs:input_ids")).allocations == 3 * 2);
   // A later micro-batch runs forward while the gradients of the first are held: a higher peak.
-  const trace::Trace one = generate_workload(setup("custom", shape + ",micro_batch:2,global_batch:2"));
+  const trace::Trace one = generate_workload(megatron_setup("custom", shape + ",micro_batch:2,global_batch:2"));
   CHECK(live(t, [](const std::string&) { return true; }).peak > live(one, [](const std::string&) { return true; }).peak);
 }
 
 TEST_CASE("MoE: each token to top_k experts, the busiest with moe_imbalance x the mean load", "[workload]") {
   const std::string shape = "layers:2,hidden:256,heads:4,kv_heads:4,ffn:512,vocab:1000,experts:8,top_k:2,seq:256,"
                             "micro_batch:2,steps:1";
-  const WorkloadSetup s = setup("custom", shape + ",moe_imbalance:2");
+  const WorkloadSetup s = megatron_setup("custom", shape + ",moe_imbalance:2");
   const trace::Trace t = generate_workload(s);
   check_consistent(t);
   const std::uint64_t tokens = 2 * 256;
@@ -300,7 +309,7 @@ TEST_CASE("MoE: each token to top_k experts, the busiest with moe_imbalance x th
   CHECK(per_layer == 2 * 8);  // every expert of both layers got tokens
   CHECK(rows == 2 * tokens * 2);
   CHECK(busiest == 2 * tokens * 2 / 8);
-  CHECK(s.model.parameters() > setup("custom", "layers:2,hidden:256,heads:4,kv_heads:4,ffn:512,vocab:1000").model.parameters());
+  CHECK(s.model.parameters() > megatron_setup("custom", "layers:2,hidden:256,heads:4,kv_heads:4,ffn:512,vocab:1000").model.parameters());
 }
 
 TEST_CASE("sequence lengths from a distribution, and dynamic batching by tokens", "[workload]") {
@@ -312,26 +321,26 @@ TEST_CASE("sequence lengths from a distribution, and dynamic batching by tokens"
       if (e.op == Op::alloc && t.labels[e.label] == "inputs:input_ids") out.insert(e.size / 8);
     return out;
   };
-  CHECK(sizes(generate_workload(setup("custom", shape))) == std::set<std::uint64_t>{4 * 1024});
-  const auto varied = sizes(generate_workload(setup("custom", shape + ",seq_dist:uniform,seq_min:256")));
+  CHECK(sizes(generate_workload(megatron_setup("custom", shape))) == std::set<std::uint64_t>{4 * 1024});
+  const auto varied = sizes(generate_workload(megatron_setup("custom", shape + ",seq_dist:uniform,seq_min:256")));
   CHECK(varied.size() > 3);
   for (std::uint64_t tokens : varied) {
     CHECK(tokens % 4 == 0);
     CHECK(tokens / 4 >= 256);
     CHECK(tokens / 4 <= 1024);
   }
-  CHECK(sizes(generate_workload(setup("custom", shape + ",seq_dist:lognormal,seq_min:64"))).size() > 3);
+  CHECK(sizes(generate_workload(megatron_setup("custom", shape + ",seq_dist:lognormal,seq_min:64"))).size() > 3);
   // Dynamic batching: about micro_batch x seq tokens whatever the length.
-  for (std::uint64_t tokens : sizes(generate_workload(setup("custom", shape + ",seq_dist:uniform,seq_min:256,batching:dynamic")))) {
+  for (std::uint64_t tokens : sizes(generate_workload(megatron_setup("custom", shape + ",seq_dist:uniform,seq_min:256,batching:dynamic")))) {
     CHECK(tokens <= 4 * 1024);
     CHECK(tokens > 4 * 1024 - 1024);
   }
-  CHECK(generate_workload(setup("llama2-7b", "layers:2,seq_dist:uniform")).events ==
-        generate_workload(setup("llama2-7b", "layers:2,seq_dist:uniform")).events);
+  CHECK(generate_workload(megatron_setup("llama2-7b", "layers:2,seq_dist:uniform")).events ==
+        generate_workload(megatron_setup("llama2-7b", "layers:2,seq_dist:uniform")).events);
 }
 
 TEST_CASE("workload options read back, and impossible setups are refused naming the option", "[workload]") {
-  WorkloadSetup s = setup("llama2-70b", "tp:8,zero:1,dp:4,global_batch:64,micro_batch:2,moe_imbalance:1,arrival_rate:0.25");
+  WorkloadSetup s = megatron_setup("llama2-70b", "tp:8,zero:1,dp:4,global_batch:64,micro_batch:2,moe_imbalance:1,arrival_rate:0.25");
   WorkloadSetup again = WorkloadSetup::for_model("custom");
   again.apply(s.to_string());
   CHECK(again.to_string() == s.to_string());
@@ -369,7 +378,7 @@ TEST_CASE("workload options read back, and impossible setups are refused naming 
 }
 
 TEST_CASE("setup changes: what saves memory, only where it applies", "[workload]") {
-  const WorkloadSetup s = setup("llama2-7b", "precision:fp32,attention:eager,dp:8,global_batch:64");
+  const WorkloadSetup s = megatron_setup("llama2-7b", "precision:fp32,attention:eager,dp:8,global_batch:64");
   std::set<std::string> options;
   for (const SetupChange& c : setup_changes(s)) {
     options.insert(c.options);
@@ -382,29 +391,29 @@ TEST_CASE("setup changes: what saves memory, only where it applies", "[workload]
                                          "zero:2", "zero:3", "seq:2048,seq_min:0"});
   for (const SetupChange& c : setup_changes(s)) CHECK_FALSE(c.cost.empty());
   std::set<std::string> pipelined;
-  for (const SetupChange& c : setup_changes(setup("llama2-7b", "pp:2,dp:8,global_batch:64,checkpointing:full")))
+  for (const SetupChange& c : setup_changes(megatron_setup("llama2-7b", "pp:2,dp:8,global_batch:64,checkpointing:full")))
     pipelined.insert(c.options);
   CHECK(pipelined == std::set<std::string>{"optimizer:adamw8bit", "offload:optimizer", "finetune:lora,lora_rank:16",
                                            "finetune:qlora,lora_rank:16", "zero:1", "seq:2048,seq_min:0"});
   // Offloaded, the optimizer's states are no longer on the device: no 8-bit change either.
   std::set<std::string> offloaded;
-  for (const SetupChange& c : setup_changes(setup("gpt2", "offload:optimizer"))) offloaded.insert(c.options);
+  for (const SetupChange& c : setup_changes(megatron_setup("gpt2", "offload:optimizer"))) offloaded.insert(c.options);
   CHECK(offloaded == std::set<std::string>{"checkpointing:full", "finetune:lora,lora_rank:16",
                                            "finetune:qlora,lora_rank:16", "seq:512,seq_min:0"});
   // With ZeRO, no LoRA change (not modelled together).
-  for (const SetupChange& c : setup_changes(setup("llama2-7b", "zero:1,dp:8,global_batch:64")))
+  for (const SetupChange& c : setup_changes(megatron_setup("llama2-7b", "zero:1,dp:8,global_batch:64")))
     CHECK(c.options.find("finetune") == std::string::npos);
 }
 
 TEST_CASE("an 8-bit optimizer and an offloaded one: the optimizer's bytes on the device", "[workload]") {
   const std::string shape = "layers:2,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,steps:2";
   const auto optimizer_bytes = [&](const std::string& options) {
-    return live(generate_workload(setup("custom", shape + "," + options)), prefix("optimizer:")).peak;
+    return live(generate_workload(megatron_setup("custom", shape + "," + options)), prefix("optimizer:")).peak;
   };
   // Per parameter tensor of n elements: the fp32 master copy (bf16 mixed precision), and each
   // moment in fp32, or in uint8 with an fp32 scale per 256 elements from 4096 elements up.
   std::uint64_t fp32 = 0, eight_bit = 0;
-  const WorkloadSetup base = setup("custom", shape);
+  const WorkloadSetup base = megatron_setup("custom", shape);
   std::vector<std::uint64_t> sizes;
   const trace::Trace t = generate_workload(base);
   for (const auto& e : t.events) {
@@ -419,23 +428,23 @@ TEST_CASE("an 8-bit optimizer and an offloaded one: the optimizer's bytes on the
   CHECK(optimizer_bytes("optimizer:adamw8bit") == eight_bit);
   CHECK(optimizer_bytes("offload:optimizer") == 0);
   // Offloaded, the step allocates nothing on the device; the weights and gradients stay.
-  const trace::Trace off = generate_workload(setup("custom", shape + ",offload:optimizer"));
+  const trace::Trace off = generate_workload(megatron_setup("custom", shape + ",offload:optimizer"));
   CHECK(live(off, prefix("temporaries:optimizer.step")).allocations == 0);
   CHECK(live(t, prefix("temporaries:optimizer.step")).allocations > 0);
   CHECK(live(off, prefix("grads:")).peak == live(t, prefix("grads:")).peak);
-  CHECK(setup("custom", shape + ",optimizer:adamw8bit,offload:optimizer").to_string().find("optimizer:adamw8bit,offload:optimizer") !=
+  CHECK(megatron_setup("custom", shape + ",optimizer:adamw8bit,offload:optimizer").to_string().find("offload:optimizer") !=
         std::string::npos);
-  REQUIRE_THROWS_WITH(setup("llama2-7b", "mode:inference,optimizer:adamw8bit"),
+  REQUIRE_THROWS_WITH(megatron_setup("llama2-7b", "mode:inference,optimizer:adamw8bit"),
                       Contains("options 'optimizer', 'offload' and 'finetune' are for training"));
-  REQUIRE_THROWS_WITH(setup("llama2-7b", "optimizer:adam"),
+  REQUIRE_THROWS_WITH(megatron_setup("llama2-7b", "optimizer:adam"),
                       Contains("bad value 'adam' for key 'optimizer': expected one of adamw, adamw8bit"));
 }
 
 TEST_CASE("LoRA and QLoRA: frozen base weights, trainable adapters, 4-bit matrices", "[workload]") {
   const std::string shape = "layers:2,hidden:512,heads:8,kv_heads:8,ffn:2048,vocab:1000,seq:128,steps:2,mlp:gated";
-  const trace::Trace full = generate_workload(setup("custom", shape));
-  const trace::Trace lora = generate_workload(setup("custom", shape + ",finetune:lora,lora_rank:8"));
-  const trace::Trace qlora = generate_workload(setup("custom", shape + ",finetune:qlora,lora_rank:8"));
+  const trace::Trace full = generate_workload(megatron_setup("custom", shape));
+  const trace::Trace lora = generate_workload(megatron_setup("custom", shape + ",finetune:lora,lora_rank:8"));
+  const trace::Trace qlora = generate_workload(megatron_setup("custom", shape + ",finetune:qlora,lora_rank:8"));
   check_consistent(lora);
   check_consistent(qlora);
   // Per layer, the adapted matrices (in x out): qkv 512 x 1536, out 512 x 512, gate and up
@@ -466,8 +475,8 @@ TEST_CASE("LoRA and QLoRA: frozen base weights, trainable adapters, 4-bit matric
   CHECK(live(lora, [](const std::string& l) { return l == "activations:lora.xA"; }).allocations > 0);
   CHECK(live(qlora, prefix("temporaries:qlora.dequantize")).allocations > 0);
   CHECK(live(lora, prefix("temporaries:qlora.dequantize")).allocations == 0);
-  REQUIRE_THROWS_WITH(setup("llama2-7b", "finetune:lora,zero:1,dp:2"), Contains("LoRA with ZeRO is not modelled"));
-  REQUIRE_THROWS_WITH(setup("llama2-7b", "lora_rank:0"), Contains("'lora_rank'"));
+  REQUIRE_THROWS_WITH(megatron_setup("llama2-7b", "finetune:lora,zero:1,dp:2"), Contains("LoRA with ZeRO is not modelled"));
+  REQUIRE_THROWS_WITH(megatron_setup("llama2-7b", "lora_rank:0"), Contains("'lora_rank'"));
 }
 
 TEST_CASE("every kind of workload trace is consistent and deterministic", "[workload]") {
@@ -475,10 +484,153 @@ TEST_CASE("every kind of workload trace is consistent and deterministic", "[work
        {"layers:4,zero:3,dp:8,checkpointing:full", "layers:4,pp:2,global_batch:8,tp:2", "layers:4,attention:eager,checkpointing:selective",
         "layers:2,mode:inference,kv:paged,requests:16", "layers:2,mode:inference,kv:contiguous,requests:16,arrival:fixed"}) {
     INFO(options);
-    const trace::Trace a = generate_workload(setup("llama2-7b", options));
+    const trace::Trace a = generate_workload(megatron_setup("llama2-7b", options));
     check_consistent(a);
-    CHECK(a.events == generate_workload(setup("llama2-7b", options)).events);
+    CHECK(a.events == generate_workload(megatron_setup("llama2-7b", options)).events);
     CHECK(a.info.source == "generator:custom");  // a preset with its shape changed
   }
-  check_consistent(generate_workload(setup("mixtral-8x7b", "layers:2,seq:512,zero:2,dp:4,moe_imbalance:3")));
+  check_consistent(generate_workload(megatron_setup("mixtral-8x7b", "layers:2,seq:512,zero:2,dp:4,moe_imbalance:3")));
+}
+
+// --- the PyTorch loop (framework:pytorch, torch_loop.cpp) ------------------------------------
+
+namespace {
+
+// A small Llama-style model in the PyTorch loop; append keys to change it.
+constexpr const char* kTorch = "layers:2,hidden:512,heads:8,kv_heads:8,ffn:1024,vocab:1000,micro_batch:2,steps:1";
+
+// Bytes live just before the first backward allocation: what the forward pass left for backward.
+std::uint64_t before_backward(const trace::Trace& t) {
+  return live(t, [](const std::string&) { return true; }, "temporaries:backward.grad_output").at_marker;
+}
+
+std::uint64_t elements(const WorkloadSetup& s) { return s.model.parameters(); }
+
+}  // namespace
+
+TEST_CASE("the PyTorch loop: autocast keeps fp32 model states and caches each weight's bf16 cast", "[workload]") {
+  const WorkloadSetup s = setup("custom", std::string(kTorch) + ",seq:256");
+  REQUIRE(s.framework == Framework::pytorch);
+  REQUIRE(s.precision == Precision::autocast_bf16);
+  const trace::Trace t = generate_workload(s);
+  check_consistent(t);
+  const std::uint64_t n = elements(s);
+  CHECK(live(t, prefix("weights:")).peak == 4 * n + live(t, prefix("weights:rope")).peak);  // fp32 parameters
+  CHECK(live(t, prefix("grads:")).peak == 4 * n);
+  CHECK(live(t, prefix("optimizer:exp_avg")).peak == 2 * 4 * n);
+  // Each matmul weight (every linear layer and the head: not the norms or the embedding, which
+  // autocast does not cast) is cast once per forward pass and kept until its backward.
+  const std::uint64_t h = s.model.hidden, f = s.model.ffn, v = s.model.vocab;
+  const std::uint64_t matmul_weights = static_cast<std::uint64_t>(s.model.layers) * (4 * h * h + 3 * h * f) + v * h;
+  const Live casts = live(t, prefix("autocast:"), "temporaries:backward.grad_output");
+  CHECK(casts.at_marker == 2 * matmul_weights);
+  CHECK(casts.allocations == static_cast<std::uint64_t>(s.model.layers) * 7 + 1);
+  CHECK(casts.at_end == 0);
+}
+
+TEST_CASE("the PyTorch loop: optimizer states appear at the first step, foreach's temporary is every state at once", "[workload]") {
+  const auto first_alloc = [](const trace::Trace& t, const std::string& p) {
+    for (std::size_t i = 0; i < t.events.size(); ++i)
+      if (t.events[i].op == Op::alloc && starts_with(t.labels[t.events[i].label], p)) return i;
+    return t.events.size();
+  };
+  const auto last_alloc = [](const trace::Trace& t, const std::string& p) {
+    std::size_t last = 0;
+    for (std::size_t i = 0; i < t.events.size(); ++i)
+      if (t.events[i].op == Op::alloc && starts_with(t.labels[t.events[i].label], p)) last = i;
+    return last;
+  };
+  const std::string small = std::string(kTorch) + ",seq:64";  // the model states make the peak
+  const WorkloadSetup s = setup("custom", small);
+  const std::uint64_t n = elements(s);
+  const trace::Trace foreach = generate_workload(s);
+  CHECK(first_alloc(foreach, "optimizer:") > last_alloc(foreach, "grads:"));  // lazily, after backward
+  const trace::Trace eager_states = generate_workload(megatron_setup("custom", "layers:2,hidden:512,heads:8,kv_heads:8,ffn:1024,vocab:1000,micro_batch:2,steps:1"));
+  CHECK(first_alloc(eager_states, "optimizer:") < first_alloc(eager_states, "grads:"));  // with the weights
+  CHECK(live(foreach, prefix("temporaries:optimizer.foreach_sqrt")).peak == 4 * n);
+  const trace::Trace fused = generate_workload(setup("custom", small + ",optimizer_impl:fused"));
+  CHECK(live(fused, prefix("temporaries:optimizer")).allocations == 0);
+  CHECK(summarize_peak(foreach) - summarize_peak(fused) >= 4 * n - 4 * n / 10);
+  // for-loop: sqrt and the division, two temporaries of one parameter at a time
+  const std::uint64_t largest = 4 * std::max<std::uint64_t>(s.model.vocab * s.model.hidden, s.model.hidden * s.model.ffn);
+  CHECK(live(generate_workload(setup("custom", std::string(kTorch) + ",optimizer_impl:for-loop")), prefix("temporaries:optimizer")).peak == 2 * largest);
+  // hand-written: new moment tensors; old ones freed when rebound
+  const trace::Trace hand = generate_workload(setup("custom", std::string(kTorch) + ",optimizer_impl:handwritten,steps:2"));
+  CHECK(live(hand, prefix("temporaries:optimizer")).peak == 3 * largest);
+  CHECK(live(hand, prefix("optimizer:exp_avg")).at_end == 2 * 4 * n);
+  // SGD with momentum: one state per parameter, the gradient's clone at the first step
+  CHECK(live(generate_workload(setup("custom", std::string(kTorch) + ",optimizer:sgd")), prefix("optimizer:")).peak == 4 * n);
+}
+
+TEST_CASE("the PyTorch loop: attention written out keeps exp and the probabilities of every score", "[workload]") {
+  // What the forward pass leaves for backward, at seq s, 2s and 3s: the constant terms and those
+  // linear in the tokens cancel in f(3s) - 2 f(2s) + f(s), leaving twice the s x s tensors autograd
+  // keeps at seq s (the mask: one byte per score of a sequence, shared by the batch and the heads).
+  const auto quadratic = [](const std::string& options, std::uint64_t seq) {
+    const auto f = [&](std::uint64_t sq) {
+      return before_backward(generate_workload(setup("custom", std::string(kTorch) + ",context:4096," + options + ",seq:" + std::to_string(sq))));
+    };
+    return static_cast<std::int64_t>(f(3 * seq)) - 2 * static_cast<std::int64_t>(f(2 * seq)) + static_cast<std::int64_t>(f(seq));
+  };
+  const std::int64_t layers = 2, batch = 2, heads = 8, s = 256;
+  const std::int64_t per_byte = layers * 2 * s * s;  // the second difference of one byte per score
+  // fp32: exp (kept by exp's backward) and exp / sum (kept by the matmul with V), 4 bytes each
+  CHECK(quadratic("precision:fp32,attention:eager", s) == per_byte * (batch * heads * 8 + 1));
+  // autocast: exp runs in fp32 (kept), the probabilities are cast to bf16 for the matmul (kept)
+  CHECK(quadratic("precision:autocast-bf16,attention:eager", s) == per_byte * (batch * heads * 6 + 1));
+  // sdpa keeps one float per row, nothing per score
+  CHECK(quadratic("precision:autocast-bf16,attention:sdpa", s) == 0);
+}
+
+TEST_CASE("the PyTorch loop: checkpointing, forward passes and gradient accumulation", "[workload]") {
+  const WorkloadSetup base = setup("custom", std::string(kTorch) + ",seq:512,precision:fp32");
+  const std::uint64_t T = base.micro_batch * 512, h = base.model.hidden;
+  const trace::Trace plain = generate_workload(base);
+  const auto checkpointed = [](int layers) {
+    return generate_workload(setup("custom", std::string(kTorch) + ",seq:512,precision:fp32,checkpointing:full,layers:" + std::to_string(layers)));
+  };
+  const trace::Trace ckpt = checkpointed(2);
+  check_consistent(ckpt);
+  const auto activations = [](const trace::Trace& t) {  // all but the weights (no gradient or state yet)
+    return live(t, [](const std::string& l) { return !starts_with(l, "weights:"); }, "temporaries:backward.grad_output").at_marker;
+  };
+  // torch.utils.checkpoint keeps each layer's input only (the fp32 residual stream: T x h x 4 bytes)
+  CHECK(activations(checkpointed(4)) - activations(ckpt) == 2 * T * h * 4);
+  CHECK(activations(plain) > 5 * activations(ckpt));
+  CHECK(live(ckpt, prefix("grads:")).peak == live(plain, prefix("grads:")).peak);  // every gradient reached
+  // forward passes: no gradient, no optimizer; under no_grad nothing is kept between ops
+  const trace::Trace no_grad = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,mode:forward,steps:3"));
+  const trace::Trace with_grad = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,mode:forward,steps:3,no_grad:false"));
+  check_consistent(no_grad);
+  check_consistent(with_grad);
+  CHECK(live(no_grad, prefix("grads:")).allocations == 0);
+  CHECK(live(no_grad, prefix("optimizer:")).allocations == 0);
+  CHECK(live(no_grad, prefix("activations:")).allocations == 0);
+  // with grad on, the graph lives as long as the output does: until the next pass rebinds it
+  CHECK(live(with_grad, prefix("activations:")).peak > live(with_grad, prefix("activations:")).at_end);
+  CHECK(summarize_peak(with_grad) > summarize_peak(no_grad) + T * h * 4);
+  // accumulation: one forward and backward per micro-batch, gradients allocated once
+  const trace::Trace accumulated = generate_workload(setup("custom", std::string(kTorch) + ",global_batch:8"));
+  CHECK(live(accumulated, prefix("grads:")).allocations == live(plain, prefix("grads:")).allocations);
+  CHECK(live(accumulated, prefix("inputs:input_ids")).allocations == 4);
+}
+
+TEST_CASE("the PyTorch loop: options read back, defaults per framework, refusals name what has it", "[workload]") {
+  const WorkloadSetup s = setup("llama2-7b", "attention:eager,loss:written,activation:written,qkv:fused,optimizer_impl:handwritten,clip_grad:true");
+  WorkloadSetup back = WorkloadSetup::for_model("custom");
+  back.apply(s.to_string(), "read back");
+  CHECK(back.to_string() == s.to_string());
+  CHECK(generate_workload(back).events == generate_workload(s).events);
+  check_consistent(generate_workload(setup("gpt2", "layers:2,seq:256,attention:eager,activation:written,loss:written,clip_grad:true")));
+  const WorkloadSetup m = setup("llama2-7b", "framework:megatron");
+  CHECK(m.precision == Precision::bf16);
+  CHECK(m.attention == Attention::flash);
+  CHECK(setup("llama2-7b", "mode:inference").precision == Precision::bf16);  // serving: 16-bit weights
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "tp:2"), Contains("option 'tp' (2) is modelled in the Megatron-LM/DeepSpeed loop: add framework:megatron"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "framework:megatron,precision:autocast-bf16"),
+                      Contains("option 'precision' (autocast-bf16) is the PyTorch loop's (framework:pytorch)"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "mode:forward,optimizer_impl:fused"), Contains("mode:forward runs forward passes only"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "mode:inference,precision:autocast-fp16"), Contains("mode:inference serves 16-bit or fp32 weights"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "optimizer_impl:fast"), Contains("one of foreach, fused, for-loop, handwritten"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "checkpointing:selective"), Contains("the PyTorch loop has checkpointing:full"));
 }

@@ -62,16 +62,41 @@
 
 namespace tensorpool::workload {
 
-enum class Mode : std::uint8_t { training, inference };
-enum class Precision : std::uint8_t { fp32, bf16, fp16 };
+/// Which training loop the trace is of: a plain PyTorch loop (pytorch: torch_loop.cpp, op by op
+/// with autograd's and autocast's rules) or a Megatron-LM/DeepSpeed-style loop (megatron:
+/// training.cpp, per layer from Korthikanti et al.'s activation formula, with tp/pp/ZeRO).
+enum class Framework : std::uint8_t { pytorch, megatron };
+/// training: optimizer steps; inference: requests served with a KV cache; forward: forward passes
+/// only (evaluation or scoring, framework:pytorch), under torch.no_grad() or not (no_grad).
+enum class Mode : std::uint8_t { training, inference, forward };
+/// fp32; bf16/fp16: 16-bit weights, gradients and activations with an fp32 master copy (mixed
+/// precision); autocast-bf16/autocast-fp16: torch.autocast (fp32 parameters, gradients and
+/// optimizer states; each op's output in the dtype autocast's op lists give it).
+enum class Precision : std::uint8_t { fp32, bf16, fp16, autocast_bf16, autocast_fp16 };
 enum class Checkpointing : std::uint8_t { none, selective, full };
-enum class Attention : std::uint8_t { flash, eager };
+/// flash: flash-attn's kernels; eager: attention written out (scores, mask, softmax, every tensor
+/// autograd keeps); sdpa: F.scaled_dot_product_attention (flash or memory-efficient kernels).
+enum class Attention : std::uint8_t { flash, eager, sdpa };
 enum class Batching : std::uint8_t { fixed, dynamic };
 enum class KvLayout : std::uint8_t { contiguous, paged };
 enum class Arrival : std::uint8_t { poisson, fixed, burst };
 /// The optimizer's states: AdamW's two moments in fp32 (adamw), or quantized to 8 bits by blocks
 /// of 256 elements with an fp32 scale each, as bitsandbytes' AdamW8bit keeps them (adamw8bit).
-enum class Optimizer : std::uint8_t { adamw, adamw8bit };
+/// sgd: SGD with momentum (one state, a clone of the gradient at the first step).
+enum class Optimizer : std::uint8_t { adamw, adamw8bit, sgd };
+/// How torch.optim's AdamW runs (framework:pytorch): foreach (the default on CUDA: one
+/// _foreach_sqrt of every state at once, a full-size temporary), fused (one kernel, in place),
+/// for-loop (foreach=False: two temporaries of each parameter in turn), handwritten (a per-parameter
+/// update written in Python that makes new moment tensors, as the CS336 runs do).
+enum class OptimizerImpl : std::uint8_t { foreach, fused, for_loop, handwritten };
+/// The loss: F.cross_entropy (log_softmax in fp32, kept) or written out (max, x - max, exp, sum, log).
+enum class LossOps : std::uint8_t { cross_entropy, written };
+/// The MLP's activation: F.silu / F.gelu (keep their input), or written out (x * sigmoid(x), GELU's
+/// tanh form: more tensors kept).
+enum class ActivationOps : std::uint8_t { fused, written };
+/// Q, K and V as three linear layers (separate, as Llama and the CS336 handout write them) or one
+/// (fused, as GPT-2's c_attn and Megatron do).
+enum class QkvLayout : std::uint8_t { separate, fused };
 /// Where the optimizer's states (and the fp32 master weights) live: on the device (none), or in
 /// host memory with the step on the CPU (optimizer: ZeRO-Offload).
 enum class Offload : std::uint8_t { none, optimizer };
@@ -91,9 +116,12 @@ struct LengthDistribution {
 
 struct WorkloadSetup {
   ModelShape model;  // a preset (model:NAME) and the shape keys on top
+  /// The loop; framework:NAME is applied first wherever it is and sets the defaults below that
+  /// differ (megatron: precision bf16, attention flash, optimizer_impl fused, qkv fused).
+  Framework framework = Framework::pytorch;
   Mode mode = Mode::training;
-  Precision precision = Precision::bf16;
-  Attention attention = Attention::flash;
+  Precision precision = Precision::autocast_bf16;
+  Attention attention = Attention::sdpa;
   int tp = 1;  // tensor-parallel degree
   std::uint64_t seed = 1;
 
@@ -106,6 +134,12 @@ struct WorkloadSetup {
   Batching batching = Batching::fixed;
   Checkpointing checkpointing = Checkpointing::none;
   Optimizer optimizer = Optimizer::adamw;
+  OptimizerImpl optimizer_impl = OptimizerImpl::foreach;
+  LossOps loss = LossOps::cross_entropy;
+  ActivationOps activation = ActivationOps::fused;
+  QkvLayout qkv = QkvLayout::separate;
+  bool clip_grad = false;  // torch.nn.utils.clip_grad_norm_ before each step
+  bool no_grad = true;     // mode:forward under torch.no_grad()
   Offload offload = Offload::none;
   Finetune finetune = Finetune::full;
   std::uint64_t lora_rank = 16;  // the adapters' rank (finetune:lora|qlora)
@@ -157,8 +191,10 @@ struct WorkloadSetup {
   /// Bytes of the KV cache per token (all layers, one tensor-parallel rank):
   /// 2 x layers x kv_heads / tp x head_dim x bytes per element.
   std::uint64_t kv_bytes_per_token() const;
-  /// Bytes of one element of weights and activations (4 for fp32, 2 otherwise).
+  /// Bytes of one element of weights and activations in the Megatron loop and inference (4 for
+  /// fp32, 2 otherwise).
   std::uint64_t element_bytes() const { return precision == Precision::fp32 ? 4 : 2; }
+  bool autocast() const { return precision == Precision::autocast_bf16 || precision == Precision::autocast_fp16; }
   /// One line for people: the model, its parameters and the options that matter for memory.
   std::string describe() const;
 };
@@ -174,12 +210,20 @@ struct SetupChange {
   std::string cost;         // "each layer's forward pass again in the backward pass"
   WorkloadSetup setup;
 };
-/// The changes worth trying on a training setup: mixed precision (from fp32), selective and full
-/// activation checkpointing, flash attention (from eager), an 8-bit optimizer (from AdamW's fp32
-/// moments), the optimizer in host memory (ZeRO-Offload), each higher ZeRO stage (with dp > 1),
-/// half the sequence length. Only changes that apply (and pass validate()) are listed.
+/// The changes worth trying on a training setup: autocast or mixed precision (from fp32), selective
+/// (Megatron) and full activation checkpointing, sdpa or flash attention (from eager), fused AdamW
+/// (from foreach, for-loop or a hand-written update), an 8-bit optimizer (from AdamW's fp32
+/// moments), the optimizer in host memory (ZeRO-Offload), LoRA and QLoRA, each higher ZeRO stage
+/// (with dp > 1), half the sequence length. From the PyTorch loop, ZeRO-Offload and LoRA switch to
+/// the DeepSpeed-style loop (framework:megatron) that models them. Only changes that apply (and
+/// pass validate()) are listed.
 std::vector<SetupChange> setup_changes(const WorkloadSetup& setup);
 
+std::string to_string(Framework v);
+std::string to_string(OptimizerImpl v);
+std::string to_string(LossOps v);
+std::string to_string(ActivationOps v);
+std::string to_string(QkvLayout v);
 std::string to_string(Mode v);
 std::string to_string(Precision v);
 std::string to_string(Checkpointing v);
