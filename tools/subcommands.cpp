@@ -206,12 +206,14 @@ void add_workload_flags(CLI::App* cmd, WorkloadArgs& a, WorkloadFlags which) {
   cmd->add_option("--model", a.model,
                   "Model preset: " + join(workload::model_preset_names()) + ", or custom (shape by --options)");
   if (which == WorkloadFlags::generate) {
-    cmd->add_option("--mode", a.mode, "training or inference (option mode)");
+    cmd->add_option("--mode", a.mode, "training, inference or forward (option mode)");
     cmd->add_option("--micro-batch", a.micro_batch, "Sequences per micro-batch (option micro_batch)");
   }
   cmd->add_option("--global-batch", a.global_batch, "Sequences per optimizer step over all data-parallel ranks (option global_batch)");
   cmd->add_option("--seq", a.seq, "Sequence length (option seq; default: the model's context)");
-  cmd->add_option("--precision", a.precision, "fp32, bf16 or fp16 (bf16/fp16: mixed precision with fp32 master weights)");
+  cmd->add_option("--precision", a.precision,
+                  "fp32, bf16, fp16 (mixed precision with fp32 master weights), autocast-bf16 or autocast-fp16 (torch.autocast; "
+                  "the default of the PyTorch loop, framework:pytorch)");
   cmd->add_option("--checkpointing", a.checkpointing, "Activation checkpointing: none, selective or full");
   cmd->add_option("--zero", a.zero, "ZeRO stage 0-3 over --dp ranks");
   cmd->add_option("--dp", a.dp, "Data-parallel degree");

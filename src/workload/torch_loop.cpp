@@ -269,7 +269,9 @@ class TorchLoop {
   }
 
   // Attention written out (scores, causal mask, softmax as x - max, exp, / sum), what the CS336
-  // handout asks for and eager "attn_implementation" runs.
+  // handout asks for and eager "attn_implementation" runs. Variables live as Python keeps them: an
+  // expression's temporaries go at once, a rebound variable's old tensor when the new one exists,
+  // a function's locals when it returns (the masked scores: at the end of attention).
   Var eager_attention(Var q, Var k, Var v, const Shape& sh, const std::string& label) {
     const std::uint64_t square = sh.batch * heads_ * sh.seq * sh.seq;
     const std::uint64_t rows = sh.batch * heads_ * sh.seq;
@@ -289,17 +291,18 @@ class TorchLoop {
     Var max = a_.op({.label = label + ".max", .inputs = {masked}, .saved = {indices}}, rows, a_.dtype(masked));
     a_.drop(indices);
     Var shifted = binary(label + ".shifted", masked, max, square, {});
-    a_.drop(masked);
     a_.drop(max);
     bool cast = false;
     Var in = fp32_input(shifted, label + ".exp", cast);
     Var exp = unary(label + ".exp", in, {}, true);
     if (cast) a_.drop(in);
-    a_.drop(shifted);
     Var sum = unary(label + ".sum", exp, {}, false, rows);
     Var probs = binary(label + ".probs", exp, sum, square, {exp, sum}, GradFlow::compute, square * 4);
-    a_.drop(exp);
     a_.drop(sum);
+    // The softmax function returns: its locals (x - max, exp) go; the caller's scores live on
+    // until the attention function returns.
+    a_.drop(shifted);
+    a_.drop(exp);
     Var dropped = dropout(probs, label + ".probs");
     if (dropped.id != probs.id) a_.drop(probs);
     Var pc = dropped;
@@ -307,6 +310,7 @@ class TorchLoop {
     Var ctx = a_.op({.label = label + ".context", .inputs = {pc, v}, .saved = {pc, v}}, sh.tokens() * h_, matmul_dtype(dropped));
     if (pc.id != dropped.id) a_.drop(pc);
     a_.drop(dropped);
+    a_.drop(masked);
     return ctx;
   }
 
@@ -424,7 +428,8 @@ class TorchLoop {
     a_.drop(n2);
     Var m_out = dropout(m, "mlp.output");
     if (m_out.id != m.id) a_.drop(m);
-    Var out = add("layer_output", h, m_out);
+    // A checkpointed layer's output is what the next layer's checkpoint keeps.
+    Var out = add(in_checkpoint_ ? "activations:checkpoint.layer_output" : "layer_output", h, m_out);
     a_.drop(h);
     a_.drop(m_out);
     return out;
@@ -444,7 +449,9 @@ class TorchLoop {
   // the backward runs the layer again with grad on.
   Var checkpointed_layer(Var x, std::size_t l, const Shape& sh) {
     a_.set_grad_enabled(false);
+    in_checkpoint_ = true;
     Var out = layer(x, l, sh);
+    in_checkpoint_ = false;
     a_.set_grad_enabled(true);
     checkpoints_.push_back(std::make_unique<CheckpointContext>(CheckpointContext{this, l, sh}));
     return a_.checkpoint(x, out, &TorchLoop::recompute_layer, checkpoints_.back().get(), "checkpoint");
@@ -637,6 +644,7 @@ class TorchLoop {
   std::vector<LayerWeights> layers_;
   std::vector<std::unique_ptr<CheckpointContext>> checkpoints_;
   Var ids_, logits_, loss_;
+  bool in_checkpoint_ = false;  // a checkpointed layer's first forward pass (grad off)
 };
 
 }  // namespace

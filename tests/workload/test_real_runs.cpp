@@ -77,4 +77,12 @@ TEST_CASE("the PyTorch loop predicts the peak of the real CS336 runs within 3%",
       CHECK(std::abs(error) <= 0.03);
     }
   }
+  SECTION("medium, a forward pass at seq 1024 under no_grad (batch 4: its T x h activations are 16 MiB in fp32)") {
+    const std::uint64_t real = real_peak("cs336-medium-seq1024-infer.pickle");
+    const double error = error_of(std::string(kCs336) + "," + kMedium +
+                                      ",mode:forward,optimizer_impl:foreach,seq:1024,context:1024,precision:fp32,steps:1",
+                                  0, real);
+    INFO("error " << error * 100 << "%");
+    CHECK(std::abs(error) <= 0.03);
+  }
 }

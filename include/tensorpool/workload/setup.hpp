@@ -1,6 +1,11 @@
 // tensorpool/workload/setup.hpp: a training or inference run of a model shape (model.hpp), and
 // the trace of the allocations one rank of it makes.
 //
+// Training comes in two loops (framework). framework:pytorch (the default) is a plain PyTorch
+// program on one GPU, emulated op by op with autograd's and autocast's rules (torch_loop.cpp;
+// docs/workloads.md, "The PyTorch loop"), and mode:forward runs its forward passes only. What
+// follows describes framework:megatron, the Megatron-LM/DeepSpeed-style loop:
+//
 // Training (mode:training): the trace of one data-parallel rank; with pipeline parallelism each
 // stage is a device of the trace (device s = stage s, 1F1B schedule, so stage s keeps up to
 // pp - s micro-batches of activations). Per optimizer step, micro-batches of micro_batch
