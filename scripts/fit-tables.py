@@ -27,18 +27,20 @@ binary = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tensorpool"
 traces = sys.argv[2] if len(sys.argv) > 2 else "../shared/traces"
 work = sys.argv[3] if len(sys.argv) > 3 else "build/fit-suite"
 
-# (id, what it is, generate arguments, capacity the suite is compared at)
+# (id, what it is, generate arguments, capacity the suite is compared at). The training runs are of
+# the Megatron-style loop (framework:megatron): tp, dp and ZeRO are modelled there.
 SUITE = [
     ("llama2-7b-zero3", "Llama-2-7B training, full recompute, ZeRO-3 over 8 ranks (micro-batch 4, seq 4096)",
      ["--model", "llama2-7b", "--checkpointing", "full", "--zero", "3", "--dp", "8", "--micro-batch", "4",
-      "--global-batch", "64"], "80GiB"),
+      "--global-batch", "64", "--options", "framework:megatron"], "80GiB"),
     ("gpt2-xl-pressure", "GPT-2 1.5B training at high memory pressure (micro-batch 6, sequence lengths uniform "
      "in [512, 1024], on a 40 GiB device)",
-     ["--model", "gpt2-xl", "--micro-batch", "6", "--global-batch", "60", "--options", "seq_dist:uniform"], "40GiB"),
+     ["--model", "gpt2-xl", "--micro-batch", "6", "--global-batch", "60", "--options",
+      "framework:megatron,seq_dist:uniform"], "40GiB"),
     ("mixtral-8x7b", "Mixtral-8x7B training (top-2 of 8 experts, the busiest 1.5x the mean; ZeRO-3 over 32 ranks, "
      "full recompute, micro-batch 2, seq 4096)",
      ["--model", "mixtral-8x7b", "--zero", "3", "--dp", "32", "--checkpointing", "full", "--micro-batch", "2",
-      "--global-batch", "128", "--options", "moe_imbalance:1.5"], "80GiB"),
+      "--global-batch", "128", "--options", "framework:megatron,moe_imbalance:1.5"], "80GiB"),
     ("llama2-13b-inference", "Llama-2-13B inference, continuous batching (256 requests, 1 per decode step on "
      "average, up to 64 at once, paged KV cache)",
      ["--model", "llama2-13b", "--mode", "inference", "--options", "requests:256,max_batch:64,arrival_rate:1"],
