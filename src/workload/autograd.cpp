@@ -218,7 +218,6 @@ void Autograd::run_node(std::size_t i) {
 
 void Autograd::run_checkpoint(std::size_t i, std::uint32_t grad) {
   const std::int32_t input = ops_[i].inputs.front();
-  const std::int32_t output = ops_[i].outputs.front();
   const Value x = values_[static_cast<std::size_t>(input)];
   const bool was = grad_;
   grad_ = true;
@@ -233,7 +232,6 @@ void Autograd::run_checkpoint(std::size_t i, std::uint32_t grad) {
   drop(y);
   drop(detached);
   grad_ = was;
-  (void)output;
   if (gx != kNone) deliver(input, gx);
 }
 

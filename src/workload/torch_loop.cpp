@@ -153,7 +153,8 @@ class TorchLoop {
       rope_cos_ = a_.constant(m.context * half, DType::f32, "weights:rope.cos");
       rope_sin_ = a_.constant(m.context * half, DType::f32, "weights:rope.sin");
     }
-    if (s_.precision == Precision::bf16 || s_.precision == Precision::fp16)  // fp32 master weights
+    const bool mixed = s_.precision == Precision::bf16 || s_.precision == Precision::fp16;
+    if (mixed && s_.mode == Mode::training)  // fp32 master weights
       for (Var p : params_) master_.push_back(a_.raw_alloc(4 * a_.elements(p), "optimizer:master"));
   }
 

@@ -122,6 +122,9 @@ small="hidden:1024,heads:16,kv_heads:16,ffn:4096,vocab:8000,layers:4,seq:1024"
 check "generate --model" 0 "wrote" -- "$bin" generate "$work/w.tptrace" --model custom --options "$small" --global-batch 8 --micro-batch 2
 check "a workload trace records its setup" 0 "metadata: workload=model:custom,layers:4" -- "$bin" info "$work/w.tptrace"
 check "generate pipeline stages as devices" 0 "wrote" -- "$bin" generate "$work/pp.tptrace" --model custom --options "framework:megatron,$small" --pp 2 --global-batch 4
+check "a loop's option names the values it has" 2 "one of foreach, fused, for-loop, handwritten" -- "$bin" generate "$work/x.tptrace" --model gpt2 --options optimizer_impl:fast
+check "the Megatron loop names what it has" 2 "option 'attention' (sdpa) is the PyTorch loop's (framework:pytorch); framework:megatron has precision fp32|bf16|fp16, attention flash|eager" -- "$bin" generate "$work/x.tptrace" --model gpt2 --options framework:megatron,attention:sdpa
+check "generate forward passes" 0 "under no_grad" -- "$bin" generate "$work/fwd.tptrace" --model gpt2 --mode forward --options layers:2,seq:256
 check "the PyTorch loop names the framework that has pipelines" 2 "option 'pp' (2) is modelled in the Megatron-LM/DeepSpeed loop: add framework:megatron" -- "$bin" generate "$work/x.tptrace" --model custom --options "$small" --pp 2 --global-batch 4
 check "fit per device" 0 "tensorpool              1" -- "$bin" fit "$work/pp.tptrace" --allocators tensorpool
 check "generate inference" 0 "inference" -- "$bin" generate "$work/inf.tptrace" --model llama2-7b --mode inference --options layers:2,requests:8
