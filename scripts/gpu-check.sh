@@ -10,6 +10,8 @@
 #      -DTENSORPOOL_CUDA_REAL_TESTS=ON, CMAKE_CUDA_ARCHITECTURES=90) and build the CUDA tests;
 #   3. run `ctest -L cuda`: the backends on the test double and on the real runtime; then
 #      scripts/gpu/torch_check.py: PyTorch with its allocator and with tensorpool (losses agree);
+#      scripts/gpu/loop_check.py: the generator's PyTorch loop against the same loop's measured
+#      peak (within 3%);
 #   4. the GPU measurements of scripts/gpu/run.sh (call costs -> OUT_DIR/gpu/cost-model.txt,
 #      trace replays on the GPU, pinned staging), each part under its own timeout; RMM's pool
 #      too when the librmm-cu13 and rapids-logger wheels are in .whl/ (carried to the GPU host);
@@ -117,6 +119,9 @@ grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$SUMMARY"
 # PyTorch trained with its allocator and with tensorpool on each backend (exit 3: no torch/GPU).
 torch_rc=0; step torch 200 python3 "$ROOT/scripts/gpu/torch_check.py" --out "$OUT" --library "$BUILD/cuda/libtensorpool_torch.so" || torch_rc=$?
 grep -E "^(variant|pytorch|tensorpool-|  tensorpool-|torch_check)" "$OUT/torch.log" | tee -a "$SUMMARY"; [ "$torch_rc" -eq 1 ] && test_rc=1
+# The generator's PyTorch loop against the same loop measured here (exit 3: no torch/GPU).
+loop_rc=0; step loop 150 python3 "$ROOT/scripts/gpu/loop_check.py" --out "$OUT" --cli "$BUILD/tools/tensorpool" || loop_rc=$?
+grep -E "^loop_check" "$OUT/loop.log" | tee -a "$SUMMARY"; [ "$loop_rc" -eq 1 ] && test_rc=1
 
 # --- 4. the GPU measurements (scripts/gpu/run.sh; at most 300 s, a minute kept for step 5) ----
 gpu_budget=$(( $(left) - 60 ))

@@ -269,6 +269,17 @@ class TorchLoop {
     return y;
   }
 
+  // A 4-D matmul's operand with transposed heads: copied contiguous (torch.matmul's reshape), in
+  // 16 bits under autocast (cast first, the cast a temporary). The caller drops the copy.
+  Var matmul_operand(Var x, const std::string& label) {
+    Var in = x;
+    const bool cast = autocast() && a_.dtype(x) != low_dtype();
+    if (cast) in = a_.cast(x, low_dtype(), "autocast." + label);
+    Var copy = a_.op({.label = label + "_contiguous", .inputs = {in}, .flow = GradFlow::passthrough}, a_.elements(in), a_.dtype(in));
+    if (cast) a_.drop(in);
+    return copy;
+  }
+
   // Attention written out (scores, causal mask, softmax as x - max, exp, / sum), what the CS336
   // handout asks for and eager "attn_implementation" runs. Variables live as Python keeps them: an
   // expression's temporaries go at once, a rebound variable's old tensor when the new one exists,
@@ -276,12 +287,13 @@ class TorchLoop {
   Var eager_attention(Var q, Var k, Var v, const Shape& sh, const std::string& label) {
     const std::uint64_t square = sh.batch * heads_ * sh.seq * sh.seq;
     const std::uint64_t rows = sh.batch * heads_ * sh.seq;
-    Var qc = q, kc = k;
-    if (autocast() && a_.dtype(q) != low_dtype()) qc = a_.cast(q, low_dtype(), "autocast." + label + ".q");
-    if (autocast() && a_.dtype(k) != low_dtype()) kc = a_.cast(k, low_dtype(), "autocast." + label + ".k");
+    // Q and K^T with their heads transposed to [b, heads, s, d] are not contiguous: matmul copies
+    // them (in 16 bits under autocast, after its cast) and keeps the copies, not Q and K.
+    Var qc = matmul_operand(q, label + ".q");
+    Var kc = matmul_operand(k, label + ".k");
     Var raw = a_.op({.label = label + ".scores", .inputs = {qc, kc}, .saved = {qc, kc}}, square, matmul_dtype(q));
-    if (qc.id != q.id) a_.drop(qc);
-    if (kc.id != k.id) a_.drop(kc);
+    a_.drop(qc);
+    a_.drop(kc);
     Var scaled = unary(label + ".scaled", raw, {}, false);
     a_.drop(raw);
     Var mask = aux(sh.seq * sh.seq, DType::b8, label + ".causal_mask");
@@ -308,7 +320,11 @@ class TorchLoop {
     if (dropped.id != probs.id) a_.drop(probs);
     Var pc = dropped;
     if (autocast() && a_.dtype(dropped) != low_dtype()) pc = a_.cast(dropped, low_dtype(), "autocast." + label + ".probs");
-    Var ctx = a_.op({.label = label + ".context", .inputs = {pc, v}, .saved = {pc, v}}, sh.tokens() * h_, matmul_dtype(dropped));
+    // probs @ V: V's transposed heads are copied too (V itself, or the fused QKV output it is a
+    // view of, can go).
+    Var vc = matmul_operand(v, label + ".v");
+    Var ctx = a_.op({.label = label + ".context", .inputs = {pc, vc}, .saved = {pc, vc}}, sh.tokens() * h_, matmul_dtype(dropped));
+    a_.drop(vc);
     if (pc.id != dropped.id) a_.drop(pc);
     a_.drop(dropped);
     a_.drop(masked);
@@ -358,7 +374,9 @@ class TorchLoop {
     a_.drop(qr);
     a_.drop(kr);
     a_.drop(v);
-    if (s_.attention != Attention::flash) {  // [b, heads, s, d] back to [b, s, h]: a copy
+    // [b, heads, s, d] back to [b, s, h]: a copy after the written-out matmul with V; the fused
+    // kernels' output is laid out [b, s, heads, d] already (its transpose back is a view).
+    if (s_.attention == Attention::eager) {
       Var merged = a_.op({.label = label + ".merge_heads", .inputs = {ctx}, .flow = GradFlow::passthrough}, T * h_, a_.dtype(ctx));
       a_.drop(ctx);
       ctx = merged;
@@ -377,8 +395,8 @@ class TorchLoop {
       a_.drop(sig);
       return y;
     }
-    // GELU's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): x^3, the inner sum, tanh
-    // (kept), 1 + tanh, and the products (kept) are each a tensor of x's size.
+    // GELU's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): x^3 (keeps x), the inner
+    // sum, tanh (kept), 1 + tanh, 0.5 x, and their product (keeps both) are each of x's size.
     Var cube = unary(label + ".cube", x, {x}, false);
     Var inner = binary(label + ".inner", x, cube, a_.elements(x), {});
     a_.drop(cube);
@@ -386,8 +404,10 @@ class TorchLoop {
     a_.drop(inner);
     Var one = unary(label + ".one_plus", t, {}, false);
     a_.drop(t);
-    Var y = binary(label, x, one, a_.elements(x), {x, one});
+    Var half = unary(label + ".half", x, {}, false);
+    Var y = binary(label, half, one, a_.elements(x), {half, one});
     a_.drop(one);
+    a_.drop(half);
     return y;
   }
 
@@ -513,7 +533,8 @@ class TorchLoop {
       a_.drop(exp);
       Var log = unary("loss:log", sum, {sum}, false);
       a_.drop(sum);
-      Var picked = a_.op({.label = "loss:picked", .inputs = {shifted}, .saved = {targets}}, T, a_.dtype(shifted));
+      // gather keeps its input too (its backward reads it: derivatives.yaml, gather_backward)
+      Var picked = a_.op({.label = "loss:picked", .inputs = {shifted}, .saved = {shifted, targets}}, T, a_.dtype(shifted));
       a_.drop(shifted);
       Var diff = binary("loss:diff", log, picked, T, {});
       a_.drop(log);

@@ -596,7 +596,9 @@ TEST_CASE("the PyTorch loop: checkpointing, forward passes and gradient accumula
   };
   // torch.utils.checkpoint keeps each layer's input only (the fp32 residual stream: T x h x 4 bytes)
   CHECK(activations(checkpointed(4)) - activations(ckpt) == 2 * T * h * 4);
-  CHECK(activations(plain) > 5 * activations(ckpt));
+  // without it, a layer keeps more than ten tensors of that size (norms, Q, K, V, the MLP's)
+  const trace::Trace plain4 = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,precision:fp32,layers:4"));
+  CHECK(activations(plain4) - activations(plain) > 2 * 10 * T * h * 4);
   CHECK(live(ckpt, prefix("grads:")).peak == live(plain, prefix("grads:")).peak);  // every gradient reached
   // forward passes: no gradient, no optimizer; under no_grad nothing is kept between ops
   const trace::Trace no_grad = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,mode:forward,steps:3"));
