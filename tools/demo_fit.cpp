@@ -13,8 +13,8 @@ namespace tensorpool::cli {
 namespace {
 
 // The plan of the demo: GPT-2 1.5B training with sequence lengths uniform in [512, 1024] (blocks
-// of many sizes come and go, which is what fragments a cache) on a 33 GiB device.
-constexpr const char* kPlanCommand = "tensorpool plan --model gpt2-xl --capacity 33GiB --global-batch 60 --options seq_dist:uniform";
+// of many sizes come and go, which is what fragments a cache) on a 32.5 GiB device.
+constexpr const char* kPlanCommand = "tensorpool plan --model gpt2-xl --capacity 32.5GiB --global-batch 60 --options seq_dist:uniform";
 
 PlanOptions demo_plan_options() {
   PlanOptions o;
@@ -22,7 +22,7 @@ PlanOptions demo_plan_options() {
   o.setup.apply("seq_dist:uniform,global_batch:60", "demo");
   o.setup.validate();
   o.targets = replay::fit_targets(replay::target_names(), {});
-  o.capacity = 33 * GiB;
+  o.capacity = 65 * GiB / 2;
   return o;
 }
 
