@@ -93,9 +93,17 @@ std::string to_string(Optimizer v) { return name_of(v); }
 std::string to_string(Offload v) { return name_of(v); }
 std::string to_string(Finetune v) { return name_of(v); }
 
+namespace {
+void apply_framework_defaults(WorkloadSetup& s);
+}  // namespace
+
 WorkloadSetup WorkloadSetup::for_model(std::string_view name) {
   WorkloadSetup s;
   if (name != "custom") s.model = model_preset(name);
+  if (s.model.experts > 1) {  // a mixture of experts is modelled in the Megatron-style loop only
+    s.framework = Framework::megatron;
+    apply_framework_defaults(s);
+  }
   return s;
 }
 
@@ -158,11 +166,17 @@ bool given(const std::vector<KeyValue>& items, std::string_view key) {
 void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
   const std::vector<KeyValue> items = parse_key_values(text, origin);
   for (const KeyValue& e : items) {  // the preset and the framework first: the other keys change them
-    if (e.key == "model") model = for_model(e.value).model;
-    if (e.key == "framework") {
-      framework = enum_value<Framework>(origin, e);
+    if (e.key != "model") continue;
+    model = for_model(e.value).model;
+    if (model.experts > 1 && !given(items, "framework")) {  // as for_model() does
+      framework = Framework::megatron;
       apply_framework_defaults(*this);
     }
+  }
+  for (const KeyValue& e : items) {
+    if (e.key != "framework") continue;
+    framework = enum_value<Framework>(origin, e);
+    apply_framework_defaults(*this);
   }
   for (const KeyValue& e : items) {
     const auto number = [&](std::uint64_t lo, std::uint64_t hi) { return whole_number(origin, e, lo, hi); };

@@ -628,6 +628,10 @@ TEST_CASE("the PyTorch loop: options read back, defaults per framework, refusals
   CHECK(m.precision == Precision::bf16);
   CHECK(m.attention == Attention::flash);
   CHECK(setup("llama2-7b", "mode:inference").precision == Precision::bf16);  // serving: 16-bit weights
+  // a mixture of experts starts in the loop that models it
+  CHECK(setup("mixtral-8x7b", "layers:2").framework == Framework::megatron);
+  CHECK(setup("custom", "model:mixtral-8x7b,layers:2").attention == Attention::flash);
+  REQUIRE_THROWS_WITH(setup("mixtral-8x7b", "framework:pytorch"), Contains("a mixture of experts (experts 8) is modelled in the Megatron-LM/DeepSpeed loop"));
   REQUIRE_THROWS_WITH(setup("llama2-7b", "tp:2"), Contains("option 'tp' (2) is modelled in the Megatron-LM/DeepSpeed loop: add framework:megatron"));
   REQUIRE_THROWS_WITH(setup("llama2-7b", "framework:megatron,precision:autocast-bf16"),
                       Contains("option 'precision' (autocast-bf16) is the PyTorch loop's (framework:pytorch)"));
