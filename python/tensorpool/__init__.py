@@ -23,7 +23,7 @@ TENSORPOOL_TRACE=path the library records every device's allocator events into a
 (docs/recording.md).
 
 The analyses of the CLI (compare, fit, info, report) are here too, on a trace file or a
-snapshot dict, returning plain data (tensorpool.analysis); `tensorpool` on the command line and
+snapshot dict, and plan on a model, returning plain data (tensorpool.analysis); `tensorpool` on the command line and
 `python -m tensorpool` run the CLI installed with the package (pip install .).
 """
 
@@ -54,6 +54,7 @@ __all__ = [
     "compare",
     "fit",
     "info",
+    "plan",
     "report",
     "Report",
     "TensorpoolCliError",
@@ -389,4 +390,4 @@ def dump_snapshot(path="dump_snapshot.pickle"):
 
 
 # Last: the analyses' module imports TensorpoolError from here.
-from tensorpool.analysis import Report, TensorpoolCliError, compare, fit, info, report  # noqa: E402
+from tensorpool.analysis import Report, TensorpoolCliError, compare, fit, info, plan, report  # noqa: E402

@@ -1,10 +1,12 @@
-"""The CLI's analyses from Python: compare, fit, info and report on a trace, returning plain
-data (what the CLI's --json prints, parsed).
+"""The CLI's analyses from Python: compare, fit, info and report on a trace, and plan on a model,
+returning plain data (what the CLI's --json prints, parsed).
 
     import tensorpool
     rows = tensorpool.compare("snapshot.pickle", capacity="40GiB", allocators=["tensorpool", "pytorch"])
     sizes = tensorpool.fit(torch.cuda.memory._snapshot())     # a snapshot dict works too
     tensorpool.report("snapshot.pickle")                       # shows itself in Jupyter
+    answer = tensorpool.plan("gpt2-xl", capacity="24GiB", global_batch=64,
+                             options={"precision": "autocast-bf16"})["answer"]["text"]
 
 A trace is a path (a PyTorch snapshot .pickle, an RMM log .csv, a .tptrace or .jsonl) or the dict
 torch.cuda.memory._snapshot() returns (written to a temporary pickle for the CLI). Keyword
@@ -28,7 +30,7 @@ import tempfile
 from tensorpool import TensorpoolError
 from tensorpool._cli import executable
 
-__all__ = ["compare", "fit", "info", "report", "Report", "TensorpoolCliError"]
+__all__ = ["compare", "fit", "info", "plan", "report", "Report", "TensorpoolCliError"]
 
 
 class TensorpoolCliError(TensorpoolError):
@@ -78,7 +80,11 @@ def _options(options):
 def _run(subcommand, trace, options, extra=()):
     with _trace_path(trace) as path:
         command = [executable(), subcommand, path, *_options(options), *extra]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        return _run_command(subcommand, command)
+
+
+def _run_command(subcommand, command):
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         message = done.stderr.strip() or f"tensorpool {subcommand} exited with status {done.returncode}"
         raise TensorpoolCliError(message, done.returncode, command)
@@ -100,6 +106,17 @@ def compare(trace, **options):
 def fit(trace, **options):
     """`tensorpool fit TRACE --json`: the smallest device each allocator replays the trace on."""
     return _run_json("fit", trace, dict(options, quiet=True))
+
+
+def plan(model, global_batch, options=None, **flags):
+    """`tensorpool plan --model MODEL --global-batch N --json`: the largest micro-batch each
+    allocator fits, the answer in words (`["answer"]["text"]`) and the changes that fit a larger
+    one. `options` are the workload keys (docs/workloads.md), as a dict or as "key:value,..."
+    text; other keywords are plan's flags (capacity="24GiB", allocators=[...], report="p.html")."""
+    if isinstance(options, dict):
+        options = ",".join(f"{key}:{value}" for key, value in options.items())
+    flags = dict(flags, model=model, global_batch=global_batch, options=options or None, json=True, quiet=True)
+    return json.loads(_run_command("plan", [executable(), "plan", *_options(flags)]))
 
 
 def info(trace, **options):

@@ -489,6 +489,21 @@ class AnalysesTest(unittest.TestCase):
                                   "--allocator-conf", "tensorpool=max_split_size:64MiB"))
         self.assertEqual(without_timings(got), without_timings(expected))
 
+    def test_plan_is_the_clis(self):
+        small = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 4, "ffn": 1024, "vocab": 1000, "seq": 128}
+        text = ",".join(f"{k}:{v}" for k, v in small.items())
+        got = tensorpool.plan("custom", 8, options=small, capacity="1GiB", allocators=["tensorpool", "pytorch"])
+        expected = json.loads(cli("plan", "--model", "custom", "--global-batch", "8", "--options", text,
+                                  "--capacity", "1GiB", "--allocators", "tensorpool,pytorch", "--json", "-q"))
+        self.assertEqual(without_timings(got), without_timings(expected))
+        self.assertIn("Answer:", got["answer"]["text"])
+        self.assertEqual(tensorpool.plan("custom", 8, options=text, capacity="1GiB", allocators=["tensorpool"])["answer"],
+                         tensorpool.plan("custom", 8, options=small, capacity="1GiB", allocators=["tensorpool"])["answer"])
+        with self.assertRaises(tensorpool.TensorpoolCliError) as refused:
+            tensorpool.plan("llama2-7b", 8, options={"tp": 2})
+        self.assertIn("add framework:megatron", str(refused.exception))
+        self.assertEqual(refused.exception.returncode, 2)
+
     def test_a_snapshot_dict_is_the_snapshot_file(self):
         snapshot = load_plain(self.snapshot)
         self.assertIsInstance(snapshot, dict)
