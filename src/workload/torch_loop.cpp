@@ -10,9 +10,8 @@
 // layers of norm / attention / residual add / norm / MLP / residual add, a final norm and the
 // output layer; every dtype follows CUDA autocast's op lists (docs/workloads.md, "The PyTorch
 // loop").
-#include <cassert>
+#include <algorithm>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -574,7 +573,6 @@ class TorchLoop {
   // States are created at the first step (torch.optim's _init_group, bitsandbytes' init_state).
   void create_states() {
     for (Var p : params_) {
-      const std::string name = "optimizer:exp_avg";
       if (s_.optimizer == Optimizer::sgd) {  // momentum_buffer = clone(grad)
         exp_avg_.push_back(a_.raw_alloc(master_bytes(p), "optimizer:momentum"));
         continue;
