@@ -460,9 +460,15 @@ class TorchLoop {
     std::size_t layer;
     Shape shape;
   };
-  static Var recompute_layer(void* context, Autograd&, Var input) {
+  // The recompute runs under the autocast state of the forward pass (torch.utils.checkpoint
+  // restores it): a context of its own, whose cast cache goes when the recomputed forward ends.
+  static Var recompute_layer(void* context, Autograd& a, Var input) {
     auto* c = static_cast<CheckpointContext*>(context);
-    return c->loop->layer(input, c->layer, c->shape);
+    const bool autocast = c->loop->autocast();
+    if (autocast) a.enter_autocast();
+    Var y = c->loop->layer(input, c->layer, c->shape);
+    if (autocast) a.exit_autocast();
+    return y;
   }
 
   // torch.utils.checkpoint around each layer: its forward without saving anything, its input kept;

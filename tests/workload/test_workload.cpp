@@ -600,6 +600,11 @@ TEST_CASE("the PyTorch loop: checkpointing, forward passes and gradient accumula
   const trace::Trace plain4 = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,precision:fp32,layers:4"));
   CHECK(activations(plain4) - activations(plain) > 2 * 10 * T * h * 4);
   CHECK(live(ckpt, prefix("grads:")).peak == live(plain, prefix("grads:")).peak);  // every gradient reached
+  // under autocast the recompute casts the layer's weights again, as torch.utils.checkpoint
+  // restores the autocast state: each matmul weight of a layer twice per step, the head once
+  const trace::Trace ckpt_autocast = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,checkpointing:full"));
+  check_consistent(ckpt_autocast);
+  CHECK(live(ckpt_autocast, prefix("autocast:")).allocations == 2 * 2 * 7 + 1);
   // forward passes: no gradient, no optimizer; under no_grad nothing is kept between ops
   const trace::Trace no_grad = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,mode:forward,steps:3"));
   const trace::Trace with_grad = generate_workload(setup("custom", std::string(kTorch) + ",seq:512,mode:forward,steps:3,no_grad:false"));
