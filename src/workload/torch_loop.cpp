@@ -147,10 +147,10 @@ class TorchLoop {
     final_norm_ = norm_param("final_norm");
     final_norm_bias_ = norm_bias("final_norm");
     head_ = m.tied_embeddings ? embedding_ : param(m.vocab * h_, "lm_head");
-    if (m.positions == 0) {  // rotary: cos and sin buffers of the context, fp32 (registered buffers)
-      const std::uint64_t half = m.head_dim() / 2;
-      rope_cos_ = a_.constant(m.context * half, DType::f32, "weights:rope.cos");
-      rope_sin_ = a_.constant(m.context * half, DType::f32, "weights:rope.sin");
+    if (m.positions == 0) {  // rotary: cos and sin buffers of the context, in the parameters' dtype
+      const std::uint64_t half = m.head_dim() / 2;  // (fp32 under autocast; model.to(dtype) casts them)
+      rope_cos_ = a_.constant(m.context * half, param_dtype_, "weights:rope.cos");
+      rope_sin_ = a_.constant(m.context * half, param_dtype_, "weights:rope.sin");
     }
     const bool mixed = s_.precision == Precision::bf16 || s_.precision == Precision::fp16;
     if (mixed && s_.mode == Mode::training)  // fp32 master weights

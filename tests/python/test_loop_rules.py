@@ -3,7 +3,7 @@
 
 For several models written the way framework:pytorch assumes (Llama-style and GPT-2-style blocks;
 eager or sdpa attention; written-out or library activation and loss; separate, fused or grouped
-Q/K/V), one forward pass and loss run in fp32 on the CPU with torch.autograd.graph's
+Q/K/V; fp32, and one in bf16), one forward pass and loss run on the CPU with torch.autograd.graph's
 saved_tensors_hooks recording every storage autograd keeps. What autograd keeps, with what the
 loop still references (the logits, the loss, the input ids), must equal, within 1%, what the
 generated trace has live when its backward pass begins, less the parameters and buffers (the same
@@ -48,6 +48,7 @@ CASES = {
     "llama-fused-qkv-eager": dict(LLAMA, attention="eager", qkv="fused"),
     "gpt2-sdpa": dict(GPT2, attention="sdpa"),
     "gpt2-eager-written": dict(GPT2, attention="eager", activation="written", loss="written"),
+    "llama-bf16-eager": dict(LLAMA, attention="eager", precision="bf16"),
 }
 
 
@@ -57,7 +58,8 @@ def options(case):
 
 
 def generated_before_backward(opts):
-    """Live bytes of the generated trace, less weights and buffers, before its backward pass."""
+    """Live bytes of the generated trace, less weights, buffers and model states, before its
+    backward pass."""
     with tempfile.TemporaryDirectory() as work:
         trace = os.path.join(work, "t.tptrace")
         lines = os.path.join(work, "t.jsonl")
@@ -73,7 +75,8 @@ def generated_before_backward(opts):
                     live[e["addr"]] = (e["size"], e["label"])
                 elif e.get("op") == "free_requested":
                     live.pop(e["addr"], None)
-        return sum(size for size, label in live.values() if not label.startswith("weights:"))
+        # less the model states (precision:bf16's fp32 master copy is made with the weights)
+        return sum(size for size, label in live.values() if not label.startswith(("weights:", "optimizer:")))
 
 
 def autograd_keeps(k):
@@ -87,8 +90,10 @@ def autograd_keeps(k):
     fused_qkv = k.get("qkv") == "fused"
     params, buffers = [], []
 
+    dtype = torch.bfloat16 if k["precision"] == "bf16" else torch.float32  # bf16: the model in 16 bits
+
     def p(*shape):
-        t = torch.nn.Parameter(torch.randn(*shape) * 0.02)
+        t = torch.nn.Parameter((torch.randn(*shape) * 0.02).to(dtype))
         params.append(t)
         return t
 
@@ -117,7 +122,7 @@ def autograd_keeps(k):
     if pos is None:  # rotary positions
         inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
         angles = torch.outer(torch.arange(k["context"]).float(), inv)
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # buffers: model.to(dtype) casts them
         buffers += [cos, sin]
 
     def norm(x, w):
