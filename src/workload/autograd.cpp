@@ -94,22 +94,6 @@ Var Autograd::op(const OpSpec& spec, std::uint64_t elements, DType dtype) {
   return out;
 }
 
-Var Autograd::view(Var base, std::uint64_t elements, const std::string& label) {
-  const Value b = values_[idx(base)];
-  ++storages_[b.storage].refs;
-  const bool records = grad_ && b.requires_grad;
-  Var v = new_value(b.storage, elements, b.dtype, records);
-  if (records) {
-    Node n;
-    n.label = label;
-    n.inputs.push_back(base.id);
-    n.outputs.push_back(v.id);
-    n.flow = GradFlow::passthrough;
-    ops_.push_back(std::move(n));
-  }
-  return v;
-}
-
 std::vector<Var> Autograd::split(Var base, const std::vector<std::uint64_t>& parts, const std::string& label) {
   const Value b = values_[idx(base)];
   const bool records = grad_ && b.requires_grad;

@@ -71,8 +71,6 @@ class Autograd {
   /// Runs an op: allocates its output of `elements` in `dtype` and records its node when grad
   /// mode is on and an input requires grad. The program holds the result until drop().
   Var op(const OpSpec& spec, std::uint64_t elements, DType dtype);
-  /// A view of `base` (reshape, transpose, slice): no allocation; its gradient passes through.
-  Var view(Var base, std::uint64_t elements, const std::string& label);
   /// Views of `base` of `parts` elements each (split, chunk, slices): one node whose backward
   /// allocates the base's gradient.
   std::vector<Var> split(Var base, const std::vector<std::uint64_t>& parts, const std::string& label);
@@ -96,7 +94,7 @@ class Autograd {
   std::uint64_t elements(Var v) const { return values_[idx(v)].elements; }
   std::uint64_t bytes(Var v) const { return values_[idx(v)].elements * dtype_bytes(values_[idx(v)].dtype); }
 
-  /// The number of nodes recorded so far (a mark for free_graph() and backward_nodes()).
+  /// The number of nodes recorded so far: a mark for free_graph(), until backward() clears them.
   std::size_t mark() const { return ops_.size(); }
   /// loss.backward(): the gradient of `loss` (ones, allocated), then every node not yet run, last
   /// first.
@@ -111,9 +109,8 @@ class Autograd {
   using Recompute = Var (*)(void* context, Autograd& a, Var input);
   Var checkpoint(Var input, Var output, Recompute recompute, void* context, const std::string& label);
 
-  /// A parameter's .grad (set by backward, freed by zero_grad), and its storage's bytes.
-  bool has_grad(Var p) const { return params_[param_of(p)].grad != kNone; }
-  void zero_grad();  // set_to_none=True: every .grad freed
+  /// optimizer.zero_grad(set_to_none=True): every parameter's .grad freed.
+  void zero_grad();
 
   /// An allocation outside the graph (an optimizer's state or temporary) and its release.
   std::uint32_t raw_alloc(std::uint64_t bytes, const std::string& label);
