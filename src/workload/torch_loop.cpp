@@ -86,11 +86,18 @@ class TorchLoop {
   }
   // What a matmul-like op (linear, bmm, sdpa) computes in: 16 bits under autocast, else its inputs'.
   DType matmul_dtype(Var x) const { return autocast() ? low_dtype() : a_.dtype(x); }
+  // The label of autocast's cast of an activation: "autocast.NAME", after the kind when the name
+  // has one ("loss:exp" -> "loss:autocast.exp"), so that the cast counts with its kind.
+  static std::string cast_label(const std::string& name) {
+    const std::size_t colon = name.find(':');
+    if (colon == std::string::npos) return "autocast." + name;
+    return name.substr(0, colon + 1) + "autocast." + name.substr(colon + 1);
+  }
   // An op autocast runs in fp32 (exp, log, softmax, sum, layer_norm, cross_entropy): its input cast
   // to fp32 first when it is 16-bit (a temporary that is not saved).
   Var fp32_input(Var x, const std::string& label, bool& cast) {
     cast = autocast() && a_.dtype(x) != DType::f32;
-    return cast ? a_.cast(x, DType::f32, "autocast." + label) : x;
+    return cast ? a_.cast(x, DType::f32, cast_label(label)) : x;
   }
 
   Shape shape_of(std::uint64_t len) const {
@@ -168,7 +175,7 @@ class TorchLoop {
     if (autocast()) {
       weight = a_.cached_cast(w, low_dtype());
       if (b) b = a_.cached_cast(bias, low_dtype());
-      if (cast_input) in = a_.cast(x, low_dtype(), "autocast." + label + ".input");
+      if (cast_input) in = a_.cast(x, low_dtype(), cast_label(label + ".input"));
     }
     Var y = a_.op({.label = label, .inputs = {in, weight, b}, .saved = {in, weight}}, rows * out, matmul_dtype(x));
     if (cast_input) a_.drop(in);
@@ -273,7 +280,7 @@ class TorchLoop {
   Var matmul_operand(Var x, const std::string& label) {
     Var in = x;
     const bool cast = autocast() && a_.dtype(x) != low_dtype();
-    if (cast) in = a_.cast(x, low_dtype(), "autocast." + label);
+    if (cast) in = a_.cast(x, low_dtype(), cast_label(label));
     Var copy = a_.op({.label = label + "_contiguous", .inputs = {in}, .flow = GradFlow::passthrough}, a_.elements(in), a_.dtype(in));
     if (cast) a_.drop(in);
     return copy;
@@ -318,7 +325,7 @@ class TorchLoop {
     Var dropped = dropout(probs, label + ".probs");
     if (dropped.id != probs.id) a_.drop(probs);
     Var pc = dropped;
-    if (autocast() && a_.dtype(dropped) != low_dtype()) pc = a_.cast(dropped, low_dtype(), "autocast." + label + ".probs");
+    if (autocast() && a_.dtype(dropped) != low_dtype()) pc = a_.cast(dropped, low_dtype(), cast_label(label + ".probs"));
     // probs @ V: V's transposed heads are copied too (V itself, or the fused QKV output it is a
     // view of, can go).
     Var vc = matmul_operand(v, label + ".v");
@@ -335,9 +342,9 @@ class TorchLoop {
   // accumulator of dq and one float per row.
   Var fused_attention(Var q, Var k, Var v, const Shape& sh, const std::string& label) {
     Var qc = q, kc = k, vc = v;
-    if (autocast() && a_.dtype(q) != low_dtype()) qc = a_.cast(q, low_dtype(), "autocast." + label + ".q");
-    if (autocast() && a_.dtype(k) != low_dtype()) kc = a_.cast(k, low_dtype(), "autocast." + label + ".k");
-    if (autocast() && a_.dtype(v) != low_dtype()) vc = a_.cast(v, low_dtype(), "autocast." + label + ".v");
+    if (autocast() && a_.dtype(q) != low_dtype()) qc = a_.cast(q, low_dtype(), cast_label(label + ".q"));
+    if (autocast() && a_.dtype(k) != low_dtype()) kc = a_.cast(k, low_dtype(), cast_label(label + ".k"));
+    if (autocast() && a_.dtype(v) != low_dtype()) vc = a_.cast(v, low_dtype(), cast_label(label + ".v"));
     const std::uint64_t rows = sh.batch * heads_ * ((sh.seq + 31) / 32 * 32);
     Var lse = aux(rows, DType::f32, label + ".lse");
     Var out = a_.op({.label = label + ".context", .inputs = {qc, kc, vc}, .saved = {qc, kc, vc, lse},

@@ -622,6 +622,23 @@ TEST_CASE("the PyTorch loop: checkpointing, forward passes and gradient accumula
   CHECK(live(accumulated, prefix("inputs:input_ids")).allocations == 4);
 }
 
+TEST_CASE("the PyTorch loop: every allocation says what it is", "[workload]") {
+  // plan's breakdown counts each label by its kind (tools/plan_answer.cpp): none is left "other"
+  const std::set<std::string> kinds = {"weights", "grads", "optimizer", "activations", "autocast", "loss",
+                                       "temporaries", "inputs"};
+  for (const char* options : {"attention:eager,loss:written,activation:written", "precision:fp32,checkpointing:full",
+                              "mode:forward,no_grad:false", "optimizer_impl:handwritten,clip_grad:true,qkv:fused"}) {
+    INFO(options);
+    const trace::Trace t = generate_workload(setup("gpt2", std::string("layers:2,seq:128,") + options));
+    for (const auto& e : t.events) {
+      if (e.op != Op::alloc) continue;
+      const std::string& label = t.labels[e.label];
+      INFO(label);
+      CHECK(kinds.count(label.substr(0, label.find(':'))) == 1);
+    }
+  }
+}
+
 TEST_CASE("the PyTorch loop: options read back, defaults per framework, refusals name what has it", "[workload]") {
   const WorkloadSetup s = setup("llama2-7b", "attention:eager,loss:written,activation:written,qkv:fused,optimizer_impl:handwritten,clip_grad:true");
   WorkloadSetup back = WorkloadSetup::for_model("custom");
