@@ -94,10 +94,13 @@ class TorchLoop {
     return name.substr(0, colon + 1) + "autocast." + name.substr(colon + 1);
   }
   // An op autocast runs in fp32 (exp, log, softmax, sum, layer_norm, cross_entropy): its input cast
-  // to fp32 first when it is 16-bit (a temporary that is not saved).
-  Var fp32_input(Var x, const std::string& label, bool& cast) {
-    cast = autocast() && a_.dtype(x) != DType::f32;
-    return cast ? a_.cast(x, DType::f32, cast_label(label)) : x;
+  // to fp32 first when it is 16-bit (a temporary that is not saved; release_input() drops it).
+  Var fp32_input(Var x, const std::string& label) {
+    return autocast() && a_.dtype(x) != DType::f32 ? a_.cast(x, DType::f32, cast_label(label)) : x;
+  }
+  // Drops `in` when it is a cast made for an op rather than the tensor `of` itself.
+  void release_input(Var in, Var of) {
+    if (in.id != of.id) a_.drop(in);
   }
 
   Shape shape_of(std::uint64_t len) const {
@@ -201,14 +204,13 @@ class TorchLoop {
   // LayerNorm: F.layer_norm (fp32 under autocast), saving its input, mean and rstd.
   Var norm(Var x, Var w, Var bias, std::uint64_t rows, const std::string& label) {
     if (s_.model.norm == NormKind::layernorm) {
-      bool cast = false;
-      Var in = fp32_input(x, label, cast);
+      Var in = fp32_input(x, label);
       Var stats = a_.op({.label = label + ".stats", .inputs = {}}, 2 * rows, DType::f32);
       Var y = a_.op({.label = label, .inputs = {in, w, bias}, .saved = {in, w, bias, stats},
                      .backward_temporary = 2 * rows * h_ * 4},
                     rows * h_, autocast() ? DType::f32 : a_.dtype(x));
       a_.drop(stats);
-      if (cast) a_.drop(in);
+      release_input(in, x);
       return y;
     }
     const std::uint64_t n = rows * h_;
@@ -311,10 +313,9 @@ class TorchLoop {
     a_.drop(indices);
     Var shifted = binary(label + ".shifted", masked, max, square, {});
     a_.drop(max);
-    bool cast = false;
-    Var in = fp32_input(shifted, label + ".exp", cast);
+    Var in = fp32_input(shifted, label + ".exp");
     Var exp = unary(label + ".exp", in, {}, true);
-    if (cast) a_.drop(in);
+    release_input(in, shifted);
     Var sum = unary(label + ".sum", exp, {}, false, rows);
     Var probs = binary(label + ".probs", exp, sum, square, {exp, sum}, GradFlow::compute, square * 4);
     a_.drop(sum);
@@ -524,11 +525,10 @@ class TorchLoop {
     Var targets = a_.constant(T, DType::i64, "inputs:targets");
     Var out;
     if (s_.loss == LossOps::cross_entropy) {
-      bool cast = false;
-      Var in = fp32_input(logits, "loss", cast);
+      Var in = fp32_input(logits, "loss");
       Var ls = a_.op({.label = "loss:log_softmax", .inputs = {in}, .saves_result = true}, n,
                      autocast() ? DType::f32 : a_.dtype(logits));
-      if (cast) a_.drop(in);
+      release_input(in, logits);
       out = a_.op({.label = "loss:value", .inputs = {ls}, .saved = {targets}}, 1, DType::f32);
       a_.drop(ls);
     } else {
@@ -537,10 +537,9 @@ class TorchLoop {
       a_.drop(indices);
       Var shifted = binary("loss:shifted", logits, max, n, {});
       a_.drop(max);
-      bool cast = false;
-      Var in = fp32_input(shifted, "loss:exp", cast);
+      Var in = fp32_input(shifted, "loss:exp");
       Var exp = unary("loss:exp", in, {}, true);
-      if (cast) a_.drop(in);
+      release_input(in, shifted);
       Var sum = unary("loss:sum", exp, {}, false, T);
       a_.drop(exp);
       Var log = unary("loss:log", sum, {sum}, false);
