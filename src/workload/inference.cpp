@@ -177,8 +177,6 @@ class InferenceTrace {
 
 trace::Trace generate_inference_trace(const WorkloadSetup& s) {
   trace::Trace t;
-  t.info.source = "generator:" + s.model.name;
-  t.info.metadata.push_back("workload=" + s.to_string());
   InferenceTrace(s, t).run();
   return t;
 }

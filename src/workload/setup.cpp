@@ -454,8 +454,12 @@ std::string WorkloadSetup::describe() const {
 
 trace::Trace generate_workload(const WorkloadSetup& s) {
   s.validate();
-  if (s.mode == Mode::inference) return generate_inference_trace(s);
-  return s.framework == Framework::pytorch ? generate_torch_trace(s) : generate_training_trace(s);
+  trace::Trace t = s.mode == Mode::inference          ? generate_inference_trace(s)
+                   : s.framework == Framework::pytorch ? generate_torch_trace(s)
+                                                       : generate_training_trace(s);
+  t.info.source = "generator:" + s.model.name;
+  t.info.metadata.push_back("workload=" + s.to_string());
+  return t;
 }
 
 // --- setup changes --------------------------------------------------------------------------

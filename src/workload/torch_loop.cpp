@@ -80,7 +80,7 @@ class TorchLoop {
  private:
   // --- dtypes --------------------------------------------------------------------------------
 
-  bool autocast() const { return s_.precision == Precision::autocast_bf16 || s_.precision == Precision::autocast_fp16; }
+  bool autocast() const { return s_.autocast(); }
   DType low_dtype() const {
     return s_.precision == Precision::fp16 || s_.precision == Precision::autocast_fp16 ? DType::f16 : DType::bf16;
   }
@@ -93,11 +93,13 @@ class TorchLoop {
     if (colon == std::string::npos) return "autocast." + name;
     return name.substr(0, colon + 1) + "autocast." + name.substr(colon + 1);
   }
-  // An op autocast runs in fp32 (exp, log, softmax, sum, layer_norm, cross_entropy): its input cast
-  // to fp32 first when it is 16-bit (a temporary that is not saved; release_input() drops it).
-  Var fp32_input(Var x, const std::string& label) {
-    return autocast() && a_.dtype(x) != DType::f32 ? a_.cast(x, DType::f32, cast_label(label)) : x;
+  // An op's input as autocast hands it over: cast to `to` (16 bits for matmuls; fp32 for exp, log,
+  // softmax, sum, layer_norm, cross_entropy) when autocast is on and it is not in `to` already (a
+  // new tensor each time, which release_input() drops), else the input itself.
+  Var autocast_input(Var x, DType to, const std::string& label) {
+    return autocast() && a_.dtype(x) != to ? a_.cast(x, to, cast_label(label)) : x;
   }
+  Var fp32_input(Var x, const std::string& label) { return autocast_input(x, DType::f32, label); }
   // Drops `in` when it is a cast made for an op rather than the tensor `of` itself.
   void release_input(Var in, Var of) {
     if (in.id != of.id) a_.drop(in);
@@ -171,17 +173,15 @@ class TorchLoop {
 
   // x [rows x in] @ W^T (+ bias): mm saves its input for W's gradient and W for the input's.
   Var linear(Var x, Var w, Var bias, std::uint64_t rows, std::uint64_t out, const std::string& label) {
-    Var in = x;
     Var weight = w;
     Var b = bias;
-    const bool cast_input = autocast() && a_.dtype(x) != low_dtype();
     if (autocast()) {
       weight = a_.cached_cast(w, low_dtype());
       if (b) b = a_.cached_cast(bias, low_dtype());
-      if (cast_input) in = a_.cast(x, low_dtype(), cast_label(label + ".input"));
     }
+    Var in = autocast_input(x, low_dtype(), label + ".input");
     Var y = a_.op({.label = label, .inputs = {in, weight, b}, .saved = {in, weight}}, rows * out, matmul_dtype(x));
-    if (cast_input) a_.drop(in);
+    release_input(in, x);
     return y;
   }
 
@@ -194,10 +194,9 @@ class TorchLoop {
   Var add(const std::string& label, Var x, Var y) {
     return binary(label, x, y, std::max(a_.elements(x), a_.elements(y)), {}, GradFlow::passthrough);
   }
-  Var unary(const std::string& label, Var x, std::vector<Var> saved, bool saves_result, std::uint64_t elements = 0,
-            DType dtype = DType::f32, bool keep_dtype = true) {
+  Var unary(const std::string& label, Var x, std::vector<Var> saved, bool saves_result, std::uint64_t elements = 0) {
     return a_.op({.label = label, .inputs = {x}, .saved = std::move(saved), .saves_result = saves_result},
-                 elements == 0 ? a_.elements(x) : elements, keep_dtype ? a_.dtype(x) : dtype);
+                 elements == 0 ? a_.elements(x) : elements, a_.dtype(x));
   }
 
   // RMSNorm written out (as Llama's and the CS336 handout's are): x * rsqrt(mean(x^2) + eps) * w.
@@ -280,11 +279,9 @@ class TorchLoop {
   // A 4-D matmul's operand with transposed heads: copied contiguous (torch.matmul's reshape), in
   // 16 bits under autocast (cast first, the cast a temporary). The caller drops the copy.
   Var matmul_operand(Var x, const std::string& label) {
-    Var in = x;
-    const bool cast = autocast() && a_.dtype(x) != low_dtype();
-    if (cast) in = a_.cast(x, low_dtype(), cast_label(label));
+    Var in = autocast_input(x, low_dtype(), label);
     Var copy = a_.op({.label = label + "_contiguous", .inputs = {in}, .flow = GradFlow::passthrough}, a_.elements(in), a_.dtype(in));
-    if (cast) a_.drop(in);
+    release_input(in, x);
     return copy;
   }
 
@@ -325,14 +322,13 @@ class TorchLoop {
     a_.drop(exp);
     Var dropped = dropout(probs, label + ".probs");
     if (dropped.id != probs.id) a_.drop(probs);
-    Var pc = dropped;
-    if (autocast() && a_.dtype(dropped) != low_dtype()) pc = a_.cast(dropped, low_dtype(), cast_label(label + ".probs"));
+    Var pc = autocast_input(dropped, low_dtype(), label + ".probs");
     // probs @ V: V's transposed heads are copied too (V itself, or the fused QKV output it is a
     // view of, can go).
     Var vc = matmul_operand(v, label + ".v");
     Var ctx = a_.op({.label = label + ".context", .inputs = {pc, vc}, .saved = {pc, vc}}, sh.tokens() * h_, matmul_dtype(dropped));
     a_.drop(vc);
-    if (pc.id != dropped.id) a_.drop(pc);
+    release_input(pc, dropped);
     a_.drop(dropped);
     a_.drop(masked);
     return ctx;
@@ -342,18 +338,18 @@ class TorchLoop {
   // kernels keep q, k, v, the output and a log-sum-exp per row; their backward allocates an fp32
   // accumulator of dq and one float per row.
   Var fused_attention(Var q, Var k, Var v, const Shape& sh, const std::string& label) {
-    Var qc = q, kc = k, vc = v;
-    if (autocast() && a_.dtype(q) != low_dtype()) qc = a_.cast(q, low_dtype(), cast_label(label + ".q"));
-    if (autocast() && a_.dtype(k) != low_dtype()) kc = a_.cast(k, low_dtype(), cast_label(label + ".k"));
-    if (autocast() && a_.dtype(v) != low_dtype()) vc = a_.cast(v, low_dtype(), cast_label(label + ".v"));
+    Var qc = autocast_input(q, low_dtype(), label + ".q");
+    Var kc = autocast_input(k, low_dtype(), label + ".k");
+    Var vc = autocast_input(v, low_dtype(), label + ".v");
     const std::uint64_t rows = sh.batch * heads_ * ((sh.seq + 31) / 32 * 32);
     Var lse = aux(rows, DType::f32, label + ".lse");
     Var out = a_.op({.label = label + ".context", .inputs = {qc, kc, vc}, .saved = {qc, kc, vc, lse},
                      .backward_temporary = sh.tokens() * h_ * 4 + rows * 4, .saves_result = true},
                     sh.tokens() * h_, matmul_dtype(q));
     a_.drop(lse);
-    for (Var* c : {&qc, &kc, &vc})
-      if (c->id != q.id && c->id != k.id && c->id != v.id) a_.drop(*c);
+    release_input(qc, q);
+    release_input(kc, k);
+    release_input(vc, v);
     return out;
   }
 
@@ -575,12 +571,15 @@ class TorchLoop {
 
   // --- the optimizer -----------------------------------------------------------------------
 
+  // A tensor the size of parameter p in the optimizer's precision: p's dtype, or fp32 beside a master copy.
+  std::uint64_t master_bytes(Var p) const { return a_.elements(p) * (master_.empty() ? dtype_bytes(a_.dtype(p)) : 4); }
+  // One AdamW moment of p: as master_bytes, or (adamw8bit, at least 4096 elements) uint8 with an
+  // fp32 scale per block of 256.
   std::uint64_t state_bytes(Var p) const {
     const std::uint64_t n = a_.elements(p);
     if (s_.optimizer == Optimizer::adamw8bit && n >= 4096) return n + 4 * ((n + 255) / 256);
-    return n * (master_.empty() ? dtype_bytes(a_.dtype(p)) : 4);
+    return master_bytes(p);
   }
-  std::uint64_t master_bytes(Var p) const { return a_.elements(p) * (master_.empty() ? dtype_bytes(a_.dtype(p)) : 4); }
 
   // States are created at the first step (torch.optim's _init_group, bitsandbytes' init_state).
   void create_states() {
@@ -683,8 +682,6 @@ class TorchLoop {
 
 trace::Trace generate_torch_trace(const WorkloadSetup& s) {
   trace::Trace t;
-  t.info.source = "generator:" + s.model.name;
-  t.info.metadata.push_back("workload=" + s.to_string());
   TraceBuilder b(t);
   TorchLoop loop(s, b);
   const auto lengths = micro_batch_lengths(s);

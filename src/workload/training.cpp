@@ -565,8 +565,6 @@ class StageTrace {
 
 trace::Trace generate_training_trace(const WorkloadSetup& s) {
   trace::Trace t;
-  t.info.source = "generator:" + s.model.name;
-  t.info.metadata.push_back("workload=" + s.to_string());
   const std::vector<std::vector<std::uint64_t>> lengths = micro_batch_lengths(s);
   TraceBuilder b(t);
   for (int stage = 0; stage < s.pp; ++stage) StageTrace(s, b, stage, lengths).run();
