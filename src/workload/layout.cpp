@@ -60,6 +60,11 @@ std::uint64_t total_elements(const std::vector<Param>& params) {
   return n;
 }
 
+std::uint64_t moment_bytes(const WorkloadSetup& s, std::uint64_t n, std::uint64_t full) {
+  if (s.optimizer != Optimizer::adamw8bit || n < 4096) return full * n;
+  return n + 4 * ((n + 255) / 256);
+}
+
 std::vector<std::vector<std::uint64_t>> micro_batch_lengths(const WorkloadSetup& s) {
   std::mt19937_64 rng(s.seed);
   const std::uint64_t seq = s.sequence();

@@ -571,15 +571,12 @@ class TorchLoop {
 
   // --- the optimizer -----------------------------------------------------------------------
 
-  // A tensor the size of parameter p in the optimizer's precision: p's dtype, or fp32 beside a master copy.
-  std::uint64_t master_bytes(Var p) const { return a_.elements(p) * (master_.empty() ? dtype_bytes(a_.dtype(p)) : 4); }
-  // One AdamW moment of p: as master_bytes, or (adamw8bit, at least 4096 elements) uint8 with an
-  // fp32 scale per block of 256.
-  std::uint64_t state_bytes(Var p) const {
-    const std::uint64_t n = a_.elements(p);
-    if (s_.optimizer == Optimizer::adamw8bit && n >= 4096) return n + 4 * ((n + 255) / 256);
-    return master_bytes(p);
-  }
+  // Bytes per element of the optimizer's tensors of parameter p: p's dtype, or fp32 beside a master copy.
+  std::uint64_t optimizer_element_bytes(Var p) const { return master_.empty() ? dtype_bytes(a_.dtype(p)) : 4; }
+  // A tensor the size of parameter p in the optimizer's precision.
+  std::uint64_t master_bytes(Var p) const { return a_.elements(p) * optimizer_element_bytes(p); }
+  // One AdamW moment of p (layout.hpp's moment_bytes).
+  std::uint64_t state_bytes(Var p) const { return moment_bytes(s_, a_.elements(p), optimizer_element_bytes(p)); }
 
   // States are created at the first step (torch.optim's _init_group, bitsandbytes' init_state).
   void create_states() {

@@ -163,17 +163,10 @@ class StageTrace {
         if (!p.trainable) continue;
         const std::uint64_t n = sharded_states() ? shard(p.elements) : p.elements;
         if (mixed()) alloc(4 * n, "optimizer:master." + p.name);
-        alloc(moment_bytes(n), "optimizer:exp_avg." + p.name);
-        alloc(moment_bytes(n), "optimizer:exp_avg_sq." + p.name);
+        alloc(moment_bytes(s_, n, 4), "optimizer:exp_avg." + p.name);
+        alloc(moment_bytes(s_, n, 4), "optimizer:exp_avg_sq." + p.name);
       }
     }
-  }
-
-  // One Adam moment of n elements: fp32, or (adamw8bit, n >= 4096) uint8 with an fp32 scale per
-  // block of 256 (bitsandbytes keeps the scales in a tensor of their own; counted with it here).
-  std::uint64_t moment_bytes(std::uint64_t n) const {
-    if (s_.optimizer != Optimizer::adamw8bit || n < 4096) return 4 * n;
-    return n + 4 * ((n + 255) / 256);
   }
 
   // ZeRO-3: all-gathers unit u's weights (on the communication stream) unless they are here.
