@@ -9,8 +9,11 @@
 //   alloc.record_stream(p, other_stream);  // p is also used on other_stream
 //   alloc.deallocate(p);                   // reusable once other_stream's work completes
 //
-// Thread safety: every member function may be called from any thread. One mutex per allocator
-// serialises them, so throughput does not grow with threads; use one allocator per device.
+// Thread safety: every member function may be called from any thread. Threads on different
+// streams run cached allocations and frees side by side (each stream's shard has its own lock;
+// up to eight streams never share one); threads on one stream, and everything that is not a
+// cached allocation or free (growth, stream events, observers, stats, empty_cache ...), are
+// serialized. Statistics and their peaks stay exact. See docs/architecture.md, "Threads".
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,16 @@
 // allocator.cpp: the public API (forwarded to Impl) and the fast path. A cached allocate is:
-// round, lock, find in the stream's free index (O(1)), maybe split, insert into the pointer map,
+// round, find the stream in a thread-local cache, lock its shard (shards.hpp), find in the stream's free index (O(1)), maybe split, insert into the pointer map,
 // count (in vmm mode, a heap that follows a planned layout names the block instead of the index,
-// and each heap records its blocks in its EpochLog). A deallocate is: lock, erase from the pointer
-// map, coalesce with free neighbours, insert into the free index, count. Anything that talks to
-// the device is out of line: the OOM ladder (oom_ladder.cpp), stream events
+// and each heap records its blocks in its EpochLog). A deallocate is: lock the shard of the
+// thread's last stream, erase from its pointer map, coalesce with free neighbours, insert into the
+// free index, count. Whatever else a call needs (a stream never seen on this thread, a block of
+// another shard, growth, events, observers, an epoch's end, a peak) takes the exclusive mode and
+// runs the same steps there. Anything that talks to the device is out of line: the OOM ladder (oom_ladder.cpp), stream events
 // (stream_events.cpp), the segment source.
+#include <algorithm>
+#include <array>
+#include <atomic>
+
 #include "core/allocator_impl.hpp"
 #include "core/epoch_log.hpp"
 #include "tensorpool/size_classes.hpp"
@@ -46,23 +52,106 @@ DeviceBackend& Allocator::device() const noexcept { return *impl_->state().devic
 
 // --- the fast path --------------------------------------------------------------------------
 
+namespace {
+
+// The streams this thread used last, most recent first, each with the id of its allocator (ids
+// are never reused, so an entry of a destroyed allocator never matches).
+struct StreamCacheEntry {
+  std::uint64_t allocator = 0;
+  Stream stream = kDefaultStream;
+  StreamState* state = nullptr;
+};
+constexpr std::size_t kStreamCacheEntries = 4;
+thread_local std::array<StreamCacheEntry, kStreamCacheEntries> tls_streams;
+
+std::atomic<std::uint64_t> next_allocator_id{1};
+
+}  // namespace
+
+std::uint64_t Allocator::Impl::new_id() noexcept { return next_allocator_id.fetch_add(1, std::memory_order_relaxed); }
+
+TP_ALWAYS_INLINE StreamState* Allocator::Impl::cached_stream(Stream stream) const noexcept {
+  const StreamCacheEntry& e = tls_streams[0];
+  if (TP_LIKELY(e.allocator == id_ && e.stream == stream)) return e.state;
+  for (std::size_t i = 1; i < kStreamCacheEntries; ++i) {
+    if (tls_streams[i].allocator == id_ && tls_streams[i].stream == stream) {
+      std::rotate(tls_streams.begin(), tls_streams.begin() + static_cast<std::ptrdiff_t>(i),
+                  tls_streams.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      return tls_streams[0].state;
+    }
+  }
+  return nullptr;
+}
+
+// The stream this thread used last with this allocator (where its frees look first), or null.
+TP_ALWAYS_INLINE StreamState* Allocator::Impl::last_stream() const noexcept {
+  for (const StreamCacheEntry& e : tls_streams)
+    if (e.allocator == id_) return e.state;
+  return nullptr;
+}
+
+void Allocator::Impl::remember_stream(StreamState& ss) const noexcept {
+  std::rotate(tls_streams.begin(), tls_streams.end() - 1, tls_streams.end());
+  tls_streams[0] = {id_, ss.stream, &ss};
+}
+
 // b, free and in no index, becomes the user's (defined first: inlined into both of its callers).
 TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested) {
   Segment* seg = b->segment;
+  detail::Shard& shard = shard_of(seg);
   b->state = BlockState::allocated;
   b->requested = requested;
-  live_.insert(b->addr, b);
-  counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
+  shard.live.insert(b->addr, b);
+  shard.counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
   if (TP_UNLIKELY(seg->epoch != nullptr)) seg->epoch->on_alloc(b, seg->addr);
 }
 
 void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return nullptr;
-  Lock lock(mutex_);
+  if (StreamState* ss = cached_stream(stream); TP_LIKELY(ss != nullptr && bytes <= kMaxAllocationSize)) {
+    detail::Shard& shard = *ss->shard;
+    shard.lock.lock();
+    Block* b = allocate_cached(*ss, round_size(bytes), bytes);
+    shard.lock.unlock();
+    if (TP_LIKELY(b != nullptr)) {
+      debug_check_unlocked();
+      return reinterpret_cast<void*>(b->addr);
+    }
+  }
+  return allocate_exclusive(bytes, stream);
+}
+
+// Under ss's shard's lock: a block cached for ss that keeps the shard below its ceilings, handed
+// out; else nullptr, and nothing has changed but a plan the stream departed from (the exclusive
+// path then serves the request as it would have).
+TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::size_t size, std::size_t bytes) {
+  if (TP_UNLIKELY(pending_total_ != 0 || hooks.observed())) return nullptr;
+  detail::Shard& shard = *ss.shard;
+  const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
+  const auto requested = static_cast<std::int64_t>(bytes);
+  if (TP_UNLIKELY(ss.follows_plan(pool))) {
+    if (!ss.plan_ready(pool) || !shard.fits(pool, static_cast<std::int64_t>(size), requested)) return nullptr;
+    if (Block* b = source_->take_planned(ss, pool, size)) {
+      shard.counters.count(&Stats::alloc_calls);
+      hand_out(b, bytes);
+      return b;
+    }
+  }
+  Block* b = find_cached(ss, pool, size);
+  if (TP_UNLIKELY(b == nullptr || !shard.fits(pool, static_cast<std::int64_t>(handed_size(b, size)), requested)))
+    return nullptr;
+  shard.counters.count(&Stats::alloc_calls);
+  return take(b, size, bytes);
+}
+
+void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
+  Lock lock(shards);
   counters.count(&Stats::alloc_calls);
   const std::size_t size = bytes <= kMaxAllocationSize ? round_size(bytes) : kMaxAllocationSize;
   if (TP_UNLIKELY(pending_total_ != 0)) process_events();
   StreamState& ss = streams.get(stream);
+  shards.favour(ss.shard);
+  remember_stream(ss);
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
   Block* b = nullptr;
   if (TP_UNLIKELY(ss.follows_plan(pool)) && (b = source_->take_planned(ss, pool, size)) != nullptr) {
@@ -80,13 +169,44 @@ void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
 
 void Allocator::Impl::deallocate(void* ptr) {
   if (ptr == nullptr) return;
-  Lock lock(mutex_);
   const auto addr = reinterpret_cast<Address>(ptr);
-  Block* b = live_.erase(addr);
+  if (StreamState* ss = last_stream(); TP_LIKELY(ss != nullptr)) {
+    detail::Shard& shard = *ss->shard;
+    shard.lock.lock();
+    const bool done = free_cached(shard, addr);
+    shard.lock.unlock();
+    if (TP_LIKELY(done)) {
+      debug_check_unlocked();
+      return;
+    }
+  }
+  deallocate_exclusive(addr);
+}
+
+// Under the shard's lock: frees the block at addr if the shard maps it and the free needs no
+// stream event, no observer and no end of an epoch (true); else changes nothing (false).
+TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address addr) {
+  if (TP_UNLIKELY(hooks.observed())) return false;
+  Block* b = shard.live.find(addr);
+  if (TP_UNLIKELY(b == nullptr || b->uses != nullptr)) return false;
+  const Segment* seg = b->segment;
+  if (TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->one_live() && !source_->ends_epoch_in_place(b)) return false;
+  shard.live.erase(addr);
+  shard.counters.count(&Stats::free_calls);
+  shard.counters.on_free(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(b->requested));
+  release_block(b);
+  return true;
+}
+
+void Allocator::Impl::deallocate_exclusive(Address addr) {
+  Lock lock(shards);
+  Block* b = find_live(addr);
   if (TP_UNLIKELY(b == nullptr)) throw_bad_pointer(addr, "free");
+  detail::Shard& shard = shard_of(b->segment);
+  shard.live.erase(addr);
   counters.count(&Stats::free_calls);
-  counters.on_free(b->segment->pool, static_cast<std::int64_t>(b->size),
-                   static_cast<std::int64_t>(b->requested));
+  shard.counters.on_free(b->segment->pool, static_cast<std::int64_t>(b->size),
+                         static_cast<std::int64_t>(b->requested));
   if (TP_UNLIKELY(hooks.observed()))
     hooks.notify(EventType::free_requested, b->addr, b->requested, b->size, b->segment->owner->stream);
   if (TP_UNLIKELY(b->uses != nullptr)) {
@@ -98,9 +218,9 @@ void Allocator::Impl::deallocate(void* ptr) {
 }
 
 void Allocator::Impl::record_stream(void* ptr, Stream stream) {
-  Lock lock(mutex_);
+  Lock lock(shards);
   const auto addr = reinterpret_cast<Address>(ptr);
-  Block* b = live_.find(addr);
+  Block* b = find_live(addr);
   if (b == nullptr) throw_bad_pointer(addr, "record_stream");
   add_use(b, stream);
   if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::record_stream, b->addr, b->requested, b->size, stream);
@@ -109,9 +229,16 @@ void Allocator::Impl::record_stream(void* ptr, Stream stream) {
 
 // --- helpers --------------------------------------------------------------------------------
 
+// In the exclusive mode: the allocated block at addr, in whichever shard maps it, or nullptr.
+Block* Allocator::Impl::find_live(Address addr) const noexcept {
+  for (const detail::Shard& shard : shards)
+    if (Block* b = shard.live.find(addr)) return b;
+  return nullptr;
+}
+
 StreamState& detail::StreamTable::get_slow(Stream stream) {
   auto& slot = map_[stream];
-  if (!slot) slot = std::make_unique<StreamState>(stream);
+  if (!slot) slot = std::make_unique<StreamState>(stream, shards_[(map_.size() - 1) % kNumShards]);
   last_stream_ = stream;
   last_state_ = slot.get();
   return *slot;
@@ -131,17 +258,22 @@ Block* Allocator::Impl::find_cached(StreamState& ss, Pool pool, std::size_t size
 Block* Allocator::Impl::take(Block* b, std::size_t size, std::size_t requested) {
   Segment* seg = b->segment;
   seg->index->remove(b);
-  const std::size_t rest = b->size - size;
-  const std::size_t min_rest = seg->pool == Pool::small ? kMinBlockSize : config.min_split_remainder;
-  if (!seg->oversize && rest >= min_rest) seg->index->insert(blocks.split_at(b, size));
+  if (handed_size(b, size) < b->size) seg->index->insert(blocks_of(seg).split_at(b, size));
   hand_out(b, requested);
   return b;
+}
+
+// What take(b, size) hands out: `size` bytes when the rest is worth a block of its own, else b.
+std::size_t Allocator::Impl::handed_size(const Block* b, std::size_t size) const noexcept {
+  const Segment* seg = b->segment;
+  const std::size_t min_rest = seg->pool == Pool::small ? kMinBlockSize : config.min_split_remainder;
+  return !seg->oversize && b->size - size >= min_rest ? size : b->size;
 }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.
 void Allocator::Impl::release_block(Block* b) {
   Segment* seg = b->segment;
-  counters.on_inactive(seg->pool, static_cast<std::int64_t>(b->size));
+  shard_of(seg).counters.on_inactive(seg->pool, static_cast<std::int64_t>(b->size));
   if (TP_UNLIKELY(hooks.observed()))
     hooks.notify(EventType::free_completed, b->addr, b->requested, b->size, seg->owner->stream);
   b->state = BlockState::free;

@@ -1,8 +1,8 @@
 // allocator_impl.hpp: Allocator::Impl, the coordinator of one device's caching allocator.
 //
-// It owns the shared state (AllocatorState: device, settings, streams with their free indexes,
-// segments, Blocks, counters, hooks), the pointer map of live blocks, the pending frees, and one
-// SegmentSource that says where segments come from (fixed segments or vmm heaps). Nothing here
+// It owns the shared state (AllocatorState: device, settings, shards with their pointer maps,
+// Blocks and counters, streams with their free indexes, segments, hooks), the pending frees, and
+// one SegmentSource that says where segments come from (fixed segments or vmm heaps). Nothing here
 // depends on the mode: the source is the only part that does. One file per concern:
 //
 //   allocator.cpp       the public API and the fast path (cached allocate, deallocate)
@@ -14,8 +14,11 @@
 //   fixed_segments.cpp  the fixed-segment source
 //   vmm_heaps.cpp       the virtual-memory source
 //
-// Every private member function runs with mutex_ held; the public ones take it (but state(),
-// whose config and device do not change after construction).
+// Locking (shards.hpp): allocate and deallocate try the fast path under their stream's shard's
+// lock (allocate_cached, free_cached: they change nothing when they decline) and otherwise take
+// the exclusive mode (every shard's lock), as every other public function does (but state(),
+// whose config and device do not change after construction). Every private member function but
+// those of the fast path runs in the exclusive mode.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +27,7 @@
 #include <vector>
 
 #include "core/allocator_state.hpp"
-#include "core/lock.hpp"
-#include "core/pointer_map.hpp"
+#include "core/shards.hpp"
 #include "core/segment_source.hpp"
 #include "tensorpool/allocator.hpp"
 
@@ -71,11 +73,20 @@ class Allocator::Impl : private detail::AllocatorState {
   using Block = detail::Block;
   using Segment = detail::Segment;
   using StreamState = detail::StreamState;
-  using Lock = std::unique_lock<detail::FutexLock>;
+  using Lock = std::unique_lock<detail::Shards>;
 
   // --- fast path (allocator.cpp) ---
+  Block* allocate_cached(StreamState& ss, std::size_t size, std::size_t bytes);
+  bool free_cached(detail::Shard& shard, Address addr);
+  void* allocate_exclusive(std::size_t bytes, Stream stream);
+  void deallocate_exclusive(Address addr);
+  StreamState* cached_stream(Stream stream) const noexcept;
+  StreamState* last_stream() const noexcept;
+  void remember_stream(StreamState& ss) const noexcept;
+  Block* find_live(Address addr) const noexcept;
   Block* find_cached(StreamState& ss, Pool pool, std::size_t size) const noexcept;
   Block* take(Block* b, std::size_t size, std::size_t requested);
+  std::size_t handed_size(const Block* b, std::size_t size) const noexcept;
   void hand_out(Block* b, std::size_t requested);
   void release_block(Block* b);
 
@@ -102,10 +113,14 @@ class Allocator::Impl : private detail::AllocatorState {
   void debug_check() const {
     if constexpr (TENSORPOOL_DEBUG_INVARIANTS) check_invariants_locked();
   }
+  /// After a fast path, without a lock held.
+  void debug_check_unlocked() const {
+    if constexpr (TENSORPOOL_DEBUG_INVARIANTS) check_invariants();
+  }
   [[noreturn]] void throw_bad_pointer(Address addr, const char* operation) const;
 
-  mutable detail::FutexLock mutex_;
-  detail::PointerMap live_;                      // allocated blocks (not pending_free) by address
+  static std::uint64_t new_id() noexcept;
+  const std::uint64_t id_ = new_id();                       // unique over the process: keys the thread-local stream cache
   std::unique_ptr<detail::SegmentSource> source_;  // never null after construction
   std::size_t pending_total_ = 0;                // == sum of every stream's pending.size()
   std::vector<DeviceEvent> event_pool_;          // created events not in use

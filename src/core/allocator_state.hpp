@@ -2,8 +2,10 @@
 // streams with their free indexes, the segments, the Block pool, the counters and the hooks.
 //
 // Allocator::Impl (allocator_impl.hpp) is the coordinator built on it; the segment sources
-// (segment_source.hpp) get a reference to it. All of it is guarded by the allocator's mutex:
-// every function that touches it runs with the mutex held.
+// (segment_source.hpp) get a reference to it. Locking (shards.hpp): a stream's free indexes and
+// plan state, and its shard's pointer map, Blocks and counters, may change under that shard's
+// lock (the fast path); everything else only in the exclusive mode (every shard's lock), and every
+// function here but the fast path's runs in it.
 #pragma once
 
 #include <array>
@@ -18,6 +20,7 @@
 #include "core/free_index.hpp"
 #include "core/hooks.hpp"
 #include "core/plan_state.hpp"
+#include "core/shards.hpp"
 #include "tensorpool/config.hpp"
 #include "tensorpool/device.hpp"
 
@@ -30,9 +33,10 @@ struct PendingFree {
 };
 
 /// Per stream: the free blocks of the segments it owns, and its pending frees.
-struct StreamState {
-  explicit StreamState(Stream s) : stream(s) {}
+struct alignas(64) StreamState {  // a cache line of its own: streams of other shards change side by side
+  StreamState(Stream s, Shard& sh) : stream(s), shard(&sh) {}
   Stream stream;
+  Shard* shard;  // never null: where this stream's blocks are counted and looked up
   FreeIndex index[kNumIndexKinds];
   std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
   /// Per pool: the plan state of this stream's vmm heap (owned by the heap's PlanCursor; null: no
@@ -47,13 +51,22 @@ struct StreamState {
     const PlanState* s = plan_state[static_cast<int>(pool)];
     return s != nullptr && plan_asks_source(*s);
   }
+  /// Whether the heap of `pool` follows its plan with its pages in place (no device call needed).
+  bool plan_ready(Pool pool) const noexcept {
+    const PlanState* s = plan_state[static_cast<int>(pool)];
+    return s != nullptr && *s == PlanState::following;
+  }
 };
 
-/// The streams seen so far, with a one-entry cache in front of the hash map for the hot path.
-/// A StreamState lives as long as the allocator (segments point to their owner's).
+/// The streams seen so far, with a one-entry cache in front of the hash map (the exclusive mode's
+/// path; the fast path finds its stream through a thread-local cache, allocator.cpp). A
+/// StreamState lives as long as the allocator (segments point to their owner's). Streams go to
+/// the shards round robin, in the order they are first seen.
 class StreamTable {
  public:
   using Map = std::unordered_map<Stream, std::unique_ptr<StreamState>>;
+
+  explicit StreamTable(Shards& shards) : shards_(shards) {}
 
   TP_ALWAYS_INLINE StreamState& get(Stream stream) {
     if (last_state_ != nullptr && last_stream_ == stream) return *last_state_;
@@ -69,6 +82,7 @@ class StreamTable {
  private:
   StreamState& get_slow(Stream stream);  // allocator.cpp
 
+  Shards& shards_;
   Map map_;
   Stream last_stream_ = kDefaultStream;  // last_state_ == map_[last_stream_] unless null
   StreamState* last_state_ = nullptr;
@@ -82,11 +96,16 @@ struct AllocatorState {
   DeviceProperties props;                 // device->properties() at construction
   Config config;                          // validated (a source may narrow it: vmm has no oversize)
   std::size_t limit = 0;                  // cap on reserved bytes, 0: none
-  BlockPool blocks;
+  mutable Shards shards;  // before `streams`, which hands them out
   std::map<Address, std::unique_ptr<Segment>> segments;  // every segment, by address; disjoint
-  StreamTable streams;
-  Counters counters;
+  StreamTable streams{shards};
+  Counters counters;  // what no shard counts: reserved bytes, segments, the slow paths' calls
   Hooks hooks;
+
+  /// The pool of the Blocks of segment `seg` (its owner's shard's).
+  static BlockPool& blocks_of(const Segment* seg) noexcept { return seg->owner->shard->blocks; }
+  /// The shard that counts the blocks of `seg` and maps their addresses.
+  static Shard& shard_of(const Segment* seg) noexcept { return *seg->owner->shard; }
 
   /// Requests this large get oversize segments (never split, reused only with little slack).
   bool is_oversize_request(std::size_t size) const noexcept {
@@ -104,8 +123,9 @@ struct AllocatorState {
   /// Merges free block b (in no index) with its free neighbours of the same mapping, taking them
   /// out of their index; returns the merged block (in no index). A held neighbour (a vmm heap's
   /// held pages, in no index) stays apart.
-  TP_ALWAYS_INLINE Block* coalesce(Block* b) {
+  TP_ALWAYS_INLINE static Block* coalesce(Block* b) {
     Segment* seg = b->segment;
+    BlockPool& blocks = blocks_of(seg);
     if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped && !p->held) {
       seg->index->remove(p);
       b = p;

@@ -54,7 +54,7 @@ struct Block {
 /// Which FreeIndex of a stream a segment's free blocks go to.
 enum IndexKind : int { kSmallIndex = 0, kLargeIndex = 1, kOversizeIndex = 2, kNumIndexKinds = 3 };
 
-struct Segment {
+struct alignas(64) Segment {  // a cache line of its own: segments of other streams change side by side
   Address addr = 0;
   std::size_t size = 0;
   StreamState* owner = nullptr;  // the stream whose free index holds this segment's free blocks
@@ -127,12 +127,16 @@ class BlockPool {
   // the call that needs a new chunk.
   static constexpr std::size_t kChunk = 512;
   static_assert(std::is_trivially_destructible_v<Block>, "chunks are freed as raw storage");
+  // Chunks take whole cache lines: a pool's Blocks share no line with anything else, since
+  // pools of different shards (shards.hpp) are used by threads side by side.
+  static constexpr std::align_val_t kChunkAlign{64};
+  static constexpr std::size_t kChunkBytes = (kChunk * sizeof(Block) + 63) / 64 * 64;
   struct FreeStorage {
-    void operator()(Block* p) const noexcept { ::operator delete(static_cast<void*>(p)); }
+    void operator()(Block* p) const noexcept { ::operator delete(static_cast<void*>(p), kChunkAlign); }
   };
   __attribute__((noinline)) Block* fresh() {
     if (bump_ == bump_end_) {
-      chunks_.emplace_back(static_cast<Block*>(::operator new(kChunk * sizeof(Block))));
+      chunks_.emplace_back(static_cast<Block*>(::operator new(kChunkBytes, kChunkAlign)));
       bump_ = chunks_.back().get();
       bump_end_ = bump_ + kChunk;
     }

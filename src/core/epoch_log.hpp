@@ -46,6 +46,9 @@ struct EpochLog {
     entries.push_back(RecordedBlock{b->size, clock++, 0, b->addr - heap_start});
   }
 
+  /// Whether releasing the one live block left would end the epoch.
+  TP_ALWAYS_INLINE bool one_live() const noexcept { return live == 1; }
+
   /// True when the heap has nothing allocated any more.
   TP_ALWAYS_INLINE bool on_release(const Block* b) {
     if (b->epoch_slot != kNoSlot) entries[b->epoch_slot].end = clock++;

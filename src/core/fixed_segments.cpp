@@ -63,7 +63,7 @@ Block* FixedSegments::try_segment(StreamState& ss, Pool pool, bool oversize, std
   seg->pool = pool;
   seg->oversize = oversize;
   seg->index = &AllocatorState::index_for(ss, pool, oversize);
-  Block* b = st_.blocks.acquire();
+  Block* b = ss.shard->blocks.acquire();
   b->addr = seg->addr;
   b->size = bytes;
   b->segment = seg.get();
@@ -92,7 +92,7 @@ void FixedSegments::free_segment(Segment* seg) {
   st_.device->free_segment(reinterpret_cast<void*>(seg->addr), seg->size, seg->owner->stream);
   Block* b = seg->first;
   seg->index->remove(b);
-  st_.blocks.release(b);
+  AllocatorState::blocks_of(seg).release(b);
   st_.counters.on_upstream_free(seg->pool, seg->size);
   if (st_.hooks.observed())
     st_.hooks.notify(EventType::segment_free, seg->addr, 0, seg->size, seg->owner->stream);

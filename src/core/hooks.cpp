@@ -50,24 +50,24 @@ bool Hooks::remove(HookId id) {
 
 HookId Allocator::Impl::add_observer(std::shared_ptr<Observer> observer) {
   if (!observer) throw UsageError("tensorpool: add_observer(nullptr)");
-  Lock lock(mutex_);
+  Lock lock(shards);
   return hooks.add_observer(std::move(observer));
 }
 
 HookId Allocator::Impl::add_oom_observer(OomObserver observer) {
   if (!observer) throw UsageError("tensorpool: add_oom_observer with an empty function");
-  Lock lock(mutex_);
+  Lock lock(shards);
   return hooks.add_oom_observer(std::move(observer));
 }
 
 HookId Allocator::Impl::add_free_memory_callback(FreeMemoryCallback callback) {
   if (!callback) throw UsageError("tensorpool: add_free_memory_callback with an empty function");
-  Lock lock(mutex_);
+  Lock lock(shards);
   return hooks.add_free_memory_callback(std::move(callback));
 }
 
 bool Allocator::Impl::remove_hook(HookId id) {
-  Lock lock(mutex_);
+  Lock lock(shards);
   return hooks.remove(id);
 }
 

@@ -27,27 +27,29 @@ namespace {
 }  // namespace
 
 Stats Allocator::Impl::stats() const {
-  Lock lock(mutex_);
-  return counters.stats();
+  Lock lock(shards);
+  shards.settle();
+  return shards.merged(counters.stats());
 }
 
 MemoryUsage Allocator::Impl::usage() const {
-  Lock lock(mutex_);
-  const PoolStats& total = counters.stats().total;
+  Lock lock(shards);
+  const PoolStats total = shards.merged(counters.stats()).total;
   const auto cur = [&](Metric m) { return static_cast<std::size_t>(total[m].current); };
   return {cur(Metric::reserved_bytes), cur(Metric::allocated_bytes), cur(Metric::requested_bytes),
           cur(Metric::active_bytes)};
 }
 
 void Allocator::Impl::reset_peaks() {
-  Lock lock(mutex_);
+  Lock lock(shards);
   counters.reset_peaks();
+  shards.reset_peaks();
 }
 
 FragmentationReport Allocator::Impl::fragmentation() const {
-  Lock lock(mutex_);
+  Lock lock(shards);
   FragmentationReport r;
-  const PoolStats& total = counters.stats().total;
+  const PoolStats total = shards.merged(counters.stats()).total;
   const auto cur = [&](Metric m) { return static_cast<std::size_t>(total[m].current); };
   r.reserved = cur(Metric::reserved_bytes);
   r.allocated = cur(Metric::allocated_bytes);
@@ -82,7 +84,7 @@ FragmentationReport Allocator::Impl::fragmentation() const {
 }
 
 Snapshot Allocator::Impl::snapshot() const {
-  Lock lock(mutex_);
+  Lock lock(shards);
   Snapshot snap;
   snap.segments.reserve(segments.size());
   for (const auto& [addr, seg] : segments) {
@@ -117,7 +119,7 @@ void Allocator::Impl::throw_bad_pointer(Address addr, const char* operation) con
 // --- check_invariants -----------------------------------------------------------------------
 
 void Allocator::Impl::check_invariants() const {
-  Lock lock(mutex_);
+  Lock lock(shards);
   check_invariants_locked();
 }
 
@@ -207,12 +209,17 @@ void Allocator::Impl::check_invariants_locked() const {
   if (pending_frees != pending_total_) fail("pending free count is wrong");
   // Live map: exactly the allocated blocks.
   std::size_t live = 0;
-  live_.for_each([&](Address a, const Block* b) {
-    if (b->addr != a || b->state != BlockState::allocated) fail("live map entry " + hex(a) + " is stale");
-    ++live;
-  });
-  // Stats equal the recount.
-  const Stats& st = counters.stats();
+  for (std::size_t i = 0; i < detail::kNumShards; ++i) {
+    shards[i].live.for_each([&](Address a, const Block* b) {
+      if (b->addr != a || b->state != BlockState::allocated) fail("live map entry " + hex(a) + " is stale");
+      if (&shard_of(b->segment) != &shards[i]) fail("block " + hex(a) + " is mapped by another stream's shard");
+      ++live;
+    });
+  }
+  // Stats equal the recount, and the shards keep their peaks exact.
+  shards.settle();
+  shards.check();
+  const Stats st = shards.merged(counters.stats());
   std::int64_t allocations = 0;
   for (int p = 0; p < kNumPools; ++p) {
     for (int m = 0; m < kNumMetrics; ++m) {

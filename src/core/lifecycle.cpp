@@ -39,14 +39,14 @@ Allocator::Impl::~Impl() {
   if (!device->alive()) return;  // process teardown: the driver reclaims everything
   try {
     synchronize_pending();
-    if (live_.size() != 0)
-      detail::log().info("allocator on {} destroyed with {} blocks still allocated", props.name,
-                         live_.size());
+    std::size_t live = 0;
+    for (const detail::Shard& shard : shards) live += shard.live.size();
+    if (live != 0) detail::log().info("allocator on {} destroyed with {} blocks still allocated", props.name, live);
     source_->destroy();
     for (auto& [addr, seg] : segments) {
       for (Block* b = seg->first; b != nullptr;) {
         Block* next = b->next;
-        blocks.release(b);
+        blocks_of(seg.get()).release(b);
         b = next;
       }
     }
@@ -58,7 +58,7 @@ Allocator::Impl::~Impl() {
 }
 
 void Allocator::Impl::empty_cache() {
-  Lock lock(mutex_);
+  Lock lock(shards);
   synchronize_pending();
   const std::size_t released = source_->release(detail::ReleaseGoal::empty_cache);
   if (hooks.observed()) hooks.notify(EventType::empty_cache, 0, 0, released, kDefaultStream);
@@ -66,12 +66,12 @@ void Allocator::Impl::empty_cache() {
 }
 
 void Allocator::Impl::set_memory_limit(std::size_t bytes) {
-  Lock lock(mutex_);
+  Lock lock(shards);
   limit = bytes;
 }
 
 std::size_t Allocator::Impl::memory_limit() const {
-  Lock lock(mutex_);
+  Lock lock(shards);
   return limit;
 }
 

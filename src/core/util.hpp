@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <new>
 
 #include "tensorpool/types.hpp"
 
@@ -11,8 +12,27 @@
 #define TP_ALWAYS_INLINE inline __attribute__((always_inline))
 /// For branches of the hot path into slow paths.
 #define TP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+/// For the fast path's own branch.
+#define TP_LIKELY(x) __builtin_expect(!!(x), 1)
 
 namespace tensorpool::detail {
+
+/// An allocator of whole cache lines, for the containers a thread writes in its fast path: their
+/// storage shares no line with what threads on other shards write (false sharing).
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr std::size_t kLine = 64;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new((n * sizeof(T) + kLine - 1) / kLine * kLine, std::align_val_t{kLine}));
+  }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(static_cast<void*>(p), std::align_val_t{kLine}); }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
+};
 
 /// "0x7e0000200000": how addresses appear in messages.
 inline std::string hex(Address a) {

@@ -96,10 +96,10 @@ void VmmHeaps::hold_all(Heap& heap, Block* freed) {
   for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
     if (x != freed && free_mapped(x)) {
       heap.index().remove(x);
-      x = heap.held.hold(x, st_.blocks);
+      x = heap.held.hold(x, heap.blocks());
     }
   }
-  heap.held.hold(freed, st_.blocks);
+  heap.held.hold(freed, heap.blocks());
 }
 
 // Serves a request from held pages when a held block (with the free block before it) fits: as
@@ -111,7 +111,7 @@ Block* VmmHeaps::from_held(Heap& heap, std::size_t size) {
     const std::size_t before = free_mapped(r->prev) ? r->prev->size : 0;
     if (before + r->size < size) continue;
     const std::size_t need = size > before ? round_up(size - before, page_) : page_;
-    Block* front = heap.held.unhold(r, std::min(r->size, std::max(need, step)), st_.blocks);
+    Block* front = heap.held.unhold(r, std::min(r->size, std::max(need, step)), heap.blocks());
     Block* merged = st_.coalesce(front);
     heap.index().insert(merged);
     return merged;
@@ -130,7 +130,7 @@ void VmmHeaps::release_held(Pool pool, Spare spare) {
 void VmmHeaps::release_held(Heap& heap) {
   while (!heap.held.empty()) {
     Block* r = heap.held.blocks().begin()->second;
-    Block* merged = st_.coalesce(heap.held.unhold(r, r->size, st_.blocks));
+    Block* merged = st_.coalesce(heap.held.unhold(r, r->size, heap.blocks()));
     heap.index().insert(merged);
   }
 }
@@ -148,6 +148,22 @@ Block* VmmHeaps::end_epoch(Block* b) {
   return nullptr;
 }
 
+// The epoch that ends made the requests of the plan stored after an epoch like the one before
+// it, and that one was like it: the next epoch follows the same plan again (plan_next_epoch()).
+bool VmmHeaps::repeats_its_plan(const Heap& heap) noexcept {
+  const PlanCursor& cursor = heap.cursor;
+  const std::uint64_t signature = heap.epoch.signature;
+  return cursor.matched(heap.epoch.entries.size()) && signature == heap.last_signature && cursor.key() == signature;
+}
+
+// The epoch of b's heap repeats its plan, whose pages are in place: its end holds the heap's
+// free pages and follows the plan again, all inside the heap (no device call, no chunk cache,
+// no planner).
+bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept {
+  const Heap& heap = heap_of(b);
+  return repeats_its_plan(heap) && heap.mapped_prefix >= heap.cursor.plan()->height;
+}
+
 // The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch
 // before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the
 // same requests in the same order, no planning cost). The next epoch gets the plan stored after
@@ -162,7 +178,7 @@ void VmmHeaps::plan_next_epoch(Heap& heap) {
   if (cursor.state() == PlanState::laying_out) abandon_layout(heap);
   const bool matched = cursor.matched(heap.epoch.entries.size());
   const std::uint64_t signature = heap.epoch.signature;
-  if (matched && signature == heap.last_signature && cursor.key() == signature) {
+  if (repeats_its_plan(heap)) {
     // The epoch repeated the one before it, as the plan stored after that one said: the same
     // plan again, with nothing to store or look up (a loop that runs one epoch over and over).
     switch (map_plan(heap, cursor.plan()->height)) {
@@ -266,7 +282,7 @@ bool VmmHeaps::lay_out(Heap& heap, std::size_t height) {
     const Mapped mapped = map_into(heap, {.hole = hole, .bytes = height, .need = height});
     if (mapped.block == nullptr) return false;
     heap.index().remove(mapped.block);
-    heap.held.hold(mapped.block, st_.blocks);
+    heap.held.hold(mapped.block, heap.blocks());
     return mapped.complete;
   } catch (const DeviceError& e) {  // the heap stays consistent, partly mapped; no plan then
     log().warn("vmm: laying out the pages of a planned heap failed: {}", e.what());
@@ -353,7 +369,7 @@ Block* VmmHeaps::find_planned(const Heap& heap, const EpochPlan::Step& step) con
 Block* VmmHeaps::carve(Heap& heap, Block* x, Address at, std::size_t size) {
   const auto take_out = [&](Block* y) {
     if (y->held) {
-      heap.held.unhold(y, y->size, st_.blocks);
+      heap.held.unhold(y, y->size, heap.blocks());
     } else {
       heap.index().remove(y);
     }
@@ -363,7 +379,7 @@ Block* VmmHeaps::carve(Heap& heap, Block* x, Address at, std::size_t size) {
   for (Block* n = x->next; x->addr + x->size < at + size && n != nullptr && n->state == BlockState::free && n->mapped;
        n = x->next) {
     take_out(n);
-    st_.blocks.absorb_next(x);
+    heap.blocks().absorb_next(x);
   }
   FreeIndex& index = heap.index();
   if (x->addr + x->size < at + size) {
@@ -372,10 +388,10 @@ Block* VmmHeaps::carve(Heap& heap, Block* x, Address at, std::size_t size) {
   }
   Block* mid = x;
   if (at > x->addr) {
-    mid = st_.blocks.split_at(x, at - x->addr);
+    mid = heap.blocks().split_at(x, at - x->addr);
     index.insert(x);
   }
-  if (mid->size > size) index.insert(st_.blocks.split_at(mid, size));
+  if (mid->size > size) index.insert(heap.blocks().split_at(mid, size));
   return mid;
 }
 

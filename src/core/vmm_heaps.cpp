@@ -38,7 +38,7 @@ Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   seg->owner = &ss;
   seg->pool = pool;
   seg->index = &AllocatorState::index_for(ss, pool, false);
-  Block* b = st_.blocks.acquire();
+  Block* b = ss.shard->blocks.acquire();
   b->addr = base;
   b->size = range;
   b->segment = seg.get();

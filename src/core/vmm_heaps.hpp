@@ -68,6 +68,8 @@ class ChunkCache {
 /// listed block is free, mapped, has held == true and no held neighbour; bytes() is their sum.
 class HeldPages {
  public:
+  using Entries = std::vector<std::pair<Address, Block*>, CacheLineAllocator<std::pair<Address, Block*>>>;
+
   /// Holds free block x (in no index), merged with held neighbours; returns the held block x is
   /// now part of.
   Block* hold(Block* x, BlockPool& blocks);
@@ -78,12 +80,11 @@ class HeldPages {
   bool empty() const noexcept { return blocks_.empty(); }
   std::size_t bytes() const noexcept { return bytes_; }
   /// The held blocks as (address, block), by address.
-  const std::vector<std::pair<Address, Block*>>& blocks() const noexcept { return blocks_; }
+  const Entries& blocks() const noexcept { return blocks_; }
   /// The held block that starts at `addr`, or nullptr.
   Block* find(Address addr) const noexcept;
 
  private:
-  using Entries = std::vector<std::pair<Address, Block*>>;
   Entries::iterator position(Address addr) noexcept;
   // A sorted vector: a heap holds a few blocks (one per run of mapped pages between holes), and
   // an epoch of a repeated step holds and unholds them every time: no node allocated per call.
@@ -95,7 +96,7 @@ class HeldPages {
 /// do not overlap, lie inside the segment and are of its pool; every page of a block with
 /// mapped == true lies in a chunk; a block with mapped == false is free, page-aligned at both
 /// ends, intersects no chunk, and is in `unmapped` (which holds nothing else).
-struct Heap {
+struct alignas(64) Heap {  // a cache line of its own: heaps of other streams change side by side
   Heap(Segment* seg, std::size_t max_plan_steps) : segment(seg), plans(max_plan_steps) {
     epoch.capacity = max_plan_steps;
     epoch.entries.reserve(max_plan_steps);  // no reallocation in the fast path
@@ -138,6 +139,7 @@ struct Heap {
     mapped_prefix = 0;
   }
   FreeIndex& index() const noexcept { return *segment->index; }
+  BlockPool& blocks() const noexcept { return AllocatorState::blocks_of(segment); }
 };
 
 /// Which heaps' pages an operation leaves alone.
@@ -170,6 +172,7 @@ class VmmHeaps final : public SegmentSource {
   void destroy() override;
   void check(Recount& rc) const override;
   Block* end_epoch(Block* b) override;
+  bool ends_epoch_in_place(const Block* b) const noexcept override;
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
 
@@ -220,6 +223,7 @@ class VmmHeaps final : public SegmentSource {
   Block* from_held(Heap& heap, std::size_t size);
   void release_held(Pool pool, Spare spare);
   void release_held(Heap& heap);
+  static bool repeats_its_plan(const Heap& heap) noexcept;
   void plan_next_epoch(Heap& heap);
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);

@@ -176,7 +176,7 @@ VmmHeaps::Mapped VmmHeaps::map_into(Heap& heap, const Placement& where) {
   auto record_mapped = [&]() -> Block* {
     heap.unmapped.erase(hole->addr);
     if (cursor < hole_end) {
-      Block* rest = st_.blocks.split_at(hole, cursor - start);
+      Block* rest = heap.blocks().split_at(hole, cursor - start);
       heap.unmapped.emplace(rest->addr, rest);
     }
     hole->mapped = true;
@@ -291,10 +291,10 @@ Block* VmmHeaps::unmap_chunk(Heap& heap, Block* b, const Chunk& c) {
   vm_.unmap(c.addr, c.size);  // first: if the device refuses, nothing has changed
   Block* mid = b;
   if (c.addr > b->addr) {
-    mid = st_.blocks.split_at(b, c.addr - b->addr);
+    mid = heap.blocks().split_at(b, c.addr - b->addr);
     heap.index().insert(b);
   }
-  Block* after = mid->size > c.size ? st_.blocks.split_at(mid, c.size) : nullptr;
+  Block* after = mid->size > c.size ? heap.blocks().split_at(mid, c.size) : nullptr;
   st_.counters.count(&Stats::vm_unmaps);
   if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.stream());
   heap.remove_chunk(c);
@@ -309,11 +309,11 @@ void VmmHeaps::mark_unmapped(Heap& heap, Block* b) {
   if (free_unmapped(b->prev)) {
     b = b->prev;
     heap.unmapped.erase(b->addr);
-    st_.blocks.absorb_next(b);
+    heap.blocks().absorb_next(b);
   }
   if (free_unmapped(b->next)) {
     heap.unmapped.erase(b->next->addr);
-    st_.blocks.absorb_next(b);
+    heap.blocks().absorb_next(b);
   }
   heap.unmapped[b->addr] = b;
 }

@@ -127,7 +127,7 @@ class PlanCursor {
   PlanState state_ = PlanState::recording;
   std::shared_ptr<const EpochPlan> plan_;
   std::uint64_t key_ = 0;
-  std::vector<Block*> placed_;  // per step; those below next() are the blocks served (the rest: stale)
+  std::vector<Block*, CacheLineAllocator<Block*>> placed_;  // per step; those below next() are the blocks served (the rest: stale)
   std::size_t next_ = 0;
 };
 

@@ -3,7 +3,8 @@
 // more thread completes stream work on the simulated device and injects upstream faults. Both
 // modes. A shared registry (its own mutex) checks that live blocks never overlap; at the end
 // everything is freed and nothing may remain reserved. Labelled `stress`: brief in the normal
-// suite, the test the tsan preset runs (make test-tsan) to look for data races.
+// suite, the test the tsan preset runs (make test-tsan, with test_shards.cpp) to look for data
+// races.
 #include <catch2/catch.hpp>
 
 #include <atomic>

@@ -1,0 +1,112 @@
+// shards.hpp: the allocator's state that threads on different streams change side by side.
+//
+// Each stream belongs to one of kNumShards shards (round robin, in the order streams are first
+// seen: up to eight streams never share one). A shard has its own lock, the live blocks of its
+// streams' segments (pointer map), the Block objects of those segments, and the counters its
+// fast path moves. The fast path (a cached allocate, a free that ends no epoch) takes only its
+// shard's lock; everything else (growth, the OOM ladder, stream events, epoch ends, hooks, stats,
+// snapshots, invariants) takes every shard's lock, in index order: the exclusive mode, `Shards`
+// used as a mutex. A thread holding one shard's lock never takes another's, so the two modes
+// cannot deadlock. State written only in the exclusive mode may be read under any shard's lock.
+//
+// Exact peaks without a shared counter per call: every shard may raise its current values up
+// to its ceilings, and the ceilings of all shards sum to at most the recorded peak, so no
+// interleaving of fast paths can reach above it. An allocation that would pass a ceiling takes
+// the exclusive mode, whose unlock (settle()) sums the shards, raises the peak to the total if
+// it is higher and hands the room below the peak to the shard that asked (taking back the
+// others' room only when it must). Invariants (check_invariants()): every current value at or
+// below its shard's ceiling; per statistic, the ceilings sum to at most the peak, and the peak
+// is at least the sum of the current values.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/block.hpp"
+#include "core/counters.hpp"
+#include "core/lock.hpp"
+#include "core/pointer_map.hpp"
+
+namespace tensorpool::detail {
+
+inline constexpr std::size_t kNumShards = 8;
+
+/// The statistics the fast path raises: per pool and in total, their peaks are kept by ceilings.
+inline constexpr std::array<Metric, 5> kShardMetrics = {Metric::allocated_bytes, Metric::requested_bytes,
+                                                        Metric::active_bytes, Metric::allocations,
+                                                        Metric::active_blocks};
+/// Rows of the ceilings and peaks: one per pool, then the total.
+inline constexpr int kTotalRow = kNumPools;
+inline constexpr int kNumRows = kNumPools + 1;
+
+struct alignas(64) Shard {
+  FutexLock lock;
+  PointerMap live;   // the allocated blocks of this shard's streams' segments, by address
+  BlockPool blocks;  // the Blocks of those segments
+  Counters counters; // the shard metrics of those blocks and this shard's calls (nothing reserved)
+  std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> ceiling{};
+
+  /// Whether handing out a block of `size` bytes (`requested` asked for) keeps every counter of
+  /// `pool` and of the total at or below its ceiling.
+  TP_ALWAYS_INLINE bool fits(Pool pool, std::int64_t size, std::int64_t requested) const noexcept {
+    const Stats& s = counters.stats();
+    return row_fits(s.pool[static_cast<int>(pool)], ceiling[static_cast<int>(pool)], size, requested) &&
+           row_fits(s.total, ceiling[kTotalRow], size, requested);
+  }
+
+ private:
+  TP_ALWAYS_INLINE static bool row_fits(const PoolStats& s, const std::array<std::int64_t, kNumMetrics>& u,
+                                        std::int64_t size, std::int64_t requested) noexcept {
+    const auto at = [](Metric m) { return static_cast<int>(m); };
+    return s[Metric::allocated_bytes].current + size <= u[at(Metric::allocated_bytes)] &&
+           s[Metric::requested_bytes].current + requested <= u[at(Metric::requested_bytes)] &&
+           s[Metric::active_bytes].current + size <= u[at(Metric::active_bytes)] &&
+           s[Metric::allocations].current < u[at(Metric::allocations)] &&
+           s[Metric::active_blocks].current < u[at(Metric::active_blocks)];
+  }
+};
+
+class Shards {
+ public:
+  Shard& operator[](std::size_t i) noexcept { return shards_[i]; }
+  const Shard& operator[](std::size_t i) const noexcept { return shards_[i]; }
+  auto begin() noexcept { return shards_.begin(); }
+  auto end() noexcept { return shards_.end(); }
+  auto begin() const noexcept { return shards_.begin(); }
+  auto end() const noexcept { return shards_.end(); }
+
+  /// The exclusive mode: every shard's lock, in index order.
+  void lock() noexcept {
+    for (Shard& s : shards_) s.lock.lock();
+  }
+  /// Settles peaks and ceilings, then leaves the exclusive mode.
+  void unlock() noexcept {
+    settle();
+    favoured_ = nullptr;
+    for (auto it = shards_.rbegin(); it != shards_.rend(); ++it) it->lock.unlock();
+  }
+  /// In the exclusive mode: the shard whose fast path asked for room (it gets the room below the
+  /// peak when the mode ends).
+  void favour(Shard* s) noexcept { favoured_ = s; }
+
+  /// In the exclusive mode: raises the peaks to the shards' sums and shares out the room below
+  /// them (unlock() does it; a view that reads peaks mid-way calls it first).
+  void settle() noexcept;
+  /// In the exclusive mode: `device_level` (what no shard counts: reserved bytes, segments,
+  /// upstream calls ...) plus every shard's counters, with the exact peaks.
+  Stats merged(const Stats& device_level) const noexcept;
+  /// In the exclusive mode: every peak (and ceiling) down to the current value.
+  void reset_peaks() noexcept;
+  /// In the exclusive mode: the invariants of the file comment (InvariantError otherwise).
+  void check() const;
+
+ private:
+  std::int64_t current(std::size_t shard, int row, Metric m) const noexcept;
+
+  std::array<Shard, kNumShards> shards_;
+  std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> peak_{};  // of the shard metrics' sums
+  Shard* favoured_ = nullptr;
+};
+
+}  // namespace tensorpool::detail
