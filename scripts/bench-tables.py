@@ -426,20 +426,25 @@ def table_threads(_):
         return "(no results: run `scripts/bench-tables.py record bench-cub-threads -- ...`)\n"
     r = gbench_medians(data)
     out = [stamp(meta), "Wall time per allocate + free pair, all threads together (median of the repetitions; "
-           "total throughput is its inverse), and the total throughput of 2 threads over 1:\n",
-           "| size | live | allocator | 1 thread | 2 threads, same stream | x 1 thread | 2 threads, own streams | x 1 thread |",
-           "|---|---|---|---|---|---|---|---|"]
+           "total throughput is its inverse), and the total throughput of 2 threads over 1 on the same kind of "
+           "stream (the default stream, which holds the fill; or streams of their own):\n",
+           "| size | live | allocator | 1 thread | 2 threads, same stream | x 1 thread | 1 thread, own stream | "
+           "2 threads, own streams | x 1 thread |",
+           "|---|---|---|---|---|---|---|---|---|"]
     sizes = sorted({k[1] for k in r})
     for size in sizes:
         for live in (1000, 100000):
             for a in ("tensorpool", "tensorpool-vmm", "cub"):
-                one, same, own = r.get((a, size, live, 1)), r.get((a, size, live, 2)), r.get((a, size, live, 2, "own_streams"))
+                one, same = r.get((a, size, live, 1)), r.get((a, size, live, 2))
+                one_own, own = r.get((a, size, live, 1, "own_streams")), r.get((a, size, live, 2, "own_streams"))
                 if not one:
                     continue
                 name = {"tensorpool": "tensorpool, mode:fixed", "tensorpool-vmm": "tensorpool, default (vmm)"}.get(a, "CUB")
-                cell = lambda b: ("%.0f ns" % b["real_time"], "%.2f" % (one["real_time"] / b["real_time"])) if b else ("-", "-")
-                out.append("| %s | %dk | %s | %.0f ns | %s | %s | %s | %s |" % (
-                    size_text(size), live // 1000, name, one["real_time"], *cell(same), *cell(own)))
+                cell = lambda b, base: (("%.0f ns" % b["real_time"], "%.2f" % (base["real_time"] / b["real_time"]))
+                                        if b and base else ("-", "-"))
+                out.append("| %s | %dk | %s | %.0f ns | %s | %s | %s | %s | %s |" % (
+                    size_text(size), live // 1000, name, one["real_time"], *cell(same, one),
+                    "%.0f ns" % one_own["real_time"] if one_own else "-", *cell(own, one_own)))
     out.append("\nThe pair, one thread, the default mode against mode:fixed and CUB (wall time, medians):\n")
     out.append("| size | live | default (vmm) | mode:fixed | default / fixed | default / CUB |")
     out.append("|---|---|---|---|---|---|")

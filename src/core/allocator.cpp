@@ -95,6 +95,13 @@ void Allocator::Impl::remember_stream(StreamState& ss) const noexcept {
   tls_streams[0] = {id_, ss.stream, &ss};
 }
 
+// What a request of `size` bytes gets of free block b: `size` bytes when the rest is worth a block of its own, else b.
+TP_ALWAYS_INLINE std::size_t Allocator::Impl::handed_size(const Block* b, std::size_t size) const noexcept {
+  const Segment* seg = b->segment;
+  const std::size_t min_rest = seg->pool == Pool::small ? kMinBlockSize : config.min_split_remainder;
+  return !seg->oversize && b->size - size >= min_rest ? size : b->size;
+}
+
 // b, free and in no index, becomes the user's (defined first: inlined into both of its callers).
 TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested) {
   Segment* seg = b->segment;
@@ -138,10 +145,11 @@ TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::s
     }
   }
   Block* b = find_cached(ss, pool, size);
-  if (TP_UNLIKELY(b == nullptr || !shard.fits(pool, static_cast<std::int64_t>(handed_size(b, size)), requested)))
-    return nullptr;
+  if (TP_UNLIKELY(b == nullptr)) return nullptr;
+  const std::size_t handed = handed_size(b, size);
+  if (TP_UNLIKELY(!shard.fits(pool, static_cast<std::int64_t>(handed), requested))) return nullptr;
   shard.counters.count(&Stats::alloc_calls);
-  return take(b, size, bytes);
+  return take(b, handed, bytes);
 }
 
 void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
@@ -159,7 +167,7 @@ void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
   } else {
     b = bytes <= kMaxAllocationSize ? find_cached(ss, pool, size) : nullptr;
     if (TP_UNLIKELY(b == nullptr)) b = allocate_slow(ss, pool, size, bytes, lock);
-    b = take(b, size, bytes);
+    b = take(b, handed_size(b, size), bytes);
   }
   if (TP_UNLIKELY(b->segment->owner != &ss)) add_use(b, stream);  // taken from another stream
   if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::alloc, b->addr, bytes, b->size, stream);
@@ -187,11 +195,14 @@ void Allocator::Impl::deallocate(void* ptr) {
 // stream event, no observer and no end of an epoch (true); else changes nothing (false).
 TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address addr) {
   if (TP_UNLIKELY(hooks.observed())) return false;
-  Block* b = shard.live.find(addr);
-  if (TP_UNLIKELY(b == nullptr || b->uses != nullptr)) return false;
+  Block* b = shard.live.erase(addr);
+  if (TP_UNLIKELY(b == nullptr)) return false;
   const Segment* seg = b->segment;
-  if (TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->one_live() && !source_->ends_epoch_in_place(b)) return false;
-  shard.live.erase(addr);
+  if (TP_UNLIKELY(b->uses != nullptr ||
+                  (seg->epoch != nullptr && seg->epoch->one_live() && !source_->ends_epoch_in_place(b)))) {
+    shard.live.insert(addr, b);  // back as it was: the exclusive mode frees it
+    return false;
+  }
   shard.counters.count(&Stats::free_calls);
   shard.counters.on_free(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(b->requested));
   release_block(b);
@@ -238,7 +249,7 @@ Block* Allocator::Impl::find_live(Address addr) const noexcept {
 
 StreamState& detail::StreamTable::get_slow(Stream stream) {
   auto& slot = map_[stream];
-  if (!slot) slot = std::make_unique<StreamState>(stream, shards_[(map_.size() - 1) % kNumShards]);
+  if (!slot) slot = std::make_unique<StreamState>(stream, shards_.next_for_stream());
   last_stream_ = stream;
   last_state_ = slot.get();
   return *slot;
@@ -253,21 +264,14 @@ Block* Allocator::Impl::find_cached(StreamState& ss, Pool pool, std::size_t size
   return ss.index[detail::kLargeIndex].find(size);
 }
 
-// Removes free block b from its index and hands out its first `size` bytes; the free remainder
-// of a split goes back to the index.
-Block* Allocator::Impl::take(Block* b, std::size_t size, std::size_t requested) {
+// Removes free block b from its index and hands out its first `handed` bytes (handed_size());
+// the free remainder of a split goes back to the index.
+Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested) {
   Segment* seg = b->segment;
   seg->index->remove(b);
-  if (handed_size(b, size) < b->size) seg->index->insert(blocks_of(seg).split_at(b, size));
+  if (handed < b->size) seg->index->insert(blocks_of(seg).split_at(b, handed));
   hand_out(b, requested);
   return b;
-}
-
-// What take(b, size) hands out: `size` bytes when the rest is worth a block of its own, else b.
-std::size_t Allocator::Impl::handed_size(const Block* b, std::size_t size) const noexcept {
-  const Segment* seg = b->segment;
-  const std::size_t min_rest = seg->pool == Pool::small ? kMinBlockSize : config.min_split_remainder;
-  return !seg->oversize && b->size - size >= min_rest ? size : b->size;
 }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.

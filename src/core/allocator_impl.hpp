@@ -85,7 +85,7 @@ class Allocator::Impl : private detail::AllocatorState {
   void remember_stream(StreamState& ss) const noexcept;
   Block* find_live(Address addr) const noexcept;
   Block* find_cached(StreamState& ss, Pool pool, std::size_t size) const noexcept;
-  Block* take(Block* b, std::size_t size, std::size_t requested);
+  Block* take(Block* b, std::size_t handed, std::size_t requested);
   std::size_t handed_size(const Block* b, std::size_t size) const noexcept;
   void hand_out(Block* b, std::size_t requested);
   void release_block(Block* b);

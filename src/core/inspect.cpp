@@ -34,10 +34,8 @@ Stats Allocator::Impl::stats() const {
 
 MemoryUsage Allocator::Impl::usage() const {
   Lock lock(shards);
-  const PoolStats total = shards.merged(counters.stats()).total;
-  const auto cur = [&](Metric m) { return static_cast<std::size_t>(total[m].current); };
-  return {cur(Metric::reserved_bytes), cur(Metric::allocated_bytes), cur(Metric::requested_bytes),
-          cur(Metric::active_bytes)};
+  const auto cur = [&](Metric m) { return static_cast<std::size_t>(shards.total_current(m)); };
+  return {counters.reserved(), cur(Metric::allocated_bytes), cur(Metric::requested_bytes), cur(Metric::active_bytes)};
 }
 
 void Allocator::Impl::reset_peaks() {

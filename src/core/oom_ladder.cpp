@@ -117,7 +117,7 @@ void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t si
   info.capacity = props.capacity;
   info.device_free = device->free_memory();
   info.reserved = counters.reserved();
-  info.allocated = static_cast<std::size_t>(shards.merged(counters.stats()).total[Metric::allocated_bytes].current);
+  info.allocated = static_cast<std::size_t>(shards.total_current(Metric::allocated_bytes));
   info.reserved_unallocated = info.reserved - info.allocated;
   info.largest_free_block = largest_free_block();
   info.memory_limit = limit;

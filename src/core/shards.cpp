@@ -39,18 +39,41 @@ void add_calls(Stats& to, const Stats& from) noexcept {
 
 }  // namespace
 
+Shard& Shards::next_for_stream() noexcept {
+  const std::size_t i = streams_ % kNumShards;
+  const bool joins = streams_ > 0 && streams_ < kNumShards;  // a shard's first stream (not shard 0's)
+  if (joins) {
+    if (alone()) {
+      // Shard 0's own peaks were the peaks; from now on the recorded ones, with ceilings.
+      for (int row = 0; row < kNumRows; ++row)
+        for (const Metric m : kShardMetrics)
+          peak_[row][static_cast<int>(m)] = row_of(shards_[0].counters.stats(), row)[m].peak;
+      shards_[0].ceiling = peak_;
+      shards_[0].bounded = true;
+    }
+    for (auto& row : shards_[i].ceiling) row.fill(0);
+    shards_[i].bounded = true;
+    shards_[i].lock.lock();  // the exclusive mode holds every shard in use
+    ++locked_;
+  }
+  ++streams_;
+  return shards_[i];
+}
+
 std::int64_t Shards::current(std::size_t shard, int row, Metric m) const noexcept {
   return row_of(shards_[shard].counters.stats(), row)[m].current;
 }
 
 Stats Shards::merged(const Stats& device_level) const noexcept {
   Stats s = device_level;
-  for (const Shard& sh : shards_) {
+  for (std::size_t i = 0; i < in_use(); ++i) {
+    const Shard& sh = shards_[i];
     for (int row = 0; row < kNumRows; ++row) add_row(row_of(s, row), row_of(sh.counters.stats(), row));
     add_calls(s, sh.counters.stats());
   }
   for (int row = 0; row < kNumRows; ++row)
-    for (const Metric m : kShardMetrics) row_of(s, row)[m].peak = peak_[row][static_cast<int>(m)];
+    for (const Metric m : kShardMetrics)
+      row_of(s, row)[m].peak = alone() ? row_of(shards_[0].counters.stats(), row)[m].peak : peak_[row][static_cast<int>(m)];
   return s;
 }
 
@@ -59,17 +82,19 @@ Stats Shards::merged(const Stats& device_level) const noexcept {
 // holds or another shard is above its ceiling (the exclusive mode handed it a block), every
 // other ceiling comes down to its current value first.
 void Shards::settle() noexcept {
+  if (alone()) return;  // shard 0's counters keep the peaks; its ceilings are unbounded
+  const std::size_t n = in_use();
   const auto favoured = favoured_ == nullptr ? kNumShards : static_cast<std::size_t>(favoured_ - shards_.data());
   for (int row = 0; row < kNumRows; ++row) {
     for (const Metric metric : kShardMetrics) {
       const int m = static_cast<int>(metric);
       std::int64_t total = 0;
-      for (std::size_t i = 0; i < kNumShards; ++i) total += current(i, row, metric);
+      for (std::size_t i = 0; i < in_use(); ++i) total += current(i, row, metric);
       std::int64_t& peak = peak_[row][m];
       peak = std::max(peak, total);
       std::int64_t others = 0;
       bool keep = true;
-      for (std::size_t i = 0; i < kNumShards; ++i) {
+      for (std::size_t i = 0; i < n; ++i) {
         if (i == favoured) continue;
         keep = keep && current(i, row, metric) <= shards_[i].ceiling[row][m];
         others += shards_[i].ceiling[row][m];
@@ -77,7 +102,7 @@ void Shards::settle() noexcept {
       const std::int64_t mine = favoured < kNumShards ? current(favoured, row, metric) : 0;
       if (!keep || others + mine > peak) {
         others = 0;
-        for (std::size_t i = 0; i < kNumShards; ++i) {
+        for (std::size_t i = 0; i < in_use(); ++i) {
           if (i == favoured) continue;
           shards_[i].ceiling[row][m] = current(i, row, metric);
           others += shards_[i].ceiling[row][m];
@@ -89,11 +114,13 @@ void Shards::settle() noexcept {
 }
 
 void Shards::reset_peaks() noexcept {
+  for (std::size_t i = 0; i < in_use(); ++i) shards_[i].counters.reset_peaks();
+  if (alone()) return;
   for (int row = 0; row < kNumRows; ++row) {
     for (const Metric metric : kShardMetrics) {
       const int m = static_cast<int>(metric);
       peak_[row][m] = 0;
-      for (std::size_t i = 0; i < kNumShards; ++i) {
+      for (std::size_t i = 0; i < in_use(); ++i) {
         shards_[i].ceiling[row][m] = current(i, row, metric);
         peak_[row][m] += shards_[i].ceiling[row][m];
       }
@@ -102,12 +129,13 @@ void Shards::reset_peaks() noexcept {
 }
 
 void Shards::check() const {
+  if (alone()) return;  // no ceilings: shard 0's counters check their own peaks
   for (int row = 0; row < kNumRows; ++row) {
     for (const Metric metric : kShardMetrics) {
       const int m = static_cast<int>(metric);
       std::int64_t total = 0;
       std::int64_t ceilings = 0;
-      for (std::size_t i = 0; i < kNumShards; ++i) {
+      for (std::size_t i = 0; i < in_use(); ++i) {
         const std::int64_t c = current(i, row, metric);
         if (c > shards_[i].ceiling[row][m])
           invariant_failed(std::string("shard ") + std::to_string(i) + "'s " + to_string(metric) + " (" +

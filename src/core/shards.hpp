@@ -9,8 +9,9 @@
 // used as a mutex. A thread holding one shard's lock never takes another's, so the two modes
 // cannot deadlock. State written only in the exclusive mode may be read under any shard's lock.
 //
-// Exact peaks without a shared counter per call: every shard may raise its current values up
-// to its ceilings, and the ceilings of all shards sum to at most the recorded peak, so no
+// Exact peaks without a shared counter per call. While one shard is in use (one stream, the
+// common case) its own counters' peaks are the peaks and its ceilings are unbounded. From the
+// second on, every shard may raise its current values up to its ceilings, and the ceilings of all shards sum to at most the recorded peak, so no
 // interleaving of fast paths can reach above it. An allocation that would pass a ceiling takes
 // the exclusive mode, whose unlock (settle()) sums the shards, raises the peak to the total if
 // it is higher and hands the room below the peak to the shard that asked (taking back the
@@ -45,11 +46,20 @@ struct alignas(64) Shard {
   PointerMap live;   // the allocated blocks of this shard's streams' segments, by address
   BlockPool blocks;  // the Blocks of those segments
   Counters counters; // the shard metrics of those blocks and this shard's calls (nothing reserved)
-  std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> ceiling{};
+  std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> ceiling = unbounded();
+  bool bounded = false;  // whether `ceiling` applies (false: shard 0 while alone)
+
+  /// Ceilings that no count reaches (shard 0 while alone; shards.cpp).
+  static constexpr std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> unbounded() noexcept {
+    std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> u{};
+    for (auto& row : u) row.fill(INT64_MAX / 4);
+    return u;
+  }
 
   /// Whether handing out a block of `size` bytes (`requested` asked for) keeps every counter of
   /// `pool` and of the total at or below its ceiling.
   TP_ALWAYS_INLINE bool fits(Pool pool, std::int64_t size, std::int64_t requested) const noexcept {
+    if (!bounded) return true;
     const Stats& s = counters.stats();
     return row_fits(s.pool[static_cast<int>(pool)], ceiling[static_cast<int>(pool)], size, requested) &&
            row_fits(s.total, ceiling[kTotalRow], size, requested);
@@ -76,16 +86,23 @@ class Shards {
   auto begin() const noexcept { return shards_.begin(); }
   auto end() const noexcept { return shards_.end(); }
 
-  /// The exclusive mode: every shard's lock, in index order.
+  /// The exclusive mode: the lock of every shard in use, in index order (a shard no stream has
+  /// runs no fast path; streams are only handed out in this mode, which holds shard 0, so the
+  /// count read after taking shard 0's lock stays put).
   void lock() noexcept {
-    for (Shard& s : shards_) s.lock.lock();
+    shards_[0].lock.lock();
+    locked_ = in_use();
+    for (std::size_t i = 1; i < locked_; ++i) shards_[i].lock.lock();
   }
   /// Settles peaks and ceilings, then leaves the exclusive mode.
   void unlock() noexcept {
     settle();
     favoured_ = nullptr;
-    for (auto it = shards_.rbegin(); it != shards_.rend(); ++it) it->lock.unlock();
+    for (std::size_t i = locked_; i-- > 0;) shards_[i].lock.unlock();
   }
+  /// In the exclusive mode: the shard for the next new stream (round robin; its lock is taken
+  /// at once, as the exclusive mode holds every shard in use).
+  Shard& next_for_stream() noexcept;
   /// In the exclusive mode: the shard whose fast path asked for room (it gets the room below the
   /// peak when the mode ends).
   void favour(Shard* s) noexcept { favoured_ = s; }
@@ -96,6 +113,12 @@ class Shards {
   /// In the exclusive mode: `device_level` (what no shard counts: reserved bytes, segments,
   /// upstream calls ...) plus every shard's counters, with the exact peaks.
   Stats merged(const Stats& device_level) const noexcept;
+  /// In the exclusive mode: the sum of the shards' current total of `m` (cheaper than merged()).
+  std::int64_t total_current(Metric m) const noexcept {
+    std::int64_t sum = 0;
+    for (std::size_t i = 0; i < in_use(); ++i) sum += shards_[i].counters.stats().total[m].current;
+    return sum;
+  }
   /// In the exclusive mode: every peak (and ceiling) down to the current value.
   void reset_peaks() noexcept;
   /// In the exclusive mode: the invariants of the file comment (InvariantError otherwise).
@@ -103,10 +126,16 @@ class Shards {
 
  private:
   std::int64_t current(std::size_t shard, int row, Metric m) const noexcept;
+  /// The shards some stream has been given (the others count nothing): the exclusive mode's
+  /// sums need only look at these.
+  std::size_t in_use() const noexcept { return streams_ == 0 ? 1 : streams_ < kNumShards ? streams_ : kNumShards; }
+  bool alone() const noexcept { return in_use() == 1; }
 
   std::array<Shard, kNumShards> shards_;
   std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> peak_{};  // of the shard metrics' sums
   Shard* favoured_ = nullptr;
+  std::size_t streams_ = 0;  // streams handed a shard so far
+  std::size_t locked_ = 0;   // shards the exclusive mode holds (the first locked_)
 };
 
 }  // namespace tensorpool::detail

@@ -195,3 +195,34 @@ TEST_CASE("shards: threads hammering their own streams keep every count", "[allo
     CHECK(st.total[Metric::allocations].peak <= kThreads * 9);
   }
 }
+
+TEST_CASE("shards: a second stream joins after the first set its peak alone", "[allocator][threads]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB});
+  Allocator alloc(device, settings("fixed"));
+  const Stream first = device->create_stream();
+  // One stream alone: its shard's own counters keep the peak (no ceilings).
+  std::vector<void*> held;
+  for (int i = 0; i < 8; ++i) held.push_back(alloc.allocate(4 * MiB, first));
+  for (int i = 0; i < 6; ++i) {
+    alloc.deallocate(held.back());
+    held.pop_back();
+  }
+  CHECK(alloc.stats().total[Metric::requested_bytes].peak == 32 * MiB);
+  // Another stream, on another thread: the peak counts both, and only past the old one.
+  std::thread other([&] {
+    const Stream second = device->create_stream();
+    void* a = alloc.allocate(20 * MiB, second);  // 8 + 20 MiB: below the peak
+    CHECK(alloc.stats().total[Metric::requested_bytes].peak == 32 * MiB);
+    void* b = alloc.allocate(8 * MiB, second);   // 36 MiB: a new peak
+    alloc.deallocate(a);
+    alloc.deallocate(b);
+  });
+  other.join();
+  CHECK(alloc.stats().total[Metric::requested_bytes].peak == 36 * MiB);
+  CHECK(alloc.stats().total[Metric::allocations].peak == 8);
+  alloc.check_invariants();
+  for (void* p : held) alloc.deallocate(p);
+  alloc.reset_peaks();
+  CHECK(alloc.stats().total[Metric::requested_bytes].peak == 0);
+  alloc.check_invariants();
+}
