@@ -1,12 +1,13 @@
 // allocator.cpp: the public API (forwarded to Impl) and the fast path. A cached allocate is:
-// round, find the stream in a thread-local cache, lock its shard (shards.hpp), find in the stream's free index (O(1)), maybe split, insert into the pointer map,
-// count (in vmm mode, a heap that follows a planned layout names the block instead of the index,
-// and each heap records its blocks in its EpochLog). A deallocate is: lock the shard of the
-// thread's last stream, erase from its pointer map, coalesce with free neighbours, insert into the
-// free index, count. Whatever else a call needs (a stream never seen on this thread, a block of
-// another shard, growth, events, observers, an epoch's end, a peak) takes the exclusive mode and
-// runs the same steps there. Anything that talks to the device is out of line: the OOM ladder (oom_ladder.cpp), stream events
-// (stream_events.cpp), the segment source.
+// round, find the stream in a thread-local cache, lock its shard (shards.hpp), find in the
+// stream's free index (O(1)), maybe split, insert into the pointer map, count (in vmm mode, a heap
+// that follows a planned layout names the block instead of the index, and each heap records its
+// blocks in its EpochLog). A deallocate is: lock the shard of the thread's last stream, erase from
+// its pointer map, coalesce with free neighbours, insert into the free index, count. Whatever else
+// a call needs (a stream never seen on this thread, a block of another shard, growth, events,
+// observers, an epoch's end, a new peak) takes the exclusive mode and runs the same steps there.
+// Anything that talks to the device is out of line: the OOM ladder (oom_ladder.cpp), stream
+// events (stream_events.cpp), the segment source.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -95,7 +96,8 @@ void Allocator::Impl::remember_stream(StreamState& ss) const noexcept {
   tls_streams[0] = {id_, ss.stream, &ss};
 }
 
-// What a request of `size` bytes gets of free block b: `size` bytes when the rest is worth a block of its own, else b.
+// What a request of `size` bytes gets of free block b: `size` bytes when the rest is worth a
+// block of its own, else all of b.
 TP_ALWAYS_INLINE std::size_t Allocator::Impl::handed_size(const Block* b, std::size_t size) const noexcept {
   const Segment* seg = b->segment;
   const std::size_t min_rest = seg->pool == Pool::small ? kMinBlockSize : config.min_split_remainder;
@@ -116,10 +118,11 @@ TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested)
 void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return nullptr;
   if (StreamState* ss = cached_stream(stream); TP_LIKELY(ss != nullptr && bytes <= kMaxAllocationSize)) {
-    detail::Shard& shard = *ss->shard;
-    shard.lock.lock();
-    Block* b = allocate_cached(*ss, round_size(bytes), bytes);
-    shard.lock.unlock();
+    Block* b = nullptr;
+    {
+      const std::lock_guard<detail::FutexLock> guard(ss->shard->lock);
+      b = allocate_cached(*ss, round_size(bytes), bytes);
+    }
     if (TP_LIKELY(b != nullptr)) {
       debug_check_unlocked();
       return reinterpret_cast<void*>(b->addr);
@@ -179,10 +182,11 @@ void Allocator::Impl::deallocate(void* ptr) {
   if (ptr == nullptr) return;
   const auto addr = reinterpret_cast<Address>(ptr);
   if (StreamState* ss = last_stream(); TP_LIKELY(ss != nullptr)) {
-    detail::Shard& shard = *ss->shard;
-    shard.lock.lock();
-    const bool done = free_cached(shard, addr);
-    shard.lock.unlock();
+    bool done = false;
+    {
+      const std::lock_guard<detail::FutexLock> guard(ss->shard->lock);
+      done = free_cached(*ss->shard, addr);
+    }
     if (TP_LIKELY(done)) {
       debug_check_unlocked();
       return;
