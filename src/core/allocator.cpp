@@ -246,8 +246,8 @@ void Allocator::Impl::record_stream(void* ptr, Stream stream) {
 
 // In the exclusive mode: the allocated block at addr, in whichever shard maps it, or nullptr.
 Block* Allocator::Impl::find_live(Address addr) const noexcept {
-  for (const detail::Shard& shard : shards)
-    if (Block* b = shard.live.find(addr)) return b;
+  for (std::size_t i = 0; i < shards.in_use(); ++i)
+    if (Block* b = shards[i].live.find(addr)) return b;
   return nullptr;
 }
 

@@ -124,11 +124,12 @@ class Shards {
   /// In the exclusive mode: the invariants of the file comment (InvariantError otherwise).
   void check() const;
 
+  /// In the exclusive mode: the shards some stream has been given, the first in_use() (the others
+  /// count and map nothing, so the exclusive mode's sums and searches need only look at these).
+  std::size_t in_use() const noexcept { return streams_ == 0 ? 1 : streams_ < kNumShards ? streams_ : kNumShards; }
+
  private:
   std::int64_t current(std::size_t shard, int row, Metric m) const noexcept;
-  /// The shards some stream has been given (the others count nothing): the exclusive mode's
-  /// sums need only look at these.
-  std::size_t in_use() const noexcept { return streams_ == 0 ? 1 : streams_ < kNumShards ? streams_ : kNumShards; }
   bool alone() const noexcept { return in_use() == 1; }
 
   std::array<Shard, kNumShards> shards_;
