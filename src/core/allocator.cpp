@@ -62,7 +62,7 @@ struct StreamCacheEntry {
   Stream stream = kDefaultStream;
   StreamState* state = nullptr;
 };
-constexpr std::size_t kStreamCacheEntries = 4;
+constexpr std::size_t kStreamCacheEntries = 8;  // as many as the shards: a thread on up to eight streams stays on the fast path
 thread_local std::array<StreamCacheEntry, kStreamCacheEntries> tls_streams;
 
 std::atomic<std::uint64_t> next_allocator_id{1};
