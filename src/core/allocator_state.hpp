@@ -1,11 +1,12 @@
 // allocator_state.hpp: what every part of one allocator shares: the device, the settings, the
-// streams with their free indexes, the segments, the Block pool, the counters and the hooks.
+// shards (locks, pointer maps, Blocks, counters), the streams with their free indexes, the
+// segments, the device-level counters and the hooks.
 //
 // Allocator::Impl (allocator_impl.hpp) is the coordinator built on it; the segment sources
 // (segment_source.hpp) get a reference to it. Locking (shards.hpp): a stream's free indexes and
 // plan state, and its shard's pointer map, Blocks and counters, may change under that shard's
-// lock (the fast path); everything else only in the exclusive mode (every shard's lock), and every
-// function here but the fast path's runs in it.
+// lock (the fast path); everything else only in the exclusive mode (every in-use shard's lock), and
+// every function here but the fast path's runs in it.
 #pragma once
 
 #include <array>

@@ -73,7 +73,8 @@ Stats Shards::merged(const Stats& device_level) const noexcept {
   }
   for (int row = 0; row < kNumRows; ++row)
     for (const Metric m : kShardMetrics)
-      row_of(s, row)[m].peak = alone() ? row_of(shards_[0].counters.stats(), row)[m].peak : peak_[row][static_cast<int>(m)];
+      row_of(s, row)[m].peak =
+          alone() ? row_of(shards_[0].counters.stats(), row)[m].peak : peak_[row][static_cast<int>(m)];
   return s;
 }
 
@@ -89,7 +90,7 @@ void Shards::settle() noexcept {
     for (const Metric metric : kShardMetrics) {
       const int m = static_cast<int>(metric);
       std::int64_t total = 0;
-      for (std::size_t i = 0; i < in_use(); ++i) total += current(i, row, metric);
+      for (std::size_t i = 0; i < n; ++i) total += current(i, row, metric);
       std::int64_t& peak = peak_[row][m];
       peak = std::max(peak, total);
       std::int64_t others = 0;
@@ -102,7 +103,7 @@ void Shards::settle() noexcept {
       const std::int64_t mine = favoured < kNumShards ? current(favoured, row, metric) : 0;
       if (!keep || others + mine > peak) {
         others = 0;
-        for (std::size_t i = 0; i < in_use(); ++i) {
+        for (std::size_t i = 0; i < n; ++i) {
           if (i == favoured) continue;
           shards_[i].ceiling[row][m] = current(i, row, metric);
           others += shards_[i].ceiling[row][m];

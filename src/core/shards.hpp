@@ -3,21 +3,22 @@
 // Each stream belongs to one of kNumShards shards (round robin, in the order streams are first
 // seen: up to eight streams never share one). A shard has its own lock, the live blocks of its
 // streams' segments (pointer map), the Block objects of those segments, and the counters its
-// fast path moves. The fast path (a cached allocate, a free that ends no epoch) takes only its
-// shard's lock; everything else (growth, the OOM ladder, stream events, epoch ends, hooks, stats,
-// snapshots, invariants) takes every shard's lock, in index order: the exclusive mode, `Shards`
-// used as a mutex. A thread holding one shard's lock never takes another's, so the two modes
-// cannot deadlock. State written only in the exclusive mode may be read under any shard's lock.
+// fast path moves. The fast path (a cached allocate; a free that ends no epoch, or ends one that
+// repeats its plan in place) takes only its shard's lock; everything else (growth, the OOM ladder,
+// stream events, other epoch ends, hooks, stats, snapshots, invariants) takes the lock of every
+// shard in use, in index order: the exclusive mode, `Shards` used as a mutex. A thread holding
+// one shard's lock never takes another's, so the two modes cannot deadlock. State written only
+// in the exclusive mode may be read under any shard's lock.
 //
 // Exact peaks without a shared counter per call. While one shard is in use (one stream, the
 // common case) its own counters' peaks are the peaks and its ceilings are unbounded. From the
-// second on, every shard may raise its current values up to its ceilings, and the ceilings of all shards sum to at most the recorded peak, so no
-// interleaving of fast paths can reach above it. An allocation that would pass a ceiling takes
-// the exclusive mode, whose unlock (settle()) sums the shards, raises the peak to the total if
-// it is higher and hands the room below the peak to the shard that asked (taking back the
-// others' room only when it must). Invariants (check_invariants()): every current value at or
-// below its shard's ceiling; per statistic, the ceilings sum to at most the peak, and the peak
-// is at least the sum of the current values.
+// second on, every shard may raise its current values up to its ceilings, and the ceilings of
+// all shards sum to at most the recorded peak, so no interleaving of fast paths can pass it. An
+// allocation that would pass a ceiling takes the exclusive mode, whose unlock (settle()) sums
+// the shards, raises the peak to the total if it is higher and hands the room below the peak to
+// the shard that asked (taking back the others' room only when it must). Invariants
+// (check_invariants()): every current value at or below its shard's ceiling; per statistic, the
+// ceilings sum to at most the peak, and the peak is at least the sum of the current values.
 #pragma once
 
 #include <array>
