@@ -5,12 +5,17 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <typeinfo>
 #include <unordered_map>
 
@@ -223,6 +228,54 @@ bool same_totals(const Stats& a, const Stats& b) {
          a.ooms == b.ooms;
 }
 
+// Runs functions on a second thread, one at a time, while the caller waits for each: calls
+// ordered exactly as on one thread, made from two. An exception comes back to the caller.
+class SecondThread {
+ public:
+  SecondThread() : thread_([this] { loop(); }) {}
+  ~SecondThread() {
+    {
+      const std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  SecondThread(const SecondThread&) = delete;
+  SecondThread& operator=(const SecondThread&) = delete;
+
+  void run(const std::function<void()>& f) {
+    std::unique_lock lock(mutex_);
+    task_ = &f;
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return task_ == nullptr; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [this] { return task_ != nullptr || stop_; });
+      if (stop_) return;
+      try {
+        (*task_)();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      task_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const std::function<void()>* task_ = nullptr;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is ready
+};
+
 class Runner {
  public:
   explicit Runner(const RunOptions& options);
@@ -337,9 +390,15 @@ std::optional<Failure> Runner::execute(const std::vector<Op>& ops) {
     dev_->before_release = nullptr;  // the allocator's destructor must not meet a failing check
     return Failure{i, std::move(check), std::move(message)};
   };
+  std::unique_ptr<SecondThread> second;
+  if (options_.threads == 2) second = std::make_unique<SecondThread>();
   try {
     for (; i < ops.size(); ++i) {
-      step(ops[i]);
+      if (second != nullptr && i % 2 == 1) {
+        second->run([&] { step(ops[i]); });
+      } else {
+        step(ops[i]);
+      }
       update_fault_mirror();
       check_state();
       ++figures_.ops;

@@ -74,6 +74,10 @@ struct RunOptions {
   std::string config;                    // Config::parse() text
   std::size_t capacity = std::size_t{2} << 30;
   int streams = 4;
+  /// 2: every other operation is made by a second thread while the first waits (the same
+  /// sequence, so the same judgments, from two threads with their own thread-local stream caches:
+  /// the allocator's shards see frees of other threads' blocks and streams of other shards).
+  int threads = 1;
   /// Test of the test: the model forgets that a stream may reuse its own block at once, so the
   /// first same-stream reuse with work outstanding is reported (used to check the shrinker).
   bool sabotage_same_stream = false;

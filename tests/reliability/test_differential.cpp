@@ -38,10 +38,12 @@ struct Case {
   std::uint64_t first_seed;
   int runs;
   std::size_t ops_per_run;
+  int threads = 1;  // RunOptions::threads
 };
 
 void run_case(const Case& c) {
-  const RunOptions options{c.config};
+  RunOptions options{c.config};
+  options.threads = c.threads;
   const Profile profile{c.vmm, true, options.streams, options.capacity};
   const auto ops_per_run = static_cast<std::size_t>(static_cast<double>(c.ops_per_run) * scale());
   std::uint64_t first = c.first_seed;
@@ -59,10 +61,10 @@ void run_case(const Case& c) {
     if (failure) FAIL(report(seed, options, *failure, shrink(options, ops, *failure)));
     total += figures;
   }
-  std::printf("differential [%s] %s: %d runs, %llu ops, %llu faults injected, %llu OOMs, "
+  std::printf("differential [%s] %s, %d thread(s): %d runs, %llu ops, %llu faults injected, %llu OOMs, "
               "%llu DeviceErrors, %llu UsageErrors, %llu drains, %llu upstream allocs, "
               "%llu stream waits, %llu syncs\n",
-              c.name, c.config, runs, static_cast<unsigned long long>(total.ops),
+              c.name, c.config, c.threads, runs, static_cast<unsigned long long>(total.ops),
               static_cast<unsigned long long>(total.faults_injected),
               static_cast<unsigned long long>(total.ooms), static_cast<unsigned long long>(total.device_errors),
               static_cast<unsigned long long>(total.usage_errors), static_cast<unsigned long long>(total.drains),
@@ -116,6 +118,17 @@ TEST_CASE("differential: vmm mode, chunks of vmm_max_chunk (no divisor), 1 GiB l
 
 TEST_CASE("differential: vmm mode, reserve kept mapped, no cross-stream reuse", "[differential]") {
   run_case({"vmm", "mode:vmm,vmm_reserve:64MiB,cross_stream_reuse:false", true, 6000, 6, 25000});
+}
+
+// Two threads taking turns (every other operation from a second thread): the shards' fast paths
+// meet frees of blocks another thread allocated, on streams of other shards, with the same
+// judgments as above (shrinking replays the list the same way).
+TEST_CASE("differential: two threads taking turns, fixed mode, 1 GiB limit", "[differential][threads]") {
+  run_case({"fixed", "mode:fixed,memory_limit:1GiB", false, 14000, 3, 15000, 2});
+}
+
+TEST_CASE("differential: two threads taking turns, vmm mode, 1 GiB limit", "[differential][threads]") {
+  run_case({"vmm", "mode:vmm,memory_limit:1GiB", true, 15000, 3, 15000, 2});
 }
 
 // --- the test of the test --------------------------------------------------------------------
