@@ -91,7 +91,10 @@ TP_ALWAYS_INLINE StreamState* Allocator::Impl::last_stream() const noexcept {
   return nullptr;
 }
 
+// Puts ss first in this thread's cache: moved there if it is in it (cached_stream() does that),
+// else added, the least recently used entry dropped.
 void Allocator::Impl::remember_stream(StreamState& ss) const noexcept {
+  if (cached_stream(ss.stream) != nullptr) return;
   std::rotate(tls_streams.begin(), tls_streams.end() - 1, tls_streams.end());
   tls_streams[0] = {id_, ss.stream, &ss};
 }

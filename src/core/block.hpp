@@ -129,14 +129,12 @@ class BlockPool {
   static_assert(std::is_trivially_destructible_v<Block>, "chunks are freed as raw storage");
   // Chunks take whole cache lines: a pool's Blocks share no line with anything else, since
   // pools of different shards (shards.hpp) are used by threads side by side.
-  static constexpr std::align_val_t kChunkAlign{64};
-  static constexpr std::size_t kChunkBytes = (kChunk * sizeof(Block) + 63) / 64 * 64;
   struct FreeStorage {
-    void operator()(Block* p) const noexcept { ::operator delete(static_cast<void*>(p), kChunkAlign); }
+    void operator()(Block* p) const noexcept { CacheLineAllocator<Block>{}.deallocate(p, kChunk); }
   };
   __attribute__((noinline)) Block* fresh() {
     if (bump_ == bump_end_) {
-      chunks_.emplace_back(static_cast<Block*>(::operator new(kChunkBytes, kChunkAlign)));
+      chunks_.emplace_back(CacheLineAllocator<Block>{}.allocate(kChunk));
       bump_ = chunks_.back().get();
       bump_end_ = bump_ + kChunk;
     }

@@ -51,8 +51,7 @@ Shard& Shards::next_for_stream() noexcept {
       shards_[0].ceiling = peak_;
       shards_[0].bounded = true;
     }
-    for (auto& row : shards_[i].ceiling) row.fill(0);
-    shards_[i].bounded = true;
+    shards_[i].bounded = true;  // its ceilings are still 0: it gets room from settle()
     shards_[i].lock.lock();  // the exclusive mode holds every shard in use
     ++locked_;
   }
@@ -83,7 +82,7 @@ Stats Shards::merged(const Stats& device_level) const noexcept {
 // holds or another shard is above its ceiling (the exclusive mode handed it a block), every
 // other ceiling comes down to its current value first.
 void Shards::settle() noexcept {
-  if (alone()) return;  // shard 0's counters keep the peaks; its ceilings are unbounded
+  if (alone()) return;  // shard 0's counters keep the peaks; no ceiling applies
   const std::size_t n = in_use();
   const auto favoured = favoured_ == nullptr ? kNumShards : static_cast<std::size_t>(favoured_ - shards_.data());
   for (int row = 0; row < kNumRows; ++row) {

@@ -11,7 +11,7 @@
 // in the exclusive mode may be read under any shard's lock.
 //
 // Exact peaks without a shared counter per call. While one shard is in use (one stream, the
-// common case) its own counters' peaks are the peaks and its ceilings are unbounded. From the
+// common case) its own counters' peaks are the peaks and no ceiling applies. From the
 // second on, every shard may raise its current values up to its ceilings, and the ceilings of
 // all shards sum to at most the recorded peak, so no interleaving of fast paths can pass it. An
 // allocation that would pass a ceiling takes the exclusive mode, whose unlock (settle()) sums
@@ -47,15 +47,8 @@ struct alignas(64) Shard {
   PointerMap live;   // the allocated blocks of this shard's streams' segments, by address
   BlockPool blocks;  // the Blocks of those segments
   Counters counters; // the shard metrics of those blocks and this shard's calls (nothing reserved)
-  std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> ceiling = unbounded();
-  bool bounded = false;  // whether `ceiling` applies (false: shard 0 while alone)
-
-  /// Ceilings that no count reaches (shard 0 while alone; shards.cpp).
-  static constexpr std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> unbounded() noexcept {
-    std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> u{};
-    for (auto& row : u) row.fill(INT64_MAX / 4);
-    return u;
-  }
+  std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> ceiling{};
+  bool bounded = false;  // whether `ceiling` applies (false: shard 0 while alone, and unused shards)
 
   /// Whether handing out a block of `size` bytes (`requested` asked for) keeps every counter of
   /// `pool` and of the total at or below its ceiling.
