@@ -33,8 +33,6 @@ std::vector<Param> head_params(const WorkloadSetup& s);
 
 std::uint64_t total_elements(const std::vector<Param>& params);
 
-/// A length from `d` (see LengthDistribution); `granule` rounds drawn lengths down (not below
-/// d.min, and never for Kind::fixed).
 /// One optimizer moment of a tensor of n elements, `full` bytes per element at full precision: that,
 /// or with optimizer:adamw8bit and at least 4096 elements uint8 with an fp32 scale per block of 256
 /// (bitsandbytes' block-wise states; the scales, a tensor of their own there, counted with it).
@@ -44,6 +42,8 @@ std::uint64_t moment_bytes(const WorkloadSetup& s, std::uint64_t n, std::uint64_
 /// every pipeline stage): drawn from the setup's distribution, rounded down to 64 from 128 up.
 std::vector<std::vector<std::uint64_t>> micro_batch_lengths(const WorkloadSetup& s);
 
+/// A length from `d` (see LengthDistribution); `granule` rounds drawn lengths down (not below
+/// d.min, and never for Kind::fixed).
 std::uint64_t draw_length(const LengthDistribution& d, std::mt19937_64& rng, std::uint64_t granule = 1);
 
 }  // namespace tensorpool::workload
