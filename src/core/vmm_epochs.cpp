@@ -143,26 +143,19 @@ void VmmHeaps::release_held(Heap& heap) {
 Block* VmmHeaps::end_epoch(Block* b) {
   Heap& heap = heap_of(b);
   hold_all(heap, b);
-  plan_next_epoch(heap);
+  if (repeats_in_place(heap)) {
+    heap.cursor.follow_again();  // plan_next_epoch()'s first case, with the pages in place
+  } else {
+    plan_next_epoch(heap);
+  }
   heap.epoch.restart();
   return nullptr;
-}
-
-// The epoch that ends made the requests of the plan stored after an epoch like the one before
-// it, and that one was like it: the next epoch follows the same plan again (plan_next_epoch()).
-bool VmmHeaps::repeats_its_plan(const Heap& heap) noexcept {
-  const PlanCursor& cursor = heap.cursor;
-  const std::uint64_t signature = heap.epoch.signature;
-  return cursor.matched(heap.epoch.entries.size()) && signature == heap.last_signature && cursor.key() == signature;
 }
 
 // The epoch of b's heap repeats its plan, whose pages are in place: its end holds the heap's
 // free pages and follows the plan again, all inside the heap (no device call, no chunk cache,
 // no planner).
-bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept {
-  const Heap& heap = heap_of(b);
-  return repeats_its_plan(heap) && heap.mapped_prefix >= heap.cursor.plan()->height;
-}
+bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept { return repeats_in_place(heap_of(b)); }
 
 // The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch
 // before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the

@@ -223,7 +223,18 @@ class VmmHeaps final : public SegmentSource {
   Block* from_held(Heap& heap, std::size_t size);
   void release_held(Pool pool, Spare spare);
   void release_held(Heap& heap);
-  static bool repeats_its_plan(const Heap& heap) noexcept;
+  /// The epoch that ends made the requests of the plan stored after an epoch like the one before
+  /// it, and that one was like it: the next epoch follows the same plan again (plan_next_epoch()).
+  static bool repeats_its_plan(const Heap& heap) noexcept {
+    const PlanCursor& cursor = heap.cursor;
+    const std::uint64_t signature = heap.epoch.signature;
+    return cursor.matched(heap.epoch.entries.size()) && signature == heap.last_signature &&
+           cursor.key() == signature;
+  }
+  /// ... and the plan's pages are in place (mapped from the heap's start up to its height).
+  static bool repeats_in_place(const Heap& heap) noexcept {
+    return repeats_its_plan(heap) && heap.mapped_prefix >= heap.cursor.plan()->height;
+  }
   void plan_next_epoch(Heap& heap);
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
