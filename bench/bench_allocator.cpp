@@ -119,8 +119,35 @@ void BM_PlanLayout(benchmark::State& state) {
       static_cast<double>(height) / static_cast<double>(detail::peak_live_bytes(epoch));
 }
 
+// Sleep and wake of 8 GiB of live blocks (128 of 64 MiB) in the vmm mode: host time per cycle,
+// and the modelled time of the upstream calls (the simulated device's default cost model) per GiB
+// for each of sleep (unmap + release) and wake (create + map).
+void BM_SleepWake(benchmark::State& state) {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 80 * GiB});
+  Allocator alloc(device, with_mode(Mode::vmm));
+  std::vector<void*> live;
+  for (int i = 0; i < 128; ++i) live.push_back(alloc.allocate(64 * MiB));
+  double sleep_ns = 0;
+  double wake_ns = 0;
+  std::size_t asleep = 0;
+  for (auto _ : state) {
+    const std::uint64_t before = device->counters().modelled_ns;
+    asleep = alloc.sleep().asleep_bytes;
+    const std::uint64_t slept = device->counters().modelled_ns;
+    alloc.wake();
+    sleep_ns += static_cast<double>(slept - before);
+    wake_ns += static_cast<double>(device->counters().modelled_ns - slept);
+  }
+  const double gib = static_cast<double>(asleep) / static_cast<double>(GiB) * static_cast<double>(state.iterations());
+  state.counters["asleep_GiB"] = static_cast<double>(asleep) / static_cast<double>(GiB);
+  state.counters["modelled_sleep_us_per_GiB"] = sleep_ns / 1000 / gib;
+  state.counters["modelled_wake_us_per_GiB"] = wake_ns / 1000 / gib;
+  for (void* p : live) alloc.deallocate(p);
+}
+
 }  // namespace
 
+BENCHMARK(BM_SleepWake)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AllocFreePair)
     ->ArgNames({"size", "live"})
     ->ArgsProduct({{4096, 1 << 20, 64 << 20}, {1000, 100000}});

@@ -49,6 +49,20 @@ class Allocator {
   /// Waits for pending frees and returns every fully free segment to the device.
   void empty_cache();
 
+  /// mode:vmm: gives the physical memory under every block back to the device while each live
+  /// block keeps its address (asleep: its memory must not be used until wake()); the device is
+  /// synchronized first. Allocations made meanwhile get other memory; a block freed while asleep
+  /// is forgotten; a second sleep does nothing. Throws UsageError in fixed-segment mode.
+  SleepReport sleep();
+  /// Maps new pages under every asleep block, at the same addresses (contents are not kept).
+  /// Throws UsageError without a sleep, and DeviceError, with nothing changed, when the device
+  /// cannot give the pages.
+  void wake();
+  /// What sleeps now (all zero while awake).
+  SleepReport asleep() const;
+  /// Whether `ptr`, a live block of this allocator, is asleep (UsageError if it is not one).
+  bool is_asleep(const void* ptr) const;
+
   /// Changes the cap on reserved bytes (0: none). Cached memory above it is not released until
   /// the next empty_cache() or OOM retry.
   void set_memory_limit(std::size_t bytes);

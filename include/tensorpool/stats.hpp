@@ -54,8 +54,19 @@ struct Stats {
   std::uint64_t vm_unmaps = 0;                // virtual-memory mode: chunks unmapped
   std::uint64_t retries = 0;                  // allocations that had to free cached memory
   std::uint64_t ooms = 0;                     // OutOfMemoryError thrown
+  std::uint64_t asleep_bytes = 0;             // sleep(): physical bytes wake() maps back
+  std::uint64_t asleep_allocated = 0;         // sleep(): bytes of live blocks without pages
 
   const PoolStats& of(Pool p) const noexcept { return pool[static_cast<int>(p)]; }
+};
+
+/// What Allocator::sleep() released, or what sleeps now (Allocator::asleep()).
+struct SleepReport {
+  std::size_t released_bytes = 0;    // physical memory given back to the device (sleep(): the
+                                     // sleeping pages and the free memory released on the way)
+  std::size_t asleep_bytes = 0;      // physical memory wake() maps back
+  std::size_t asleep_blocks = 0;     // live blocks without pages until wake()
+  std::size_t asleep_allocated = 0;  // their bytes (still counted as allocated)
 };
 
 /// The current totals, cheap to read (no copy of every statistic).
@@ -92,6 +103,8 @@ struct BlockInfo {
   std::size_t requested = 0;  // 0 unless allocated or pending_free
   BlockState state = BlockState::free;
   bool mapped = true;         // false: free address space with no physical pages (vmm mode)
+  bool asleep = false;        // its pages were given back by Allocator::sleep() (vmm mode); an
+                              // allocated one must not be used until wake()
 };
 
 struct SegmentInfo {

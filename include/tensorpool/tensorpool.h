@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define TENSORPOOL_C_API_VERSION 1
+#define TENSORPOOL_C_API_VERSION 2 /* 2: sleep and wake */
 
 typedef enum tensorpool_status {
   TENSORPOOL_OK = 0,
@@ -114,6 +114,15 @@ typedef struct tensorpool_stats {
   int64_t oversize_segments;
 } tensorpool_stats;
 
+/* What tensorpool_sleep released, or what sleeps now (tensorpool_asleep). */
+typedef struct tensorpool_sleep_report {
+  uint64_t released_bytes;   /* physical memory given back (sleep: the sleeping pages and the
+                                free memory released on the way) */
+  uint64_t asleep_bytes;     /* physical memory tensorpool_wake maps back */
+  uint64_t asleep_blocks;    /* live blocks without pages until tensorpool_wake */
+  uint64_t asleep_allocated; /* their bytes (still counted as allocated) */
+} tensorpool_sleep_report;
+
 /* --- errors ------------------------------------------------------------------------------- */
 /* The message of the calling thread's last failed call ("" when none); valid until its next
  * failing call. */
@@ -178,6 +187,23 @@ TENSORPOOL_API tensorpool_status tensorpool_check_invariants(tensorpool_allocato
 /* The device ordinal and backend of an allocator. */
 TENSORPOOL_API tensorpool_status tensorpool_info(tensorpool_allocator* allocator, int* device,
                                                  tensorpool_backend* kind);
+/* Virtual-memory mode (TENSORPOOL_BACKEND_CUDA_VMM, or mode:vmm on the simulated backend): gives
+ * back the physical memory under every block while each live block keeps its address; an asleep
+ * block must not be used (read, written, record_stream: TENSORPOOL_ERROR_USAGE) until
+ * tensorpool_wake. The device is synchronized first. Allocations made meanwhile get other memory;
+ * a block freed while asleep is forgotten; a second sleep does nothing. `out` may be NULL.
+ * Fixed segments (mode:fixed, the CUDA async and malloc backends): TENSORPOOL_ERROR_USAGE. */
+TENSORPOOL_API tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out);
+/* Maps new pages under every asleep block, at the same addresses; contents are not kept. Without
+ * a sleep: TENSORPOOL_ERROR_USAGE; when the device cannot give the pages: TENSORPOOL_ERROR_DEVICE
+ * with everything still asleep. */
+TENSORPOOL_API tensorpool_status tensorpool_wake(tensorpool_allocator* allocator);
+/* What sleeps now (all zero while awake). */
+TENSORPOOL_API tensorpool_status tensorpool_asleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out);
+/* *out = 1 if `ptr`, a live block of the allocator, is asleep, else 0 (a pointer that is not a
+ * live block: TENSORPOOL_ERROR_USAGE). */
+TENSORPOOL_API tensorpool_status tensorpool_is_asleep(tensorpool_allocator* allocator, const void* ptr, int* out);
+
 /* Simulated backend only: a new stream (TENSORPOOL_ERROR_UNAVAILABLE on CUDA: use
  * cudaStreamCreate). */
 TENSORPOOL_API tensorpool_status tensorpool_create_stream(tensorpool_allocator* allocator,

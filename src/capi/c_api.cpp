@@ -234,6 +234,39 @@ tensorpool_status tensorpool_empty_cache(tensorpool_allocator* allocator) {
   return guarded(__func__, [&] { impl(allocator)->allocator().empty_cache(); });
 }
 
+namespace {
+
+tensorpool_sleep_report to_c(const tensorpool::SleepReport& r) {
+  return {r.released_bytes, r.asleep_bytes, r.asleep_blocks, r.asleep_allocated};
+}
+
+}  // namespace
+
+tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out) {
+  TP_REQUIRE(allocator);
+  return guarded(__func__, [&] {
+    const tensorpool::SleepReport r = impl(allocator)->allocator().sleep();
+    if (out != nullptr) *out = to_c(r);
+  });
+}
+
+tensorpool_status tensorpool_wake(tensorpool_allocator* allocator) {
+  TP_REQUIRE(allocator);
+  return guarded(__func__, [&] { impl(allocator)->allocator().wake(); });
+}
+
+tensorpool_status tensorpool_asleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out) {
+  TP_REQUIRE(allocator);
+  TP_REQUIRE(out);
+  return guarded(__func__, [&] { *out = to_c(impl(allocator)->allocator().asleep()); });
+}
+
+tensorpool_status tensorpool_is_asleep(tensorpool_allocator* allocator, const void* ptr, int* out) {
+  TP_REQUIRE(allocator);
+  TP_REQUIRE(out);
+  return guarded(__func__, [&] { *out = impl(allocator)->allocator().is_asleep(ptr) ? 1 : 0; });
+}
+
 tensorpool_status tensorpool_set_memory_fraction(tensorpool_allocator* allocator, double fraction) {
   TP_REQUIRE(allocator);
   if (!(fraction >= 0.0 && fraction <= 1.0))  // NaN fails too

@@ -34,6 +34,10 @@ void* Allocator::allocate(std::size_t bytes, Stream stream) { return impl_->allo
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
 void Allocator::record_stream(void* ptr, Stream stream) { impl_->record_stream(ptr, stream); }
 void Allocator::empty_cache() { impl_->empty_cache(); }
+SleepReport Allocator::sleep() { return impl_->sleep(); }
+void Allocator::wake() { impl_->wake(); }
+SleepReport Allocator::asleep() const { return impl_->asleep(); }
+bool Allocator::is_asleep(const void* ptr) const { return impl_->is_asleep(ptr); }
 void Allocator::set_memory_limit(std::size_t bytes) { impl_->set_memory_limit(bytes); }
 std::size_t Allocator::memory_limit() const { return impl_->memory_limit(); }
 Stats Allocator::stats() const { return impl_->stats(); }
@@ -205,7 +209,7 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
   Block* b = shard.live.erase(addr);
   if (TP_UNLIKELY(b == nullptr)) return false;
   const Segment* seg = b->segment;
-  if (TP_UNLIKELY(b->uses != nullptr ||
+  if (TP_UNLIKELY(b->uses != nullptr || b->asleep ||
                   (seg->epoch != nullptr && seg->epoch->one_live() && !source_->ends_epoch_in_place(b)))) {
     shard.live.insert(addr, b);  // back as it was: the exclusive mode frees it
     return false;
@@ -227,7 +231,9 @@ void Allocator::Impl::deallocate_exclusive(Address addr) {
                          static_cast<std::int64_t>(b->requested));
   if (TP_UNLIKELY(hooks.observed()))
     hooks.notify(EventType::free_requested, b->addr, b->requested, b->size, b->segment->owner->stream);
-  if (TP_UNLIKELY(b->uses != nullptr)) {
+  if (TP_UNLIKELY(b->asleep)) {
+    forget_asleep(b);
+  } else if (TP_UNLIKELY(b->uses != nullptr)) {
     defer_free(b);
   } else {
     release_block(b);
@@ -240,6 +246,9 @@ void Allocator::Impl::record_stream(void* ptr, Stream stream) {
   const auto addr = reinterpret_cast<Address>(ptr);
   Block* b = find_live(addr);
   if (b == nullptr) throw_bad_pointer(addr, "record_stream");
+  if (b->asleep)
+    throw UsageError("tensorpool: record_stream on block " + detail::hex(addr) +
+                     ", which is asleep (sleep() took its pages; wake() first)");
   add_use(b, stream);
   if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::record_stream, b->addr, b->requested, b->size, stream);
   debug_check();

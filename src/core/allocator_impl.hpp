@@ -51,6 +51,10 @@ class Allocator::Impl : private detail::AllocatorState {
   void empty_cache();
   void set_memory_limit(std::size_t bytes);
   std::size_t memory_limit() const;
+  SleepReport sleep();
+  void wake();
+  SleepReport asleep() const;
+  bool is_asleep(const void* ptr) const;
 
   // Hooks (hooks.cpp).
   HookId add_observer(std::shared_ptr<Observer> observer);
@@ -102,6 +106,7 @@ class Allocator::Impl : private detail::AllocatorState {
   // --- stream events (stream_events.cpp) ---
   void add_use(Block* b, Stream stream);
   void defer_free(Block* b);
+  void forget_asleep(Block* b);
   void process_events();
   void synchronize_pending();
   void pending_done(const detail::PendingFree& done);  // its event has completed

@@ -10,7 +10,8 @@
 //    coalesce at once);
 //  - every block's size is a multiple of kMinBlockSize; blocks == number of blocks;
 //  - a block of an oversize segment is never split (blocks == 1);
-//  - a block with mapped == false is free and lies in a heap.
+//  - a block with mapped == false is free and lies in a heap;
+//  - an asleep block lies in a heap's sleeping chunk: allocated, or free and unmapped.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +46,9 @@ struct Block {
   bool mapped = true;              // physical memory lies under the whole block (false: a vmm hole)
   bool held = false;               // free and mapped, but kept out of the free index: a vmm
                                    // heap's held pages (vmm_heaps.cpp, end_epoch()); never in fixed mode
+  bool asleep = false;             // its pages were released by sleep() and come back at wake()
+                                   // (vmm_sleep.cpp): allocated, or free with mapped == false and
+                                   // in no index and no unmapped list
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
   std::uint32_t epoch_slot = UINT32_MAX;  // while allocated in a vmm heap: its entry in the
                                           // heap's EpochLog (UINT32_MAX: none)

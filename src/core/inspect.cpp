@@ -29,7 +29,11 @@ namespace {
 Stats Allocator::Impl::stats() const {
   Lock lock(shards);
   shards.settle();
-  return shards.merged(counters.stats());
+  Stats s = shards.merged(counters.stats());
+  const SleepReport asleep = source_->asleep();
+  s.asleep_bytes = asleep.asleep_bytes;
+  s.asleep_allocated = asleep.asleep_allocated;
+  return s;
 }
 
 MemoryUsage Allocator::Impl::usage() const {
@@ -54,7 +58,9 @@ FragmentationReport Allocator::Impl::fragmentation() const {
   r.requested = cur(Metric::requested_bytes);
   r.pending_free = cur(Metric::active_bytes) - r.allocated;
   r.internal_waste = r.allocated - r.requested;
-  r.reserved_unallocated = r.reserved - r.allocated;
+  // Asleep blocks stay allocated but have no pages (sleep()): only the awake ones use reserved memory.
+  const std::size_t awake = r.allocated - source_->asleep().asleep_allocated;
+  r.reserved_unallocated = r.reserved - awake;
   for (const auto& [stream, ss] : streams) {
     for (const auto& index : ss->index) {
       r.total_free += index.bytes();
@@ -74,7 +80,7 @@ FragmentationReport Allocator::Impl::fragmentation() const {
     ++r.inactive_split_blocks;
     r.largest_free = std::max(r.largest_free, b->size);
   });
-  r.utilization = r.reserved == 0 ? 1.0 : static_cast<double>(r.allocated) / static_cast<double>(r.reserved);
+  r.utilization = r.reserved == 0 ? 1.0 : static_cast<double>(awake) / static_cast<double>(r.reserved);
   r.external_fragmentation =
       r.total_free == 0 ? 0.0
                         : 1.0 - static_cast<double>(r.largest_free) / static_cast<double>(r.total_free);
@@ -89,7 +95,7 @@ Snapshot Allocator::Impl::snapshot() const {
     SegmentInfo info{seg->addr, seg->size, seg->owner->stream, seg->pool, seg->oversize, seg->is_heap(), {}};
     info.blocks.reserve(seg->blocks);
     for (const Block* b = seg->first; b != nullptr; b = b->next)
-      info.blocks.push_back({b->addr, b->size, b->requested, b->state, b->mapped});
+      info.blocks.push_back({b->addr, b->size, b->requested, b->state, b->mapped, b->asleep});
     snap.segments.push_back(std::move(info));
   }
   return snap;
@@ -137,7 +143,7 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
     if (b->addr != seg.addr + covered) fail("gap or overlap before block " + hex(b->addr));
     if (b->next != nullptr && b->next->prev != b) fail("broken prev link after " + hex(b->addr));
     if (b->next != nullptr && b->state == BlockState::free && b->next->state == BlockState::free &&
-        b->mapped == b->next->mapped && b->held == b->next->held)
+        b->mapped == b->next->mapped && b->held == b->next->held && b->asleep == b->next->asleep)
       fail("adjacent free blocks at " + hex(b->addr) + " were not coalesced");
     if (b->held && (b->state != BlockState::free || !b->mapped || !seg.is_heap()))
       fail("held block " + hex(b->addr) + " is not a free mapped block of a heap");

@@ -65,6 +65,53 @@ void Allocator::Impl::empty_cache() {
   debug_check();
 }
 
+// --- sleep and wake (the vmm source does the work: vmm_sleep.cpp) ---------------------------
+
+SleepReport Allocator::Impl::sleep() {
+  Lock lock(shards);
+  if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
+  if (source_->asleep().asleep_bytes != 0) return source_->asleep();  // asleep already
+  // Every stream's work is done before pages go, and every free waiting for an event completes
+  // (no block is pending_free when the heaps sleep).
+  device->synchronize_device();
+  counters.count(&Stats::syncs);
+  synchronize_pending();
+  const SleepReport report = source_->sleep();
+  debug_check();
+  return report;
+}
+
+void Allocator::Impl::wake() {
+  Lock lock(shards);
+  if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
+  source_->wake();
+  debug_check();
+}
+
+SleepReport Allocator::Impl::asleep() const {
+  Lock lock(shards);
+  return source_->asleep();
+}
+
+bool Allocator::Impl::is_asleep(const void* ptr) const {
+  Lock lock(shards);
+  const Block* b = find_live(reinterpret_cast<Address>(ptr));
+  if (b == nullptr) throw_bad_pointer(reinterpret_cast<Address>(ptr), "is_asleep");
+  return b->asleep;
+}
+
+// Freed while asleep (the caller counted the free): no event is needed for the streams that
+// used it (the device was synchronized when it fell asleep), and the source forgets it.
+void Allocator::Impl::forget_asleep(Block* b) {
+  delete b->uses;
+  b->uses = nullptr;
+  detail::Segment* seg = b->segment;
+  shard_of(seg).counters.on_inactive(seg->pool, static_cast<std::int64_t>(b->size));
+  if (TP_UNLIKELY(hooks.observed()))
+    hooks.notify(EventType::free_completed, b->addr, b->requested, b->size, seg->owner->stream);
+  source_->forget_asleep(b);
+}
+
 void Allocator::Impl::set_memory_limit(std::size_t bytes) {
   Lock lock(shards);
   limit = bytes;

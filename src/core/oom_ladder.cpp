@@ -118,7 +118,8 @@ void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t si
   info.device_free = device->free_memory();
   info.reserved = counters.reserved();
   info.allocated = static_cast<std::size_t>(shards.total_current(Metric::allocated_bytes));
-  info.reserved_unallocated = info.reserved - info.allocated;
+  // Asleep blocks (sleep()) are allocated without pages: only the awake ones use reserved memory.
+  info.reserved_unallocated = info.reserved - (info.allocated - source_->asleep().asleep_allocated);
   info.largest_free_block = largest_free_block();
   info.memory_limit = limit;
   info.cached_per_stream = cached_per_stream();

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/allocator_state.hpp"
+#include "tensorpool/errors.hpp"
 
 namespace tensorpool::detail {
 
@@ -37,6 +38,10 @@ struct Recount {
 
 /// Throws InvariantError("tensorpool invariant violated: " + what).
 [[noreturn]] void invariant_failed(const std::string& what);
+
+inline constexpr const char* kSleepNeedsVmm =
+    "tensorpool: sleep() and wake() need mode:vmm (fixed segments cannot give back the memory under "
+    "live blocks and keep their addresses)";
 
 class SegmentSource {
  public:
@@ -77,6 +82,18 @@ class SegmentSource {
   }
   /// Calls f(block) for every held block (free, mapped, in no index).
   virtual void for_each_held(const std::function<void(const Block*)>& f) const { (void)f; }
+  // Sleep and wake (vmm; fixed segments refuse): the caller holds every shard and has
+  // synchronized the device and completed the pending frees.
+  /// Releases the physical memory of every heap, live blocks' included; the blocks keep their
+  /// addresses (asleep). A second sleep does nothing.
+  virtual bool supports_sleep() const noexcept { return false; }
+  virtual SleepReport sleep() { throw UsageError(kSleepNeedsVmm); }
+  /// Maps pages back under every asleep block, or changes nothing and throws.
+  virtual void wake() { throw UsageError(kSleepNeedsVmm); }
+  /// b, allocated and asleep, is freed: forgotten (its range stays without pages until wake()).
+  virtual void forget_asleep(Block* b) { (void)b; }
+  /// What sleeps now.
+  virtual SleepReport asleep() const { return {}; }
 };
 
 /// The source Config::mode asks for (the only place that looks at the mode). May narrow the

@@ -2,6 +2,8 @@
 // every segment is a heap, each heap's chunks, mapped and unmapped blocks, held pages and epoch
 // record agree with each other, and the reserved bytes and segments per pool are recounted from
 // the chunks (mapped and cached).
+#include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "core/util.hpp"
@@ -16,6 +18,8 @@ void VmmHeaps::check(Recount& rc) const {
     ++heap_segments;
   }
   if (heap_segments != heaps_.size()) invariant_failed("the heaps and the segments disagree");
+  std::size_t asleep_blocks = 0;
+  std::size_t asleep_bytes = 0;
   for (const auto& [base, heap] : heaps_) {
     auto it = st_.segments.find(base);
     if (it == st_.segments.end() || it->second.get() != heap.segment)
@@ -23,11 +27,30 @@ void VmmHeaps::check(Recount& rc) const {
     if (heap_of(*heap.segment->owner, heap.pool()) != &heap || heap.segment->vmm != &heap)
       invariant_failed("heap at " + hex(base) + " is not its stream's heap of its pool, or its segment's");
     check_heap(heap);
+    for (const Chunk& c : heap.sleeping) {
+      if (c.handle != 0 || c.addr % page_ != 0 || c.size % page_ != 0)
+        invariant_failed("sleeping chunk at " + hex(c.addr) + " holds a handle or is not page-aligned");
+      auto next = heap.chunks.lower_bound(c.addr);
+      if (next != heap.chunks.end() && next->first < c.end())
+        invariant_failed("sleeping chunk at " + hex(c.addr) + " overlaps a mapped chunk");
+      if (next != heap.chunks.begin() && std::prev(next)->second.end() > c.addr)
+        invariant_failed("sleeping chunk at " + hex(c.addr) + " overlaps a mapped chunk");
+    }
+    if (!heap.sleeping.empty() && !sleeping_) invariant_failed("a heap sleeps while the allocator is awake");
+    for (const Block* b = heap.segment->first; b != nullptr; b = b->next)
+      if (b->asleep && b->state != BlockState::free) {
+        ++asleep_blocks;
+        asleep_bytes += b->size;
+      }
     for (const auto& [a, c] : heap.chunks) {
       rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
       rc.add(c.pool, Metric::segments, 1);
     }
   }
+  if (asleep_blocks != asleep_blocks_ || asleep_bytes != asleep_allocated_)
+    invariant_failed("the vmm heaps count " + std::to_string(asleep_blocks_) + " asleep blocks of " +
+                     std::to_string(asleep_allocated_) + " bytes; they are " + std::to_string(asleep_blocks) +
+                     " of " + std::to_string(asleep_bytes));
   for (const Chunk& c : cached_.chunks()) {
     if (c.addr != 0) invariant_failed("a cached chunk claims to be mapped");
     rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
@@ -69,6 +92,10 @@ void VmmHeaps::check_heap(const Heap& h) const {
     return addr < it->second.end() ? &it->second : nullptr;
   };
   for (const Block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->asleep) {
+      check_asleep(h, b);
+      continue;
+    }
     if (b->held) {
       ++held;
       held_bytes += b->size;
@@ -98,6 +125,24 @@ void VmmHeaps::check_heap(const Heap& h) const {
   if (held != h.held.blocks().size()) invariant_failed("the heap's held list has stale entries");
   if (held_bytes != h.held.bytes()) invariant_failed("the heap's held byte count is wrong");
   check_epoch(h);
+}
+
+// An asleep block (vmm_sleep.cpp) lies on the heap's sleeping chunks; a free one has no pages,
+// is in no list and has no asleep free neighbour.
+void VmmHeaps::check_asleep(const Heap& h, const Block* b) const {
+  for (Address at = b->addr; at < b->addr + b->size;) {
+    auto it = std::upper_bound(h.sleeping.begin(), h.sleeping.end(), at,
+                               [](Address a, const Chunk& c) { return a < c.addr; });
+    if (it == h.sleeping.begin() || (--it)->end() <= at)
+      invariant_failed("asleep block " + hex(b->addr) + " leaves its heap's sleeping chunks at " + hex(at));
+    at = it->end();
+  }
+  if (b->held) invariant_failed("asleep block " + hex(b->addr) + " is held");
+  if (b->state != BlockState::free) return;
+  if (b->mapped) invariant_failed("asleep free block " + hex(b->addr) + " claims pages");
+  if (h.unmapped.count(b->addr) != 0) invariant_failed("asleep free block " + hex(b->addr) + " is listed unmapped");
+  if (b->next != nullptr && b->next->asleep && b->next->state == BlockState::free)
+    invariant_failed("asleep free blocks at " + hex(b->addr) + " were not merged");
 }
 
 // The epoch's record: `live` counts the blocks in use; each has its open entry in the log (or

@@ -169,6 +169,11 @@ void VmmHeaps::plan_next_epoch(Heap& heap) {
   // Another stream took a block of the heap (oom_ladder.cpp) and gave it back before the heap's
   // own stream made a request: the layout it waited for is dropped (a new one is asked below).
   if (cursor.state() == PlanState::laying_out) abandon_layout(heap);
+  if (!heap.sleeping.empty()) {  // no plan while part of the heap sleeps (vmm_sleep.cpp)
+    cursor.record();
+    heap.last_signature = heap.epoch.signature;
+    return;
+  }
   const bool matched = cursor.matched(heap.epoch.entries.size());
   const std::uint64_t signature = heap.epoch.signature;
   if (repeats_its_plan(heap)) {

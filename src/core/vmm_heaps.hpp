@@ -19,6 +19,8 @@
 //                   the cache of unmapped chunks, idle memory and its reclaim
 //   vmm_epochs.cpp  epochs: held pages, and the planned layouts that serve an epoch which
 //                   repeats the one before (vmm_plans.hpp: the plan cache and cursor)
+//   vmm_sleep.cpp   sleep and wake: every heap's pages given back, live blocks kept at their
+//                   addresses, and mapped back
 //   vmm_check.cpp   the invariants of the source, for check_invariants
 // See docs/vmm.md.
 #pragma once
@@ -28,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/epoch_log.hpp"
@@ -110,6 +113,8 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::size_t mapped_prefix = 0;       // [start, start + mapped_prefix) is covered by chunks
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   HeldPages held;
+  std::vector<Chunk> sleeping;         // chunks released by sleep(), by address (handle 0): their
+                                       // blocks are asleep until wake() maps pages there again
 
   EpochLog epoch;                      // the current epoch's record (Segment::epoch points here)
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
@@ -175,6 +180,11 @@ class VmmHeaps final : public SegmentSource {
   bool ends_epoch_in_place(const Block* b) const noexcept override;
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
+  bool supports_sleep() const noexcept override { return true; }
+  SleepReport sleep() override;
+  void wake() override;
+  void forget_asleep(Block* b) override;
+  SleepReport asleep() const override;
 
  private:
   /// Where a growth maps: `bytes` at the start of `hole` (an unmapped free block), of which the
@@ -246,15 +256,26 @@ class VmmHeaps final : public SegmentSource {
   Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;
   Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
 
+  // --- sleep and wake (vmm_sleep.cpp) ---
+  std::size_t sleep_heap(Heap& heap);
+  static bool has_live_asleep(const Heap& heap);
+  std::vector<std::pair<Heap*, Chunk>> pages_for_waking();
+  void forget_sleeping_chunks(Heap& heap);
+  void wake_blocks(Heap& heap);
+
   // --- invariants (vmm_check.cpp) ---
   void check_heap(const Heap& heap) const;
   void check_epoch(const Heap& heap) const;
+  void check_asleep(const Heap& heap, const Block* b) const;
 
   AllocatorState& st_;
   VirtualMemory& vm_;
   const std::size_t page_;                 // vm_.page_size()
   std::map<Address, Heap> heaps_;          // by the address of their range
   ChunkCache cached_;
+  bool sleeping_ = false;              // between sleep() and wake()
+  std::size_t asleep_blocks_ = 0;      // live asleep blocks, and their bytes
+  std::size_t asleep_allocated_ = 0;
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
   std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made with the first heap
 };

@@ -1,5 +1,6 @@
 /* tests/capi/c_api_workload.c: a whole workload through tensorpool.h from a C99 program, on the
- * simulated device: two streams, record_stream, statistics, a memory fraction, an OOM, misuse
+ * simulated device: two streams, record_stream, statistics, a memory fraction, an OOM, sleep and
+ * wake, misuse
  * (double free, foreign pointer, NULL handles, bad settings) that must leave the state intact,
  * JSON statistics, a snapshot, and the per-device registry.
  * Usage: c_api_workload SNAPSHOT_PATH. Prints "N passed, M failed"; exit 1 on any failure. */
@@ -140,6 +141,47 @@ static void json(tensorpool_allocator* a) {
   free(buffer);
 }
 
+/* Sleep and wake on the simulated device (virtual memory by default): pages go back, the block
+ * keeps its address and says it is asleep, misuse is refused with the state intact; fixed
+ * segments refuse to sleep. */
+static void sleep_and_wake(void) {
+  tensorpool_allocator *a = NULL, *fixed = NULL;
+  tensorpool_sleep_report r, now;
+  void *p = NULL, *during = NULL;
+  int asleep = -1, on_stack = 0;
+  tensorpool_stream s = 0;
+  CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, NULL, &a) == TENSORPOOL_OK);
+  if (a == NULL) return;
+  CHECK(tensorpool_wake(a) == TENSORPOOL_ERROR_USAGE); /* no sleep */
+  CHECK(strstr(tensorpool_last_error(), "without sleep()") != NULL);
+  CHECK(tensorpool_alloc(a, 10 * MiB, 0, &p) == TENSORPOOL_OK);
+  CHECK(tensorpool_sleep(a, &r) == TENSORPOOL_OK);
+  CHECK(r.asleep_blocks == 1 && r.asleep_allocated == 10 * MiB && r.released_bytes >= r.asleep_bytes);
+  CHECK(stats_of(a).all.reserved_bytes.current == 0);
+  CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 1);
+  CHECK(tensorpool_is_asleep(a, &on_stack, &asleep) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_create_stream(a, &s) == TENSORPOOL_OK);
+  CHECK(tensorpool_record_stream(a, p, s) == TENSORPOOL_ERROR_USAGE);
+  CHECK(strstr(tensorpool_last_error(), "asleep") != NULL);
+  CHECK(tensorpool_sleep(a, NULL) == TENSORPOOL_OK); /* again: nothing */
+  CHECK(tensorpool_asleep(a, &now) == TENSORPOOL_OK && now.asleep_bytes == r.asleep_bytes);
+  CHECK(tensorpool_alloc(a, MiB, 0, &during) == TENSORPOOL_OK && during != p);
+  check_intact(a);
+  CHECK(tensorpool_wake(a) == TENSORPOOL_OK);
+  CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 0);
+  CHECK(tensorpool_asleep(a, &now) == TENSORPOOL_OK && now.asleep_bytes == 0);
+  CHECK(tensorpool_free(a, p) == TENSORPOOL_OK);
+  CHECK(tensorpool_free(a, during) == TENSORPOOL_OK);
+  check_intact(a);
+  CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
+  CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, "mode:fixed", &fixed) == TENSORPOOL_OK);
+  if (fixed == NULL) return;
+  CHECK(tensorpool_sleep(fixed, &r) == TENSORPOOL_ERROR_USAGE);
+  CHECK(strstr(tensorpool_last_error(), "mode:vmm") != NULL);
+  CHECK(tensorpool_sleep(NULL, &r) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(tensorpool_destroy(fixed) == TENSORPOOL_OK);
+}
+
 static void settings_and_backends(void) {
   tensorpool_allocator* a = (tensorpool_allocator*)NOT_NULL;
   CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 0, "max_split_size:lots", &a) ==
@@ -202,6 +244,7 @@ int main(int argc, char** argv) {
   json(a);
   CHECK(tensorpool_write_snapshot(a, argv[1]) == TENSORPOOL_OK);
   CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
+  sleep_and_wake();
   settings_and_backends();
   registry(argv[1]);
   printf("c_api_workload: %d passed, %d failed\n", passed, failed);

@@ -19,7 +19,7 @@ foreach(line ${lines})
   list(APPEND exported ${name})
 endforeach()
 set(required tensorpool_create tensorpool_alloc tensorpool_free tensorpool_device_allocator
-  tensorpool_stats_json tensorpool_dump_snapshot tensorpool_last_error)
+  tensorpool_stats_json tensorpool_dump_snapshot tensorpool_last_error tensorpool_sleep tensorpool_wake)
 if(LIBRARY MATCHES "torch")
   list(APPEND required tensorpool_torch_malloc tensorpool_torch_free tensorpool_torch_init
     tensorpool_torch_reset tensorpool_torch_memory_fraction tensorpool_torch_record_stream)

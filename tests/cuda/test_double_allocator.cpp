@@ -318,3 +318,53 @@ TEST_CASE("vmm mode: after the driver shuts down, teardown makes no CUDA call", 
   backend.reset();
   REQUIRE(dbl::total_calls() == 0);
 }
+
+TEST_CASE("vmm mode: sleep gives every page back after the device's work, wake maps pages at the "
+          "same addresses, 100 times", "[cuda][vmm][allocator][sleep]") {
+  Env env;
+  CudaStream s1;
+  CudaStream s2;
+  auto alloc = make_allocator(make_cuda_backend(CudaBackendKind::vmm, 0), Config::parse("mode:vmm"));
+  std::vector<std::pair<void*, Stream>> live;
+  std::size_t next_size = 0;
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    INFO("cycle " << cycle);
+    for (int i = 0; i < 3; ++i) {
+      const Stream st = i % 2 == 0 ? s1.id() : s2.id();
+      const std::size_t size = (next_size++ % 7 + 1) * 3 * MiB + 512 * (next_size % 5);
+      live.emplace_back(alloc->allocate(size, st), st);
+    }
+    while (live.size() > 8) {
+      alloc->deallocate(live.front().first);
+      live.erase(live.begin());
+    }
+    dbl::clear_calls();
+    const SleepReport r = alloc->sleep();
+    REQUIRE(r.asleep_blocks == live.size());
+    REQUIRE(dbl::mapped_bytes() == 0);
+    REQUIRE(dbl::live_physical() == 0);
+    REQUIRE(dbl::used_bytes(0) == 0);
+    const auto log = dbl::call_log();
+    const auto sync = std::find_if(log.begin(), log.end(),
+                                   [](const dbl::Call& c) { return c.api == "cudaDeviceSynchronize"; });
+    const auto unmap =
+        std::find_if(log.begin(), log.end(), [](const dbl::Call& c) { return c.api == "cuMemUnmap"; });
+    REQUIRE(sync != log.end());
+    REQUIRE(unmap != log.end());
+    REQUIRE(sync < unmap);
+    for (const auto& [p, st] : live) REQUIRE(alloc->is_asleep(p));
+    alloc->check_invariants();
+    alloc->wake();
+    REQUIRE(dbl::mapped_bytes() == r.asleep_bytes);
+    for (const auto& [p, st] : live) {
+      REQUIRE_FALSE(alloc->is_asleep(p));
+      REQUIRE(dbl::access_flags(reinterpret_cast<CUdeviceptr>(p), 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    }
+    alloc->check_invariants();
+  }
+  for (const auto& [p, st] : live) alloc->deallocate(p);
+  alloc->empty_cache();
+  REQUIRE(dbl::live_physical() == 0);
+  alloc.reset();
+  REQUIRE(dbl::live_reservations() == 0);
+}

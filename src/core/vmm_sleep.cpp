@@ -1,0 +1,230 @@
+// vmm_sleep.cpp: sleep and wake of the vmm heaps (vmm_heaps.hpp): the physical memory of every
+// heap given back to the device while every live block keeps its address, then mapped back.
+//
+// sleep() first gives back what is free (held pages, entirely free chunks, the chunk cache, as
+// empty_cache does with nothing kept), then unmaps and releases every chunk left (each holds part
+// of a live block) and keeps its place as a sleeping chunk of its heap (Heap::sleeping). The
+// blocks on those chunks become asleep: live ones stay allocated (the user still holds them,
+// but must not touch them), free ones leave the free index and hold the address range without
+// pages (mapped == false, in no unmapped list), so nothing is ever carved from a sleeping range.
+// A block freed while asleep is forgotten: it joins the asleep free space around it. Requests
+// made while asleep grow the heaps elsewhere, in their unmapped holes, as any growth does, and
+// a heap with sleeping chunks follows no plan.
+//
+// wake() maps new physical memory at the sleeping chunks of every heap that still has a live
+// asleep block (the same chunk sizes at the same addresses), or changes nothing and throws when
+// the device refuses; a heap whose asleep blocks were all freed gets no pages back (its asleep
+// free space becomes unmapped holes). Contents are not kept: woken blocks hold what new pages
+// hold. Both run in the exclusive mode; sleep after the caller has synchronized the device and
+// completed every pending free.
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/logging.hpp"
+#include "core/util.hpp"
+#include "core/vmm_heaps.hpp"
+
+namespace tensorpool::detail {
+
+SleepReport VmmHeaps::sleep() {
+  if (sleeping_) return asleep();  // a second sleep does nothing
+  SleepReport report;
+  for (auto& [base, heap] : heaps_) {
+    if (heap.layout_event != 0) abandon_layout(heap);
+    heap.cursor.record();
+    release_held(heap);
+    reclaim_heap(heap, 0, StreamWork::done);
+  }
+  report.released_bytes = release_cached_chunks();
+  for (auto& [base, heap] : heaps_) report.released_bytes += sleep_heap(heap);
+  sleeping_ = true;
+  const SleepReport now = asleep();
+  report.asleep_bytes = now.asleep_bytes;
+  report.asleep_blocks = now.asleep_blocks;
+  report.asleep_allocated = now.asleep_allocated;
+  return report;
+}
+
+// Unmaps and releases every chunk of the heap (each under part of a live block) and puts its
+// blocks to sleep. If the device refuses an unmap, the chunks unmapped so far are mapped back and
+// the error goes on with the heap as it was.
+std::size_t VmmHeaps::sleep_heap(Heap& heap) {
+  std::vector<Chunk> chunks;
+  chunks.reserve(heap.chunks.size());
+  for (const auto& [addr, c] : heap.chunks) chunks.push_back(c);
+  std::size_t unmapped = 0;
+  try {
+    for (; unmapped < chunks.size(); ++unmapped) vm_.unmap(chunks[unmapped].addr, chunks[unmapped].size);
+  } catch (...) {
+    for (std::size_t i = 0; i < unmapped; ++i) vm_.map(chunks[i].addr, chunks[i].size, chunks[i].handle);
+    throw;
+  }
+  std::size_t released = 0;
+  for (const Chunk& c : chunks) {
+    st_.counters.count(&Stats::vm_unmaps);
+    if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.stream());
+    try {
+      vm_.release_physical(c.handle);
+    } catch (const DeviceError& e) {  // unmapped already: the heap goes on asleep
+      log().error("vmm: releasing a sleeping chunk of {} failed: {}", format_bytes(c.size), e.what());
+    }
+    st_.counters.on_upstream_free(c.pool, c.size);
+    if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_free, 0, 0, c.size, heap.stream());
+    heap.sleeping.push_back(Chunk{c.addr, c.size, 0, c.pool});
+    released += c.size;
+  }
+  heap.clear_chunks();
+  for (Block* b = heap.segment->first; b != nullptr; b = b->next) {
+    if (!b->mapped) continue;
+    b->asleep = true;
+    if (b->state == BlockState::free) {
+      heap.index().remove(b);
+      b->mapped = false;
+    } else {
+      ++asleep_blocks_;
+      asleep_allocated_ += b->size;
+    }
+  }
+  return released;
+}
+
+// Freed while asleep: b joins the asleep free space beside it. The heap's epoch counts the free;
+// a heap left empty starts a new epoch unplanned.
+void VmmHeaps::forget_asleep(Block* b) {
+  Heap& heap = heap_of(b);
+  --asleep_blocks_;
+  asleep_allocated_ -= b->size;
+  b->state = BlockState::free;
+  b->requested = 0;
+  b->mapped = false;
+  const bool heap_emptied = heap.epoch.on_release(b);
+  const auto asleep_free = [](const Block* x) {
+    return x != nullptr && x->asleep && x->state == BlockState::free;
+  };
+  if (asleep_free(b->prev)) {
+    b = b->prev;
+    heap.blocks().absorb_next(b);
+  }
+  if (asleep_free(b->next)) heap.blocks().absorb_next(b);
+  if (heap_emptied) {
+    heap.epoch.restart();
+    heap.cursor.record();
+  }
+}
+
+SleepReport VmmHeaps::asleep() const {
+  SleepReport r;
+  for (const auto& [base, heap] : heaps_)
+    for (const Chunk& c : heap.sleeping) r.asleep_bytes += c.size;
+  r.asleep_blocks = asleep_blocks_;
+  r.asleep_allocated = asleep_allocated_;
+  return r;
+}
+
+void VmmHeaps::wake() {
+  if (!sleeping_) throw UsageError("tensorpool: wake() without sleep(): nothing sleeps");
+  std::vector<std::pair<Heap*, Chunk>> made = pages_for_waking();
+  for (auto& [base, heap] : heaps_)
+    if (!heap.sleeping.empty() && !has_live_asleep(heap)) forget_sleeping_chunks(heap);
+  for (auto& [heap, c] : made) {
+    heap->add_chunk(c);
+    st_.counters.count(&Stats::vm_maps);
+    if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_map, c.addr, 0, c.size, heap->stream());
+  }
+  for (auto& [base, heap] : heaps_) {
+    if (heap.sleeping.empty()) continue;
+    heap.sleeping.clear();
+    wake_blocks(heap);
+  }
+  sleeping_ = false;
+  asleep_blocks_ = 0;
+  asleep_allocated_ = 0;
+}
+
+bool VmmHeaps::has_live_asleep(const Heap& heap) {
+  for (const Block* b = heap.segment->first; b != nullptr; b = b->next)
+    if (b->asleep && b->state != BlockState::free) return true;
+  return false;
+}
+
+// New physical memory mapped at every sleeping chunk of the heaps that still have a live asleep
+// block, as (heap, chunk) pairs not yet in their heaps; on any refusal everything made here is
+// given back and the error says how much was needed.
+std::vector<std::pair<Heap*, Chunk>> VmmHeaps::pages_for_waking() {
+  std::vector<std::pair<Heap*, Chunk>> made;  // addr: where the chunk goes; mapped: the first `mapped`
+  std::size_t mapped = 0;
+  std::size_t needed = 0;
+  for (auto& [base, heap] : heaps_)
+    if (!heap.sleeping.empty() && has_live_asleep(heap))
+      for (const Chunk& c : heap.sleeping) needed += c.size;
+  try {
+    for (auto& [base, heap] : heaps_) {
+      if (heap.sleeping.empty() || !has_live_asleep(heap)) continue;
+      for (const Chunk& c : heap.sleeping) {
+        std::optional<Chunk> fresh = create_chunk(c.size, c.pool);
+        if (!fresh) {
+          release(ReleaseGoal::everything);
+          fresh = create_chunk(c.size, c.pool);
+        }
+        if (!fresh)
+          throw DeviceError("tensorpool: wake() needs " + format_bytes(needed) + " for the pages of " +
+                            std::to_string(asleep_blocks_) + " asleep blocks; the device (" +
+                            format_bytes(st_.device->free_memory()) + " free" +
+                            (st_.limit != 0 ? ", memory limit " + format_bytes(st_.limit) : std::string()) +
+                            ") refused " + format_bytes(c.size) + "; everything stays asleep");
+        fresh->addr = c.addr;
+        made.emplace_back(&heap, *fresh);
+      }
+    }
+    for (; mapped < made.size(); ++mapped) {
+      const Chunk& c = made[mapped].second;
+      vm_.map(c.addr, c.size, c.handle);
+    }
+  } catch (...) {
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      const Chunk& c = made[i].second;
+      try {
+        if (i < mapped) vm_.unmap(c.addr, c.size);
+        vm_.release_physical(c.handle);
+      } catch (const DeviceError& e) {
+        log().error("vmm: giving back the pages of a failed wake failed: {}", e.what());
+      }
+      st_.counters.on_upstream_free(c.pool, c.size);
+      if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_free, 0, 0, c.size, kDefaultStream);
+    }
+    throw;
+  }
+  return made;
+}
+
+// A heap with no live asleep block gets no pages back: its asleep free space (whose ends are
+// chunk boundaries or the ends of awake blocks and holes, all page-aligned) becomes unmapped.
+void VmmHeaps::forget_sleeping_chunks(Heap& heap) {
+  std::vector<Block*> asleep;
+  for (Block* b = heap.segment->first; b != nullptr; b = b->next)
+    if (b->asleep) asleep.push_back(b);
+  heap.sleeping.clear();
+  for (Block* b : asleep) {
+    b->asleep = false;
+    mark_unmapped(heap, b);
+  }
+}
+
+// The heap's pages are back: its asleep blocks wake, the free ones into the index (coalesced
+// with free mapped neighbours).
+void VmmHeaps::wake_blocks(Heap& heap) {
+  std::vector<Block*> free_ones;
+  for (Block* b = heap.segment->first; b != nullptr; b = b->next) {
+    if (!b->asleep) continue;
+    b->asleep = false;
+    b->mapped = true;
+    if (b->state == BlockState::free) free_ones.push_back(b);
+  }
+  // No two were neighbours (asleep free space is coalesced), so no merge below takes a block
+  // still in the list; each merge result goes to the index before the next merge reads it.
+  for (Block* b : free_ones) heap.index().insert(st_.coalesce(b));
+}
+
+}  // namespace tensorpool::detail

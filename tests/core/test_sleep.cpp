@@ -1,0 +1,270 @@
+// Sleep and wake (Allocator::sleep/wake, src/core/vmm_sleep.cpp) on the simulated device: the
+// physical memory goes back to the device, live blocks keep their addresses, blocks freed while
+// asleep are forgotten, requests made while asleep get other memory, and wake maps pages back
+// or changes nothing; the invariants hold after every call.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensorpool/tensorpool.hpp"
+
+using namespace tensorpool;
+
+namespace {
+
+struct Sim {
+  explicit Sim(Mode mode = Mode::vmm, std::size_t capacity = 8 * GiB)
+      : device(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = capacity})),
+        alloc(device, [mode] {
+          Config c;
+          c.mode = mode;
+          c.vmm_planner = PlannerMode::synchronous;
+          return c;
+        }()) {}
+  std::shared_ptr<SimulatedDevice> device;
+  Allocator alloc;
+};
+
+std::size_t random_size(std::mt19937_64& rng) {
+  switch (rng() % 3) {
+    case 0: return 512 + rng() % (64 * KiB);
+    case 1: return MiB + rng() % (8 * MiB);
+    default: return 16 * MiB + rng() % (64 * MiB);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sleep: fixed segments refuse sleep and wake, naming the mode", "[sleep]") {
+  Sim sim(Mode::fixed);
+  void* p = sim.alloc.allocate(MiB);
+  const Stats before = sim.alloc.stats();
+  REQUIRE_THROWS_WITH(sim.alloc.sleep(), Catch::Contains("mode:vmm"));
+  REQUIRE_THROWS_AS(sim.alloc.wake(), UsageError);
+  REQUIRE(sim.alloc.stats().upstream_frees == before.upstream_frees);
+  sim.alloc.check_invariants();
+  sim.alloc.deallocate(p);
+}
+
+TEST_CASE("sleep: wake without sleep is a usage error and changes nothing", "[sleep]") {
+  Sim sim;
+  void* p = sim.alloc.allocate(3 * MiB);
+  const Stats before = sim.alloc.stats();
+  REQUIRE_THROWS_WITH(sim.alloc.wake(), Catch::Contains("without sleep()"));
+  REQUIRE(sim.alloc.stats().vm_maps == before.vm_maps);
+  REQUIRE_FALSE(sim.alloc.is_asleep(p));
+  sim.alloc.check_invariants();
+  sim.alloc.deallocate(p);
+}
+
+TEST_CASE("sleep: every page goes back, live blocks keep their addresses, and wake maps them back",
+          "[sleep]") {
+  Sim sim;
+  const std::size_t capacity = sim.device->properties().capacity;
+  void* a = sim.alloc.allocate(5 * MiB);
+  void* b = sim.alloc.allocate(700 * KiB);
+  void* gone = sim.alloc.allocate(40 * MiB);
+  sim.alloc.deallocate(gone);  // cached: released by sleep too
+  const std::size_t live = sim.alloc.usage().allocated;
+  const SleepReport r = sim.alloc.sleep();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.device->free_memory() == capacity);
+  REQUIRE(sim.alloc.usage().reserved == 0);
+  REQUIRE(r.asleep_blocks == 2);
+  REQUIRE(r.asleep_allocated == live);
+  REQUIRE(r.asleep_bytes >= live);
+  REQUIRE(r.released_bytes >= r.asleep_bytes + 40 * MiB);
+  REQUIRE(sim.alloc.is_asleep(a));
+  REQUIRE(sim.alloc.is_asleep(b));
+  std::size_t asleep_in_snapshot = 0;
+  for (const SegmentInfo& seg : sim.alloc.snapshot().segments)
+    for (const BlockInfo& info : seg.blocks)
+      if (info.asleep && info.state == BlockState::allocated) asleep_in_snapshot += info.size;
+  REQUIRE(asleep_in_snapshot == live);
+  const Stats asleep = sim.alloc.stats();
+  REQUIRE(asleep.asleep_bytes == r.asleep_bytes);
+  REQUIRE(asleep.asleep_allocated == live);
+  REQUIRE(sim.alloc.fragmentation().utilization == 1.0);  // nothing reserved
+
+  SECTION("a second sleep does nothing") {
+    const std::uint64_t unmaps = sim.alloc.stats().vm_unmaps;
+    const SleepReport again = sim.alloc.sleep();
+    REQUIRE(again.released_bytes == 0);
+    REQUIRE(again.asleep_bytes == r.asleep_bytes);
+    REQUIRE(sim.alloc.stats().vm_unmaps == unmaps);
+  }
+  SECTION("record_stream on an asleep block is refused") {
+    REQUIRE_THROWS_WITH(sim.alloc.record_stream(a, sim.device->create_stream()), Catch::Contains("asleep"));
+    sim.alloc.check_invariants();
+  }
+  sim.alloc.wake();
+  sim.alloc.check_invariants();
+  REQUIRE_FALSE(sim.alloc.is_asleep(a));
+  REQUIRE(sim.alloc.asleep().asleep_bytes == 0);
+  REQUIRE(sim.alloc.usage().reserved == r.asleep_bytes);
+  REQUIRE(sim.device->free_memory() == capacity - r.asleep_bytes);
+  sim.alloc.deallocate(a);
+  sim.alloc.deallocate(b);
+  sim.alloc.empty_cache();
+  REQUIRE(sim.device->free_memory() == capacity);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("sleep: is_asleep of a pointer the allocator did not hand out is a usage error", "[sleep]") {
+  Sim sim;
+  void* p = sim.alloc.allocate(MiB);
+  sim.alloc.sleep();
+  int local = 0;
+  REQUIRE_THROWS_AS(sim.alloc.is_asleep(&local), UsageError);
+  sim.alloc.wake();
+  sim.alloc.deallocate(p);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("sleep: the device's work on a block freed in stream order completes before its pages go",
+          "[sleep]") {
+  Sim sim;
+  void* p = sim.alloc.allocate(64 * MiB);
+  void* keep = sim.alloc.allocate(MiB);
+  const Stream other = sim.device->create_stream();
+  sim.alloc.record_stream(p, other);
+  sim.alloc.deallocate(p);  // waits for the other stream's work (manual events: not done yet)
+  REQUIRE(sim.alloc.usage().active > sim.alloc.usage().allocated);
+  const std::uint64_t device_syncs = sim.device->counters().device_syncs;
+  const SleepReport r = sim.alloc.sleep();
+  REQUIRE(sim.device->counters().device_syncs == device_syncs + 1);
+  REQUIRE(sim.alloc.usage().active == sim.alloc.usage().allocated);  // the free completed
+  REQUIRE(r.asleep_blocks == 1);
+  REQUIRE(r.released_bytes >= 64 * MiB);
+  sim.alloc.check_invariants();
+  sim.alloc.wake();
+  sim.alloc.deallocate(keep);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("sleep: a wake the device cannot give pages for fails with nothing changed", "[sleep]") {
+  Sim sim(Mode::vmm, 1 * GiB);
+  void* big = sim.alloc.allocate(600 * MiB);
+  const SleepReport r = sim.alloc.sleep();
+  void* other = sim.alloc.allocate(700 * MiB);  // other memory, while asleep
+  REQUIRE(sim.alloc.is_asleep(big));
+  REQUIRE_FALSE(sim.alloc.is_asleep(other));
+  const Stats before = sim.alloc.stats();
+  REQUIRE_THROWS_WITH(sim.alloc.wake(), Catch::Contains("wake() needs") && Catch::Contains("stays asleep"));
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.is_asleep(big));
+  REQUIRE(sim.alloc.asleep().asleep_bytes == r.asleep_bytes);
+  REQUIRE(sim.alloc.usage().reserved == static_cast<std::size_t>(before.total[Metric::reserved_bytes].current));
+  sim.alloc.deallocate(other);
+  sim.alloc.wake();  // room now
+  sim.alloc.check_invariants();
+  REQUIRE_FALSE(sim.alloc.is_asleep(big));
+  sim.alloc.deallocate(big);
+  sim.alloc.empty_cache();
+  REQUIRE(sim.device->free_memory() == sim.device->properties().capacity);
+}
+
+TEST_CASE("sleep: a heap whose asleep blocks were all freed gets no pages back", "[sleep]") {
+  Sim sim;
+  const Stream s = sim.device->create_stream();
+  void* p = sim.alloc.allocate(96 * MiB, s);
+  void* q = sim.alloc.allocate(8 * MiB, s);
+  void* stays = sim.alloc.allocate(4 * MiB);  // another stream's heap
+  sim.alloc.sleep();
+  sim.alloc.deallocate(p);  // forgotten
+  sim.alloc.deallocate(q);
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.asleep().asleep_blocks == 1);
+  const std::uint64_t maps = sim.alloc.stats().vm_maps;
+  sim.alloc.wake();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.usage().reserved <= 4 * MiB + 2 * MiB);  // the default stream's chunk only
+  REQUIRE(sim.alloc.stats().vm_maps > maps);
+  sim.alloc.deallocate(stays);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("sleep: 100 cycles of random blocks on two streams keep every address and leak nothing",
+          "[sleep]") {
+  Sim sim;
+  const std::size_t capacity = sim.device->properties().capacity;
+  std::mt19937_64 rng(2026);
+  const Stream second = sim.device->create_stream();
+  std::map<void*, Stream> live;
+  auto allocate = [&](Stream s) {
+    void* p = sim.alloc.allocate(random_size(rng), s);
+    live.emplace(p, s);
+  };
+  auto free_some = [&](std::size_t n) {
+    for (std::size_t i = 0; i < n && !live.empty(); ++i) {
+      auto it = live.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(rng() % live.size()));
+      sim.alloc.deallocate(it->first);
+      live.erase(it);
+    }
+  };
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    INFO("cycle " << cycle);
+    for (int i = 0; i < 6; ++i) allocate(rng() % 2 == 0 ? kDefaultStream : second);
+    free_some(3);
+    const std::map<void*, Stream> before = live;
+    const SleepReport r = sim.alloc.sleep();
+    sim.alloc.check_invariants();
+    REQUIRE(r.asleep_blocks == before.size());
+    REQUIRE(sim.device->free_memory() == capacity);  // nothing stays awake
+    for (const auto& [p, s] : before) REQUIRE(sim.alloc.is_asleep(p));
+    free_some(2);  // forgotten
+    for (int i = 0; i < 2; ++i) allocate(second);  // other memory
+    const std::size_t awake_reserved = sim.alloc.usage().reserved;
+    REQUIRE(sim.device->free_memory() == capacity - awake_reserved);
+    sim.alloc.check_invariants();
+    sim.alloc.wake();
+    sim.alloc.check_invariants();
+    for (const auto& [p, s] : live) REQUIRE_FALSE(sim.alloc.is_asleep(p));  // same addresses, all live
+    if (cycle % 10 == 9) sim.alloc.empty_cache();
+  }
+  free_some(live.size());
+  sim.alloc.empty_cache();
+  sim.alloc.check_invariants();
+  REQUIRE(sim.alloc.usage().reserved == 0);
+  REQUIRE(sim.device->free_memory() == capacity);
+  const auto& c = sim.device->counters();
+  REQUIRE(c.physical_creates == c.physical_releases);
+}
+
+TEST_CASE("sleep: a heap that follows its plan sleeps in the middle of an epoch and plans again after",
+          "[sleep]") {
+  Sim sim;
+  const Stream s = sim.device->create_stream();
+  auto step = [&] {  // one epoch of the stream's large heap: the same three blocks every time
+    void* a = sim.alloc.allocate(24 * MiB, s);
+    void* b = sim.alloc.allocate(8 * MiB, s);
+    sim.alloc.deallocate(a);
+    void* c = sim.alloc.allocate(16 * MiB, s);
+    sim.alloc.deallocate(b);
+    sim.alloc.deallocate(c);
+  };
+  for (int i = 0; i < 4; ++i) step();
+  const std::uint64_t maps = sim.alloc.stats().vm_maps;
+  step();
+  REQUIRE(sim.alloc.stats().vm_maps == maps);  // the plan's pages stay in place
+  void* a = sim.alloc.allocate(24 * MiB, s);  // follows the plan
+  sim.alloc.sleep();
+  sim.alloc.check_invariants();
+  void* b = sim.alloc.allocate(8 * MiB, s);  // other memory, no plan
+  REQUIRE_FALSE(sim.alloc.is_asleep(b));
+  sim.alloc.deallocate(a);  // forgotten
+  sim.alloc.deallocate(b);  // the heap's epoch ends while part of it sleeps
+  sim.alloc.check_invariants();
+  sim.alloc.wake();
+  sim.alloc.check_invariants();
+  for (int i = 0; i < 4; ++i) step();
+  sim.alloc.check_invariants();
+  const std::uint64_t after = sim.alloc.stats().vm_maps;
+  step();
+  REQUIRE(sim.alloc.stats().vm_maps == after);  // steady again: no device call per step
+}
