@@ -49,6 +49,10 @@ __all__ = [
     "empty_cache",
     "set_memory_fraction",
     "record_stream",
+    "sleep",
+    "wake",
+    "asleep",
+    "is_asleep",
     "record_history",
     "dump_snapshot",
     "compare",
@@ -103,6 +107,14 @@ def _candidates():
     return found[:1] if found else [_LIBRARY_NAME]
 
 
+class _SleepReport(ctypes.Structure):  # tensorpool_sleep_report
+    _fields_ = [("released_bytes", ctypes.c_uint64), ("asleep_bytes", ctypes.c_uint64),
+                ("asleep_blocks", ctypes.c_uint64), ("asleep_allocated", ctypes.c_uint64)]
+
+    def as_dict(self):
+        return {name: int(getattr(self, name)) for name, _ in self._fields_}
+
+
 def _declare(lib):
     p, i, sz, u64, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_double
     pp = ctypes.POINTER(ctypes.c_void_p)
@@ -122,6 +134,10 @@ def _declare(lib):
         "tensorpool_reset_peaks": ([p], i),
         "tensorpool_check_invariants": ([p], i),
         "tensorpool_stats_json": ([p, ctypes.c_char_p, sz, ctypes.POINTER(sz)], i),
+        "tensorpool_sleep": ([p, ctypes.POINTER(_SleepReport)], i),
+        "tensorpool_wake": ([p], i),
+        "tensorpool_asleep": ([p, ctypes.POINTER(_SleepReport)], i),
+        "tensorpool_is_asleep": ([p, p, ctypes.POINTER(i)], i),
     }
     for name, (args, res) in signatures.items():
         f = getattr(lib, name)
@@ -371,6 +387,48 @@ def record_stream(tensor, stream):
         raise TensorpoolError(f"tensorpool: record_stream: no device allocator holds {ptr:#x}",
                               "TENSORPOOL_ERROR_USAGE")
     _check(last, "record_stream")
+
+
+def sleep(device=None):
+    """Virtual-memory mode (backend:vmm): gives the physical memory under every block of the
+    device's allocator back to the device while each live tensor keeps its address (as vLLM's
+    sleep mode does). The tensors must not be used until wake(); their contents are not kept.
+    The device is synchronized first; allocations made meanwhile get other memory; a tensor
+    freed meanwhile is forgotten; a second sleep does nothing. Returns a dict: released_bytes,
+    asleep_bytes (what wake() maps back), asleep_blocks, asleep_allocated. Raises TensorpoolError
+    with the fixed-segment backends (async, malloc). See docs/vmm.md, "Sleep and wake"."""
+    report = _SleepReport()
+    _check(_library().tensorpool_sleep(_handle(_device_index(device)), ctypes.byref(report)), "sleep")
+    return report.as_dict()
+
+
+def wake(device=None):
+    """Maps new pages under every tensor sleep() left asleep, at the same addresses. Raises
+    TensorpoolError without a sleep, or when the device cannot give the pages (then everything
+    stays asleep)."""
+    _check(_library().tensorpool_wake(_handle(_device_index(device))), "wake")
+
+
+def asleep(device=None):
+    """What sleeps now on the device (the dict of sleep(); all zero while awake)."""
+    report = _SleepReport()
+    handle = _existing(_device_index(device))
+    if handle is not None:
+        _check(_library().tensorpool_asleep(handle, ctypes.byref(report)), "asleep")
+    return report.as_dict()
+
+
+def is_asleep(tensor, device=None):
+    """Whether the memory of `tensor` (or a device pointer, an int) is asleep."""
+    if isinstance(tensor, int):
+        ptr = tensor
+    else:
+        ptr = tensor.untyped_storage().data_ptr()
+        device = tensor.device.index if device is None else device
+    out = ctypes.c_int()
+    _check(_library().tensorpool_is_asleep(_handle(_device_index(device)), ctypes.c_void_p(ptr), ctypes.byref(out)),
+           "is_asleep")
+    return bool(out.value)
 
 
 def record_history(enabled=True, max_entries=100000):

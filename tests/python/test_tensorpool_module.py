@@ -390,6 +390,52 @@ class InstallTest(unittest.TestCase):
         self.assertIn("second install: tensorpool.install(): PyTorch refused the allocator", r.stdout)
 
 
+SLEEP_SCRIPT = """
+import ctypes, tensorpool
+lib = tensorpool._library()
+MiB = 1 << 20
+def alloc(size):
+    out = ctypes.c_void_p()
+    tensorpool._check(lib.tensorpool_alloc(tensorpool._handle(0), size, 0, ctypes.byref(out)), "alloc")
+    return out.value
+try:
+    tensorpool.wake(0)
+except tensorpool.TensorpoolError as e:
+    assert "without sleep()" in str(e), e
+else:
+    raise AssertionError("wake without sleep was accepted")
+p = alloc(20 * MiB)
+r = tensorpool.sleep(0)
+assert r["asleep_blocks"] == 1 and r["asleep_allocated"] == 20 * MiB, r
+assert r["released_bytes"] >= r["asleep_bytes"] >= 20 * MiB, r
+assert tensorpool.memory_reserved(0) == 0
+assert tensorpool.is_asleep(p, 0)
+a = tensorpool.asleep(0)
+assert a["asleep_bytes"] == r["asleep_bytes"] and a["asleep_blocks"] == 1, a
+q = alloc(MiB)
+assert not tensorpool.is_asleep(q, 0)
+tensorpool.wake(0)
+assert not tensorpool.is_asleep(p, 0)
+assert tensorpool.asleep(0)["asleep_bytes"] == 0
+assert tensorpool.memory_reserved(0) >= 20 * MiB
+print("sleep-ok")
+"""
+
+
+class SleepTest(unittest.TestCase):
+    def test_sleep_and_wake_in_the_virtual_memory_mode(self):
+        backend = "simulated" if BACKEND == "simulated" else "vmm"
+        r = run_python(SLEEP_SCRIPT, TENSORPOOL_CONF=f"backend:{backend}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("sleep-ok", r.stdout)
+
+    def test_fixed_segments_refuse_to_sleep(self):
+        r = run_python("import tensorpool\ntensorpool.sleep(0)", TENSORPOOL_CONF=f"backend:{BACKEND},mode:fixed"
+                       if BACKEND == "simulated" else f"backend:{BACKEND}")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("mode:vmm", r.stderr)
+
+
 class RecordingTest(unittest.TestCase):
     """TENSORPOOL_TRACE records a run with no code change: allocations through the library (its
     PyTorch entry points where it has them) in a child interpreter, the file read back."""
