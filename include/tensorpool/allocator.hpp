@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "tensorpool/config.hpp"
 #include "tensorpool/device.hpp"
@@ -27,6 +29,21 @@
 #include "tensorpool/types.hpp"
 
 namespace tensorpool {
+
+/// A scope in which the calling thread's allocations carry the tag `name` (the innermost scope's),
+/// from every Allocator. Tagged blocks come from memory of their own (their own heaps, or
+/// segments), so that Allocator::sleep(name) can give back their memory alone: a KV cache, a
+/// model that will sleep. Scopes end in the reverse order of their start, on their thread.
+class Tag {
+ public:
+  explicit Tag(std::string_view name);
+  ~Tag();
+  Tag(const Tag&) = delete;
+  Tag& operator=(const Tag&) = delete;
+
+ private:
+  std::uint16_t previous_;
+};
 
 class Allocator {
  public:
@@ -54,10 +71,15 @@ class Allocator {
   /// synchronized first. Allocations made meanwhile get other memory; a block freed while asleep
   /// is forgotten; a second sleep does nothing. Throws UsageError in fixed-segment mode.
   SleepReport sleep();
+  /// The same for the blocks allocated under Tag `tag` alone (and the free memory of their
+  /// heaps). UsageError when nothing was ever allocated under that tag.
+  SleepReport sleep(std::string_view tag);
   /// Maps new pages under every asleep block, at the same addresses (contents are not kept).
-  /// Throws UsageError without a sleep, and DeviceError, with nothing changed, when the device
-  /// cannot give the pages.
+  /// Throws UsageError when nothing sleeps, and DeviceError, with nothing changed, when the
+  /// device cannot give the pages.
   void wake();
+  /// The same for the blocks of `tag` that sleep.
+  void wake(std::string_view tag);
   /// What sleeps now (all zero while awake).
   SleepReport asleep() const;
   /// Whether `ptr`, a live block of this allocator, is asleep (UsageError if it is not one).

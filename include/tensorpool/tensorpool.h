@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define TENSORPOOL_C_API_VERSION 2 /* 2: sleep and wake */
+#define TENSORPOOL_C_API_VERSION 2 /* 2: sleep, wake and tags */
 
 typedef enum tensorpool_status {
   TENSORPOOL_OK = 0,
@@ -198,6 +198,17 @@ TENSORPOOL_API tensorpool_status tensorpool_sleep(tensorpool_allocator* allocato
  * a sleep: TENSORPOOL_ERROR_USAGE; when the device cannot give the pages: TENSORPOOL_ERROR_DEVICE
  * with everything still asleep. */
 TENSORPOOL_API tensorpool_status tensorpool_wake(tensorpool_allocator* allocator);
+/* The same for the blocks allocated under `tag` (tensorpool_push_tag) alone, and the free memory
+ * of their heaps. A tag nothing was ever allocated under: TENSORPOOL_ERROR_USAGE. */
+TENSORPOOL_API tensorpool_status tensorpool_sleep_tag(tensorpool_allocator* allocator, const char* tag,
+                                                      tensorpool_sleep_report* out);
+TENSORPOOL_API tensorpool_status tensorpool_wake_tag(tensorpool_allocator* allocator, const char* tag);
+/* The calling thread's allocations (from every allocator) carry the tag `name` until the
+ * matching tensorpool_pop_tag; scopes nest and the innermost applies. Tagged blocks come from
+ * memory of their own, so that tensorpool_sleep_tag gives back theirs alone. A pop without a
+ * push on the thread: TENSORPOOL_ERROR_USAGE. */
+TENSORPOOL_API tensorpool_status tensorpool_push_tag(const char* name);
+TENSORPOOL_API tensorpool_status tensorpool_pop_tag(void);
 /* What sleeps now (all zero while awake). */
 TENSORPOOL_API tensorpool_status tensorpool_asleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out);
 /* *out = 1 if `ptr`, a live block of the allocator, is asleep, else 0 (a pointer that is not a

@@ -28,6 +28,7 @@ snapshot dict, and plan on a model, returning plain data (tensorpool.analysis); 
 """
 
 import collections
+import contextlib
 import ctypes
 import os
 import threading
@@ -51,6 +52,7 @@ __all__ = [
     "record_stream",
     "sleep",
     "wake",
+    "tag",
     "asleep",
     "is_asleep",
     "record_history",
@@ -136,6 +138,10 @@ def _declare(lib):
         "tensorpool_stats_json": ([p, ctypes.c_char_p, sz, ctypes.POINTER(sz)], i),
         "tensorpool_sleep": ([p, ctypes.POINTER(_SleepReport)], i),
         "tensorpool_wake": ([p], i),
+        "tensorpool_sleep_tag": ([p, ctypes.c_char_p, ctypes.POINTER(_SleepReport)], i),
+        "tensorpool_wake_tag": ([p, ctypes.c_char_p], i),
+        "tensorpool_push_tag": ([ctypes.c_char_p], i),
+        "tensorpool_pop_tag": ([], i),
         "tensorpool_asleep": ([p, ctypes.POINTER(_SleepReport)], i),
         "tensorpool_is_asleep": ([p, p, ctypes.POINTER(i)], i),
     }
@@ -389,24 +395,53 @@ def record_stream(tensor, stream):
     _check(last, "record_stream")
 
 
-def sleep(device=None):
+@contextlib.contextmanager
+def tag(name):
+    """A scope in which this thread's allocations carry the tag `name` (nested scopes: the
+    innermost), so that sleep(tag=name) gives back their memory alone:
+
+        with tensorpool.tag("kv_cache"):
+            kv = torch.empty(...)
+        tensorpool.sleep(tag="kv_cache")
+
+    Tagged tensors come from memory of their own."""
+    lib = _library()
+    _check(lib.tensorpool_push_tag(str(name).encode()), f"tag({name!r})")
+    try:
+        yield
+    finally:
+        _check(lib.tensorpool_pop_tag(), f"tag({name!r})")
+
+
+def sleep(device=None, tag=None):
     """Virtual-memory mode (backend:vmm): gives the physical memory under every block of the
-    device's allocator back to the device while each live tensor keeps its address (as vLLM's
-    sleep mode does). The tensors must not be used until wake(); their contents are not kept.
-    The device is synchronized first; allocations made meanwhile get other memory; a tensor
-    freed meanwhile is forgotten; a second sleep does nothing. Returns a dict: released_bytes,
-    asleep_bytes (what wake() maps back), asleep_blocks, asleep_allocated. Raises TensorpoolError
-    with the fixed-segment backends (async, malloc). See docs/vmm.md, "Sleep and wake"."""
+    device's allocator (with `tag`: under the blocks allocated in tensorpool.tag(tag) alone) back
+    to the device while each live tensor keeps its address (as vLLM's sleep mode does). The
+    tensors must not be used until wake(); their contents are not kept. The device is
+    synchronized first; allocations made meanwhile get other memory; a tensor freed meanwhile is
+    forgotten; a second sleep does nothing. Returns a dict: released_bytes, asleep_bytes (what
+    wake() maps back), asleep_blocks, asleep_allocated. Raises TensorpoolError with the
+    fixed-segment backends (async, malloc), or for a tag nothing was allocated under. See
+    docs/vmm.md, "Sleep and wake"."""
     report = _SleepReport()
-    _check(_library().tensorpool_sleep(_handle(_device_index(device)), ctypes.byref(report)), "sleep")
+    handle = _handle(_device_index(device))
+    lib = _library()
+    if tag is None:
+        status = lib.tensorpool_sleep(handle, ctypes.byref(report))
+    else:
+        status = lib.tensorpool_sleep_tag(handle, str(tag).encode(), ctypes.byref(report))
+    _check(status, "sleep")
     return report.as_dict()
 
 
-def wake(device=None):
-    """Maps new pages under every tensor sleep() left asleep, at the same addresses. Raises
-    TensorpoolError without a sleep, or when the device cannot give the pages (then everything
-    stays asleep)."""
-    _check(_library().tensorpool_wake(_handle(_device_index(device))), "wake")
+def wake(device=None, tag=None):
+    """Maps new pages under every tensor sleep() left asleep (with `tag`: those of the tag),
+    at the same addresses. Raises TensorpoolError when none of them sleeps, or when the device
+    cannot give the pages (then everything stays asleep)."""
+    handle = _handle(_device_index(device))
+    lib = _library()
+    status = lib.tensorpool_wake(handle) if tag is None else lib.tensorpool_wake_tag(handle, str(tag).encode())
+    _check(status, "wake")
 
 
 def asleep(device=None):

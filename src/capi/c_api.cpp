@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "capi/device_allocator.hpp"
 #include "capi/stats_figures.hpp"
@@ -253,6 +255,40 @@ tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, tensorpool_s
 tensorpool_status tensorpool_wake(tensorpool_allocator* allocator) {
   TP_REQUIRE(allocator);
   return guarded(__func__, [&] { impl(allocator)->allocator().wake(); });
+}
+
+tensorpool_status tensorpool_sleep_tag(tensorpool_allocator* allocator, const char* tag,
+                                       tensorpool_sleep_report* out) {
+  TP_REQUIRE(allocator);
+  TP_REQUIRE(tag);
+  return guarded(__func__, [&] {
+    const tensorpool::SleepReport r = impl(allocator)->allocator().sleep(tag);
+    if (out != nullptr) *out = to_c(r);
+  });
+}
+
+tensorpool_status tensorpool_wake_tag(tensorpool_allocator* allocator, const char* tag) {
+  TP_REQUIRE(allocator);
+  TP_REQUIRE(tag);
+  return guarded(__func__, [&] { impl(allocator)->allocator().wake(tag); });
+}
+
+namespace {
+
+thread_local std::vector<std::unique_ptr<tensorpool::Tag>> tag_scopes;  // the C caller's, innermost last
+
+}  // namespace
+
+tensorpool_status tensorpool_push_tag(const char* name) {
+  TP_REQUIRE(name);
+  return guarded(__func__, [&] { tag_scopes.push_back(std::make_unique<tensorpool::Tag>(name)); });
+}
+
+tensorpool_status tensorpool_pop_tag(void) {
+  if (tag_scopes.empty())
+    return fail(TENSORPOOL_ERROR_USAGE, __func__, "no tag was pushed on this thread");
+  tag_scopes.pop_back();
+  return TENSORPOOL_OK;
 }
 
 tensorpool_status tensorpool_asleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <utility>
 
 #include "core/allocator_impl.hpp"
 #include "core/epoch_log.hpp"
@@ -34,8 +35,23 @@ void* Allocator::allocate(std::size_t bytes, Stream stream) { return impl_->allo
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
 void Allocator::record_stream(void* ptr, Stream stream) { impl_->record_stream(ptr, stream); }
 void Allocator::empty_cache() { impl_->empty_cache(); }
-SleepReport Allocator::sleep() { return impl_->sleep(); }
-void Allocator::wake() { impl_->wake(); }
+namespace {
+
+// The blocks of a tag used before (UsageError for a name no allocation was ever made under).
+detail::Sleepers tagged(std::string_view tag, const char* operation) {
+  const detail::TagId id = detail::find_tag(tag);
+  if (id == 0)
+    throw UsageError(std::string("tensorpool: ") + operation + "('" + std::string(tag) +
+                     "'): no allocation was ever made under that tag");
+  return {.all = false, .tag = id};
+}
+
+}  // namespace
+
+SleepReport Allocator::sleep() { return impl_->sleep({}); }
+SleepReport Allocator::sleep(std::string_view tag) { return impl_->sleep(tagged(tag, "sleep")); }
+void Allocator::wake() { impl_->wake({}); }
+void Allocator::wake(std::string_view tag) { impl_->wake(tagged(tag, "wake")); }
 SleepReport Allocator::asleep() const { return impl_->asleep(); }
 bool Allocator::is_asleep(const void* ptr) const { return impl_->is_asleep(ptr); }
 void Allocator::set_memory_limit(std::size_t bytes) { impl_->set_memory_limit(bytes); }
@@ -59,30 +75,42 @@ DeviceBackend& Allocator::device() const noexcept { return *impl_->state().devic
 
 namespace {
 
-// The streams this thread used last, most recent first, each with the id of its allocator (ids
-// are never reused, so an entry of a destroyed allocator never matches).
+// The streams (with tags) this thread used last, most recent first, each with the id of its
+// allocator (ids are never reused, so an entry of a destroyed allocator never matches).
 struct StreamCacheEntry {
   std::uint64_t allocator = 0;
   Stream stream = kDefaultStream;
+  detail::TagId tag = 0;
   StreamState* state = nullptr;
 };
 constexpr std::size_t kStreamCacheEntries = 8;  // as many as the shards: a thread on up to eight streams stays on the fast path
-thread_local std::array<StreamCacheEntry, kStreamCacheEntries> tls_streams;
+// One thread-local object: the fast path reaches the cache and the tag with one TLS access.
+struct ThreadState {
+  std::array<StreamCacheEntry, kStreamCacheEntries> streams;
+  detail::TagId tag = 0;  // the innermost Tag scope of this thread (0: none)
+};
+thread_local ThreadState tls;
 
 std::atomic<std::uint64_t> next_allocator_id{1};
 
 }  // namespace
 
+detail::TagId detail::exchange_thread_tag(TagId tag) noexcept { return std::exchange(tls.tag, tag); }
+
 std::uint64_t Allocator::Impl::new_id() noexcept { return next_allocator_id.fetch_add(1, std::memory_order_relaxed); }
 
 TP_ALWAYS_INLINE StreamState* Allocator::Impl::cached_stream(Stream stream) const noexcept {
-  const StreamCacheEntry& e = tls_streams[0];
-  if (TP_LIKELY(e.allocator == id_ && e.stream == stream)) return e.state;
+  return cached_stream({stream, tls.tag});
+}
+
+TP_ALWAYS_INLINE StreamState* Allocator::Impl::cached_stream(detail::StreamKey key) const noexcept {
+  const StreamCacheEntry& e = tls.streams[0];
+  if (TP_LIKELY(e.allocator == id_ && e.stream == key.stream && e.tag == key.tag)) return e.state;
   for (std::size_t i = 1; i < kStreamCacheEntries; ++i) {
-    if (tls_streams[i].allocator == id_ && tls_streams[i].stream == stream) {
-      std::rotate(tls_streams.begin(), tls_streams.begin() + static_cast<std::ptrdiff_t>(i),
-                  tls_streams.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      return tls_streams[0].state;
+    if (tls.streams[i].allocator == id_ && tls.streams[i].stream == key.stream && tls.streams[i].tag == key.tag) {
+      std::rotate(tls.streams.begin(), tls.streams.begin() + static_cast<std::ptrdiff_t>(i),
+                  tls.streams.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      return tls.streams[0].state;
     }
   }
   return nullptr;
@@ -90,7 +118,7 @@ TP_ALWAYS_INLINE StreamState* Allocator::Impl::cached_stream(Stream stream) cons
 
 // The stream this thread used last with this allocator (where its frees look first), or null.
 TP_ALWAYS_INLINE StreamState* Allocator::Impl::last_stream() const noexcept {
-  for (const StreamCacheEntry& e : tls_streams)
+  for (const StreamCacheEntry& e : tls.streams)
     if (e.allocator == id_) return e.state;
   return nullptr;
 }
@@ -98,9 +126,9 @@ TP_ALWAYS_INLINE StreamState* Allocator::Impl::last_stream() const noexcept {
 // Puts ss first in this thread's cache: moved there if it is in it (cached_stream() does that),
 // else added, the least recently used entry dropped.
 void Allocator::Impl::remember_stream(StreamState& ss) const noexcept {
-  if (cached_stream(ss.stream) != nullptr) return;
-  std::rotate(tls_streams.begin(), tls_streams.end() - 1, tls_streams.end());
-  tls_streams[0] = {id_, ss.stream, &ss};
+  if (cached_stream(detail::StreamKey{ss.stream, ss.tag}) != nullptr) return;
+  std::rotate(tls.streams.begin(), tls.streams.end() - 1, tls.streams.end());
+  tls.streams[0] = {id_, ss.stream, ss.tag, &ss};
 }
 
 // What a request of `size` bytes gets of free block b: `size` bytes when the rest is worth a
@@ -167,7 +195,7 @@ void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
   counters.count(&Stats::alloc_calls);
   const std::size_t size = bytes <= kMaxAllocationSize ? round_size(bytes) : kMaxAllocationSize;
   if (TP_UNLIKELY(pending_total_ != 0)) process_events();
-  StreamState& ss = streams.get(stream);
+  StreamState& ss = streams.get({stream, tls.tag});
   shards.favour(ss.shard);
   remember_stream(ss);
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
@@ -263,10 +291,10 @@ Block* Allocator::Impl::find_live(Address addr) const noexcept {
   return nullptr;
 }
 
-StreamState& detail::StreamTable::get_slow(Stream stream) {
-  auto& slot = map_[stream];
-  if (!slot) slot = std::make_unique<StreamState>(stream, shards_.next_for_stream());
-  last_stream_ = stream;
+StreamState& detail::StreamTable::get_slow(StreamKey key) {
+  auto& slot = map_[key];
+  if (!slot) slot = std::make_unique<StreamState>(key, shards_.next_for_stream());
+  last_key_ = key;
   last_state_ = slot.get();
   return *slot;
 }

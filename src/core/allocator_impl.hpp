@@ -51,8 +51,8 @@ class Allocator::Impl : private detail::AllocatorState {
   void empty_cache();
   void set_memory_limit(std::size_t bytes);
   std::size_t memory_limit() const;
-  SleepReport sleep();
-  void wake();
+  SleepReport sleep(detail::Sleepers who);
+  void wake(detail::Sleepers who);
   SleepReport asleep() const;
   bool is_asleep(const void* ptr) const;
 
@@ -84,7 +84,8 @@ class Allocator::Impl : private detail::AllocatorState {
   bool free_cached(detail::Shard& shard, Address addr);
   void* allocate_exclusive(std::size_t bytes, Stream stream);
   void deallocate_exclusive(Address addr);
-  StreamState* cached_stream(Stream stream) const noexcept;
+  StreamState* cached_stream(Stream stream) const noexcept;  // with the thread's tag
+  StreamState* cached_stream(detail::StreamKey key) const noexcept;
   StreamState* last_stream() const noexcept;
   void remember_stream(StreamState& ss) const noexcept;
   Block* find_live(Address addr) const noexcept;

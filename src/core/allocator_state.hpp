@@ -22,6 +22,7 @@
 #include "core/hooks.hpp"
 #include "core/plan_state.hpp"
 #include "core/shards.hpp"
+#include "core/tags.hpp"
 #include "tensorpool/config.hpp"
 #include "tensorpool/device.hpp"
 
@@ -33,10 +34,26 @@ struct PendingFree {
   Block* block;
 };
 
-/// Per stream: the free blocks of the segments it owns, and its pending frees.
+/// What a StreamState stands for: a stream, and the tag its allocations were made under
+/// (tagged blocks come from segments of their own, so that sleep(tag) can give them back alone).
+struct StreamKey {
+  Stream stream = kDefaultStream;
+  TagId tag = 0;
+  friend bool operator==(const StreamKey&, const StreamKey&) = default;
+};
+/// An untagged key hashes as its stream alone: the table's order, which the OOM ladder follows,
+/// is the one it had before tags (replays stay put).
+struct StreamKeyHash {
+  std::size_t operator()(const StreamKey& k) const noexcept {
+    return std::hash<Stream>{}(k.stream) ^ (static_cast<std::size_t>(k.tag) * 0x9e3779b97f4a7c15ULL);
+  }
+};
+
+/// Per stream and tag: the free blocks of the segments it owns, and its pending frees.
 struct alignas(64) StreamState {  // a cache line of its own: streams of other shards change side by side
-  StreamState(Stream s, Shard& sh) : stream(s), shard(&sh) {}
-  Stream stream;
+  StreamState(StreamKey k, Shard& sh) : stream(k.stream), tag(k.tag), shard(&sh) {}
+  Stream stream;  // the device's stream (two states share it when their tags differ)
+  TagId tag;
   Shard* shard;  // never null: where this stream's blocks are counted and looked up
   FreeIndex index[kNumIndexKinds];
   std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
@@ -65,13 +82,13 @@ struct alignas(64) StreamState {  // a cache line of its own: streams of other s
 /// the shards round robin, in the order they are first seen.
 class StreamTable {
  public:
-  using Map = std::unordered_map<Stream, std::unique_ptr<StreamState>>;
+  using Map = std::unordered_map<StreamKey, std::unique_ptr<StreamState>, StreamKeyHash>;
 
   explicit StreamTable(Shards& shards) : shards_(shards) {}
 
-  TP_ALWAYS_INLINE StreamState& get(Stream stream) {
-    if (last_state_ != nullptr && last_stream_ == stream) return *last_state_;
-    return get_slow(stream);
+  TP_ALWAYS_INLINE StreamState& get(StreamKey key) {
+    if (last_state_ != nullptr && last_key_ == key) return *last_state_;
+    return get_slow(key);
   }
   // Iteration in the hash map's order (which decides, for instance, which stream's cached
   // block the OOM ladder takes first: keep the container if replay figures are to stay put).
@@ -81,11 +98,11 @@ class StreamTable {
   Map::const_iterator end() const noexcept { return map_.end(); }
 
  private:
-  StreamState& get_slow(Stream stream);  // allocator.cpp
+  StreamState& get_slow(StreamKey key);  // allocator.cpp
 
   Shards& shards_;
   Map map_;
-  Stream last_stream_ = kDefaultStream;  // last_state_ == map_[last_stream_] unless null
+  StreamKey last_key_;  // last_state_ == map_[last_key_] unless null
   StreamState* last_state_ = nullptr;
 };
 

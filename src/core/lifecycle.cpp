@@ -67,24 +67,23 @@ void Allocator::Impl::empty_cache() {
 
 // --- sleep and wake (the vmm source does the work: vmm_sleep.cpp) ---------------------------
 
-SleepReport Allocator::Impl::sleep() {
+SleepReport Allocator::Impl::sleep(detail::Sleepers who) {
   Lock lock(shards);
   if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
-  if (source_->asleep().asleep_bytes != 0) return source_->asleep();  // asleep already
   // Every stream's work is done before pages go, and every free waiting for an event completes
   // (no block is pending_free when the heaps sleep).
   device->synchronize_device();
   counters.count(&Stats::syncs);
   synchronize_pending();
-  const SleepReport report = source_->sleep();
+  const SleepReport report = source_->sleep(who);
   debug_check();
   return report;
 }
 
-void Allocator::Impl::wake() {
+void Allocator::Impl::wake(detail::Sleepers who) {
   Lock lock(shards);
   if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
-  source_->wake();
+  source_->wake(who);
   debug_check();
 }
 

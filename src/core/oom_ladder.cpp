@@ -9,6 +9,7 @@
 //      to the device, grow again;
 //   6. OutOfMemoryError, after telling the OOM observers (lock released).
 #include <algorithm>
+#include <map>
 
 #include "core/allocator_impl.hpp"
 #include "core/logging.hpp"
@@ -96,15 +97,16 @@ std::size_t Allocator::Impl::largest_free_block() const noexcept {
 }
 
 // Free bytes in each stream's indexes (mapped free blocks only: unmapped address space is not
-// cached memory), in ascending stream order.
+// cached memory; a stream's tagged states count with it), in ascending stream order.
 std::vector<StreamCachedBytes> Allocator::Impl::cached_per_stream() const {
-  std::vector<StreamCachedBytes> out;
-  for (const auto& [stream, ss] : streams) {
+  std::map<Stream, std::size_t> per_stream;
+  for (const auto& [key, ss] : streams) {
     std::size_t bytes = 0;
     for (const auto& index : ss->index) bytes += index.bytes();
-    if (bytes != 0) out.push_back({stream, bytes});
+    if (bytes != 0) per_stream[ss->stream] += bytes;
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.stream < b.stream; });
+  std::vector<StreamCachedBytes> out;
+  for (const auto& [stream, bytes] : per_stream) out.push_back({stream, bytes});
   return out;
 }
 

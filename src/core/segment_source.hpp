@@ -43,6 +43,13 @@ inline constexpr const char* kSleepNeedsVmm =
     "tensorpool: sleep() and wake() need mode:vmm (fixed segments cannot give back the memory under "
     "live blocks and keep their addresses)";
 
+/// Which blocks a sleep or a wake is for: all, or those allocated under one tag.
+struct Sleepers {
+  bool all = true;
+  TagId tag = 0;
+  bool cover(TagId t) const noexcept { return all || t == tag; }
+};
+
 class SegmentSource {
  public:
   virtual ~SegmentSource() = default;
@@ -84,12 +91,19 @@ class SegmentSource {
   virtual void for_each_held(const std::function<void(const Block*)>& f) const { (void)f; }
   // Sleep and wake (vmm; fixed segments refuse): the caller holds every shard and has
   // synchronized the device and completed the pending frees.
-  /// Releases the physical memory of every heap, live blocks' included; the blocks keep their
-  /// addresses (asleep). A second sleep does nothing.
+  /// Releases the physical memory of the heaps of the streams `who` covers, live blocks'
+  /// included; the blocks keep their addresses (asleep). Heaps asleep already are left alone.
   virtual bool supports_sleep() const noexcept { return false; }
-  virtual SleepReport sleep() { throw UsageError(kSleepNeedsVmm); }
-  /// Maps pages back under every asleep block, or changes nothing and throws.
-  virtual void wake() { throw UsageError(kSleepNeedsVmm); }
+  virtual SleepReport sleep(Sleepers who) {
+    (void)who;
+    throw UsageError(kSleepNeedsVmm);
+  }
+  /// Maps pages back under every asleep block of those heaps, or changes nothing and throws
+  /// (UsageError when none of them sleeps).
+  virtual void wake(Sleepers who) {
+    (void)who;
+    throw UsageError(kSleepNeedsVmm);
+  }
   /// b, allocated and asleep, is freed: forgotten (its range stays without pages until wake()).
   virtual void forget_asleep(Block* b) { (void)b; }
   /// What sleeps now.

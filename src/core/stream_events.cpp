@@ -49,7 +49,7 @@ void Allocator::Impl::defer_free(Block* b) {
       detail::log().warn("event for a cross-stream free failed ({}); the block waits for stream {} to be "
                          "synchronized or for a later event on it", err.what(), s);
     }
-    streams.get(s).pending.push_back({e, b});
+    streams.get({s, 0}).pending.push_back({e, b});
     ++b->pending_events;
     ++pending_total_;
   }
@@ -78,7 +78,7 @@ bool first_done(const std::deque<PendingFree>& q, DeviceBackend& device) {
 }  // namespace
 
 void Allocator::Impl::process_events() {
-  for (auto& [stream, ss] : streams) {
+  for (auto& [key, ss] : streams) {
     auto& q = ss->pending;
     while (!q.empty() && first_done(q, *device)) {
       const PendingFree done = q.front();
@@ -89,14 +89,14 @@ void Allocator::Impl::process_events() {
 }
 
 void Allocator::Impl::synchronize_pending() {
-  for (auto& [stream, ss] : streams) {
+  for (auto& [key, ss] : streams) {
     auto& q = ss->pending;
     while (!q.empty()) {
       const PendingFree done = q.front();
       if (done.event != 0) {
         device->synchronize_event(done.event);
       } else {
-        device->synchronize_stream(stream);
+        device->synchronize_stream(ss->stream);
       }
       counters.count(&Stats::syncs);
       q.pop_front();

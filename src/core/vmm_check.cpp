@@ -18,8 +18,6 @@ void VmmHeaps::check(Recount& rc) const {
     ++heap_segments;
   }
   if (heap_segments != heaps_.size()) invariant_failed("the heaps and the segments disagree");
-  std::size_t asleep_blocks = 0;
-  std::size_t asleep_bytes = 0;
   for (const auto& [base, heap] : heaps_) {
     auto it = st_.segments.find(base);
     if (it == st_.segments.end() || it->second.get() != heap.segment)
@@ -36,21 +34,23 @@ void VmmHeaps::check(Recount& rc) const {
       if (next != heap.chunks.begin() && std::prev(next)->second.end() > c.addr)
         invariant_failed("sleeping chunk at " + hex(c.addr) + " overlaps a mapped chunk");
     }
-    if (!heap.sleeping.empty() && !sleeping_) invariant_failed("a heap sleeps while the allocator is awake");
+    if (!heap.sleeping.empty() && !heap.asleep) invariant_failed("an awake heap has sleeping chunks");
+    std::size_t asleep_blocks = 0;
+    std::size_t asleep_bytes = 0;
     for (const Block* b = heap.segment->first; b != nullptr; b = b->next)
       if (b->asleep && b->state != BlockState::free) {
         ++asleep_blocks;
         asleep_bytes += b->size;
       }
+    if (asleep_blocks != heap.asleep_blocks || asleep_bytes != heap.asleep_allocated)
+      invariant_failed("the heap at " + hex(base) + " counts " + std::to_string(heap.asleep_blocks) +
+                       " asleep blocks of " + std::to_string(heap.asleep_allocated) + " bytes; they are " +
+                       std::to_string(asleep_blocks) + " of " + std::to_string(asleep_bytes));
     for (const auto& [a, c] : heap.chunks) {
       rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
       rc.add(c.pool, Metric::segments, 1);
     }
   }
-  if (asleep_blocks != asleep_blocks_ || asleep_bytes != asleep_allocated_)
-    invariant_failed("the vmm heaps count " + std::to_string(asleep_blocks_) + " asleep blocks of " +
-                     std::to_string(asleep_allocated_) + " bytes; they are " + std::to_string(asleep_blocks) +
-                     " of " + std::to_string(asleep_bytes));
   for (const Chunk& c : cached_.chunks()) {
     if (c.addr != 0) invariant_failed("a cached chunk claims to be mapped");
     rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));

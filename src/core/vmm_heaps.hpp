@@ -113,8 +113,11 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::size_t mapped_prefix = 0;       // [start, start + mapped_prefix) is covered by chunks
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   HeldPages held;
+  bool asleep = false;                 // between sleep() and wake() (vmm_sleep.cpp)
   std::vector<Chunk> sleeping;         // chunks released by sleep(), by address (handle 0): their
                                        // blocks are asleep until wake() maps pages there again
+  std::size_t asleep_blocks = 0;       // live asleep blocks, and their bytes
+  std::size_t asleep_allocated = 0;
 
   EpochLog epoch;                      // the current epoch's record (Segment::epoch points here)
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
@@ -181,8 +184,8 @@ class VmmHeaps final : public SegmentSource {
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
   bool supports_sleep() const noexcept override { return true; }
-  SleepReport sleep() override;
-  void wake() override;
+  SleepReport sleep(Sleepers who) override;
+  void wake(Sleepers who) override;
   void forget_asleep(Block* b) override;
   SleepReport asleep() const override;
 
@@ -257,9 +260,11 @@ class VmmHeaps final : public SegmentSource {
   Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
 
   // --- sleep and wake (vmm_sleep.cpp) ---
+  static bool covered(const Heap& heap, Sleepers who) noexcept {
+    return who.cover(heap.segment->owner->tag);
+  }
   std::size_t sleep_heap(Heap& heap);
-  static bool has_live_asleep(const Heap& heap);
-  std::vector<std::pair<Heap*, Chunk>> pages_for_waking();
+  std::vector<std::pair<Heap*, Chunk>> pages_for_waking(Sleepers who);
   void forget_sleeping_chunks(Heap& heap);
   void wake_blocks(Heap& heap);
 
@@ -273,9 +278,6 @@ class VmmHeaps final : public SegmentSource {
   const std::size_t page_;                 // vm_.page_size()
   std::map<Address, Heap> heaps_;          // by the address of their range
   ChunkCache cached_;
-  bool sleeping_ = false;              // between sleep() and wake()
-  std::size_t asleep_blocks_ = 0;      // live asleep blocks, and their bytes
-  std::size_t asleep_allocated_ = 0;
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
   std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made with the first heap
 };

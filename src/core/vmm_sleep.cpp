@@ -28,22 +28,28 @@
 
 namespace tensorpool::detail {
 
-SleepReport VmmHeaps::sleep() {
-  if (sleeping_) return asleep();  // a second sleep does nothing
+SleepReport VmmHeaps::sleep(Sleepers who) {
   SleepReport report;
-  for (auto& [base, heap] : heaps_) {
-    if (heap.layout_event != 0) abandon_layout(heap);
-    heap.cursor.record();
-    release_held(heap);
-    reclaim_heap(heap, 0, StreamWork::done);
+  std::vector<Heap*> chosen;
+  for (auto& [base, heap] : heaps_)
+    if (covered(heap, who) && !heap.asleep) chosen.push_back(&heap);
+  for (Heap* heap : chosen) {
+    if (heap->layout_event != 0) abandon_layout(*heap);
+    heap->cursor.record();
+    release_held(*heap);
+    reclaim_heap(*heap, 0, StreamWork::done);
   }
   report.released_bytes = release_cached_chunks();
-  for (auto& [base, heap] : heaps_) report.released_bytes += sleep_heap(heap);
-  sleeping_ = true;
-  const SleepReport now = asleep();
-  report.asleep_bytes = now.asleep_bytes;
-  report.asleep_blocks = now.asleep_blocks;
-  report.asleep_allocated = now.asleep_allocated;
+  for (Heap* heap : chosen) {
+    report.released_bytes += sleep_heap(*heap);
+    heap->asleep = true;
+  }
+  for (auto& [base, heap] : heaps_) {
+    if (!covered(heap, who)) continue;
+    for (const Chunk& c : heap.sleeping) report.asleep_bytes += c.size;
+    report.asleep_blocks += heap.asleep_blocks;
+    report.asleep_allocated += heap.asleep_allocated;
+  }
   return report;
 }
 
@@ -83,8 +89,8 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
       heap.index().remove(b);
       b->mapped = false;
     } else {
-      ++asleep_blocks_;
-      asleep_allocated_ += b->size;
+      ++heap.asleep_blocks;
+      heap.asleep_allocated += b->size;
     }
   }
   return released;
@@ -94,8 +100,8 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
 // a heap left empty starts a new epoch unplanned.
 void VmmHeaps::forget_asleep(Block* b) {
   Heap& heap = heap_of(b);
-  --asleep_blocks_;
-  asleep_allocated_ -= b->size;
+  --heap.asleep_blocks;
+  heap.asleep_allocated -= b->size;
   b->state = BlockState::free;
   b->requested = 0;
   b->mapped = false;
@@ -116,52 +122,57 @@ void VmmHeaps::forget_asleep(Block* b) {
 
 SleepReport VmmHeaps::asleep() const {
   SleepReport r;
-  for (const auto& [base, heap] : heaps_)
+  for (const auto& [base, heap] : heaps_) {
     for (const Chunk& c : heap.sleeping) r.asleep_bytes += c.size;
-  r.asleep_blocks = asleep_blocks_;
-  r.asleep_allocated = asleep_allocated_;
+    r.asleep_blocks += heap.asleep_blocks;
+    r.asleep_allocated += heap.asleep_allocated;
+  }
   return r;
 }
 
-void VmmHeaps::wake() {
-  if (!sleeping_) throw UsageError("tensorpool: wake() without sleep(): nothing sleeps");
-  std::vector<std::pair<Heap*, Chunk>> made = pages_for_waking();
+void VmmHeaps::wake(Sleepers who) {
+  bool any = false;
+  for (const auto& [base, heap] : heaps_) any = any || (covered(heap, who) && heap.asleep);
+  if (!any)
+    throw UsageError(who.all ? std::string("tensorpool: wake() without sleep(): nothing sleeps")
+                             : "tensorpool: wake('" + tag_name(who.tag) + "') without a sleep of that tag: none of "
+                               "its blocks sleeps");
+  std::vector<std::pair<Heap*, Chunk>> made = pages_for_waking(who);
   for (auto& [base, heap] : heaps_)
-    if (!heap.sleeping.empty() && !has_live_asleep(heap)) forget_sleeping_chunks(heap);
+    if (covered(heap, who) && heap.asleep && heap.asleep_blocks == 0) forget_sleeping_chunks(heap);
   for (auto& [heap, c] : made) {
     heap->add_chunk(c);
     st_.counters.count(&Stats::vm_maps);
     if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_map, c.addr, 0, c.size, heap->stream());
   }
   for (auto& [base, heap] : heaps_) {
+    if (!covered(heap, who) || !heap.asleep) continue;
+    heap.asleep = false;
+    heap.asleep_blocks = 0;
+    heap.asleep_allocated = 0;
     if (heap.sleeping.empty()) continue;
     heap.sleeping.clear();
     wake_blocks(heap);
   }
-  sleeping_ = false;
-  asleep_blocks_ = 0;
-  asleep_allocated_ = 0;
-}
-
-bool VmmHeaps::has_live_asleep(const Heap& heap) {
-  for (const Block* b = heap.segment->first; b != nullptr; b = b->next)
-    if (b->asleep && b->state != BlockState::free) return true;
-  return false;
 }
 
 // New physical memory mapped at every sleeping chunk of the heaps that still have a live asleep
 // block, as (heap, chunk) pairs not yet in their heaps; on any refusal everything made here is
 // given back and the error says how much was needed.
-std::vector<std::pair<Heap*, Chunk>> VmmHeaps::pages_for_waking() {
+std::vector<std::pair<Heap*, Chunk>> VmmHeaps::pages_for_waking(Sleepers who) {
   std::vector<std::pair<Heap*, Chunk>> made;  // addr: where the chunk goes; mapped: the first `mapped`
   std::size_t mapped = 0;
   std::size_t needed = 0;
-  for (auto& [base, heap] : heaps_)
-    if (!heap.sleeping.empty() && has_live_asleep(heap))
-      for (const Chunk& c : heap.sleeping) needed += c.size;
+  std::size_t blocks = 0;
+  const auto wakes = [&](const Heap& heap) { return covered(heap, who) && heap.asleep && heap.asleep_blocks != 0; };
+  for (auto& [base, heap] : heaps_) {
+    if (!wakes(heap)) continue;
+    for (const Chunk& c : heap.sleeping) needed += c.size;
+    blocks += heap.asleep_blocks;
+  }
   try {
     for (auto& [base, heap] : heaps_) {
-      if (heap.sleeping.empty() || !has_live_asleep(heap)) continue;
+      if (!wakes(heap)) continue;
       for (const Chunk& c : heap.sleeping) {
         std::optional<Chunk> fresh = create_chunk(c.size, c.pool);
         if (!fresh) {
@@ -170,7 +181,7 @@ std::vector<std::pair<Heap*, Chunk>> VmmHeaps::pages_for_waking() {
         }
         if (!fresh)
           throw DeviceError("tensorpool: wake() needs " + format_bytes(needed) + " for the pages of " +
-                            std::to_string(asleep_blocks_) + " asleep blocks; the device (" +
+                            std::to_string(blocks) + " asleep blocks; the device (" +
                             format_bytes(st_.device->free_memory()) + " free" +
                             (st_.limit != 0 ? ", memory limit " + format_bytes(st_.limit) : std::string()) +
                             ") refused " + format_bytes(c.size) + "; everything stays asleep");
@@ -199,7 +210,7 @@ std::vector<std::pair<Heap*, Chunk>> VmmHeaps::pages_for_waking() {
   return made;
 }
 
-// A heap with no live asleep block gets no pages back: its asleep free space (whose ends are
+// An asleep heap with no live asleep block gets no pages back: its asleep free space (whose ends are
 // chunk boundaries or the ends of awake blocks and holes, all page-aligned) becomes unmapped.
 void VmmHeaps::forget_sleeping_chunks(Heap& heap) {
   std::vector<Block*> asleep;

@@ -172,6 +172,20 @@ static void sleep_and_wake(void) {
   CHECK(tensorpool_asleep(a, &now) == TENSORPOOL_OK && now.asleep_bytes == 0);
   CHECK(tensorpool_free(a, p) == TENSORPOOL_OK);
   CHECK(tensorpool_free(a, during) == TENSORPOOL_OK);
+  /* a tag sleeps alone */
+  CHECK(tensorpool_pop_tag() == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_push_tag("c_api.kv") == TENSORPOOL_OK);
+  CHECK(tensorpool_alloc(a, 8 * MiB, 0, &p) == TENSORPOOL_OK);
+  CHECK(tensorpool_pop_tag() == TENSORPOOL_OK);
+  CHECK(tensorpool_alloc(a, 8 * MiB, 0, &during) == TENSORPOOL_OK);
+  CHECK(tensorpool_sleep_tag(a, "c_api.none", &r) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_sleep_tag(a, "c_api.kv", &r) == TENSORPOOL_OK && r.asleep_blocks == 1);
+  CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 1);
+  CHECK(tensorpool_is_asleep(a, during, &asleep) == TENSORPOOL_OK && asleep == 0);
+  CHECK(tensorpool_wake_tag(a, "c_api.kv") == TENSORPOOL_OK);
+  CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 0);
+  CHECK(tensorpool_free(a, p) == TENSORPOOL_OK);
+  CHECK(tensorpool_free(a, during) == TENSORPOOL_OK);
   check_intact(a);
   CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
   CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, "mode:fixed", &fixed) == TENSORPOOL_OK);

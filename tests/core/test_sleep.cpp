@@ -268,3 +268,86 @@ TEST_CASE("sleep: a heap that follows its plan sleeps in the middle of an epoch 
   step();
   REQUIRE(sim.alloc.stats().vm_maps == after);  // steady again: no device call per step
 }
+
+TEST_CASE("sleep: a tag sleeps alone, and the other blocks keep their pages", "[sleep][tag]") {
+  Sim sim;
+  const std::size_t capacity = sim.device->properties().capacity;
+  void* weights = sim.alloc.allocate(300 * MiB);
+  std::vector<void*> kv;
+  {
+    Tag scope("test_sleep.kv");
+    for (int i = 0; i < 8; ++i) kv.push_back(sim.alloc.allocate(20 * MiB + 4096 * static_cast<std::size_t>(i)));
+    {
+      Tag inner("test_sleep.scratch");
+      void* s = sim.alloc.allocate(MiB);
+      sim.alloc.deallocate(s);
+    }
+    kv.push_back(sim.alloc.allocate(MiB));  // the outer tag again
+  }
+  void* after = sim.alloc.allocate(MiB);  // no tag
+  const std::size_t reserved = sim.alloc.usage().reserved;
+  const SleepReport r = sim.alloc.sleep("test_sleep.kv");
+  sim.alloc.check_invariants();
+  REQUIRE(r.asleep_blocks == kv.size());
+  for (void* p : kv) REQUIRE(sim.alloc.is_asleep(p));
+  REQUIRE_FALSE(sim.alloc.is_asleep(weights));
+  REQUIRE_FALSE(sim.alloc.is_asleep(after));
+  REQUIRE(sim.alloc.usage().reserved == reserved - r.released_bytes);
+  REQUIRE(sim.device->free_memory() == capacity - sim.alloc.usage().reserved);
+  REQUIRE(sim.alloc.usage().reserved >= 300 * MiB);  // the weights stay
+
+  SECTION("a second sleep of the tag does nothing; a wake of another tag is refused") {
+    const std::uint64_t unmaps = sim.alloc.stats().vm_unmaps;
+    REQUIRE(sim.alloc.sleep("test_sleep.kv").asleep_blocks == kv.size());
+    REQUIRE(sim.alloc.stats().vm_unmaps == unmaps);
+    REQUIRE_THROWS_WITH(sim.alloc.wake("test_sleep.scratch"), Catch::Contains("without a sleep of that tag"));
+  }
+  SECTION("sleep() puts the rest to sleep; wake(tag) wakes the tag's blocks alone") {
+    sim.alloc.sleep();
+    REQUIRE(sim.alloc.is_asleep(weights));
+    REQUIRE(sim.device->free_memory() == capacity);
+    sim.alloc.wake("test_sleep.kv");
+    sim.alloc.check_invariants();
+    REQUIRE_FALSE(sim.alloc.is_asleep(kv.front()));
+    REQUIRE(sim.alloc.is_asleep(weights));
+  }
+  sim.alloc.wake();
+  sim.alloc.check_invariants();
+  for (void* p : kv) REQUIRE_FALSE(sim.alloc.is_asleep(p));
+  REQUIRE_FALSE(sim.alloc.is_asleep(weights));
+  for (void* p : kv) sim.alloc.deallocate(p);
+  sim.alloc.deallocate(weights);
+  sim.alloc.deallocate(after);
+  sim.alloc.empty_cache();
+  REQUIRE(sim.device->free_memory() == capacity);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("sleep: a tag nothing was allocated under, and an empty tag name, are usage errors", "[sleep][tag]") {
+  Sim sim;
+  void* p = sim.alloc.allocate(MiB);
+  const Stats before = sim.alloc.stats();
+  REQUIRE_THROWS_WITH(sim.alloc.sleep("test_sleep.never"), Catch::Contains("no allocation was ever made"));
+  REQUIRE_THROWS_WITH(sim.alloc.wake("test_sleep.never"), Catch::Contains("test_sleep.never"));
+  REQUIRE_THROWS_AS(Tag(""), UsageError);
+  REQUIRE(sim.alloc.stats().syncs == before.syncs);
+  REQUIRE_FALSE(sim.alloc.is_asleep(p));
+  sim.alloc.deallocate(p);
+  sim.alloc.check_invariants();
+}
+
+TEST_CASE("sleep: tagged blocks come from their own segments in fixed mode too", "[sleep][tag]") {
+  Sim sim(Mode::fixed);
+  void* plain = sim.alloc.allocate(MiB);
+  sim.alloc.deallocate(plain);
+  void* tagged = nullptr;
+  {
+    Tag scope("test_sleep.fixed");
+    tagged = sim.alloc.allocate(MiB);
+  }
+  REQUIRE(tagged != plain);  // the cached untagged block is not the tagged one
+  REQUIRE(sim.alloc.snapshot().segments.size() == 2);
+  REQUIRE_THROWS_WITH(sim.alloc.sleep("test_sleep.fixed"), Catch::Contains("mode:vmm"));
+  sim.alloc.deallocate(tagged);
+  sim.alloc.check_invariants();
+}

@@ -331,7 +331,8 @@ TEST_CASE("vmm mode: sleep gives every page back after the device's work, wake m
     INFO("cycle " << cycle);
     for (int i = 0; i < 3; ++i) {
       const Stream st = i % 2 == 0 ? s1.id() : s2.id();
-      const std::size_t size = (next_size++ % 7 + 1) * 3 * MiB + 512 * (next_size % 5);
+      const std::size_t n = next_size++;
+      const std::size_t size = (n % 7 + 1) * 3 * MiB + 512 * (n % 5);
       live.emplace_back(alloc->allocate(size, st), st);
     }
     while (live.size() > 8) {

@@ -418,6 +418,20 @@ tensorpool.wake(0)
 assert not tensorpool.is_asleep(p, 0)
 assert tensorpool.asleep(0)["asleep_bytes"] == 0
 assert tensorpool.memory_reserved(0) >= 20 * MiB
+with tensorpool.tag("py.kv"):
+    kv = alloc(4 * MiB)
+plain = alloc(4 * MiB)
+r = tensorpool.sleep(0, tag="py.kv")
+assert r["asleep_blocks"] == 1, r
+assert tensorpool.is_asleep(kv, 0) and not tensorpool.is_asleep(plain, 0)
+try:
+    tensorpool.sleep(0, tag="py.never")
+except tensorpool.TensorpoolError as e:
+    assert "no allocation was ever made" in str(e), e
+else:
+    raise AssertionError("a tag nothing was allocated under was accepted")
+tensorpool.wake(0, tag="py.kv")
+assert not tensorpool.is_asleep(kv, 0)
 print("sleep-ok")
 """
 
