@@ -351,3 +351,24 @@ TEST_CASE("sleep: tagged blocks come from their own segments in fixed mode too",
   sim.alloc.deallocate(tagged);
   sim.alloc.check_invariants();
 }
+
+TEST_CASE("sleep: an allocator destroyed while asleep gives everything back", "[sleep]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB});
+  {
+    Config c;
+    c.mode = Mode::vmm;
+    Allocator alloc(device, c);
+    void* p = alloc.allocate(50 * MiB);
+    (void)p;  // never freed: teardown takes it
+    {
+      Tag scope("test_sleep.teardown");
+      (void)alloc.allocate(10 * MiB);
+    }
+    alloc.sleep("test_sleep.teardown");
+    (void)alloc.allocate(5 * MiB);  // awake memory beside it
+  }
+  const auto& c = device->counters();
+  REQUIRE(c.physical_creates == c.physical_releases);
+  REQUIRE(c.address_reserves == c.address_releases);
+  REQUIRE(device->free_memory() == device->properties().capacity);
+}

@@ -1,12 +1,16 @@
 // tests/cuda/test_real_hardware.cpp: checks that only mean something on a real GPU (built only
 // with TENSORPOOL_CUDA_REAL_TESTS): the pointers every backend hands out through the caching
 // allocator are real memory (written with cudaMemsetAsync and a kernel, read back with
-// cudaMemcpy), staging buffers carry real copies, and a real out-of-memory goes through the
-// allocator's ladder with no error left behind.
+// cudaMemcpy), staging buffers carry real copies, a real out-of-memory goes through the
+// allocator's ladder with no error left behind, and sleep gives memory back to the GPU (printing
+// its time per GiB) while wake maps usable pages at the same addresses.
 #include "harness.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 using namespace tpcuda;
@@ -79,6 +83,44 @@ TEST_CASE("real: the allocator's vmm mode hands out pages the GPU reads and writ
   void* again = alloc->allocate(64 * MiB, s.id());  // maps pages again
   check_device_memory(again, 64 * MiB, s.get());
   alloc->deallocate(again);
+  alloc->check_invariants();
+  REQUIRE(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("real: sleep gives the GPU its memory back and wake maps usable pages at the same addresses",
+          "[cuda][real][vmm][sleep]") {
+  Env env;
+  CudaStream s;
+  auto alloc = make_allocator(make_cuda_backend(CudaBackendKind::vmm, 0), Config::parse("mode:vmm"));
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (const std::size_t n : {std::size_t{1000}, 3 * MiB + 7, 300 * MiB, 2 * GiB}) {
+    void* p = alloc->allocate(n, s.id());
+    check_device_memory(p, n, s.get());
+    blocks.emplace_back(p, n);
+  }
+  std::size_t free_before = 0;
+  std::size_t total = 0;
+  TP_CUDA_OK(cudaMemGetInfo(&free_before, &total));
+  const auto t0 = std::chrono::steady_clock::now();
+  const SleepReport r = alloc->sleep();
+  const auto t1 = std::chrono::steady_clock::now();
+  std::size_t free_asleep = 0;
+  TP_CUDA_OK(cudaMemGetInfo(&free_asleep, &total));
+  REQUIRE(free_asleep >= free_before + r.asleep_bytes);
+  REQUIRE(r.asleep_blocks == blocks.size());
+  alloc->check_invariants();
+  const auto t2 = std::chrono::steady_clock::now();
+  alloc->wake();
+  const auto t3 = std::chrono::steady_clock::now();
+  const double gib = static_cast<double>(r.asleep_bytes) / static_cast<double>(GiB);
+  std::printf("real sleep/wake: %.2f GiB asleep; sleep %.2f ms/GiB, wake %.2f ms/GiB\n", gib,
+              std::chrono::duration<double, std::milli>(t1 - t0).count() / gib,
+              std::chrono::duration<double, std::milli>(t3 - t2).count() / gib);
+  for (const auto& [p, n] : blocks) {
+    REQUIRE_FALSE(alloc->is_asleep(p));
+    check_device_memory(p, n, s.get());  // the same addresses, new pages the GPU reads and writes
+  }
+  for (const auto& [p, n] : blocks) alloc->deallocate(p);
   alloc->check_invariants();
   REQUIRE(cudaPeekAtLastError() == cudaSuccess);
 }
