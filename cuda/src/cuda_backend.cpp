@@ -133,6 +133,30 @@ void CudaBackend::synchronize_device() {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device_);
 }
 
+void CudaBackend::copy_to_host(void* dst, Address src, std::size_t bytes) {
+  DeviceGuard guard(device_);
+  check(cudaMemcpy(dst, reinterpret_cast<const void*>(src), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", device_);
+}
+
+void CudaBackend::copy_to_device(Address dst, const void* src, std::size_t bytes) {
+  DeviceGuard guard(device_);
+  check(cudaMemcpy(reinterpret_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy", device_);
+}
+
+void* CudaBackend::allocate_host(std::size_t bytes) {
+  DeviceGuard guard(device_);
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();  // an allocation refused leaves no sticky error behind
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaBackend::free_host(void* ptr, std::size_t) noexcept {
+  if (ptr != nullptr && alive()) (void)cudaFreeHost(ptr);
+}
+
 std::shared_ptr<CudaBackend> make_cuda_backend(CudaBackendKind kind, int device) {
   switch (kind) {
     case CudaBackendKind::async_pool: return std::make_shared<CudaAsyncBackend>(device);

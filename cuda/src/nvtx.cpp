@@ -234,6 +234,14 @@ class NvtxBackend final : public DeviceBackend {
   void synchronize_stream(Stream stream) override { inner_->synchronize_stream(stream); }
   void synchronize_device() override { inner_->synchronize_device(); }
 
+  bool holds_contents() const noexcept override { return inner_->holds_contents(); }
+  void copy_to_host(void* dst, Address src, std::size_t bytes) override { inner_->copy_to_host(dst, src, bytes); }
+  void copy_to_device(Address dst, const void* src, std::size_t bytes) override {
+    inner_->copy_to_device(dst, src, bytes);
+  }
+  void* allocate_host(std::size_t bytes) override { return inner_->allocate_host(bytes); }
+  void free_host(void* ptr, std::size_t bytes) noexcept override { inner_->free_host(ptr, bytes); }
+
   VirtualMemory* virtual_memory() noexcept override { return vm_ ? &*vm_ : nullptr; }
 
   bool alive() const noexcept override { return inner_->alive(); }

@@ -175,7 +175,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
     const PhysicalHandle sim = device(s, dev).create_physical(size);
     if (sim == 0) return CUDA_ERROR_OUT_OF_MEMORY;
     const std::uint64_t h = kPhysicalTag | s.next_id++;
-    s.physical.emplace(h, PhysicalRec{dev, sim, size});
+    s.physical.emplace(h, PhysicalRec{dev, sim, size, false, 0, {}});
     *handle = h;
     return CUDA_SUCCESS;
   });

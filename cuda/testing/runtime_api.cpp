@@ -1,6 +1,7 @@
 // testing/runtime_api.cpp: the test double's runtime-API functions that take no stream (device
 // management, errors, memory, pools, events, stream creation), with the exact signatures of
 // cuda_runtime_api.h.
+#include <algorithm>
 #include <cstring>
 
 #include "testing/state.hpp"
@@ -235,7 +236,10 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** ptr, size_t size, unsigned int) {
 }
 
 cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
-  return runtime_call("cudaFreeHost", [&](State& s) { return release(s, ptr, true); });
+  return runtime_call("cudaFreeHost", [&](State& s) {
+    s.host_contents.erase(reinterpret_cast<Address>(ptr));
+    return release(s, ptr, true);
+  });
 }
 
 // --- memory pools ---------------------------------------------------------------------------

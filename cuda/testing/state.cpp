@@ -3,6 +3,8 @@
 // exports.
 #include "testing/state.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string_view>
 
@@ -222,5 +224,49 @@ cudaError_t stream_synchronize(State& s, cudaStream_t stream, bool per_thread_ap
   device(s, r.device).synchronize_stream(r.sim);
   return cudaSuccess;
 }
+
+// cudaMemcpy between host memory (the process's, or the double's cudaHostAlloc allocations,
+// whose bytes live in State::host_contents) and pages mapped with cuMemMap (whose bytes live
+// with their physical handle, so they survive an unmap and follow the handle): enough for the
+// allocator's copies of kept contents. Other device memory is refused.
+cudaError_t memcpy_sync(State& s, void* dst, const void* src, std::size_t count, cudaMemcpyKind kind) {
+  {
+    if (kind != cudaMemcpyHostToDevice && kind != cudaMemcpyDeviceToHost) return cudaErrorInvalidValue;
+    const bool to_device = kind == cudaMemcpyHostToDevice;
+    const auto device_at = reinterpret_cast<Address>(to_device ? dst : src);
+    void* host = to_device ? const_cast<void*>(src) : dst;
+    // The host side: a double allocation's bytes, or the caller's own memory.
+    unsigned char* host_bytes = static_cast<unsigned char*>(host);
+    auto alloc = s.allocations.upper_bound(reinterpret_cast<Address>(host));
+    if (alloc != s.allocations.begin()) {
+      --alloc;
+      const Address base = alloc->first;
+      if (alloc->second.kind == AllocKind::host && reinterpret_cast<Address>(host) < base + alloc->second.bytes) {
+        std::vector<unsigned char>& bytes = s.host_contents[base];
+        if (bytes.empty()) bytes.assign(alloc->second.bytes, 0);
+        const std::size_t offset = reinterpret_cast<Address>(host) - base;
+        if (offset + count > bytes.size()) return cudaErrorInvalidValue;
+        host_bytes = bytes.data() + offset;
+      }
+    }
+    for (std::size_t done = 0; done < count;) {
+      const Address at = device_at + done;
+      auto m = s.mappings.upper_bound(at);
+      if (m == s.mappings.begin() || (--m)->first + m->second.bytes <= at) return cudaErrorInvalidValue;
+      PhysicalRec& ph = s.physical.at(m->second.handle);
+      if (ph.contents.empty()) ph.contents.assign(ph.bytes, 0);
+      const std::size_t offset = at - m->first;
+      const std::size_t n = std::min(count - done, m->second.bytes - offset);
+      if (to_device) {
+        std::memcpy(ph.contents.data() + offset, host_bytes + done, n);
+      } else {
+        std::memcpy(host_bytes + done, ph.contents.data() + offset, n);
+      }
+      done += n;
+    }
+    return cudaSuccess;
+  }
+}
+
 
 }  // namespace tensorpool::cuda_double::detail

@@ -60,6 +60,7 @@ struct PhysicalRec {
   std::size_t bytes;
   bool released = false;
   int maps = 0;
+  std::vector<unsigned char> contents;  // what cudaMemcpy wrote (made on first use)
 };
 struct MappingRec {
   std::size_t bytes;
@@ -92,6 +93,7 @@ struct State {
   std::unordered_map<std::uint64_t, PhysicalRec> physical;
   std::map<Address, std::size_t> reservations;
   std::map<Address, MappingRec> mappings;
+  std::map<Address, std::vector<unsigned char>> host_contents;  // cudaHostAlloc'd bytes cudaMemcpy touched
   std::uint64_t next_id = 1;
   bool shutdown = false;
   std::vector<Fault> faults;
@@ -136,6 +138,9 @@ bool resolve_stream(State& s, cudaStream_t stream, bool per_thread_api, Resolved
 /// Runs `body(State&)` for the runtime function `name`: locks, counts, applies shutdown and
 /// faults, turns a simulated-device exception into cudaErrorInvalidValue, and records a
 /// failure as the thread's last error.
+/// cudaMemcpy (plain and _ptds): host memory <-> pages mapped with cuMemMap (state.cpp).
+cudaError_t memcpy_sync(State& s, void* dst, const void* src, std::size_t count, cudaMemcpyKind kind);
+
 template <class Body>
 cudaError_t runtime_call(const char* name, Body&& body) {
   State& s = state();

@@ -40,6 +40,10 @@ cudaError_t CUDARTAPI cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPo
   });
 }
 
+cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  return runtime_call(TP_NAME(cudaMemcpy), [&](State& s) { return memcpy_sync(s, dst, src, count, kind); });
+}
+
 cudaError_t CUDARTAPI cudaFreeAsync(void* ptr, cudaStream_t stream) {
   return runtime_call(TP_NAME(cudaFreeAsync),
                       [&](State& s) { return free_async(s, ptr, stream, kPerThreadApi); });

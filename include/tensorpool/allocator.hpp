@@ -70,11 +70,15 @@ class Allocator {
   /// block keeps its address (asleep: its memory must not be used until wake()); the device is
   /// synchronized first. Allocations made meanwhile get other memory; a block freed while asleep
   /// is forgotten; a second sleep does nothing. Throws UsageError in fixed-segment mode.
-  SleepReport sleep();
+  /// With Contents::keep, each live block's requested bytes are first copied to host memory
+  /// (DeviceBackend::allocate_host: pinned on a GPU) and copied back by wake(); if the host
+  /// memory is refused, nothing sleeps and DeviceError says how much was needed.
+  SleepReport sleep(Contents contents = Contents::discard);
   /// The same for the blocks allocated under Tag `tag` alone (and the free memory of their
   /// heaps). UsageError when nothing was ever allocated under that tag.
-  SleepReport sleep(std::string_view tag);
-  /// Maps new pages under every asleep block, at the same addresses (contents are not kept).
+  SleepReport sleep(std::string_view tag, Contents contents = Contents::discard);
+  /// Maps new pages under every asleep block, at the same addresses, and copies back the kept
+  /// contents.
   /// Throws UsageError when nothing sleeps, and DeviceError, with nothing changed, when the
   /// device cannot give the pages.
   void wake();

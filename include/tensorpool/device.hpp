@@ -91,6 +91,19 @@ class DeviceBackend {
   virtual void synchronize_stream(Stream stream) = 0;
   virtual void synchronize_device() = 0;
 
+  // --- contents (Allocator::sleep with Contents::keep) ----------------------------------------
+  /// Whether device memory holds bytes a copy can read (false: bookkeeping only, as the
+  /// simulated device without backing memory; then sleep keeps nothing).
+  virtual bool holds_contents() const noexcept;
+  /// Copies `bytes` of device memory at `src` to host memory at `dst`, synchronously after the
+  /// work queued so far (DeviceError if the backend cannot).
+  virtual void copy_to_host(void* dst, Address src, std::size_t bytes);
+  /// Copies `bytes` of host memory at `src` to device memory at `dst`, synchronously.
+  virtual void copy_to_device(Address dst, const void* src, std::size_t bytes);
+  /// Host memory to keep contents in (pinned where the device has it); nullptr when refused.
+  virtual void* allocate_host(std::size_t bytes);
+  virtual void free_host(void* ptr, std::size_t bytes) noexcept;
+
   /// The device's virtual-memory calls, or nullptr when it has none (mode:vmm needs them).
   /// The same object for the backend's lifetime.
   virtual VirtualMemory* virtual_memory() noexcept;

@@ -37,6 +37,10 @@ struct SimulatedDeviceOptions {
   /// (tensorpool/cost_model.hpp; `tensorpool replay --cost-model FILE`). Null: the default
   /// model (CostModel::standard(), which grows with bytes).
   std::shared_ptr<const CostModel> cost_model = nullptr;
+  /// Physical pages hold bytes (host memory, made on first write) that copy_to_host and
+  /// copy_to_device read and write through the mappings: for tests of contents. Off: bookkeeping
+  /// only, and holds_contents() is false.
+  bool back_memory = false;
 };
 
 /// What the device has been asked to do.
@@ -123,7 +127,15 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   /// Bytes currently mapped through map().
   std::size_t mapped_bytes() const;
 
+  bool holds_contents() const noexcept override { return options_.back_memory; }
+  /// Through the mappings only (segments hold no bytes); DeviceError for an unmapped byte.
+  void copy_to_host(void* dst, Address src, std::size_t bytes) override;
+  void copy_to_device(Address dst, const void* src, std::size_t bytes) override;
+
  private:
+  /// Calls f(handle bytes, offset in them, length) for each mapped piece of [addr, addr + bytes).
+  template <class F>
+  void for_each_mapped(Address addr, std::size_t bytes, F&& f);
   struct StreamState {
     std::uint64_t submitted = 0;  // sequence number of the last recorded event
     std::uint64_t completed = 0;  // every event with seq <= completed is done
@@ -168,6 +180,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   std::map<Address, std::size_t> segments_;          // live segments
   std::map<Address, std::size_t> ranges_;            // reserved address ranges
   std::unordered_map<PhysicalHandle, std::size_t> physical_;
+  std::unordered_map<PhysicalHandle, std::vector<unsigned char>> contents_;  // back_memory
   std::map<Address, Mapping> mappings_;
   std::unordered_map<PhysicalHandle, Address> mapped_handles_;
   PhysicalHandle next_physical_ = 1;

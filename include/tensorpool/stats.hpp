@@ -60,6 +60,12 @@ struct Stats {
   const PoolStats& of(Pool p) const noexcept { return pool[static_cast<int>(p)]; }
 };
 
+/// What Allocator::sleep() does with the bytes of the live blocks it puts to sleep.
+enum class Contents : std::uint8_t {
+  discard,  // woken blocks hold what their new pages hold
+  keep,     // copied to host memory (pinned on a GPU) first, and back at wake()
+};
+
 /// What Allocator::sleep() released, or what sleeps now (Allocator::asleep()).
 struct SleepReport {
   std::size_t released_bytes = 0;    // physical memory given back to the device (sleep(): the
@@ -67,6 +73,8 @@ struct SleepReport {
   std::size_t asleep_bytes = 0;      // physical memory wake() maps back
   std::size_t asleep_blocks = 0;     // live blocks without pages until wake()
   std::size_t asleep_allocated = 0;  // their bytes (still counted as allocated)
+  std::size_t kept_bytes = 0;        // their requested bytes held in host memory until wake()
+                                     // (0 on a device that holds no contents)
 };
 
 /// The current totals, cheap to read (no copy of every statistic).

@@ -121,6 +121,7 @@ typedef struct tensorpool_sleep_report {
   uint64_t asleep_bytes;     /* physical memory tensorpool_wake maps back */
   uint64_t asleep_blocks;    /* live blocks without pages until tensorpool_wake */
   uint64_t asleep_allocated; /* their bytes (still counted as allocated) */
+  uint64_t kept_bytes;       /* their requested bytes kept in host memory until wake */
 } tensorpool_sleep_report;
 
 /* --- errors ------------------------------------------------------------------------------- */
@@ -188,21 +189,20 @@ TENSORPOOL_API tensorpool_status tensorpool_check_invariants(tensorpool_allocato
 TENSORPOOL_API tensorpool_status tensorpool_info(tensorpool_allocator* allocator, int* device,
                                                  tensorpool_backend* kind);
 /* Virtual-memory mode (TENSORPOOL_BACKEND_CUDA_VMM, or mode:vmm on the simulated backend): gives
- * back the physical memory under every block while each live block keeps its address; an asleep
- * block must not be used (read, written, record_stream: TENSORPOOL_ERROR_USAGE) until
- * tensorpool_wake. The device is synchronized first. Allocations made meanwhile get other memory;
- * a block freed while asleep is forgotten; a second sleep does nothing. `out` may be NULL.
- * Fixed segments (mode:fixed, the CUDA async and malloc backends): TENSORPOOL_ERROR_USAGE. */
-TENSORPOOL_API tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out);
-/* Maps new pages under every asleep block, at the same addresses; contents are not kept. Without
- * a sleep: TENSORPOOL_ERROR_USAGE; when the device cannot give the pages: TENSORPOOL_ERROR_DEVICE
- * with everything still asleep. */
-TENSORPOOL_API tensorpool_status tensorpool_wake(tensorpool_allocator* allocator);
-/* The same for the blocks allocated under `tag` (tensorpool_push_tag) alone, and the free memory
- * of their heaps. A tag nothing was ever allocated under: TENSORPOOL_ERROR_USAGE. */
-TENSORPOOL_API tensorpool_status tensorpool_sleep_tag(tensorpool_allocator* allocator, const char* tag,
-                                                      tensorpool_sleep_report* out);
-TENSORPOOL_API tensorpool_status tensorpool_wake_tag(tensorpool_allocator* allocator, const char* tag);
+ * back the physical memory under every block (`tag` NULL) or under the blocks allocated under
+ * `tag` (tensorpool_push_tag), while each live block keeps its address; an asleep block must not
+ * be used (read, written, record_stream: TENSORPOOL_ERROR_USAGE) until tensorpool_wake. With
+ * keep_contents != 0 the live bytes are copied to pinned host memory first and back at wake
+ * (host memory refused: TENSORPOOL_ERROR_DEVICE, nothing sleeps). The device is synchronized
+ * first. Allocations made meanwhile get other memory; a block freed while asleep is forgotten;
+ * a second sleep does nothing. `out` may be NULL. Fixed segments (mode:fixed, the CUDA async and
+ * malloc backends), or a tag nothing was allocated under: TENSORPOOL_ERROR_USAGE. */
+TENSORPOOL_API tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, const char* tag,
+                                                  int keep_contents, tensorpool_sleep_report* out);
+/* Maps new pages under every asleep block (of `tag`; NULL: all), at the same addresses, and copies
+ * back kept contents. When none of them sleeps: TENSORPOOL_ERROR_USAGE; when the device cannot
+ * give the pages: TENSORPOOL_ERROR_DEVICE with everything still asleep. */
+TENSORPOOL_API tensorpool_status tensorpool_wake(tensorpool_allocator* allocator, const char* tag);
 /* The calling thread's allocations (from every allocator) carry the tag `name` until the
  * matching tensorpool_pop_tag; scopes nest and the innermost applies. Tagged blocks come from
  * memory of their own, so that tensorpool_sleep_tag gives back theirs alone. A pop without a

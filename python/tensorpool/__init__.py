@@ -111,7 +111,8 @@ def _candidates():
 
 class _SleepReport(ctypes.Structure):  # tensorpool_sleep_report
     _fields_ = [("released_bytes", ctypes.c_uint64), ("asleep_bytes", ctypes.c_uint64),
-                ("asleep_blocks", ctypes.c_uint64), ("asleep_allocated", ctypes.c_uint64)]
+                ("asleep_blocks", ctypes.c_uint64), ("asleep_allocated", ctypes.c_uint64),
+                ("kept_bytes", ctypes.c_uint64)]
 
     def as_dict(self):
         return {name: int(getattr(self, name)) for name, _ in self._fields_}
@@ -136,10 +137,8 @@ def _declare(lib):
         "tensorpool_reset_peaks": ([p], i),
         "tensorpool_check_invariants": ([p], i),
         "tensorpool_stats_json": ([p, ctypes.c_char_p, sz, ctypes.POINTER(sz)], i),
-        "tensorpool_sleep": ([p, ctypes.POINTER(_SleepReport)], i),
-        "tensorpool_wake": ([p], i),
-        "tensorpool_sleep_tag": ([p, ctypes.c_char_p, ctypes.POINTER(_SleepReport)], i),
-        "tensorpool_wake_tag": ([p, ctypes.c_char_p], i),
+        "tensorpool_sleep": ([p, ctypes.c_char_p, i, ctypes.POINTER(_SleepReport)], i),
+        "tensorpool_wake": ([p, ctypes.c_char_p], i),
         "tensorpool_push_tag": ([ctypes.c_char_p], i),
         "tensorpool_pop_tag": ([], i),
         "tensorpool_asleep": ([p, ctypes.POINTER(_SleepReport)], i),
@@ -413,35 +412,30 @@ def tag(name):
         _check(lib.tensorpool_pop_tag(), f"tag({name!r})")
 
 
-def sleep(device=None, tag=None):
+def sleep(device=None, tag=None, keep_contents=False):
     """Virtual-memory mode (backend:vmm): gives the physical memory under every block of the
     device's allocator (with `tag`: under the blocks allocated in tensorpool.tag(tag) alone) back
     to the device while each live tensor keeps its address (as vLLM's sleep mode does). The
-    tensors must not be used until wake(); their contents are not kept. The device is
-    synchronized first; allocations made meanwhile get other memory; a tensor freed meanwhile is
-    forgotten; a second sleep does nothing. Returns a dict: released_bytes, asleep_bytes (what
-    wake() maps back), asleep_blocks, asleep_allocated. Raises TensorpoolError with the
-    fixed-segment backends (async, malloc), or for a tag nothing was allocated under. See
-    docs/vmm.md, "Sleep and wake"."""
+    tensors must not be used until wake(). With keep_contents their bytes are copied to pinned
+    host memory first and back at wake() (else they are lost). The device is synchronized first;
+    allocations made meanwhile get other memory; a tensor freed meanwhile is forgotten; a second
+    sleep does nothing. Returns a dict: released_bytes, asleep_bytes (what wake() maps back),
+    asleep_blocks, asleep_allocated, kept_bytes. Raises TensorpoolError with the fixed-segment
+    backends (async, malloc), or for a tag nothing was allocated under. See docs/vmm.md, "Sleep
+    and wake"."""
     report = _SleepReport()
-    handle = _handle(_device_index(device))
-    lib = _library()
-    if tag is None:
-        status = lib.tensorpool_sleep(handle, ctypes.byref(report))
-    else:
-        status = lib.tensorpool_sleep_tag(handle, str(tag).encode(), ctypes.byref(report))
-    _check(status, "sleep")
+    name = None if tag is None else str(tag).encode()
+    _check(_library().tensorpool_sleep(_handle(_device_index(device)), name, 1 if keep_contents else 0,
+                                       ctypes.byref(report)), "sleep")
     return report.as_dict()
 
 
 def wake(device=None, tag=None):
     """Maps new pages under every tensor sleep() left asleep (with `tag`: those of the tag),
-    at the same addresses. Raises TensorpoolError when none of them sleeps, or when the device
-    cannot give the pages (then everything stays asleep)."""
-    handle = _handle(_device_index(device))
-    lib = _library()
-    status = lib.tensorpool_wake(handle) if tag is None else lib.tensorpool_wake_tag(handle, str(tag).encode())
-    _check(status, "wake")
+    at the same addresses, and copies back kept contents. Raises TensorpoolError when none of
+    them sleeps, or when the device cannot give the pages (then everything stays asleep)."""
+    name = None if tag is None else str(tag).encode()
+    _check(_library().tensorpool_wake(_handle(_device_index(device)), name), "wake")
 
 
 def asleep(device=None):

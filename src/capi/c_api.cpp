@@ -239,38 +239,32 @@ tensorpool_status tensorpool_empty_cache(tensorpool_allocator* allocator) {
 namespace {
 
 tensorpool_sleep_report to_c(const tensorpool::SleepReport& r) {
-  return {r.released_bytes, r.asleep_bytes, r.asleep_blocks, r.asleep_allocated};
+  return {r.released_bytes, r.asleep_bytes, r.asleep_blocks, r.asleep_allocated, r.kept_bytes};
 }
 
 }  // namespace
 
-tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, tensorpool_sleep_report* out) {
+tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, const char* tag, int keep_contents,
+                                   tensorpool_sleep_report* out) {
   TP_REQUIRE(allocator);
   return guarded(__func__, [&] {
-    const tensorpool::SleepReport r = impl(allocator)->allocator().sleep();
+    tensorpool::Allocator& a = impl(allocator)->allocator();
+    const auto contents = keep_contents != 0 ? tensorpool::Contents::keep : tensorpool::Contents::discard;
+    const tensorpool::SleepReport r = tag != nullptr ? a.sleep(tag, contents) : a.sleep(contents);
     if (out != nullptr) *out = to_c(r);
   });
 }
 
-tensorpool_status tensorpool_wake(tensorpool_allocator* allocator) {
+tensorpool_status tensorpool_wake(tensorpool_allocator* allocator, const char* tag) {
   TP_REQUIRE(allocator);
-  return guarded(__func__, [&] { impl(allocator)->allocator().wake(); });
-}
-
-tensorpool_status tensorpool_sleep_tag(tensorpool_allocator* allocator, const char* tag,
-                                       tensorpool_sleep_report* out) {
-  TP_REQUIRE(allocator);
-  TP_REQUIRE(tag);
   return guarded(__func__, [&] {
-    const tensorpool::SleepReport r = impl(allocator)->allocator().sleep(tag);
-    if (out != nullptr) *out = to_c(r);
+    tensorpool::Allocator& a = impl(allocator)->allocator();
+    if (tag != nullptr) {
+      a.wake(tag);
+    } else {
+      a.wake();
+    }
   });
-}
-
-tensorpool_status tensorpool_wake_tag(tensorpool_allocator* allocator, const char* tag) {
-  TP_REQUIRE(allocator);
-  TP_REQUIRE(tag);
-  return guarded(__func__, [&] { impl(allocator)->allocator().wake(tag); });
 }
 
 namespace {

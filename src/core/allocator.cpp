@@ -48,8 +48,10 @@ detail::Sleepers tagged(std::string_view tag, const char* operation) {
 
 }  // namespace
 
-SleepReport Allocator::sleep() { return impl_->sleep({}); }
-SleepReport Allocator::sleep(std::string_view tag) { return impl_->sleep(tagged(tag, "sleep")); }
+SleepReport Allocator::sleep(Contents contents) { return impl_->sleep({}, contents); }
+SleepReport Allocator::sleep(std::string_view tag, Contents contents) {
+  return impl_->sleep(tagged(tag, "sleep"), contents);
+}
 void Allocator::wake() { impl_->wake({}); }
 void Allocator::wake(std::string_view tag) { impl_->wake(tagged(tag, "wake")); }
 SleepReport Allocator::asleep() const { return impl_->asleep(); }

@@ -51,7 +51,7 @@ class Allocator::Impl : private detail::AllocatorState {
   void empty_cache();
   void set_memory_limit(std::size_t bytes);
   std::size_t memory_limit() const;
-  SleepReport sleep(detail::Sleepers who);
+  SleepReport sleep(detail::Sleepers who, Contents contents);
   void wake(detail::Sleepers who);
   SleepReport asleep() const;
   bool is_asleep(const void* ptr) const;

@@ -1,7 +1,13 @@
 // device.cpp: the out-of-line members of the device seam (include/tensorpool/device.hpp): the
-// defaults a backend inherits (no virtual memory; alive until told otherwise) and the
+// defaults a backend inherits (no virtual memory; alive until told otherwise; no contents to copy,
+// host memory from operator new) and the
 // destructors, which anchor the two interfaces' vtables in this one file.
 #include "tensorpool/device.hpp"
+
+#include <new>
+#include <string>
+
+#include "tensorpool/errors.hpp"
 
 namespace tensorpool {
 
@@ -12,5 +18,19 @@ DeviceBackend::~DeviceBackend() = default;
 VirtualMemory* DeviceBackend::virtual_memory() noexcept { return nullptr; }
 
 bool DeviceBackend::alive() const noexcept { return true; }
+
+bool DeviceBackend::holds_contents() const noexcept { return false; }
+
+void DeviceBackend::copy_to_host(void*, Address, std::size_t) {
+  throw DeviceError("tensorpool: device " + properties().name + " cannot copy its memory to the host");
+}
+
+void DeviceBackend::copy_to_device(Address, const void*, std::size_t) {
+  throw DeviceError("tensorpool: device " + properties().name + " cannot copy host memory to it");
+}
+
+void* DeviceBackend::allocate_host(std::size_t bytes) { return ::operator new(bytes, std::nothrow); }
+
+void DeviceBackend::free_host(void* ptr, std::size_t) noexcept { ::operator delete(ptr); }
 
 }  // namespace tensorpool

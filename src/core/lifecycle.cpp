@@ -67,7 +67,7 @@ void Allocator::Impl::empty_cache() {
 
 // --- sleep and wake (the vmm source does the work: vmm_sleep.cpp) ---------------------------
 
-SleepReport Allocator::Impl::sleep(detail::Sleepers who) {
+SleepReport Allocator::Impl::sleep(detail::Sleepers who, Contents contents) {
   Lock lock(shards);
   if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
   // Every stream's work is done before pages go, and every free waiting for an event completes
@@ -75,7 +75,7 @@ SleepReport Allocator::Impl::sleep(detail::Sleepers who) {
   device->synchronize_device();
   counters.count(&Stats::syncs);
   synchronize_pending();
-  const SleepReport report = source_->sleep(who);
+  const SleepReport report = source_->sleep(who, contents);
   debug_check();
   return report;
 }

@@ -94,8 +94,8 @@ class SegmentSource {
   /// Releases the physical memory of the heaps of the streams `who` covers, live blocks'
   /// included; the blocks keep their addresses (asleep). Heaps asleep already are left alone.
   virtual bool supports_sleep() const noexcept { return false; }
-  virtual SleepReport sleep(Sleepers who) {
-    (void)who;
+  virtual SleepReport sleep(Sleepers who, Contents contents) {
+    (void)who, (void)contents;
     throw UsageError(kSleepNeedsVmm);
   }
   /// Maps pages back under every asleep block of those heaps, or changes nothing and throws

@@ -10,6 +10,7 @@
 #include "tensorpool/simulated_device.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "core/util.hpp"
@@ -298,6 +299,7 @@ void SimulatedDevice::release_physical(PhysicalHandle handle) {
   used_ -= it->second;
   charge(CostedCall::physical_release, it->second);
   physical_.erase(it);
+  contents_.erase(handle);
   ++counters_.physical_releases;
 }
 
@@ -339,6 +341,41 @@ void SimulatedDevice::unmap(Address addr, std::size_t bytes) {
   mapped_ -= bytes;
   ++counters_.unmaps;
   charge(CostedCall::unmap, bytes);
+}
+
+// --- contents (back_memory) -----------------------------------------------------------------
+
+template <class F>
+void SimulatedDevice::for_each_mapped(Address addr, std::size_t bytes, F&& f) {
+  if (!options_.back_memory)
+    throw DeviceError("SimulatedDevice: " + props_.name + " holds no contents (SimulatedDeviceOptions::back_memory)");
+  for (Address at = addr; at < addr + bytes;) {
+    auto m = mappings_.upper_bound(at);
+    if (m == mappings_.begin() || (--m)->first + m->second.bytes <= at)
+      throw DeviceError("SimulatedDevice: copy of " + hex(at) + ", which is not mapped");
+    std::vector<unsigned char>& bytes_of = contents_[m->second.handle];
+    if (bytes_of.empty()) bytes_of.assign(m->second.bytes, 0);
+    const std::size_t offset = at - m->first;
+    const std::size_t n = std::min(addr + bytes - at, m->second.bytes - offset);
+    f(bytes_of, offset, n, at - addr);
+    at += n;
+  }
+}
+
+void SimulatedDevice::copy_to_host(void* dst, Address src, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  auto* out = static_cast<unsigned char*>(dst);
+  for_each_mapped(src, bytes, [&](std::vector<unsigned char>& page, std::size_t offset, std::size_t n, std::size_t done) {
+    std::memcpy(out + done, page.data() + offset, n);
+  });
+}
+
+void SimulatedDevice::copy_to_device(Address dst, const void* src, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  const auto* in = static_cast<const unsigned char*>(src);
+  for_each_mapped(dst, bytes, [&](std::vector<unsigned char>& page, std::size_t offset, std::size_t n, std::size_t done) {
+    std::memcpy(page.data() + offset, in + done, n);
+  });
 }
 
 // --- controls and inspection ----------------------------------------------------------------

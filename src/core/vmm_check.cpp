@@ -42,6 +42,12 @@ void VmmHeaps::check(Recount& rc) const {
         ++asleep_blocks;
         asleep_bytes += b->size;
       }
+    for (const auto& [addr, k] : heap.kept) {
+      const Block* b = st_.shards[0].live.find(addr);
+      for (std::size_t i = 1; b == nullptr && i < st_.shards.in_use(); ++i) b = st_.shards[i].live.find(addr);
+      if (b == nullptr || !b->asleep || b->segment != heap.segment || k.bytes != b->requested || k.host == nullptr)
+        invariant_failed("kept contents at " + hex(addr) + " belong to no live asleep block of the heap");
+    }
     if (asleep_blocks != heap.asleep_blocks || asleep_bytes != heap.asleep_allocated)
       invariant_failed("the heap at " + hex(base) + " counts " + std::to_string(heap.asleep_blocks) +
                        " asleep blocks of " + std::to_string(heap.asleep_allocated) + " bytes; they are " +

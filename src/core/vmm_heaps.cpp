@@ -108,6 +108,8 @@ void VmmHeaps::destroy() {
     for (auto& [base, heap] : heaps_)
       if (heap.layout_event != 0) st_.device->destroy_event(std::exchange(heap.layout_event, 0));
     for (auto& [base, heap] : heaps_) {
+      for (const auto& [a, k] : heap.kept) st_.device->free_host(k.host, k.bytes);
+      heap.kept.clear();
       for (auto& [a, c] : heap.chunks) {
         vm_.unmap(c.addr, c.size);
         vm_.release_physical(c.handle);

@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -118,6 +119,11 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
                                        // blocks are asleep until wake() maps pages there again
   std::size_t asleep_blocks = 0;       // live asleep blocks, and their bytes
   std::size_t asleep_allocated = 0;
+  struct Kept {
+    void* host;
+    std::size_t bytes;
+  };
+  std::map<Address, Kept> kept;        // sleep(keep): live asleep blocks' bytes in host memory
 
   EpochLog epoch;                      // the current epoch's record (Segment::epoch points here)
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
@@ -184,7 +190,7 @@ class VmmHeaps final : public SegmentSource {
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
   bool supports_sleep() const noexcept override { return true; }
-  SleepReport sleep(Sleepers who) override;
+  SleepReport sleep(Sleepers who, Contents contents) override;
   void wake(Sleepers who) override;
   void forget_asleep(Block* b) override;
   SleepReport asleep() const override;
@@ -264,6 +270,9 @@ class VmmHeaps final : public SegmentSource {
     return who.cover(heap.segment->owner->tag);
   }
   std::size_t sleep_heap(Heap& heap);
+  std::size_t keep_contents(const std::vector<Heap*>& heaps);
+  void free_kept(Heap& heap, Address addr) noexcept;
+  std::string restore_contents(Heap& heap);
   std::vector<std::pair<Heap*, Chunk>> pages_for_waking(Sleepers who);
   void forget_sleeping_chunks(Heap& heap);
   void wake_blocks(Heap& heap);

@@ -14,9 +14,10 @@
 // wake() maps new physical memory at the sleeping chunks of every heap that still has a live
 // asleep block (the same chunk sizes at the same addresses), or changes nothing and throws when
 // the device refuses; a heap whose asleep blocks were all freed gets no pages back (its asleep
-// free space becomes unmapped holes). Contents are not kept: woken blocks hold what new pages
-// hold. Both run in the exclusive mode; sleep after the caller has synchronized the device and
-// completed every pending free.
+// free space becomes unmapped holes). With Contents::keep, sleep first copies the live blocks'
+// requested bytes to host memory (Heap::kept, all or nothing) and wake copies them back; else
+// woken blocks hold what new pages hold. Both run in the exclusive mode; sleep after the caller
+// has synchronized the device and completed every pending free.
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,11 +29,12 @@
 
 namespace tensorpool::detail {
 
-SleepReport VmmHeaps::sleep(Sleepers who) {
+SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
   SleepReport report;
   std::vector<Heap*> chosen;
   for (auto& [base, heap] : heaps_)
     if (covered(heap, who) && !heap.asleep) chosen.push_back(&heap);
+  if (contents == Contents::keep && st_.device->holds_contents()) keep_contents(chosen);
   for (Heap* heap : chosen) {
     if (heap->layout_event != 0) abandon_layout(*heap);
     heap->cursor.record();
@@ -49,8 +51,47 @@ SleepReport VmmHeaps::sleep(Sleepers who) {
     for (const Chunk& c : heap.sleeping) report.asleep_bytes += c.size;
     report.asleep_blocks += heap.asleep_blocks;
     report.asleep_allocated += heap.asleep_allocated;
+    for (const auto& [addr, k] : heap.kept) report.kept_bytes += k.bytes;
   }
   return report;
+}
+
+// Copies the requested bytes of every live block of `heaps` to host memory (Heap::kept), all or
+// nothing: if the host memory is refused or a copy fails, what was taken is given back and the
+// error says how much was needed. Returns the bytes kept.
+std::size_t VmmHeaps::keep_contents(const std::vector<Heap*>& heaps) {
+  std::vector<std::pair<Heap*, Block*>> live;
+  std::size_t needed = 0;
+  for (Heap* heap : heaps)
+    for (Block* b = heap->segment->first; b != nullptr; b = b->next)
+      if (b->state == BlockState::allocated) {
+        live.emplace_back(heap, b);
+        needed += b->requested;
+      }
+  std::size_t kept = 0;
+  try {
+    for (auto& [heap, b] : live) {
+      void* host = st_.device->allocate_host(b->requested);
+      if (host == nullptr)
+        throw DeviceError("tensorpool: sleep() keeping contents needs " + format_bytes(needed) +
+                          " of host memory for " + std::to_string(live.size()) + " blocks; " +
+                          format_bytes(b->requested) + " more were refused; nothing sleeps");
+      heap->kept.emplace(b->addr, Heap::Kept{host, b->requested});
+      st_.device->copy_to_host(host, b->addr, b->requested);
+      kept += b->requested;
+    }
+  } catch (...) {
+    for (auto& [heap, b] : live) free_kept(*heap, b->addr);
+    throw;
+  }
+  return kept;
+}
+
+void VmmHeaps::free_kept(Heap& heap, Address addr) noexcept {
+  const auto it = heap.kept.find(addr);
+  if (it == heap.kept.end()) return;
+  st_.device->free_host(it->second.host, it->second.bytes);
+  heap.kept.erase(it);
 }
 
 // Unmaps and releases every chunk of the heap (each under part of a live block) and puts its
@@ -100,6 +141,7 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
 // a heap left empty starts a new epoch unplanned.
 void VmmHeaps::forget_asleep(Block* b) {
   Heap& heap = heap_of(b);
+  free_kept(heap, b->addr);
   --heap.asleep_blocks;
   heap.asleep_allocated -= b->size;
   b->state = BlockState::free;
@@ -126,6 +168,7 @@ SleepReport VmmHeaps::asleep() const {
     for (const Chunk& c : heap.sleeping) r.asleep_bytes += c.size;
     r.asleep_blocks += heap.asleep_blocks;
     r.asleep_allocated += heap.asleep_allocated;
+    for (const auto& [addr, k] : heap.kept) r.kept_bytes += k.bytes;
   }
   return r;
 }
@@ -145,15 +188,35 @@ void VmmHeaps::wake(Sleepers who) {
     st_.counters.count(&Stats::vm_maps);
     if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_map, c.addr, 0, c.size, heap->stream());
   }
+  std::string lost;  // contents a copy back failed for
   for (auto& [base, heap] : heaps_) {
     if (!covered(heap, who) || !heap.asleep) continue;
     heap.asleep = false;
     heap.asleep_blocks = 0;
     heap.asleep_allocated = 0;
-    if (heap.sleeping.empty()) continue;
-    heap.sleeping.clear();
-    wake_blocks(heap);
+    if (!heap.sleeping.empty()) {
+      heap.sleeping.clear();
+      wake_blocks(heap);
+    }
+    lost += restore_contents(heap);
   }
+  if (!lost.empty()) throw DeviceError("tensorpool: wake() mapped every page, but copying back the kept contents failed:" + lost);
+}
+
+// Copies the kept contents of the heap's woken blocks back and gives the host memory back;
+// returns what failed ("" when nothing did: a failed block keeps its new pages' bytes).
+std::string VmmHeaps::restore_contents(Heap& heap) {
+  std::string lost;
+  for (const auto& [addr, k] : heap.kept) {
+    try {
+      st_.device->copy_to_device(addr, k.host, k.bytes);
+    } catch (const DeviceError& e) {
+      lost += " " + hex(addr) + " (" + e.what() + ")";
+    }
+    st_.device->free_host(k.host, k.bytes);
+  }
+  heap.kept.clear();
+  return lost;
 }
 
 // New physical memory mapped at every sleeping chunk of the heaps that still have a live asleep

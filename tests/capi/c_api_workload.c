@@ -152,10 +152,10 @@ static void sleep_and_wake(void) {
   tensorpool_stream s = 0;
   CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, NULL, &a) == TENSORPOOL_OK);
   if (a == NULL) return;
-  CHECK(tensorpool_wake(a) == TENSORPOOL_ERROR_USAGE); /* no sleep */
+  CHECK(tensorpool_wake(a, NULL) == TENSORPOOL_ERROR_USAGE); /* no sleep */
   CHECK(strstr(tensorpool_last_error(), "without sleep()") != NULL);
   CHECK(tensorpool_alloc(a, 10 * MiB, 0, &p) == TENSORPOOL_OK);
-  CHECK(tensorpool_sleep(a, &r) == TENSORPOOL_OK);
+  CHECK(tensorpool_sleep(a, NULL, 0, &r) == TENSORPOOL_OK);
   CHECK(r.asleep_blocks == 1 && r.asleep_allocated == 10 * MiB && r.released_bytes >= r.asleep_bytes);
   CHECK(stats_of(a).all.reserved_bytes.current == 0);
   CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 1);
@@ -163,11 +163,11 @@ static void sleep_and_wake(void) {
   CHECK(tensorpool_create_stream(a, &s) == TENSORPOOL_OK);
   CHECK(tensorpool_record_stream(a, p, s) == TENSORPOOL_ERROR_USAGE);
   CHECK(strstr(tensorpool_last_error(), "asleep") != NULL);
-  CHECK(tensorpool_sleep(a, NULL) == TENSORPOOL_OK); /* again: nothing */
+  CHECK(tensorpool_sleep(a, NULL, 0, NULL) == TENSORPOOL_OK); /* again: nothing */
   CHECK(tensorpool_asleep(a, &now) == TENSORPOOL_OK && now.asleep_bytes == r.asleep_bytes);
   CHECK(tensorpool_alloc(a, MiB, 0, &during) == TENSORPOOL_OK && during != p);
   check_intact(a);
-  CHECK(tensorpool_wake(a) == TENSORPOOL_OK);
+  CHECK(tensorpool_wake(a, NULL) == TENSORPOOL_OK);
   CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 0);
   CHECK(tensorpool_asleep(a, &now) == TENSORPOOL_OK && now.asleep_bytes == 0);
   CHECK(tensorpool_free(a, p) == TENSORPOOL_OK);
@@ -178,11 +178,11 @@ static void sleep_and_wake(void) {
   CHECK(tensorpool_alloc(a, 8 * MiB, 0, &p) == TENSORPOOL_OK);
   CHECK(tensorpool_pop_tag() == TENSORPOOL_OK);
   CHECK(tensorpool_alloc(a, 8 * MiB, 0, &during) == TENSORPOOL_OK);
-  CHECK(tensorpool_sleep_tag(a, "c_api.none", &r) == TENSORPOOL_ERROR_USAGE);
-  CHECK(tensorpool_sleep_tag(a, "c_api.kv", &r) == TENSORPOOL_OK && r.asleep_blocks == 1);
+  CHECK(tensorpool_sleep(a, "c_api.none", 0, &r) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_sleep(a, "c_api.kv", 1, &r) == TENSORPOOL_OK && r.asleep_blocks == 1);
   CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 1);
   CHECK(tensorpool_is_asleep(a, during, &asleep) == TENSORPOOL_OK && asleep == 0);
-  CHECK(tensorpool_wake_tag(a, "c_api.kv") == TENSORPOOL_OK);
+  CHECK(tensorpool_wake(a, "c_api.kv") == TENSORPOOL_OK);
   CHECK(tensorpool_is_asleep(a, p, &asleep) == TENSORPOOL_OK && asleep == 0);
   CHECK(tensorpool_free(a, p) == TENSORPOOL_OK);
   CHECK(tensorpool_free(a, during) == TENSORPOOL_OK);
@@ -190,9 +190,9 @@ static void sleep_and_wake(void) {
   CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
   CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, "mode:fixed", &fixed) == TENSORPOOL_OK);
   if (fixed == NULL) return;
-  CHECK(tensorpool_sleep(fixed, &r) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_sleep(fixed, NULL, 0, &r) == TENSORPOOL_ERROR_USAGE);
   CHECK(strstr(tensorpool_last_error(), "mode:vmm") != NULL);
-  CHECK(tensorpool_sleep(NULL, &r) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(tensorpool_sleep(NULL, NULL, 0, &r) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(tensorpool_destroy(fixed) == TENSORPOOL_OK);
 }
 

@@ -372,3 +372,79 @@ TEST_CASE("sleep: an allocator destroyed while asleep gives everything back", "[
   REQUIRE(c.address_reserves == c.address_releases);
   REQUIRE(device->free_memory() == device->properties().capacity);
 }
+
+namespace {
+
+// A pattern that differs per block and per byte.
+std::vector<unsigned char> pattern(std::size_t n, std::size_t seed) {
+  std::vector<unsigned char> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7919) >> 3);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("sleep: kept contents come back byte for byte, 100 cycles on two streams", "[sleep][keep]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB, .back_memory = true});
+  Config config;
+  config.mode = Mode::vmm;
+  Allocator alloc(device, config);
+  const Stream second = device->create_stream();
+  std::mt19937_64 rng(99);
+  struct Live {
+    std::size_t bytes;
+    std::size_t seed;
+  };
+  std::map<void*, Live> live;
+  std::size_t seeds = 0;
+  auto allocate = [&](Stream s) {
+    const std::size_t n = rng() % 3 == 0 ? 100 + rng() % 5000 : MiB + rng() % (6 * MiB);
+    void* p = alloc.allocate(n, s);
+    const std::vector<unsigned char> bytes = pattern(n, ++seeds);
+    device->copy_to_device(reinterpret_cast<Address>(p), bytes.data(), n);
+    live.emplace(p, Live{n, seeds});
+  };
+  auto free_one = [&] {
+    auto it = live.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(rng() % live.size()));
+    alloc.deallocate(it->first);
+    live.erase(it);
+  };
+  for (int cycle = 0; cycle < 100; ++cycle) {
+    INFO("cycle " << cycle);
+    for (int i = 0; i < 4; ++i) allocate(i % 2 == 0 ? kDefaultStream : second);
+    while (live.size() > 10) free_one();
+    std::size_t requested = 0;
+    for (const auto& [p, l] : live) requested += l.bytes;
+    const SleepReport r = alloc.sleep(Contents::keep);
+    REQUIRE(r.kept_bytes == requested);
+    REQUIRE(device->free_memory() == device->properties().capacity);
+    alloc.check_invariants();
+    free_one();                // forgotten, its kept bytes given back
+    allocate(second);          // other memory, written while the rest sleeps
+    alloc.check_invariants();
+    alloc.wake();
+    alloc.check_invariants();
+    for (const auto& [p, l] : live) {
+      std::vector<unsigned char> back(l.bytes);
+      device->copy_to_host(back.data(), reinterpret_cast<Address>(p), l.bytes);
+      REQUIRE(back == pattern(l.bytes, l.seed));
+    }
+  }
+  while (!live.empty()) free_one();
+  alloc.empty_cache();
+  REQUIRE(device->free_memory() == device->properties().capacity);
+}
+
+TEST_CASE("sleep: a device without contents keeps nothing, and says so", "[sleep][keep]") {
+  Sim sim;  // bookkeeping only
+  void* p = sim.alloc.allocate(MiB);
+  REQUIRE_FALSE(sim.device->holds_contents());
+  REQUIRE_THROWS_WITH(sim.device->copy_to_host(nullptr, reinterpret_cast<Address>(p), 16), Catch::Contains("back_memory"));
+  const SleepReport r = sim.alloc.sleep(Contents::keep);
+  REQUIRE(r.kept_bytes == 0);
+  REQUIRE(r.asleep_blocks == 1);
+  sim.alloc.wake();
+  sim.alloc.deallocate(p);
+  sim.alloc.check_invariants();
+}

@@ -369,3 +369,35 @@ TEST_CASE("vmm mode: sleep gives every page back after the device's work, wake m
   alloc.reset();
   REQUIRE(dbl::live_reservations() == 0);
 }
+
+TEST_CASE("vmm mode: contents kept in pinned host memory come back at wake", "[cuda][vmm][allocator][sleep]") {
+  Env env;
+  CudaStream s;
+  auto alloc = make_allocator(make_cuda_backend(CudaBackendKind::vmm, 0), Config::parse("mode:vmm"));
+  std::vector<std::pair<void*, std::vector<unsigned char>>> live;
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    INFO("cycle " << cycle);
+    const std::size_t n = (static_cast<std::size_t>(cycle) % 5 + 1) * MiB + 777;
+    std::vector<unsigned char> bytes(n);
+    for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + static_cast<std::size_t>(cycle));
+    void* p = alloc->allocate(n, s.id());
+    REQUIRE(cudaMemcpy(p, bytes.data(), n, cudaMemcpyHostToDevice) == cudaSuccess);
+    live.emplace_back(p, std::move(bytes));
+    dbl::clear_calls();
+    const SleepReport r = alloc->sleep(Contents::keep);
+    REQUIRE(r.kept_bytes > 0);
+    REQUIRE(dbl::live_physical() == 0);
+    const auto log = dbl::call_log();
+    REQUIRE(std::any_of(log.begin(), log.end(), [](const dbl::Call& c) { return c.api == "cudaHostAlloc"; }));
+    alloc->wake();
+    for (const auto& [q, want] : live) {
+      std::vector<unsigned char> back(want.size());
+      REQUIRE(cudaMemcpy(back.data(), q, back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      REQUIRE(back == want);
+    }
+    alloc->check_invariants();
+  }
+  for (const auto& [p, want] : live) alloc->deallocate(p);
+  alloc->empty_cache();
+  REQUIRE(dbl::live_physical() == 0);
+}

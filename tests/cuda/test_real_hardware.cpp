@@ -3,7 +3,7 @@
 // allocator are real memory (written with cudaMemsetAsync and a kernel, read back with
 // cudaMemcpy), staging buffers carry real copies, a real out-of-memory goes through the
 // allocator's ladder with no error left behind, and sleep gives memory back to the GPU (printing
-// its time per GiB) while wake maps usable pages at the same addresses.
+// its time per GiB) while wake maps usable pages at the same addresses with the kept contents.
 #include "harness.hpp"
 
 #include <algorithm>
@@ -87,7 +87,7 @@ TEST_CASE("real: the allocator's vmm mode hands out pages the GPU reads and writ
   REQUIRE(cudaPeekAtLastError() == cudaSuccess);
 }
 
-TEST_CASE("real: sleep gives the GPU its memory back and wake maps usable pages at the same addresses",
+TEST_CASE("real: sleep gives the GPU its memory back, keeping contents, and wake maps usable pages at the same addresses",
           "[cuda][real][vmm][sleep]") {
   Env env;
   CudaStream s;
@@ -102,7 +102,7 @@ TEST_CASE("real: sleep gives the GPU its memory back and wake maps usable pages 
   std::size_t total = 0;
   TP_CUDA_OK(cudaMemGetInfo(&free_before, &total));
   const auto t0 = std::chrono::steady_clock::now();
-  const SleepReport r = alloc->sleep();
+  const SleepReport r = alloc->sleep(Contents::keep);  // each block holds 0x5b (check_device_memory)
   const auto t1 = std::chrono::steady_clock::now();
   std::size_t free_asleep = 0;
   TP_CUDA_OK(cudaMemGetInfo(&free_asleep, &total));
@@ -118,6 +118,9 @@ TEST_CASE("real: sleep gives the GPU its memory back and wake maps usable pages 
               std::chrono::duration<double, std::milli>(t3 - t2).count() / gib);
   for (const auto& [p, n] : blocks) {
     REQUIRE_FALSE(alloc->is_asleep(p));
+    std::vector<unsigned char> kept(n);
+    TP_CUDA_OK(cudaMemcpy(kept.data(), p, n, cudaMemcpyDeviceToHost));
+    REQUIRE(all_bytes(kept, 0x5b));      // the contents came back
     check_device_memory(p, n, s.get());  // the same addresses, new pages the GPU reads and writes
   }
   for (const auto& [p, n] : blocks) alloc->deallocate(p);

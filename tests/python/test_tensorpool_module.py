@@ -421,7 +421,7 @@ assert tensorpool.memory_reserved(0) >= 20 * MiB
 with tensorpool.tag("py.kv"):
     kv = alloc(4 * MiB)
 plain = alloc(4 * MiB)
-r = tensorpool.sleep(0, tag="py.kv")
+r = tensorpool.sleep(0, tag="py.kv", keep_contents=True)
 assert r["asleep_blocks"] == 1, r
 assert tensorpool.is_asleep(kv, 0) and not tensorpool.is_asleep(plain, 0)
 try:

@@ -67,6 +67,14 @@ class CudaBackend : public DeviceBackend {
   void synchronize_stream(Stream stream) override;
   void synchronize_device() override;
 
+  /// Contents (sleep with Contents::keep): cudaMemcpy after the work queued so far, and pinned
+  /// host memory (cudaHostAlloc).
+  bool holds_contents() const noexcept override { return true; }
+  void copy_to_host(void* dst, Address src, std::size_t bytes) override;
+  void copy_to_device(Address dst, const void* src, std::size_t bytes) override;
+  void* allocate_host(std::size_t bytes) override;
+  void free_host(void* ptr, std::size_t bytes) noexcept override;
+
   bool alive() const noexcept override;
 
   /// Events waiting in the pool for reuse.
