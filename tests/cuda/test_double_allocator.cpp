@@ -375,8 +375,12 @@ TEST_CASE("vmm mode: contents kept in pinned host memory come back at wake", "[c
   CudaStream s;
   auto alloc = make_allocator(make_cuda_backend(CudaBackendKind::vmm, 0), Config::parse("mode:vmm"));
   std::vector<std::pair<void*, std::vector<unsigned char>>> live;
-  for (int cycle = 0; cycle < 20; ++cycle) {
+  for (int cycle = 0; cycle < 100; ++cycle) {
     INFO("cycle " << cycle);
+    if (live.size() == 6) {  // some blocks live on, others come and go
+      alloc->deallocate(live[1].first);
+      live.erase(live.begin() + 1);
+    }
     const std::size_t n = (static_cast<std::size_t>(cycle) % 5 + 1) * MiB + 777;
     std::vector<unsigned char> bytes(n);
     for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + static_cast<std::size_t>(cycle));
@@ -400,4 +404,19 @@ TEST_CASE("vmm mode: contents kept in pinned host memory come back at wake", "[c
   for (const auto& [p, want] : live) alloc->deallocate(p);
   alloc->empty_cache();
   REQUIRE(dbl::live_physical() == 0);
+}
+
+TEST_CASE("the fixed-segment CUDA backends refuse to sleep, with nothing changed", "[cuda][allocator][sleep]") {
+  Env env;
+  for (const CudaBackendKind kind : {CudaBackendKind::async_pool, CudaBackendKind::malloc}) {
+    INFO(to_string(kind));
+    auto alloc = make_allocator(make_cuda_backend(kind, 0), Config::parse("mode:fixed"));
+    void* p = alloc->allocate(8 * MiB);
+    const std::size_t used_before = dbl::used_bytes(0);
+    REQUIRE_THROWS_WITH(alloc->sleep(), Catch::Contains("mode:vmm"));
+    REQUIRE_THROWS_AS(alloc->wake(), UsageError);
+    REQUIRE(dbl::used_bytes(0) == used_before);
+    alloc->check_invariants();
+    alloc->deallocate(p);
+  }
 }
