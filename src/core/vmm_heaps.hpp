@@ -270,7 +270,7 @@ class VmmHeaps final : public SegmentSource {
     return who.cover(heap.segment->owner->tag);
   }
   std::size_t sleep_heap(Heap& heap);
-  std::size_t keep_contents(const std::vector<Heap*>& heaps);
+  void keep_contents(const std::vector<Heap*>& heaps);
   void free_kept(Heap& heap, Address addr) noexcept;
   std::string restore_contents(Heap& heap);
   std::vector<std::pair<Heap*, Chunk>> pages_for_waking(Sleepers who);

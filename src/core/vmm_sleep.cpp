@@ -42,9 +42,15 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
     reclaim_heap(*heap, 0, StreamWork::done);
   }
   report.released_bytes = release_cached_chunks();
-  for (Heap* heap : chosen) {
-    report.released_bytes += sleep_heap(*heap);
-    heap->asleep = true;
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    try {
+      report.released_bytes += sleep_heap(*chosen[i]);
+    } catch (...) {  // this heap and the ones after it stay awake: their copies go
+      for (std::size_t j = i; j < chosen.size(); ++j)
+        while (!chosen[j]->kept.empty()) free_kept(*chosen[j], chosen[j]->kept.begin()->first);
+      throw;
+    }
+    chosen[i]->asleep = true;
   }
   for (auto& [base, heap] : heaps_) {
     if (!covered(heap, who)) continue;
@@ -58,8 +64,8 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
 
 // Copies the requested bytes of every live block of `heaps` to host memory (Heap::kept), all or
 // nothing: if the host memory is refused or a copy fails, what was taken is given back and the
-// error says how much was needed. Returns the bytes kept.
-std::size_t VmmHeaps::keep_contents(const std::vector<Heap*>& heaps) {
+// error says how much was needed.
+void VmmHeaps::keep_contents(const std::vector<Heap*>& heaps) {
   std::vector<std::pair<Heap*, Block*>> live;
   std::size_t needed = 0;
   for (Heap* heap : heaps)
@@ -68,7 +74,6 @@ std::size_t VmmHeaps::keep_contents(const std::vector<Heap*>& heaps) {
         live.emplace_back(heap, b);
         needed += b->requested;
       }
-  std::size_t kept = 0;
   try {
     for (auto& [heap, b] : live) {
       void* host = st_.device->allocate_host(b->requested);
@@ -78,13 +83,11 @@ std::size_t VmmHeaps::keep_contents(const std::vector<Heap*>& heaps) {
                           format_bytes(b->requested) + " more were refused; nothing sleeps");
       heap->kept.emplace(b->addr, Heap::Kept{host, b->requested});
       st_.device->copy_to_host(host, b->addr, b->requested);
-      kept += b->requested;
     }
   } catch (...) {
     for (auto& [heap, b] : live) free_kept(*heap, b->addr);
     throw;
   }
-  return kept;
 }
 
 void VmmHeaps::free_kept(Heap& heap, Address addr) noexcept {

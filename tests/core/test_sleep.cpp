@@ -448,3 +448,32 @@ TEST_CASE("sleep: a device without contents keeps nothing, and says so", "[sleep
   sim.alloc.deallocate(p);
   sim.alloc.check_invariants();
 }
+
+TEST_CASE("sleep: a map refused half way through a wake gives back what it made; everything stays asleep",
+          "[sleep]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB, .back_memory = true});
+  Config config;
+  config.mode = Mode::vmm;
+  Allocator alloc(device, config);
+  std::vector<void*> live;
+  for (int i = 0; i < 6; ++i) live.push_back(alloc.allocate(40 * MiB));
+  const std::vector<unsigned char> bytes = pattern(MiB, 5);
+  device->copy_to_device(reinterpret_cast<Address>(live[3]), bytes.data(), bytes.size());
+  const SleepReport r = alloc.sleep(Contents::keep);
+  const auto creates = device->counters().physical_creates;
+  const auto releases = device->counters().physical_releases;
+  device->fail_nth(FaultSite::map, 2);  // the second map of the wake
+  REQUIRE_THROWS_AS(alloc.wake(), DeviceError);
+  alloc.check_invariants();
+  REQUIRE(alloc.asleep().asleep_bytes == r.asleep_bytes);
+  REQUIRE(alloc.asleep().kept_bytes == r.kept_bytes);
+  REQUIRE(device->counters().physical_creates - creates == device->counters().physical_releases - releases);
+  REQUIRE(device->free_memory() == device->properties().capacity);
+  for (void* p : live) REQUIRE(alloc.is_asleep(p));
+  alloc.wake();  // no fault now
+  alloc.check_invariants();
+  std::vector<unsigned char> back(MiB);
+  device->copy_to_host(back.data(), reinterpret_cast<Address>(live[3]), back.size());
+  REQUIRE(back == bytes);
+  for (void* p : live) alloc.deallocate(p);
+}
