@@ -449,7 +449,7 @@ TEST_CASE("sleep: a device without contents keeps nothing, and says so", "[sleep
   sim.alloc.check_invariants();
 }
 
-TEST_CASE("sleep: a map refused half way through a wake gives back what it made; everything stays asleep",
+TEST_CASE("sleep: a map refused half way through a wake gives back what it made, and everything stays asleep",
           "[sleep]") {
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB, .back_memory = true});
   Config config;
