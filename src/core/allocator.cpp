@@ -286,13 +286,6 @@ void Allocator::Impl::record_stream(void* ptr, Stream stream) {
 
 // --- helpers --------------------------------------------------------------------------------
 
-// In the exclusive mode: the allocated block at addr, in whichever shard maps it, or nullptr.
-Block* Allocator::Impl::find_live(Address addr) const noexcept {
-  for (std::size_t i = 0; i < shards.in_use(); ++i)
-    if (Block* b = shards[i].live.find(addr)) return b;
-  return nullptr;
-}
-
 StreamState& detail::StreamTable::get_slow(StreamKey key) {
   auto& slot = map_[key];
   if (!slot) slot = std::make_unique<StreamState>(key, shards_.next_for_stream());
@@ -323,9 +316,7 @@ Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested
 // b's user is done with it and no stream event is outstanding: make it reusable.
 void Allocator::Impl::release_block(Block* b) {
   Segment* seg = b->segment;
-  shard_of(seg).counters.on_inactive(seg->pool, static_cast<std::int64_t>(b->size));
-  if (TP_UNLIKELY(hooks.observed()))
-    hooks.notify(EventType::free_completed, b->addr, b->requested, b->size, seg->owner->stream);
+  count_free_completed(b);
   b->state = BlockState::free;
   b->requested = 0;
   const bool heap_emptied = TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->on_release(b);

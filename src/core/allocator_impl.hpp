@@ -88,7 +88,6 @@ class Allocator::Impl : private detail::AllocatorState {
   StreamState* cached_stream(detail::StreamKey key) const noexcept;
   StreamState* last_stream() const noexcept;
   void remember_stream(StreamState& ss) const noexcept;
-  Block* find_live(Address addr) const noexcept;
   Block* find_cached(StreamState& ss, Pool pool, std::size_t size) const noexcept;
   Block* take(Block* b, std::size_t handed, std::size_t requested);
   std::size_t handed_size(const Block* b, std::size_t size) const noexcept;
@@ -108,6 +107,13 @@ class Allocator::Impl : private detail::AllocatorState {
   void add_use(Block* b, Stream stream);
   void defer_free(Block* b);
   void forget_asleep(Block* b);
+  /// b's free has completed (no stream event outstanding): no longer active; observers hear so.
+  TP_ALWAYS_INLINE void count_free_completed(const Block* b) {
+    const detail::Segment* seg = b->segment;
+    shard_of(seg).counters.on_inactive(seg->pool, static_cast<std::int64_t>(b->size));
+    if (TP_UNLIKELY(hooks.observed()))
+      hooks.notify(EventType::free_completed, b->addr, b->requested, b->size, seg->owner->stream);
+  }
   void process_events();
   void synchronize_pending();
   void pending_done(const detail::PendingFree& done);  // its event has completed

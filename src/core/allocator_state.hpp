@@ -120,6 +120,12 @@ struct AllocatorState {
   Counters counters;  // what no shard counts: reserved bytes, segments, the slow paths' calls
   Hooks hooks;
 
+  /// In the exclusive mode: the allocated block at addr, in whichever shard maps it, or nullptr.
+  Block* find_live(Address addr) const noexcept {
+    for (std::size_t i = 0; i < shards.in_use(); ++i)
+      if (Block* b = shards[i].live.find(addr)) return b;
+    return nullptr;
+  }
   /// The pool of the Blocks of segment `seg` (its owner's shard's).
   static BlockPool& blocks_of(const Segment* seg) noexcept { return seg->owner->shard->blocks; }
   /// The shard that counts the blocks of `seg` and maps their addresses.

@@ -104,10 +104,7 @@ bool Allocator::Impl::is_asleep(const void* ptr) const {
 void Allocator::Impl::forget_asleep(Block* b) {
   delete b->uses;
   b->uses = nullptr;
-  detail::Segment* seg = b->segment;
-  shard_of(seg).counters.on_inactive(seg->pool, static_cast<std::int64_t>(b->size));
-  if (TP_UNLIKELY(hooks.observed()))
-    hooks.notify(EventType::free_completed, b->addr, b->requested, b->size, seg->owner->stream);
+  count_free_completed(b);
   source_->forget_asleep(b);
 }
 

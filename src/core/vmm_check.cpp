@@ -43,8 +43,7 @@ void VmmHeaps::check(Recount& rc) const {
         asleep_bytes += b->size;
       }
     for (const auto& [addr, k] : heap.kept) {
-      const Block* b = st_.shards[0].live.find(addr);
-      for (std::size_t i = 1; b == nullptr && i < st_.shards.in_use(); ++i) b = st_.shards[i].live.find(addr);
+      const Block* b = st_.find_live(addr);
       if (b == nullptr || !b->asleep || b->segment != heap.segment || k.bytes != b->requested || k.host == nullptr)
         invariant_failed("kept contents at " + hex(addr) + " belong to no live asleep block of the heap");
     }

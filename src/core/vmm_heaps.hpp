@@ -269,6 +269,7 @@ class VmmHeaps final : public SegmentSource {
   static bool covered(const Heap& heap, Sleepers who) noexcept {
     return who.cover(heap.segment->owner->tag);
   }
+  SleepReport asleep(Sleepers who) const;
   std::size_t sleep_heap(Heap& heap);
   void keep_contents(const std::vector<Heap*>& heaps);
   void free_kept(Heap& heap, Address addr) noexcept;

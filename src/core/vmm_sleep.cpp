@@ -30,7 +30,6 @@
 namespace tensorpool::detail {
 
 SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
-  SleepReport report;
   std::vector<Heap*> chosen;
   for (auto& [base, heap] : heaps_)
     if (covered(heap, who) && !heap.asleep) chosen.push_back(&heap);
@@ -41,10 +40,10 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
     release_held(*heap);
     reclaim_heap(*heap, 0, StreamWork::done);
   }
-  report.released_bytes = release_cached_chunks();
+  std::size_t released = release_cached_chunks();
   for (std::size_t i = 0; i < chosen.size(); ++i) {
     try {
-      report.released_bytes += sleep_heap(*chosen[i]);
+      released += sleep_heap(*chosen[i]);
     } catch (...) {  // this heap and the ones after it stay awake: their copies go
       for (std::size_t j = i; j < chosen.size(); ++j)
         while (!chosen[j]->kept.empty()) free_kept(*chosen[j], chosen[j]->kept.begin()->first);
@@ -52,13 +51,8 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
     }
     chosen[i]->asleep = true;
   }
-  for (auto& [base, heap] : heaps_) {
-    if (!covered(heap, who)) continue;
-    for (const Chunk& c : heap.sleeping) report.asleep_bytes += c.size;
-    report.asleep_blocks += heap.asleep_blocks;
-    report.asleep_allocated += heap.asleep_allocated;
-    for (const auto& [addr, k] : heap.kept) report.kept_bytes += k.bytes;
-  }
+  SleepReport report = asleep(who);
+  report.released_bytes = released;
   return report;
 }
 
@@ -165,9 +159,13 @@ void VmmHeaps::forget_asleep(Block* b) {
   }
 }
 
-SleepReport VmmHeaps::asleep() const {
+SleepReport VmmHeaps::asleep() const { return asleep(Sleepers{}); }
+
+// What sleeps in the heaps `who` covers (released_bytes: 0).
+SleepReport VmmHeaps::asleep(Sleepers who) const {
   SleepReport r;
   for (const auto& [base, heap] : heaps_) {
+    if (!covered(heap, who)) continue;
     for (const Chunk& c : heap.sleeping) r.asleep_bytes += c.size;
     r.asleep_blocks += heap.asleep_blocks;
     r.asleep_allocated += heap.asleep_allocated;

@@ -29,6 +29,14 @@ struct Sim {
   Allocator alloc;
 };
 
+// Once every block is freed: empty_cache gives the device all of its memory back, consistently.
+void require_all_given_back(Allocator& alloc, SimulatedDevice& device) {
+  alloc.empty_cache();
+  alloc.check_invariants();
+  REQUIRE(alloc.usage().reserved == 0);
+  REQUIRE(device.free_memory() == device.properties().capacity);
+}
+
 std::size_t random_size(std::mt19937_64& rng) {
   switch (rng() % 3) {
     case 0: return 512 + rng() % (64 * KiB);
@@ -109,9 +117,7 @@ TEST_CASE("sleep: every page goes back, live blocks keep their addresses, and wa
   REQUIRE(sim.device->free_memory() == capacity - r.asleep_bytes);
   sim.alloc.deallocate(a);
   sim.alloc.deallocate(b);
-  sim.alloc.empty_cache();
-  REQUIRE(sim.device->free_memory() == capacity);
-  sim.alloc.check_invariants();
+  require_all_given_back(sim.alloc, *sim.device);
 }
 
 TEST_CASE("sleep: is_asleep of a pointer the allocator did not hand out is a usage error", "[sleep]") {
@@ -164,8 +170,7 @@ TEST_CASE("sleep: a wake the device cannot give pages for fails with nothing cha
   sim.alloc.check_invariants();
   REQUIRE_FALSE(sim.alloc.is_asleep(big));
   sim.alloc.deallocate(big);
-  sim.alloc.empty_cache();
-  REQUIRE(sim.device->free_memory() == sim.device->properties().capacity);
+  require_all_given_back(sim.alloc, *sim.device);
 }
 
 TEST_CASE("sleep: a heap whose asleep blocks were all freed gets no pages back", "[sleep]") {
@@ -228,10 +233,7 @@ TEST_CASE("sleep: 100 cycles of random blocks on two streams keep every address 
     if (cycle % 10 == 9) sim.alloc.empty_cache();
   }
   free_some(live.size());
-  sim.alloc.empty_cache();
-  sim.alloc.check_invariants();
-  REQUIRE(sim.alloc.usage().reserved == 0);
-  REQUIRE(sim.device->free_memory() == capacity);
+  require_all_given_back(sim.alloc, *sim.device);
   const auto& c = sim.device->counters();
   REQUIRE(c.physical_creates == c.physical_releases);
 }
@@ -318,9 +320,7 @@ TEST_CASE("sleep: a tag sleeps alone, and the other blocks keep their pages", "[
   for (void* p : kv) sim.alloc.deallocate(p);
   sim.alloc.deallocate(weights);
   sim.alloc.deallocate(after);
-  sim.alloc.empty_cache();
-  REQUIRE(sim.device->free_memory() == capacity);
-  sim.alloc.check_invariants();
+  require_all_given_back(sim.alloc, *sim.device);
 }
 
 TEST_CASE("sleep: a tag nothing was allocated under, and an empty tag name, are usage errors", "[sleep][tag]") {
@@ -432,8 +432,7 @@ TEST_CASE("sleep: kept contents come back byte for byte, 100 cycles on two strea
     }
   }
   while (!live.empty()) free_one();
-  alloc.empty_cache();
-  REQUIRE(device->free_memory() == device->properties().capacity);
+  require_all_given_back(alloc, *device);
 }
 
 TEST_CASE("sleep: a device without contents keeps nothing, and says so", "[sleep][keep]") {
