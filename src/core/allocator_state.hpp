@@ -51,9 +51,8 @@ struct StreamKeyHash {
 
 /// Per stream and tag: the free blocks of the segments it owns, and its pending frees.
 struct alignas(64) StreamState {  // a cache line of its own: streams of other shards change side by side
-  StreamState(StreamKey k, Shard& sh) : stream(k.stream), tag(k.tag), shard(&sh) {}
+  StreamState(StreamKey k, Shard& sh) : stream(k.stream), shard(&sh), tag(k.tag) {}
   Stream stream;  // the device's stream (two states share it when their tags differ)
-  TagId tag;
   Shard* shard;  // never null: where this stream's blocks are counted and looked up
   FreeIndex index[kNumIndexKinds];
   std::deque<PendingFree> pending;  // FIFO: events on one stream complete in order
@@ -64,6 +63,7 @@ struct alignas(64) StreamState {  // a cache line of its own: streams of other s
   std::array<const PlanState*, kNumPools> plan_state{};
   /// Per pool: this stream's vmm heap (vmm_heaps.hpp; null: none yet, or fixed segments).
   std::array<Heap*, kNumPools> vmm_heaps{};
+  TagId tag;  // last: the fields the fast path reads keep their places on the cache lines
 
   bool follows_plan(Pool pool) const noexcept {
     const PlanState* s = plan_state[static_cast<int>(pool)];
