@@ -133,6 +133,13 @@ void CudaBackend::synchronize_device() {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device_);
 }
 
+bool CudaBackend::is_capturing(Stream stream) {
+  DeviceGuard guard(device_);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(as_stream(stream), &status), "cudaStreamIsCapturing", device_);
+  return status != cudaStreamCaptureStatusNone;
+}
+
 void CudaBackend::copy_to_host(void* dst, Address src, std::size_t bytes) {
   DeviceGuard guard(device_);
   check(cudaMemcpy(dst, reinterpret_cast<const void*>(src), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", device_);

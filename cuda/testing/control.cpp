@@ -172,6 +172,10 @@ std::size_t live_events() {
   return locked([](State& s) { return s.events.size(); });
 }
 
+std::size_t live_graphs() {
+  return locked([](State& s) { return s.graphs.size(); });
+}
+
 std::size_t live_pools() {
   return locked([](State& s) { return s.pools.size(); });
 }

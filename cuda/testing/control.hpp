@@ -19,6 +19,16 @@
 //    cudaMallocFromPoolAsync needs the stream on the pool's device, cross-device
 //    cudaStreamWaitEvent on an incomplete event is cudaErrorNotSupported, cuMemMap maps a
 //    whole handle at offset 0 inside one reservation;
+//  - stream capture (cudaStreamBeginCapture/EndCapture/IsCapturing, cudaGraphDestroy): while a
+//    capture is underway, the calls that may synchronize or change memory (cudaMalloc,
+//    cudaFree, cudaHostAlloc, cudaFreeHost, cudaMemcpy, cudaDeviceSynchronize,
+//    cudaEventSynchronize, cudaEventQuery, cudaMemPoolTrimTo, cuMem* but the granularity query)
+//    fail with cudaErrorStreamCaptureUnsupported (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and
+//    invalidate every capture they fall under (global mode: all; thread-local: the caller's;
+//    relaxed: none), so that its cudaStreamEndCapture fails; stricter than CUDA for
+//    cudaEventQuery, which CUDA refuses only on events of the capture. Synchronizing a captured
+//    stream fails and invalidates in every mode; an event recorded on it captures nothing;
+//    the legacy stream cannot be captured;
 //  - the legacy stream's implicit synchronization with other streams is not modelled;
 //  - after simulate_driver_shutdown() every call fails with cudaErrorCudartUnloading /
 //    CUDA_ERROR_DEINITIALIZED (calls are still counted).
@@ -118,6 +128,7 @@ std::size_t host_used_bytes();
 std::size_t live_allocations();  // cudaMalloc + pool + host allocations
 std::size_t live_streams();      // created and not destroyed
 std::size_t live_events();
+std::size_t live_graphs();       // ended captures whose graph is not destroyed
 std::size_t live_pools();        // created and not destroyed
 std::size_t live_physical();     // cuMemCreate handles not yet freed
 std::size_t live_reservations();

@@ -26,6 +26,7 @@ namespace {
   X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered") \
   X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")          \
   X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")             \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
   X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 const char* driver_error_name(CUresult e) {

@@ -82,6 +82,10 @@ cudaError_t create_stream(State& s, cudaStream_t* stream) {
   X(cudaErrorIllegalAddress, "an illegal memory access was encountered")    \
   X(cudaErrorLaunchFailure, "unspecified launch failure")                   \
   X(cudaErrorNotSupported, "operation not supported")                       \
+  X(cudaErrorIllegalState, "the operation cannot be performed in the present state") \
+  X(cudaErrorStreamCaptureUnsupported, "operation not permitted when stream is capturing") \
+  X(cudaErrorStreamCaptureInvalidated, "operation failed due to a previous error during capture") \
+  X(cudaErrorStreamCaptureWrongThread, "attempt to terminate a thread-local capture sequence from another thread") \
   X(cudaErrorUnknown, "unknown error")
 
 }  // namespace
@@ -335,6 +339,15 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
     return s.streams.erase(reinterpret_cast<std::uintptr_t>(stream)) != 0
                ? cudaSuccess
                : cudaErrorInvalidResourceHandle;
+  });
+}
+
+// --- graphs ---------------------------------------------------------------------------------
+
+cudaError_t CUDARTAPI cudaGraphDestroy(cudaGraph_t graph) {
+  return runtime_call("cudaGraphDestroy", [&](State& s) {
+    return s.graphs.erase(reinterpret_cast<std::uintptr_t>(graph)) != 0 ? cudaSuccess
+                                                                         : cudaErrorInvalidValue;
   });
 }
 

@@ -75,6 +75,8 @@ void State::rebuild(const Options& o) {
   physical.clear();
   reservations.clear();
   mappings.clear();
+  captures.clear();
+  graphs.clear();
   shutdown = false;
   faults.clear();
   calls.clear();
@@ -200,6 +202,7 @@ cudaError_t event_record(State& s, cudaEvent_t event, cudaStream_t stream, bool 
   if (e == s.events.end() || !resolve_stream(s, stream, per_thread_api, r))
     return cudaErrorInvalidResourceHandle;
   if (e->second.device != r.device) return cudaErrorInvalidResourceHandle;
+  if (capture_of(s, r) != nullptr) return cudaSuccess;  // a node of the graph: no work is submitted
   device(s, r.device).record_event(e->second.sim, r.sim);
   return cudaSuccess;
 }
@@ -221,7 +224,78 @@ cudaError_t stream_wait_event(State& s, cudaStream_t stream, cudaEvent_t event,
 cudaError_t stream_synchronize(State& s, cudaStream_t stream, bool per_thread_api) {
   Resolved r{};
   if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  if (CaptureRec* c = capture_of(s, r)) {  // in every mode: a captured stream has no work to wait for
+    c->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
   device(s, r.device).synchronize_stream(r.sim);
+  return cudaSuccess;
+}
+
+// --- stream capture -------------------------------------------------------------------------
+
+bool capture_forbids(State& s, const char* name) {
+  if (s.captures.empty()) return false;
+  static const std::set<std::string_view> forbidden = {
+      "cudaMalloc", "cudaFree", "cudaHostAlloc", "cudaFreeHost", "cudaMemcpy",
+      "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaEventQuery", "cudaMemPoolTrimTo",
+      "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
+      "cuMemAddressReserve", "cuMemAddressFree"};
+  if (!forbidden.contains(family(name))) return false;
+  bool applies = false;
+  for (auto& [key, c] : s.captures) {
+    if (c.mode == cudaStreamCaptureModeGlobal ||
+        (c.mode == cudaStreamCaptureModeThreadLocal && c.thread == std::this_thread::get_id())) {
+      c.invalidated = true;
+      applies = true;
+    }
+  }
+  return applies;
+}
+
+CaptureRec* capture_of(State& s, const Resolved& r) {
+  auto it = s.captures.find({r.device, r.sim});
+  return it == s.captures.end() ? nullptr : &it->second;
+}
+
+cudaError_t begin_capture(State& s, cudaStream_t stream, cudaStreamCaptureMode mode, bool per_thread_api) {
+  Resolved r{};
+  if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  if (r.sim == kDefaultStream) return cudaErrorStreamCaptureUnsupported;  // the legacy stream
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return cudaErrorInvalidValue;
+  if (capture_of(s, r) != nullptr) return cudaErrorIllegalState;
+  s.captures.emplace(std::make_pair(r.device, r.sim), CaptureRec{mode, std::this_thread::get_id()});
+  return cudaSuccess;
+}
+
+cudaError_t end_capture(State& s, cudaStream_t stream, cudaGraph_t* graph, bool per_thread_api) {
+  Resolved r{};
+  if (graph == nullptr) return cudaErrorInvalidValue;
+  if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  auto it = s.captures.find({r.device, r.sim});
+  if (it == s.captures.end()) return cudaErrorIllegalState;
+  if (it->second.mode == cudaStreamCaptureModeThreadLocal && it->second.thread != std::this_thread::get_id())
+    return cudaErrorStreamCaptureWrongThread;
+  const bool invalidated = it->second.invalidated;
+  s.captures.erase(it);
+  *graph = nullptr;
+  if (invalidated) return cudaErrorStreamCaptureInvalidated;
+  const std::uintptr_t h = new_handle(s, kGraphTag);
+  s.graphs.insert(h);
+  *graph = reinterpret_cast<cudaGraph_t>(h);
+  return cudaSuccess;
+}
+
+cudaError_t is_capturing(State& s, cudaStream_t stream, cudaStreamCaptureStatus* status, bool per_thread_api) {
+  Resolved r{};
+  if (status == nullptr) return cudaErrorInvalidValue;
+  if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  const CaptureRec* c = capture_of(s, r);
+  *status = c == nullptr       ? cudaStreamCaptureStatusNone
+            : c->invalidated   ? cudaStreamCaptureStatusInvalidated
+                               : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -67,6 +68,12 @@ struct MappingRec {
   std::uint64_t handle;
   std::vector<unsigned> access;  // per device
 };
+/// A stream being captured (cudaStreamBeginCapture .. cudaStreamEndCapture).
+struct CaptureRec {
+  cudaStreamCaptureMode mode;
+  std::thread::id thread;    // the thread that began it (thread-local mode's scope)
+  bool invalidated = false;  // a call CUDA forbids during the capture was made
+};
 struct Fault {
   std::string key;
   std::uint64_t countdown;
@@ -93,6 +100,8 @@ struct State {
   std::unordered_map<std::uint64_t, PhysicalRec> physical;
   std::map<Address, std::size_t> reservations;
   std::map<Address, MappingRec> mappings;
+  std::map<std::pair<int, Stream>, CaptureRec> captures;  // by (device, simulated stream)
+  std::set<std::uintptr_t> graphs;                         // from cudaStreamEndCapture, not destroyed
   std::map<Address, std::vector<unsigned char>> host_contents;  // cudaHostAlloc'd bytes cudaMemcpy touched
   std::uint64_t next_id = 1;
   bool shutdown = false;
@@ -128,6 +137,7 @@ SimulatedDeviceOptions sim_options(std::size_t capacity, std::size_t granularity
 inline constexpr std::uintptr_t kStreamTag = 0x5157ULL << 32;
 inline constexpr std::uintptr_t kEventTag = 0xE7E7ULL << 32;
 inline constexpr std::uintptr_t kPoolTag = 0x9001ULL << 32;
+inline constexpr std::uintptr_t kGraphTag = 0x6AF0ULL << 32;
 inline constexpr std::uint64_t kPhysicalTag = 0xF00DULL << 32;
 std::uintptr_t new_handle(State& s, std::uintptr_t tag) noexcept;
 
@@ -135,8 +145,16 @@ std::uintptr_t new_handle(State& s, std::uintptr_t tag) noexcept;
 /// the call is a _ptsz one, where 0 means the per-thread stream. False: unknown handle.
 bool resolve_stream(State& s, cudaStream_t stream, bool per_thread_api, Resolved& out);
 
+/// Whether `name` is a call CUDA forbids while a stream is captured (one that may synchronize or
+/// change memory: cudaMalloc, cudaFree, synchronizations, event queries, cuMem*) and a capture
+/// it applies to is underway: every capture in global mode, and the calling thread's in
+/// thread-local mode. Those captures are invalidated (their cudaStreamEndCapture fails).
+bool capture_forbids(State& s, const char* name);
+/// The capture of stream r, or nullptr.
+CaptureRec* capture_of(State& s, const Resolved& r);
+
 /// Runs `body(State&)` for the runtime function `name`: locks, counts, applies shutdown and
-/// faults, turns a simulated-device exception into cudaErrorInvalidValue, and records a
+/// faults, refuses a call a stream capture forbids (cudaErrorStreamCaptureUnsupported), turns a simulated-device exception into cudaErrorInvalidValue, and records a
 /// failure as the thread's last error.
 /// cudaMemcpy (plain and _ptds): host memory <-> pages mapped with cuMemMap (state.cpp).
 cudaError_t memcpy_sync(State& s, void* dst, const void* src, std::size_t count, cudaMemcpyKind kind);
@@ -152,6 +170,8 @@ cudaError_t runtime_call(const char* name, Body&& body) {
     err = cudaErrorCudartUnloading;
   } else if (take_fault(s, name, false, fault)) {
     err = static_cast<cudaError_t>(fault);
+  } else if (capture_forbids(s, name)) {
+    err = cudaErrorStreamCaptureUnsupported;
   } else {
     try {
       err = body(s);
@@ -172,6 +192,7 @@ CUresult driver_call(const char* name, Body&& body) {
   int fault = 0;
   if (s.shutdown) return CUDA_ERROR_DEINITIALIZED;
   if (take_fault(s, name, true, fault)) return static_cast<CUresult>(fault);
+  if (capture_forbids(s, name)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   try {
     return body(s);
   } catch (const std::exception&) {
@@ -187,5 +208,8 @@ cudaError_t event_record(State& s, cudaEvent_t event, cudaStream_t stream, bool 
 cudaError_t stream_wait_event(State& s, cudaStream_t stream, cudaEvent_t event,
                               bool per_thread_api);
 cudaError_t stream_synchronize(State& s, cudaStream_t stream, bool per_thread_api);
+cudaError_t begin_capture(State& s, cudaStream_t stream, cudaStreamCaptureMode mode, bool per_thread_api);
+cudaError_t end_capture(State& s, cudaStream_t stream, cudaGraph_t* graph, bool per_thread_api);
+cudaError_t is_capturing(State& s, cudaStream_t stream, cudaStreamCaptureStatus* status, bool per_thread_api);
 
 }  // namespace tensorpool::cuda_double::detail

@@ -64,6 +64,21 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
                       [&](State& s) { return stream_synchronize(s, stream, kPerThreadApi); });
 }
 
+cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  return runtime_call(TP_NAME(cudaStreamBeginCapture),
+                      [&](State& s) { return begin_capture(s, stream, mode, kPerThreadApi); });
+}
+
+cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  return runtime_call(TP_NAME(cudaStreamEndCapture),
+                      [&](State& s) { return end_capture(s, stream, graph, kPerThreadApi); });
+}
+
+cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  return runtime_call(TP_NAME(cudaStreamIsCapturing),
+                      [&](State& s) { return is_capturing(s, stream, status, kPerThreadApi); });
+}
+
 // The double's own driver functions (driver_api.cpp) by name, those the backends look up
 // (TP_DRIVER_FUNCTIONS); a driver older than `cuda_version`
 // (Options::driver_version) has none of them. Here because the headers rename it under

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "tensorpool/config.hpp"
 #include "tensorpool/device.hpp"
@@ -88,6 +89,28 @@ class Allocator {
   SleepReport asleep() const;
   /// Whether `ptr`, a live block of this allocator, is asleep (UsageError if it is not one).
   bool is_asleep(const void* ptr) const;
+
+  // --- CUDA graphs (docs/graphs.md) -----------------------------------------------------------
+  /// Reserves `reserve` bytes for a new graph pool (device calls happen here: call it before
+  /// cudaStreamBeginCapture) and serves every allocation on `stream` from that pool until
+  /// end_capture(stream), with no device call and no synchronization; a request the pool cannot
+  /// serve throws GraphPoolExhaustedError (how much to reserve). The pool's blocks are reused only
+  /// by the pool's captures, freed blocks included, until release_graph(). While any capture is
+  /// underway, empty_cache, sleep and wake throw UsageError, and frees that need stream events
+  /// get them when the last capture ends. UsageError for a reserve of 0 or a stream already
+  /// captured into a pool (nothing changes).
+  GraphPool begin_capture(Stream stream, std::size_t reserve);
+  /// Serves `stream` from an existing pool: another graph that shares it, or a stream forked
+  /// into the same capture; `more` bytes are reserved for it first (0: no device call, so it may
+  /// be called while `stream` is being captured already).
+  void begin_capture(Stream stream, GraphPool pool, std::size_t more = 0);
+  /// Stops serving `stream` from its graph pool (UsageError when it was not captured).
+  void end_capture(Stream stream);
+  /// The graph is gone (after cudaGraphExecDestroy): once its pool's last block is freed, its
+  /// ranges return to the allocator's cache. UsageError if a stream is still captured into it.
+  void release_graph(GraphPool pool);
+  /// What each graph pool not yet given back holds, by id.
+  std::vector<GraphPoolInfo> graph_pools() const;
 
   /// Changes the cap on reserved bytes (0: none). Cached memory above it is not released until
   /// the next empty_cache() or OOM retry.

@@ -91,6 +91,12 @@ class DeviceBackend {
   virtual void synchronize_stream(Stream stream) = 0;
   virtual void synchronize_device() = 0;
 
+  /// Whether work submitted to `stream` is being captured into a CUDA graph now (then the device
+  /// must not be asked for memory or synchronized: the allocator serves such a stream from the
+  /// graph pool Allocator::begin_capture reserved, and refuses to grow for it). False on a
+  /// device without graphs.
+  virtual bool is_capturing(Stream stream);
+
   // --- contents (Allocator::sleep with Contents::keep) ----------------------------------------
   /// Whether device memory holds bytes a copy can read (false: bookkeeping only, as the
   /// simulated device without backing memory; then sleep keeps nothing).

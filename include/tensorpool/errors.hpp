@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorpool/types.hpp"
@@ -76,9 +78,31 @@ class OutOfMemoryError : public std::bad_alloc {
   const char* what() const noexcept override { return message_.c_str(); }
   const OutOfMemoryInfo& info() const noexcept { return info_; }
 
+ protected:
+  OutOfMemoryError(const OutOfMemoryInfo& info, std::string message)
+      : info_(info), message_(std::move(message)) {}
+
  private:
   OutOfMemoryInfo info_;
   std::string message_;
+};
+
+/// A request on a stream being captured into a CUDA graph that the graph's pool cannot serve:
+/// during a capture the device is never asked for memory (Allocator::begin_capture). The message
+/// says how much the pool holds and how much to reserve next time.
+class GraphPoolExhaustedError : public OutOfMemoryError {
+ public:
+  GraphPoolExhaustedError(const OutOfMemoryInfo& info, std::string message, std::uint64_t pool,
+                          std::size_t suggested_reserve)
+      : OutOfMemoryError(info, std::move(message)), pool_(pool), suggested_reserve_(suggested_reserve) {}
+  std::uint64_t pool() const noexcept { return pool_; }
+  /// A reserve that serves this request whatever the pool's free space is cut into: the pool's
+  /// reserve plus the request, rounded up to 2 MiB.
+  std::size_t suggested_reserve() const noexcept { return suggested_reserve_; }
+
+ private:
+  std::uint64_t pool_;
+  std::size_t suggested_reserve_;
 };
 
 }  // namespace tensorpool

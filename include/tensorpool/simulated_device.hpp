@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -116,6 +117,10 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
 
   /// Memory used by someone else (another process, the CUDA context): lowers free_memory().
   void set_external_usage(std::size_t bytes);
+  /// Marks `stream` as captured into a CUDA graph, or no longer (is_capturing() says so; the
+  /// simulated device refuses nothing meanwhile: its counters show what was called).
+  void set_capturing(Stream stream, bool capturing);
+  bool is_capturing(Stream stream) override;
   /// Fails the n-th call (1 = the next one) at `site` from now on; 0 cancels.
   void fail_nth(FaultSite site, std::uint64_t n);
   /// Fails every segment allocation and physical creation larger than `bytes` (0 = off).
@@ -186,6 +191,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   PhysicalHandle next_physical_ = 1;
   std::uint64_t fault_countdown_[4] = {0, 0, 0, 0};
   std::size_t fail_above_ = 0;
+  std::set<Stream> capturing_;
 };
 
 }  // namespace tensorpool

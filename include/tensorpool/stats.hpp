@@ -4,6 +4,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "tensorpool/types.hpp"
@@ -56,6 +57,9 @@ struct Stats {
   std::uint64_t ooms = 0;                     // OutOfMemoryError thrown
   std::uint64_t asleep_bytes = 0;             // sleep(): physical bytes wake() maps back
   std::uint64_t asleep_allocated = 0;         // sleep(): bytes of live blocks without pages
+  std::uint64_t graph_pools = 0;              // CUDA graph pools not yet given back
+  std::uint64_t graph_reserved_bytes = 0;     // their ranges (counted as allocated above)
+  std::uint64_t graph_allocated_bytes = 0;    // their live blocks' bytes (rounded)
 
   const PoolStats& of(Pool p) const noexcept { return pool[static_cast<int>(p)]; }
 };
@@ -75,6 +79,25 @@ struct SleepReport {
   std::size_t asleep_allocated = 0;  // their bytes (still counted as allocated)
   std::size_t kept_bytes = 0;        // their requested bytes held in host memory until wake()
                                      // (0 on a device that holds no contents)
+};
+
+/// A CUDA graph's private pool (Allocator::begin_capture); ids are never reused by one allocator.
+struct GraphPool {
+  std::uint64_t id = 0;
+  friend bool operator==(GraphPool, GraphPool) = default;
+};
+
+/// What a graph pool holds (Allocator::graph_pools(), Snapshot::graph_pools).
+struct GraphPoolInfo {
+  std::uint64_t id = 0;
+  std::vector<Stream> capturing;   // the streams it serves now (between begin_ and end_capture)
+  std::size_t reserved = 0;        // its ranges: device memory kept for the graph
+  std::size_t allocated = 0;       // its live blocks (rounded)
+  std::size_t peak_allocated = 0;  // the most they ever held
+  std::size_t blocks = 0;          // live blocks
+  std::size_t largest_free = 0;    // the largest request it can serve now
+  std::vector<std::pair<Address, std::size_t>> ranges;  // (start, bytes), by address
+  bool released = false;           // release_graph() was called: given back once empty
 };
 
 /// The current totals, cheap to read (no copy of every statistic).
@@ -113,6 +136,7 @@ struct BlockInfo {
   bool mapped = true;         // false: free address space with no physical pages (vmm mode)
   bool asleep = false;        // its pages were given back by Allocator::sleep() (vmm mode); an
                               // allocated one must not be used until wake()
+  std::uint64_t graph_pool = 0;  // an allocated range of that graph pool (its blocks are inside)
 };
 
 struct SegmentInfo {
@@ -127,6 +151,7 @@ struct SegmentInfo {
 
 struct Snapshot {
   std::vector<SegmentInfo> segments;  // in address order
+  std::vector<GraphPoolInfo> graph_pools;  // by id
 };
 
 }  // namespace tensorpool

@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define TENSORPOOL_C_API_VERSION 2 /* 2: sleep, wake and tags */
+#define TENSORPOOL_C_API_VERSION 3 /* 2: sleep, wake and tags; 3: CUDA graph pools */
 
 typedef enum tensorpool_status {
   TENSORPOOL_OK = 0,
@@ -214,6 +214,39 @@ TENSORPOOL_API tensorpool_status tensorpool_asleep(tensorpool_allocator* allocat
 /* *out = 1 if `ptr`, a live block of the allocator, is asleep, else 0 (a pointer that is not a
  * live block: TENSORPOOL_ERROR_USAGE). */
 TENSORPOOL_API tensorpool_status tensorpool_is_asleep(tensorpool_allocator* allocator, const void* ptr, int* out);
+
+/* CUDA graph capture (docs/graphs.md). A graph's private pool; ids are never reused. */
+typedef uint64_t tensorpool_graph_pool;
+typedef struct tensorpool_graph_pool_info {
+  tensorpool_graph_pool id;
+  uint64_t reserved;          /* its ranges: memory kept for the graph */
+  uint64_t allocated;         /* its live blocks (rounded) */
+  uint64_t peak_allocated;
+  uint64_t blocks;            /* live blocks */
+  uint64_t largest_free;      /* the largest request it can serve now */
+  uint64_t capturing_streams; /* streams it serves now */
+  int released;               /* tensorpool_release_graph was called: given back once empty */
+} tensorpool_graph_pool_info;
+/* Reserves `reserve` bytes (> 0) for a new graph pool and serves every allocation on `stream` from
+ * it, with no device call and no synchronization, until tensorpool_end_capture. Call it before
+ * cudaStreamBeginCapture. A request the pool cannot serve: TENSORPOOL_ERROR_OUT_OF_MEMORY, the
+ * message says how much to reserve. While a capture is underway tensorpool_empty_cache,
+ * tensorpool_sleep and tensorpool_wake answer TENSORPOOL_ERROR_USAGE. */
+TENSORPOOL_API tensorpool_status tensorpool_begin_capture(tensorpool_allocator* allocator, tensorpool_stream stream,
+                                                          size_t reserve, tensorpool_graph_pool* out);
+/* Serves `stream` from an existing pool (a graph sharing it, or a stream forked into the same
+ * capture), reserving `more` bytes for it first (0: no device call). */
+TENSORPOOL_API tensorpool_status tensorpool_join_capture(tensorpool_allocator* allocator, tensorpool_stream stream,
+                                                         tensorpool_graph_pool pool, size_t more);
+TENSORPOOL_API tensorpool_status tensorpool_end_capture(tensorpool_allocator* allocator, tensorpool_stream stream);
+/* The graph is gone: once its pool's last block is freed, the pool's memory is the allocator's
+ * cache again. A stream still captured into it: TENSORPOOL_ERROR_USAGE. */
+TENSORPOOL_API tensorpool_status tensorpool_release_graph(tensorpool_allocator* allocator, tensorpool_graph_pool pool);
+/* The pools not yet given back, by id: at most `capacity` into `out` (NULL when capacity is 0);
+ * *count gets how many there are. */
+TENSORPOOL_API tensorpool_status tensorpool_graph_pools(tensorpool_allocator* allocator,
+                                                        tensorpool_graph_pool_info* out, size_t capacity,
+                                                        size_t* count);
 
 /* Simulated backend only: a new stream (TENSORPOOL_ERROR_UNAVAILABLE on CUDA: use
  * cudaStreamCreate). */

@@ -55,6 +55,10 @@ __all__ = [
     "tag",
     "asleep",
     "is_asleep",
+    "begin_capture",
+    "end_capture",
+    "release_graph",
+    "graph_pools",
     "record_history",
     "dump_snapshot",
     "compare",
@@ -118,6 +122,18 @@ class _SleepReport(ctypes.Structure):  # tensorpool_sleep_report
         return {name: int(getattr(self, name)) for name, _ in self._fields_}
 
 
+class _GraphPoolInfo(ctypes.Structure):  # tensorpool_graph_pool_info
+    _fields_ = [("id", ctypes.c_uint64), ("reserved", ctypes.c_uint64), ("allocated", ctypes.c_uint64),
+                ("peak_allocated", ctypes.c_uint64), ("blocks", ctypes.c_uint64),
+                ("largest_free", ctypes.c_uint64), ("capturing_streams", ctypes.c_uint64),
+                ("released", ctypes.c_int)]
+
+    def as_dict(self):
+        d = {name: int(getattr(self, name)) for name, _ in self._fields_}
+        d["released"] = bool(d["released"])
+        return d
+
+
 def _declare(lib):
     p, i, sz, u64, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_double
     pp = ctypes.POINTER(ctypes.c_void_p)
@@ -143,6 +159,11 @@ def _declare(lib):
         "tensorpool_pop_tag": ([], i),
         "tensorpool_asleep": ([p, ctypes.POINTER(_SleepReport)], i),
         "tensorpool_is_asleep": ([p, p, ctypes.POINTER(i)], i),
+        "tensorpool_begin_capture": ([p, u64, sz, ctypes.POINTER(u64)], i),
+        "tensorpool_join_capture": ([p, u64, u64, sz], i),
+        "tensorpool_end_capture": ([p, u64], i),
+        "tensorpool_release_graph": ([p, u64], i),
+        "tensorpool_graph_pools": ([p, ctypes.POINTER(_GraphPoolInfo), sz, ctypes.POINTER(sz)], i),
     }
     for name, (args, res) in signatures.items():
         f = getattr(lib, name)
@@ -458,6 +479,51 @@ def is_asleep(tensor, device=None):
     _check(_library().tensorpool_is_asleep(_handle(_device_index(device)), ctypes.c_void_p(ptr), ctypes.byref(out)),
            "is_asleep")
     return bool(out.value)
+
+
+def _stream_handle(stream):
+    return int(getattr(stream, "cuda_stream", stream) or 0)
+
+
+def begin_capture(stream, reserve=0, device=None, pool=None):
+    """CUDA graphs: serves every allocation on `stream` (a torch.cuda.Stream or a cudaStream_t as an
+    int) from a graph pool, with no device call and no synchronization, until end_capture(stream).
+    Without `pool`: a new pool of `reserve` bytes (> 0). With `pool` (an id this returned before):
+    that pool, `reserve` more bytes reserved for it first (0: none). Call it before the capture
+    begins (before torch.cuda.graph's capture, or cudaStreamBeginCapture). Returns the pool's id. A
+    request the pool cannot serve raises TensorpoolOutOfMemoryError saying how much to reserve.
+    See docs/graphs.md."""
+    lib, handle = _library(), _handle(_device_index(device))
+    if pool is None:
+        out = ctypes.c_uint64()
+        _check(lib.tensorpool_begin_capture(handle, _stream_handle(stream), int(reserve), ctypes.byref(out)),
+               "begin_capture")
+        return int(out.value)
+    _check(lib.tensorpool_join_capture(handle, _stream_handle(stream), int(pool), int(reserve)), "begin_capture")
+    return int(pool)
+
+
+def end_capture(stream, device=None):
+    """Stops serving `stream` from its graph pool."""
+    _check(_library().tensorpool_end_capture(_handle(_device_index(device)), _stream_handle(stream)), "end_capture")
+
+
+def release_graph(pool, device=None):
+    """The graph of `pool` is gone: once the pool's last tensor is freed, its memory is cache again."""
+    _check(_library().tensorpool_release_graph(_handle(_device_index(device)), int(pool)), "release_graph")
+
+
+def graph_pools(device=None):
+    """The device's graph pools not yet given back, as dicts: id, reserved, allocated,
+    peak_allocated, blocks, largest_free, capturing_streams, released."""
+    handle = _existing(_device_index(device))
+    if handle is None:
+        return []
+    lib, count = _library(), ctypes.c_size_t()
+    _check(lib.tensorpool_graph_pools(handle, None, 0, ctypes.byref(count)), "graph_pools")
+    infos = (_GraphPoolInfo * max(count.value, 1))()
+    _check(lib.tensorpool_graph_pools(handle, infos, count.value, ctypes.byref(count)), "graph_pools")
+    return [infos[k].as_dict() for k in range(min(count.value, len(infos)))]
 
 
 def record_history(enabled=True, max_entries=100000):

@@ -43,6 +43,8 @@ tensorpool_status guarded(const char* function, Body&& body,
   try {
     body();
     return TENSORPOOL_OK;
+  } catch (const GraphPoolExhaustedError& e) {  // its own message: how much to reserve
+    return fail(TENSORPOOL_ERROR_OUT_OF_MEMORY, function, e.what());
   } catch (const OutOfMemoryError& e) {
     std::string message = e.what();
     try {
@@ -295,6 +297,46 @@ tensorpool_status tensorpool_is_asleep(tensorpool_allocator* allocator, const vo
   TP_REQUIRE(allocator);
   TP_REQUIRE(out);
   return guarded(__func__, [&] { *out = impl(allocator)->allocator().is_asleep(ptr) ? 1 : 0; });
+}
+
+tensorpool_status tensorpool_begin_capture(tensorpool_allocator* allocator, tensorpool_stream stream,
+                                           size_t reserve, tensorpool_graph_pool* out) {
+  TP_REQUIRE(allocator);
+  TP_REQUIRE(out);
+  return guarded(__func__, [&] { *out = impl(allocator)->allocator().begin_capture(stream, reserve).id; });
+}
+
+tensorpool_status tensorpool_join_capture(tensorpool_allocator* allocator, tensorpool_stream stream,
+                                          tensorpool_graph_pool pool, size_t more) {
+  TP_REQUIRE(allocator);
+  return guarded(__func__, [&] { impl(allocator)->allocator().begin_capture(stream, tensorpool::GraphPool{pool}, more); });
+}
+
+tensorpool_status tensorpool_end_capture(tensorpool_allocator* allocator, tensorpool_stream stream) {
+  TP_REQUIRE(allocator);
+  return guarded(__func__, [&] { impl(allocator)->allocator().end_capture(stream); });
+}
+
+tensorpool_status tensorpool_release_graph(tensorpool_allocator* allocator, tensorpool_graph_pool pool) {
+  TP_REQUIRE(allocator);
+  return guarded(__func__, [&] { impl(allocator)->allocator().release_graph(tensorpool::GraphPool{pool}); });
+}
+
+tensorpool_status tensorpool_graph_pools(tensorpool_allocator* allocator, tensorpool_graph_pool_info* out,
+                                         size_t capacity, size_t* count) {
+  TP_REQUIRE(allocator);
+  TP_REQUIRE(count);
+  if (capacity != 0 && out == nullptr)
+    return fail(TENSORPOOL_ERROR_INVALID_ARGUMENT, __func__, "out is NULL but capacity is not 0");
+  return guarded(__func__, [&] {
+    const std::vector<tensorpool::GraphPoolInfo> pools = impl(allocator)->allocator().graph_pools();
+    *count = pools.size();
+    for (std::size_t i = 0; i < pools.size() && i < capacity; ++i) {
+      const tensorpool::GraphPoolInfo& p = pools[i];
+      out[i] = {p.id, p.reserved, p.allocated, p.peak_allocated, p.blocks, p.largest_free,
+                p.capturing.size(), p.released ? 1 : 0};
+    }
+  });
 }
 
 tensorpool_status tensorpool_set_memory_fraction(tensorpool_allocator* allocator, double fraction) {

@@ -56,6 +56,13 @@ void Allocator::wake() { impl_->wake({}); }
 void Allocator::wake(std::string_view tag) { impl_->wake(tagged(tag, "wake")); }
 SleepReport Allocator::asleep() const { return impl_->asleep(); }
 bool Allocator::is_asleep(const void* ptr) const { return impl_->is_asleep(ptr); }
+GraphPool Allocator::begin_capture(Stream stream, std::size_t reserve) { return impl_->begin_capture(stream, reserve); }
+void Allocator::begin_capture(Stream stream, GraphPool pool, std::size_t more) {
+  impl_->begin_capture(stream, pool, more);
+}
+void Allocator::end_capture(Stream stream) { impl_->end_capture(stream); }
+void Allocator::release_graph(GraphPool pool) { impl_->release_graph(pool); }
+std::vector<GraphPoolInfo> Allocator::graph_pools() const { return impl_->graph_pools(); }
 void Allocator::set_memory_limit(std::size_t bytes) { impl_->set_memory_limit(bytes); }
 std::size_t Allocator::memory_limit() const { return impl_->memory_limit(); }
 Stats Allocator::stats() const { return impl_->stats(); }
@@ -172,7 +179,7 @@ void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
 // out; else nullptr, and nothing has changed but a plan the stream departed from (the exclusive
 // path then serves the request as it would have).
 TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::size_t size, std::size_t bytes) {
-  if (TP_UNLIKELY(pending_total_ != 0 || hooks.observed())) return nullptr;
+  if (TP_UNLIKELY(pending_total_ != 0 || hooks.observed() || capture_underway())) return nullptr;
   detail::Shard& shard = *ss.shard;
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
   const auto requested = static_cast<std::int64_t>(bytes);
@@ -194,10 +201,21 @@ TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::s
 
 void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
   Lock lock(shards);
+  if (TP_UNLIKELY(capture_underway()))
+    if (detail::GraphPoolRec* pool = graphs_.capturing(stream)) return allocate_captured(*pool, bytes, stream);
+  return allocate_in(bytes, {stream, tls.tag}, lock);
+}
+
+void* Allocator::Impl::allocate_locked(std::size_t bytes, detail::StreamKey key, Lock& lock) {
+  return allocate_in(bytes, key, lock);
+}
+
+TP_ALWAYS_INLINE void* Allocator::Impl::allocate_in(std::size_t bytes, detail::StreamKey key, Lock& lock) {
+  const Stream stream = key.stream;
   counters.count(&Stats::alloc_calls);
   const std::size_t size = bytes <= kMaxAllocationSize ? round_size(bytes) : kMaxAllocationSize;
-  if (TP_UNLIKELY(pending_total_ != 0)) process_events();
-  StreamState& ss = streams.get({stream, tls.tag});
+  if (TP_UNLIKELY(pending_total_ != 0) && !capture_underway()) process_events();  // queries: not during a capture
+  StreamState& ss = streams.get(key);
   shards.favour(ss.shard);
   remember_stream(ss);
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
@@ -252,10 +270,22 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
 
 void Allocator::Impl::deallocate_exclusive(Address addr) {
   Lock lock(shards);
+  // First the graph pools: a pool's first block starts where the range it lies in does.
+  if (TP_UNLIKELY(!graphs_.empty()) && free_captured(addr)) {
+    debug_check();
+    return;
+  }
   Block* b = find_live(addr);
   if (TP_UNLIKELY(b == nullptr)) throw_bad_pointer(addr, "free");
+  free_block(b);
+}
+
+void Allocator::Impl::deallocate_locked(Block* b) { free_block(b); }
+
+// b, allocated, is freed: counted, and released now or once the streams that used it are done.
+TP_ALWAYS_INLINE void Allocator::Impl::free_block(Block* b) {
   detail::Shard& shard = shard_of(b->segment);
-  shard.live.erase(addr);
+  shard.live.erase(b->addr);
   counters.count(&Stats::free_calls);
   shard.counters.on_free(b->segment->pool, static_cast<std::int64_t>(b->size),
                          static_cast<std::int64_t>(b->requested));
@@ -274,6 +304,9 @@ void Allocator::Impl::deallocate_exclusive(Address addr) {
 void Allocator::Impl::record_stream(void* ptr, Stream stream) {
   Lock lock(shards);
   const auto addr = reinterpret_cast<Address>(ptr);
+  // A graph pool's blocks are reused in the order of the graph's captures, whatever the streams
+  // that use them: nothing to record.
+  if (TP_UNLIKELY(in_graph_pool(addr))) return;
   Block* b = find_live(addr);
   if (b == nullptr) throw_bad_pointer(addr, "record_stream");
   if (b->asleep)

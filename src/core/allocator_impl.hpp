@@ -9,6 +9,7 @@
 //   lifecycle.cpp       construction (the source is chosen there), teardown, empty_cache, limit
 //   oom_ladder.cpp      what an allocation the cache cannot serve goes through
 //   stream_events.cpp   frees that wait for other streams (events), cross-stream uses
+//   graph_capture.cpp   CUDA graph capture: the streams served from graph pools (graph_pools.hpp)
 //   hooks.cpp           the hook registry and the allocator's hook API
 //   inspect.cpp         stats, fragmentation, snapshot, check_invariants, bad-pointer messages
 //   fixed_segments.cpp  the fixed-segment source
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "core/allocator_state.hpp"
+#include "core/graph_pools.hpp"
 #include "core/shards.hpp"
 #include "core/segment_source.hpp"
 #include "tensorpool/allocator.hpp"
@@ -56,6 +58,13 @@ class Allocator::Impl : private detail::AllocatorState {
   SleepReport asleep() const;
   bool is_asleep(const void* ptr) const;
 
+  // CUDA graphs (graph_capture.cpp).
+  GraphPool begin_capture(Stream stream, std::size_t reserve);
+  void begin_capture(Stream stream, GraphPool pool, std::size_t more);
+  void end_capture(Stream stream);
+  void release_graph(GraphPool pool);
+  std::vector<GraphPoolInfo> graph_pools() const;
+
   // Hooks (hooks.cpp).
   HookId add_observer(std::shared_ptr<Observer> observer);
   HookId add_oom_observer(OomObserver observer);
@@ -83,7 +92,13 @@ class Allocator::Impl : private detail::AllocatorState {
   Block* allocate_cached(StreamState& ss, std::size_t size, std::size_t bytes);
   bool free_cached(detail::Shard& shard, Address addr);
   void* allocate_exclusive(std::size_t bytes, Stream stream);
+  /// In the exclusive mode: an allocation for `key` / the free of allocated block b (out of line,
+  /// for graph_capture.cpp; allocator.cpp inlines allocate_in and free_block into its own paths).
+  void* allocate_locked(std::size_t bytes, detail::StreamKey key, Lock& lock);
+  void* allocate_in(std::size_t bytes, detail::StreamKey key, Lock& lock);
   void deallocate_exclusive(Address addr);
+  void deallocate_locked(Block* b);
+  void free_block(Block* b);
   StreamState* cached_stream(Stream stream) const noexcept;  // with the thread's tag
   StreamState* cached_stream(detail::StreamKey key) const noexcept;
   StreamState* last_stream() const noexcept;
@@ -102,6 +117,23 @@ class Allocator::Impl : private detail::AllocatorState {
   [[noreturn]] void throw_oom(Stream stream, std::size_t bytes, std::size_t size, Lock& lock);
   std::size_t largest_free_block() const noexcept;
   std::vector<StreamCachedBytes> cached_per_stream() const;
+
+  // --- CUDA graphs (graph_capture.cpp) ---
+  void* allocate_captured(detail::GraphPoolRec& pool, std::size_t bytes, Stream stream);
+  [[noreturn]] void throw_graph_pool_exhausted(const detail::GraphPoolRec& pool, std::size_t bytes,
+                                               std::size_t size, Stream stream);
+  /// Frees addr if it is a block of a graph pool (true); UsageError if it lies in a pool's range
+  /// without being one of its live blocks; false if no pool has it.
+  bool free_captured(Address addr);
+  /// Whether addr lies in a graph pool's range (then record_stream and is_asleep treat it).
+  bool in_graph_pool(Address addr) const noexcept { return !graphs_.empty() && graphs_.owner_of(addr) != nullptr; }
+  void reserve_range(detail::GraphPoolRec& pool, Stream stream, std::size_t bytes, Lock& lock);
+  void give_back_if_done(detail::GraphPoolRec& pool);
+  /// UsageError naming a capture underway: `operation` would call the device or synchronize.
+  void refuse_while_capturing(const char* operation) const;
+  /// Once no capture is underway: events for the frees that waited without one meanwhile.
+  void record_deferred_events();
+  bool capture_underway() const noexcept { return captures_underway != 0; }
 
   // --- stream events (stream_events.cpp) ---
   void add_use(Block* b, Stream stream);
@@ -122,6 +154,7 @@ class Allocator::Impl : private detail::AllocatorState {
 
   // --- inspection (inspect.cpp) ---
   void check_invariants_locked() const;
+  void check_graph_pools() const;
   void debug_check() const {
     if constexpr (TENSORPOOL_DEBUG_INVARIANTS) check_invariants_locked();
   }
@@ -136,6 +169,7 @@ class Allocator::Impl : private detail::AllocatorState {
   std::unique_ptr<detail::SegmentSource> source_;  // never null after construction
   std::size_t pending_total_ = 0;                // == sum of every stream's pending.size()
   std::vector<DeviceEvent> event_pool_;          // created events not in use
+  detail::GraphPools graphs_;                    // CUDA graph pools, and the streams captured into them
 };
 
 }  // namespace tensorpool

@@ -119,6 +119,10 @@ struct AllocatorState {
   StreamTable streams{shards};
   Counters counters;  // what no shard counts: reserved bytes, segments, the slow paths' calls
   Hooks hooks;
+  /// Streams captured into CUDA graph pools now (graph_capture.cpp). While it is not 0, nothing
+  /// queries or records events, synchronizes, or lays pages out for a plan (CUDA refuses such
+  /// calls during a capture); the fast path reads it too.
+  std::size_t captures_underway = 0;
 
   /// In the exclusive mode: the allocated block at addr, in whichever shard maps it, or nullptr.
   Block* find_live(Address addr) const noexcept {
@@ -135,6 +139,10 @@ struct AllocatorState {
   bool is_oversize_request(std::size_t size) const noexcept {
     return config.max_split_size != 0 && size >= config.max_split_size;
   }
+  /// Before a source asks the device for memory for `stream`: UsageError when the device says the
+  /// stream is being captured into a CUDA graph (the call would invalidate the capture; a stream
+  /// captured into a graph pool never gets here). Defined in graph_capture.cpp.
+  void refuse_if_captured(Stream stream) const;
   /// Whether `bytes` more of reserved memory stay within the memory limit.
   bool within_limit(std::size_t bytes) const noexcept {
     return limit == 0 || counters.reserved() + bytes <= limit;

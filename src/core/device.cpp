@@ -21,6 +21,8 @@ bool DeviceBackend::alive() const noexcept { return true; }
 
 bool DeviceBackend::holds_contents() const noexcept { return false; }
 
+bool DeviceBackend::is_capturing(Stream) { return false; }
+
 void DeviceBackend::copy_to_host(void*, Address, std::size_t) {
   throw DeviceError("tensorpool: device " + properties().name + " cannot copy its memory to the host");
 }

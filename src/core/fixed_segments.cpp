@@ -51,6 +51,7 @@ Block* FixedSegments::grow(StreamState& ss, Pool pool, std::size_t size) {
 
 Block* FixedSegments::try_segment(StreamState& ss, Pool pool, bool oversize, std::size_t bytes) {
   if (!st_.within_limit(bytes)) return nullptr;
+  st_.refuse_if_captured(ss.stream);
   void* ptr = st_.device->allocate_segment(bytes, ss.stream);  // DeviceError propagates, state intact
   if (ptr == nullptr) {
     st_.counters.count(&Stats::upstream_alloc_failures);

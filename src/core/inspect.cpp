@@ -33,6 +33,11 @@ Stats Allocator::Impl::stats() const {
   const SleepReport asleep = source_->asleep();
   s.asleep_bytes = asleep.asleep_bytes;
   s.asleep_allocated = asleep.asleep_allocated;
+  graphs_.for_each([&](const detail::GraphPoolRec& pool) {
+    ++s.graph_pools;
+    s.graph_reserved_bytes += pool.reserved;
+    s.graph_allocated_bytes += pool.allocated;
+  });
   return s;
 }
 
@@ -94,10 +99,15 @@ Snapshot Allocator::Impl::snapshot() const {
   for (const auto& [addr, seg] : segments) {
     SegmentInfo info{seg->addr, seg->size, seg->owner->stream, seg->pool, seg->oversize, seg->is_heap(), {}};
     info.blocks.reserve(seg->blocks);
-    for (const Block* b = seg->first; b != nullptr; b = b->next)
-      info.blocks.push_back({b->addr, b->size, b->requested, b->state, b->mapped, b->asleep});
+    for (const Block* b = seg->first; b != nullptr; b = b->next) {
+      const detail::GraphPoolRec* pool =
+          graphs_.empty() || b->state != BlockState::allocated ? nullptr : graphs_.owner_of(b->addr);
+      info.blocks.push_back({b->addr, b->size, b->requested, b->state, b->mapped, b->asleep,
+                             pool != nullptr ? pool->id : 0});
+    }
     snap.segments.push_back(std::move(info));
   }
+  snap.graph_pools = graphs_.infos();
   return snap;
 }
 
@@ -239,6 +249,38 @@ void Allocator::Impl::check_invariants_locked() const {
     allocations += rc.pool[p][static_cast<int>(Metric::allocations)];
   }
   if (static_cast<std::int64_t>(live) != allocations) fail("live map size differs from allocated blocks");
+  check_graph_pools();
+}
+
+// Each graph pool's ranges are live blocks of the allocator (kept from the fast path) that no
+// other pool claims; its live blocks and free space tile its ranges; its totals add up.
+void Allocator::Impl::check_graph_pools() const {
+  std::size_t captured = 0;
+  graphs_.for_each([&](const detail::GraphPoolRec& pool) {
+    const std::string name = "graph pool " + std::to_string(pool.id);
+    std::size_t reserved = 0;
+    for (const auto& [addr, bytes] : pool.space.ranges()) {
+      const Block* b = find_live(addr);
+      if (b == nullptr || b->size != bytes || b->uses == nullptr || !b->uses->empty())
+        fail(name + ": range " + hex(addr) + " is not a live block kept from the fast path");
+      if (graphs_.owner_of(addr) != &pool) fail(name + ": range " + hex(addr) + " is claimed by another pool");
+      reserved += bytes;
+    }
+    std::size_t allocated = 0;
+    for (const auto& [addr, bytes] : pool.live) {
+      const auto range = pool.space.range_of(addr);
+      if (!range || addr + bytes > range->first + range->second) fail(name + ": block " + hex(addr) + " outside its ranges");
+      allocated += bytes;
+    }
+    if (reserved != pool.reserved || allocated != pool.allocated || pool.allocated > pool.peak_allocated ||
+        allocated + pool.space.bytes() != reserved)
+      fail(name + ": totals do not add up (reserved " + std::to_string(pool.reserved) + ", allocated " +
+           std::to_string(pool.allocated) + ", free " + std::to_string(pool.space.bytes()) + ")");
+    if (pool.released && pool.live.empty()) fail(name + ": released and empty, yet not given back");
+    captured += pool.capturing.size();
+  });
+  if (captured != graphs_.captures() || captured != captures_underway)
+    fail("the captured streams and the graph pools' lists differ");
 }
 
 }  // namespace tensorpool

@@ -59,6 +59,7 @@ Allocator::Impl::~Impl() {
 
 void Allocator::Impl::empty_cache() {
   Lock lock(shards);
+  refuse_while_capturing("empty_cache");
   synchronize_pending();
   const std::size_t released = source_->release(detail::ReleaseGoal::empty_cache);
   if (hooks.observed()) hooks.notify(EventType::empty_cache, 0, 0, released, kDefaultStream);
@@ -70,6 +71,7 @@ void Allocator::Impl::empty_cache() {
 SleepReport Allocator::Impl::sleep(detail::Sleepers who, Contents contents) {
   Lock lock(shards);
   if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
+  refuse_while_capturing("sleep");
   // Every stream's work is done before pages go, and every free waiting for an event completes
   // (no block is pending_free when the heaps sleep).
   device->synchronize_device();
@@ -83,6 +85,7 @@ SleepReport Allocator::Impl::sleep(detail::Sleepers who, Contents contents) {
 void Allocator::Impl::wake(detail::Sleepers who) {
   Lock lock(shards);
   if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
+  refuse_while_capturing("wake");
   source_->wake(who);
   debug_check();
 }
@@ -94,8 +97,15 @@ SleepReport Allocator::Impl::asleep() const {
 
 bool Allocator::Impl::is_asleep(const void* ptr) const {
   Lock lock(shards);
-  const Block* b = find_live(reinterpret_cast<Address>(ptr));
-  if (b == nullptr) throw_bad_pointer(reinterpret_cast<Address>(ptr), "is_asleep");
+  const auto addr = reinterpret_cast<Address>(ptr);
+  if (const detail::GraphPoolRec* pool = graphs_.empty() ? nullptr : graphs_.owner_of(addr)) {
+    if (!pool->live.contains(addr))
+      throw UsageError("tensorpool: is_asleep of " + detail::hex(addr) + ": not a live block of graph pool " +
+                       std::to_string(pool->id));
+    return find_live(pool->space.range_of(addr)->first)->asleep;  // its range's
+  }
+  const Block* b = find_live(addr);
+  if (b == nullptr) throw_bad_pointer(addr, "is_asleep");
   return b->asleep;
 }
 

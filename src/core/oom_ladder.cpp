@@ -23,7 +23,10 @@ using detail::StreamState;
 Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t size,
                                       std::size_t bytes, Lock& lock) {
   if (bytes > kMaxAllocationSize || size > props.capacity) throw_oom(ss.stream, bytes, size, lock);
-  if (pending_total_ != 0) {
+  // While a stream is captured, the ladder neither queries events nor synchronizes (CUDA refuses
+  // both during a capture); it may still grow for a stream that is not captured.
+  const bool capturing = capture_underway();
+  if (pending_total_ != 0 && !capturing) {
     process_events();
     if (Block* b = find_cached(ss, pool, size)) return b;
   }
@@ -33,6 +36,7 @@ Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t si
   counters.count(&Stats::retries);
   if (!hooks.free_memory_callbacks().empty() && run_free_memory_callbacks(size, lock))
     if (Block* b = find_or_grow(ss, pool, size)) return b;
+  if (capturing) throw_oom(ss.stream, bytes, size, lock);
   if (pending_total_ != 0) {
     synchronize_pending();
     if (Block* b = find_cached(ss, pool, size)) return b;
@@ -43,7 +47,7 @@ Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t si
 }
 
 Block* Allocator::Impl::find_or_grow(StreamState& ss, Pool pool, std::size_t size) {
-  if (pending_total_ != 0) process_events();
+  if (pending_total_ != 0 && !capture_underway()) process_events();
   if (Block* b = find_cached(ss, pool, size)) return b;
   return source_->grow(ss, pool, size);
 }

@@ -385,6 +385,20 @@ void SimulatedDevice::set_external_usage(std::size_t bytes) {
   external_ = bytes;
 }
 
+void SimulatedDevice::set_capturing(Stream stream, bool capturing) {
+  std::lock_guard lock(mutex_);
+  if (capturing) {
+    capturing_.insert(stream);
+  } else {
+    capturing_.erase(stream);
+  }
+}
+
+bool SimulatedDevice::is_capturing(Stream stream) {
+  std::lock_guard lock(mutex_);
+  return capturing_.contains(stream);
+}
+
 void SimulatedDevice::fail_nth(FaultSite site, std::uint64_t n) {
   std::lock_guard lock(mutex_);
   fault_countdown_[static_cast<int>(site)] = n;

@@ -39,7 +39,10 @@ void Allocator::Impl::defer_free(Block* b) {
   b->state = BlockState::pending_free;
   for (const Stream s : *b->uses) {
     DeviceEvent e = 0;
-    try {
+    if (capture_underway()) {
+      // No device call while a stream is captured: the free waits without an event, and
+      // record_deferred_events() gives it one when the last capture ends.
+    } else try {
       e = acquire_event();
       device->record_event(e, s);
       counters.count(&Stats::events_recorded);
@@ -84,6 +87,28 @@ void Allocator::Impl::process_events() {
       const PendingFree done = q.front();
       q.pop_front();
       pending_done(done);
+    }
+  }
+}
+
+void Allocator::Impl::record_deferred_events() {
+  for (auto& [key, ss] : streams) {
+    for (PendingFree& f : ss->pending) {
+      if (f.event != 0) continue;
+      try {
+        const DeviceEvent e = acquire_event();
+        try {
+          device->record_event(e, ss->stream);
+        } catch (const DeviceError&) {
+          release_event(e);
+          throw;
+        }
+        f.event = e;
+        counters.count(&Stats::events_recorded);
+      } catch (const DeviceError& err) {  // it waits for a later event or a synchronization
+        detail::log().warn("event for a free made during a capture failed: {}", err.what());
+        return;
+      }
     }
   }
 }

@@ -28,6 +28,7 @@ Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   Heap*& slot = ss.vmm_heaps[static_cast<int>(pool)];
   if (slot != nullptr) return *slot;
   const std::size_t range = round_up(2 * st_.props.capacity, page_);
+  st_.refuse_if_captured(ss.stream);
   const Address base = vm_.reserve_address_range(range, page_);
   if (base == 0)
     throw DeviceError("tensorpool: cannot reserve " + format_bytes(range) + " of address space on " +
@@ -70,6 +71,7 @@ std::size_t VmmHeaps::held_bytes(Pool pool) const {
 Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   Heap& heap = heap_for(ss, pool);
   if (Block* b = from_held(heap, size)) return b;
+  st_.refuse_if_captured(ss.stream);  // what follows may unmap, synchronize, map
   const std::size_t want = round_up(size, page_);
   const bool pressure = !st_.within_limit(want) || want > st_.device->free_memory();
   // Too few held pages: they join the free block before the hole, for place(), and other heaps'

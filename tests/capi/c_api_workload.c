@@ -196,6 +196,43 @@ static void sleep_and_wake(void) {
   CHECK(tensorpool_destroy(fixed) == TENSORPOOL_OK);
 }
 
+/* CUDA graph capture on the simulated device: a captured stream is served from its pool, a
+ * request the pool cannot serve says how much to reserve, misuse is refused with the state
+ * intact, and a released pool goes away with its last block. */
+static void graph_capture(void) {
+  tensorpool_allocator* a = NULL;
+  tensorpool_graph_pool pool = 0;
+  tensorpool_graph_pool_info info[2];
+  size_t count = 9;
+  void *p = NULL, *q = NULL;
+  tensorpool_stream s = 0;
+  CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, NULL, &a) == TENSORPOOL_OK);
+  if (a == NULL) return;
+  CHECK(tensorpool_create_stream(a, &s) == TENSORPOOL_OK);
+  CHECK(tensorpool_begin_capture(a, s, 0, &pool) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_begin_capture(a, s, 16 * MiB, &pool) == TENSORPOOL_OK && pool != 0);
+  CHECK(tensorpool_alloc(a, 10 * MiB, s, &p) == TENSORPOOL_OK);
+  CHECK(tensorpool_alloc(a, 10 * MiB, s, &q) == TENSORPOOL_ERROR_OUT_OF_MEMORY && q == NULL);
+  CHECK(strstr(tensorpool_last_error(), "reserve at least") != NULL);
+  CHECK(tensorpool_empty_cache(a) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_release_graph(a, pool) == TENSORPOOL_ERROR_USAGE); /* still captured */
+  CHECK(tensorpool_graph_pools(a, info, 2, &count) == TENSORPOOL_OK && count == 1);
+  CHECK(info[0].id == pool && info[0].reserved >= 16 * MiB && info[0].allocated == 10 * MiB);
+  CHECK(info[0].blocks == 1 && info[0].capturing_streams == 1 && info[0].released == 0);
+  CHECK(tensorpool_graph_pools(a, NULL, 1, &count) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  check_intact(a);
+  CHECK(tensorpool_end_capture(a, s) == TENSORPOOL_OK);
+  CHECK(tensorpool_end_capture(a, s) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_join_capture(a, s, pool + 7, 0) == TENSORPOOL_ERROR_USAGE);
+  CHECK(tensorpool_release_graph(a, pool) == TENSORPOOL_OK);
+  CHECK(tensorpool_graph_pools(a, NULL, 0, &count) == TENSORPOOL_OK && count == 1); /* p is live */
+  CHECK(tensorpool_free(a, p) == TENSORPOOL_OK);
+  CHECK(tensorpool_graph_pools(a, NULL, 0, &count) == TENSORPOOL_OK && count == 0);
+  CHECK(stats_of(a).all.allocated_bytes.current == 0);
+  check_intact(a);
+  CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
+}
+
 static void settings_and_backends(void) {
   tensorpool_allocator* a = (tensorpool_allocator*)NOT_NULL;
   CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 0, "max_split_size:lots", &a) ==
@@ -259,6 +296,7 @@ int main(int argc, char** argv) {
   CHECK(tensorpool_write_snapshot(a, argv[1]) == TENSORPOOL_OK);
   CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
   sleep_and_wake();
+  graph_capture();
   settings_and_backends();
   registry(argv[1]);
   printf("c_api_workload: %d passed, %d failed\n", passed, failed);

@@ -2,7 +2,8 @@
 # and no other change, then checks that `tensorpool info` (CLI) reads the recording: a complete
 # file (no .partial left), from the recorder, holding the workload's allocator (device 0), the
 # registry's (device 3) and the sleep-and-wake allocator (another of device 0: trace device 256,
-# the first duplicate) with their allocations, OOMs, record_stream and empty_cache calls.
+# the first duplicate; the graph-capture allocator, another of device 0: trace device 258) with
+# their allocations, OOMs, record_stream and empty_cache calls.
 #   cmake -DPROGRAM=... -DCLI=... -DDIR=... -P records_from_env.cmake
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
@@ -37,12 +38,12 @@ string(JSON _source GET "${_json}" source)
 expect("source" "${_source}" "tensorpool-recording")
 string(JSON _devices GET "${_json}" devices)
 string(REGEX REPLACE "[ \n\t]" "" _devices "${_devices}")
-expect("devices" "${_devices}" "[0,3,256]")
-# 16 allocations on device 0 (its zero-byte request makes no block), 4 on device 256 and 1 on
-# device 3; one OOM
+expect("devices" "${_devices}" "[0,3,256,258]")
+# 16 allocations on device 0 (its zero-byte request makes no block), 4 on device 256, 1 on
+# device 3 and 1 on device 258 (the graph pool's range: its blocks are not events); one OOM
 # each (device 0's memory fraction, device 3's memory_limit); one empty_cache call each.
 string(JSON _allocs GET "${_json}" ops alloc)
-expect("alloc events" "${_allocs}" "21")
+expect("alloc events" "${_allocs}" "22")
 string(JSON _ooms GET "${_json}" ops oom)
 expect("oom events" "${_ooms}" "2")
 string(JSON _record_stream GET "${_json}" ops record_stream)

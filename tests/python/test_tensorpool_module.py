@@ -436,6 +436,52 @@ print("sleep-ok")
 """
 
 
+GRAPH_SCRIPT = """
+import ctypes, tensorpool
+lib = tensorpool._library()
+MiB = 1 << 20
+def alloc(size, stream=0):
+    out = ctypes.c_void_p()
+    tensorpool._check(lib.tensorpool_alloc(tensorpool._handle(0), size, stream, ctypes.byref(out)), "alloc")
+    return out.value
+def free(p):
+    tensorpool._check(lib.tensorpool_free(tensorpool._handle(0), ctypes.c_void_p(p)), "free")
+pool = tensorpool.begin_capture(0, reserve=16 * MiB, device=0)
+a = alloc(10 * MiB)
+try:
+    alloc(10 * MiB)
+except tensorpool.TensorpoolOutOfMemoryError as e:
+    assert "reserve at least" in str(e), e
+else:
+    raise AssertionError("the graph pool served more than it holds")
+(info,) = tensorpool.graph_pools(0)
+assert info["id"] == pool and info["allocated"] == 10 * MiB and info["capturing_streams"] == 1, info
+assert info["reserved"] >= 16 * MiB and not info["released"], info
+try:
+    tensorpool.empty_cache()
+except tensorpool.TensorpoolError as e:
+    assert "end_capture first" in str(e), e
+else:
+    raise AssertionError("empty_cache during a capture was accepted")
+tensorpool.end_capture(0, device=0)
+assert tensorpool.begin_capture(0, device=0, pool=pool) == pool  # a second graph shares it
+tensorpool.end_capture(0, device=0)
+tensorpool.release_graph(pool, device=0)
+assert tensorpool.graph_pools(0)[0]["released"]
+free(a)
+assert tensorpool.graph_pools(0) == []
+assert tensorpool.memory_allocated(0) == 0
+print("graphs-ok")
+"""
+
+
+class GraphTest(unittest.TestCase):
+    def test_a_graph_pool_serves_its_capture_and_goes_with_its_last_block(self):
+        r = run_python(GRAPH_SCRIPT, TENSORPOOL_CONF=f"backend:{BACKEND}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("graphs-ok", r.stdout)
+
+
 class SleepTest(unittest.TestCase):
     def test_sleep_and_wake_in_the_virtual_memory_mode(self):
         backend = "simulated" if BACKEND == "simulated" else "vmm"

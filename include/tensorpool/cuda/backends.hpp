@@ -66,6 +66,8 @@ class CudaBackend : public DeviceBackend {
   void stream_wait_event(Stream stream, DeviceEvent event) override;
   void synchronize_stream(Stream stream) override;
   void synchronize_device() override;
+  /// cudaStreamIsCapturing: active or invalidated.
+  bool is_capturing(Stream stream) override;
 
   /// Contents (sleep with Contents::keep): cudaMemcpy after the work queued so far, and pinned
   /// host memory (cudaHostAlloc).
