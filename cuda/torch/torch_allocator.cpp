@@ -5,7 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <exception>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "capi/device_allocator.hpp"
@@ -37,9 +40,79 @@ void never_throws(const char* call, Body&& body) noexcept {
   }
 }
 
+// The tags bound to the MemPool slots (nullopt: free; an empty string: untagged).
+struct PoolSlots {
+  std::mutex mutex;
+  std::array<std::optional<std::string>, TENSORPOOL_TORCH_POOL_SLOTS> tags;
+};
+PoolSlots& pool_slots() {
+  static PoolSlots* const slots = new PoolSlots;  // never destroyed: PyTorch may free at exit
+  return *slots;
+}
+
+// tensorpool_torch_malloc under the tag of `slot` (a MemPool asks for a segment rarely: the tag is
+// looked up each time).
+void* pool_malloc(int slot, size_t size, int device, cudaStream_t stream) {
+  std::string tag;
+  {
+    PoolSlots& slots = pool_slots();
+    const std::lock_guard lock(slots.mutex);
+    if (!slots.tags[static_cast<std::size_t>(slot)]) {
+      log_message(LogLevel::error, fmt::format("tensorpool_torch_pool_malloc_{}: the slot is not bound "
+                                               "(tensorpool_torch_pool_bind)", slot));
+      return nullptr;
+    }
+    tag = *slots.tags[static_cast<std::size_t>(slot)];
+  }
+  if (tag.empty()) return tensorpool_torch_malloc(size, device, stream);
+  if (tensorpool_push_tag(tag.c_str()) != TENSORPOOL_OK) {
+    log_message(LogLevel::error, tensorpool_last_error());
+    return nullptr;
+  }
+  void* p = tensorpool_torch_malloc(size, device, stream);
+  (void)tensorpool_pop_tag();
+  return p;
+}
+
 }  // namespace
 
 extern "C" {
+
+tensorpool_status tensorpool_torch_pool_bind(const char* tag, int* slot) {
+  if (slot == nullptr) return TENSORPOOL_ERROR_INVALID_ARGUMENT;
+  PoolSlots& slots = pool_slots();
+  const std::lock_guard lock(slots.mutex);
+  const std::string name = tag == nullptr ? std::string() : std::string(tag);
+  for (std::size_t k = 0; k < slots.tags.size(); ++k) {
+    if (slots.tags[k] && *slots.tags[k] == name) {
+      *slot = static_cast<int>(k);
+      return TENSORPOOL_OK;
+    }
+  }
+  for (std::size_t k = 0; k < slots.tags.size(); ++k) {
+    if (!slots.tags[k]) {
+      slots.tags[k] = name;
+      *slot = static_cast<int>(k);
+      return TENSORPOOL_OK;
+    }
+  }
+  log_message(LogLevel::error, fmt::format("tensorpool_torch_pool_bind('{}'): all {} MemPool slots are bound "
+                                           "to other tags", name, TENSORPOOL_TORCH_POOL_SLOTS));
+  return TENSORPOOL_ERROR_USAGE;
+}
+
+#define TENSORPOOL_TORCH_POOL_MALLOC(k)                                                  \
+  void* tensorpool_torch_pool_malloc_##k(size_t size, int device, cudaStream_t stream) { \
+    return pool_malloc(k, size, device, stream);                                         \
+  }
+TENSORPOOL_TORCH_POOL_MALLOC(0) TENSORPOOL_TORCH_POOL_MALLOC(1) TENSORPOOL_TORCH_POOL_MALLOC(2)
+TENSORPOOL_TORCH_POOL_MALLOC(3) TENSORPOOL_TORCH_POOL_MALLOC(4) TENSORPOOL_TORCH_POOL_MALLOC(5)
+TENSORPOOL_TORCH_POOL_MALLOC(6) TENSORPOOL_TORCH_POOL_MALLOC(7) TENSORPOOL_TORCH_POOL_MALLOC(8)
+TENSORPOOL_TORCH_POOL_MALLOC(9) TENSORPOOL_TORCH_POOL_MALLOC(10) TENSORPOOL_TORCH_POOL_MALLOC(11)
+TENSORPOOL_TORCH_POOL_MALLOC(12) TENSORPOOL_TORCH_POOL_MALLOC(13) TENSORPOOL_TORCH_POOL_MALLOC(14)
+TENSORPOOL_TORCH_POOL_MALLOC(15)
+#undef TENSORPOOL_TORCH_POOL_MALLOC
+
 
 void* tensorpool_torch_malloc(size_t size, int device, cudaStream_t stream) {
   tensorpool_allocator* handle = nullptr;

@@ -59,6 +59,7 @@ __all__ = [
     "end_capture",
     "release_graph",
     "graph_pools",
+    "mem_pool",
     "record_history",
     "dump_snapshot",
     "compare",
@@ -524,6 +525,38 @@ def graph_pools(device=None):
     infos = (_GraphPoolInfo * max(count.value, 1))()
     _check(lib.tensorpool_graph_pools(handle, infos, count.value, ctypes.byref(count)), "graph_pools")
     return [infos[k].as_dict() for k in range(min(count.value, len(infos)))]
+
+
+def _pool_slot(tag):
+    """The MemPool slot of `tag` in libtensorpool_torch (tensorpool_torch_pool_bind)."""
+    lib = _library()
+    bind = getattr(lib, "tensorpool_torch_pool_bind", None)
+    if bind is None:
+        raise TensorpoolError(f"tensorpool: mem_pool needs libtensorpool_torch; {_path} has no MemPool slots",
+                              "TENSORPOOL_ERROR_UNAVAILABLE")
+    bind.argtypes, bind.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+    slot = ctypes.c_int(-1)
+    _check(bind(None if tag is None else str(tag).encode(), ctypes.byref(slot)), f"mem_pool(tag={tag!r})")
+    return slot.value
+
+
+def mem_pool(tag=None):
+    """A torch.cuda.MemPool (PyTorch 2.5 and later) whose segments come from tensorpool, allocated
+    under `tag` (None: untagged), so that part of a program can use tensorpool while PyTorch's
+    allocator serves the rest, and that part can sleep alone:
+
+        pool = tensorpool.mem_pool(tag="kv_cache")
+        with torch.cuda.use_mem_pool(pool):
+            kv = torch.empty(kv_shape, device="cuda")
+        tensorpool.sleep(tag="kv_cache")   # backend:vmm: the pool's pages back to the device
+        tensorpool.wake(tag="kv_cache")
+
+    Each distinct tag takes one of libtensorpool_torch's 16 slots for the life of the process."""
+    slot = _pool_slot(tag)
+    import torch  # only here: the rest of the module works without PyTorch
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), f"tensorpool_torch_pool_malloc_{slot}",
+                                                         "tensorpool_torch_free")
+    return torch.cuda.MemPool(allocator.allocator())
 
 
 def record_history(enabled=True, max_entries=100000):

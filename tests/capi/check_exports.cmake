@@ -19,10 +19,12 @@ foreach(line ${lines})
   list(APPEND exported ${name})
 endforeach()
 set(required tensorpool_create tensorpool_alloc tensorpool_free tensorpool_device_allocator
-  tensorpool_stats_json tensorpool_dump_snapshot tensorpool_last_error tensorpool_sleep tensorpool_wake)
+  tensorpool_stats_json tensorpool_dump_snapshot tensorpool_last_error tensorpool_sleep tensorpool_wake
+  tensorpool_begin_capture tensorpool_end_capture tensorpool_release_graph tensorpool_graph_pools)
 if(LIBRARY MATCHES "torch")
   list(APPEND required tensorpool_torch_malloc tensorpool_torch_free tensorpool_torch_init
-    tensorpool_torch_reset tensorpool_torch_memory_fraction tensorpool_torch_record_stream)
+    tensorpool_torch_reset tensorpool_torch_memory_fraction tensorpool_torch_record_stream
+    tensorpool_torch_pool_bind tensorpool_torch_pool_malloc_0 tensorpool_torch_pool_malloc_15)
 endif()
 foreach(name ${required})
   if(NOT name IN_LIST exported)

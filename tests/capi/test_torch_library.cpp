@@ -19,7 +19,8 @@
 #include <map>
 #include <string>
 
-#include "tensorpool/tensorpool.h"  // types only: the functions come from dlsym()
+#include "tensorpool/cuda/torch_allocator.h"  // types only: the functions come from dlsym()
+#include "tensorpool/tensorpool.h"
 
 using Catch::Matchers::Contains;
 
@@ -81,6 +82,11 @@ class TorchLibrary {
     tensorpool_allocator* a = nullptr;
     REQUIRE(existing(device, &a) == TENSORPOOL_OK);
     REQUIRE(check_invariants(a) == TENSORPOOL_OK);
+  }
+
+  template <class F>
+  F* symbol(const char* name) {
+    return sym<F>(name);
   }
 
  private:
@@ -228,5 +234,49 @@ TEST_CASE("libtensorpool_torch: a bad TENSORPOOL_CONF makes malloc return nullpt
   void* p = lib.alloc(MiB, 0, nullptr);
   REQUIRE(p != nullptr);
   lib.free(p, MiB, 0, nullptr);
+  lib.intact(0);
+}
+
+TEST_CASE("libtensorpool_torch: a MemPool slot allocates under its tag, and its segments sleep alone",
+          "[torch][mempool]") {
+  TorchLibrary lib;
+  lib.reset_double(1, 8 * GiB, 1);
+  ::setenv("TENSORPOOL_CONF", "backend:vmm", 1);
+  ::setenv("TENSORPOOL_LOG_LEVEL", "off", 1);
+  lib.init(1);
+  auto bind = lib.symbol<decltype(tensorpool_torch_pool_bind)>("tensorpool_torch_pool_bind");
+  auto sleep = lib.symbol<decltype(tensorpool_sleep)>("tensorpool_sleep");
+  auto wake = lib.symbol<decltype(tensorpool_wake)>("tensorpool_wake");
+  auto is_asleep = lib.symbol<decltype(tensorpool_is_asleep)>("tensorpool_is_asleep");
+  int kv = -1, again = -1, plain = -1;
+  REQUIRE(bind("test.kv_cache", &kv) == TENSORPOOL_OK);
+  REQUIRE(bind("test.kv_cache", &again) == TENSORPOOL_OK);
+  REQUIRE(again == kv);  // one slot per tag
+  REQUIRE(bind(nullptr, &plain) == TENSORPOOL_OK);
+  REQUIRE(plain != kv);
+  REQUIRE(bind("x", nullptr) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  // PyTorch's type for a MemPool's allocator function, looked up by the slot's name.
+  const std::function<void*(size_t, int, cudaStream_t)> kv_malloc =
+      lib.symbol<void*(size_t, int, cudaStream_t)>(("tensorpool_torch_pool_malloc_" + std::to_string(kv)).c_str());
+  const std::function<void*(size_t, int, cudaStream_t)> plain_malloc =
+      lib.symbol<void*(size_t, int, cudaStream_t)>(("tensorpool_torch_pool_malloc_" + std::to_string(plain)).c_str());
+  const std::function<void*(size_t, int, cudaStream_t)> unbound_malloc =
+      lib.symbol<void*(size_t, int, cudaStream_t)>("tensorpool_torch_pool_malloc_15");
+  void* segment = kv_malloc(20 * MiB, 0, nullptr);
+  void* other = plain_malloc(20 * MiB, 0, nullptr);
+  REQUIRE(segment != nullptr);
+  REQUIRE(other != nullptr);
+  REQUIRE(unbound_malloc(MiB, 0, nullptr) == nullptr);  // slot 15 was never bound
+  tensorpool_allocator* a = nullptr;
+  REQUIRE(lib.existing(0, &a) == TENSORPOOL_OK);
+  REQUIRE(sleep(a, "test.kv_cache", 0, nullptr) == TENSORPOOL_OK);
+  int asleep = -1;
+  REQUIRE(is_asleep(a, segment, &asleep) == TENSORPOOL_OK);
+  REQUIRE(asleep == 1);
+  REQUIRE(is_asleep(a, other, &asleep) == TENSORPOOL_OK);
+  REQUIRE(asleep == 0);
+  REQUIRE(wake(a, "test.kv_cache") == TENSORPOOL_OK);
+  lib.free(segment, 20 * MiB, 0, nullptr);
+  lib.free(other, 20 * MiB, 0, nullptr);
   lib.intact(0);
 }

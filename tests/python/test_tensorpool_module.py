@@ -482,6 +482,37 @@ class GraphTest(unittest.TestCase):
         self.assertIn("graphs-ok", r.stdout)
 
 
+MEMPOOL_SCRIPT = """
+import ctypes, tensorpool
+lib = tensorpool._library()
+MiB = 1 << 20
+kv = tensorpool._pool_slot("py.kv_cache")
+assert tensorpool._pool_slot("py.kv_cache") == kv
+plain = tensorpool._pool_slot(None)
+assert plain != kv
+alloc = getattr(lib, f"tensorpool_torch_pool_malloc_{kv}")  # what a MemPool calls for a segment
+alloc.argtypes, alloc.restype = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+segment = alloc(16 * MiB, 0, None)
+assert segment, tensorpool._library().tensorpool_last_error()
+r = tensorpool.sleep(0, tag="py.kv_cache")
+assert r["asleep_blocks"] == 1 and tensorpool.is_asleep(segment, 0), r
+tensorpool.wake(0, tag="py.kv_cache")
+assert not tensorpool.is_asleep(segment, 0)
+print("mempool-ok")
+"""
+
+
+class MemPoolTest(unittest.TestCase):
+    def test_a_slot_allocates_under_its_tag_or_the_c_library_says_what_is_missing(self):
+        r = run_python(MEMPOOL_SCRIPT, TENSORPOOL_CONF="backend:vmm" if BACKEND != "simulated" else "backend:simulated")
+        if BACKEND == "simulated":  # libtensorpool_c: no PyTorch entry points
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("mem_pool needs libtensorpool_torch", r.stderr)
+        else:
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("mempool-ok", r.stdout)
+
+
 class SleepTest(unittest.TestCase):
     def test_sleep_and_wake_in_the_virtual_memory_mode(self):
         backend = "simulated" if BACKEND == "simulated" else "vmm"

@@ -42,6 +42,25 @@ TENSORPOOL_API void tensorpool_torch_memory_fraction(double fraction, int device
 /* record_stream_fn: std::function<void(void*, cudaStream_t)>: the block is used on `stream`. */
 TENSORPOOL_API void tensorpool_torch_record_stream(void* ptr, cudaStream_t stream);
 
+/* torch.cuda.MemPool allocators (tensorpool.mem_pool() in Python): a MemPool's allocator is a
+ * CUDAPluggableAllocator of one of TENSORPOOL_TORCH_POOL_SLOTS malloc functions,
+ * tensorpool_torch_pool_malloc_<slot> (with tensorpool_torch_free), each of which allocates under
+ * the tag bound to its slot, so that tensorpool_sleep(tag) puts the pool's segments to sleep.
+ * tensorpool_torch_pool_bind gives the slot of `tag` (NULL: untagged), binding a new one the
+ * first time; a slot stays bound for the life of the process. More distinct tags than slots:
+ * TENSORPOOL_ERROR_USAGE. */
+#define TENSORPOOL_TORCH_POOL_SLOTS 16
+TENSORPOOL_API tensorpool_status tensorpool_torch_pool_bind(const char* tag, int* slot);
+#define TENSORPOOL_TORCH_POOL_MALLOC(k) \
+  TENSORPOOL_API void* tensorpool_torch_pool_malloc_##k(size_t size, int device, cudaStream_t stream);
+TENSORPOOL_TORCH_POOL_MALLOC(0) TENSORPOOL_TORCH_POOL_MALLOC(1) TENSORPOOL_TORCH_POOL_MALLOC(2)
+TENSORPOOL_TORCH_POOL_MALLOC(3) TENSORPOOL_TORCH_POOL_MALLOC(4) TENSORPOOL_TORCH_POOL_MALLOC(5)
+TENSORPOOL_TORCH_POOL_MALLOC(6) TENSORPOOL_TORCH_POOL_MALLOC(7) TENSORPOOL_TORCH_POOL_MALLOC(8)
+TENSORPOOL_TORCH_POOL_MALLOC(9) TENSORPOOL_TORCH_POOL_MALLOC(10) TENSORPOOL_TORCH_POOL_MALLOC(11)
+TENSORPOOL_TORCH_POOL_MALLOC(12) TENSORPOOL_TORCH_POOL_MALLOC(13) TENSORPOOL_TORCH_POOL_MALLOC(14)
+TENSORPOOL_TORCH_POOL_MALLOC(15)
+#undef TENSORPOOL_TORCH_POOL_MALLOC
+
 #ifdef __cplusplus
 }
 #endif
