@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "tensorpool/errors.hpp"
 #include "tensorpool/types.hpp"
@@ -25,6 +26,13 @@ enum class EventType : std::uint8_t {
   oom,             // an allocation failed
   empty_cache,     // empty_cache() ran
   record_stream,   // record_stream(): the block at `address` is also used on `stream`
+  sleep,           // sleep() ran: `tag` (0: all), `requested` 1 when contents are kept, `size`
+                   // the bytes released
+  wake,            // wake() ran: `tag` (0: all), `size` the bytes mapped back
+  capture_begin,   // begin_capture(): `address` the graph pool's id, `stream`, `size` the bytes
+                   // reserved for it by this call
+  capture_end,     // end_capture(): `address` the pool's id, `stream`
+  graph_release,   // release_graph(): `address` the pool's id
 };
 const char* to_string(EventType type) noexcept;
 
@@ -35,7 +43,11 @@ struct AllocatorEvent {
   std::size_t size = 0;       // rounded block size, or segment size
   Stream stream = kDefaultStream;
   std::uint64_t time_ns = 0;  // steady clock
+  std::uint16_t tag = 0;      // alloc: the Tag the block was allocated under (a process-wide id,
+                              // named by tag_name(); 0: none); sleep, wake: the tag they were for
 };
+/// The name of a tag id of AllocatorEvent::tag ("" for 0 or an unknown id).
+std::string tag_name(std::uint16_t tag);
 
 class Observer {
  public:

@@ -228,7 +228,7 @@ TP_ALWAYS_INLINE void* Allocator::Impl::allocate_in(std::size_t bytes, detail::S
     b = take(b, handed_size(b, size), bytes);
   }
   if (TP_UNLIKELY(b->segment->owner != &ss)) add_use(b, stream);  // taken from another stream
-  if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::alloc, b->addr, bytes, b->size, stream);
+  if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::alloc, b->addr, bytes, b->size, stream, ss.tag);
   debug_check();
   return reinterpret_cast<void*>(b->addr);
 }

@@ -42,6 +42,7 @@ GraphPool Allocator::Impl::begin_capture(Stream stream, std::size_t reserve) {
   }
   graphs_.start_capture(stream, pool);
   captures_underway = graphs_.captures();
+  if (hooks.observed()) hooks.notify(EventType::capture_begin, pool.id, 0, reserve, stream);
   debug_check();
   return GraphPool{pool.id};
 }
@@ -58,6 +59,7 @@ void Allocator::Impl::begin_capture(Stream stream, GraphPool which, std::size_t 
   if (more != 0) reserve_range(*pool, stream, more, lock);
   graphs_.start_capture(stream, *pool);
   captures_underway = graphs_.captures();
+  if (hooks.observed()) hooks.notify(EventType::capture_begin, pool->id, 0, more, stream);
   debug_check();
 }
 
@@ -66,8 +68,10 @@ void Allocator::Impl::end_capture(Stream stream) {
   if (graphs_.capturing(stream) == nullptr)
     throw UsageError("tensorpool: end_capture: " + stream_name(stream) +
                      " is not captured into a graph pool (begin_capture was not called for it)");
+  const std::uint64_t id = graphs_.capturing(stream)->id;
   graphs_.end_capture(stream);
   captures_underway = graphs_.captures();
+  if (hooks.observed()) hooks.notify(EventType::capture_end, id, 0, 0, stream);
   if (!capture_underway()) record_deferred_events();
   debug_check();
 }
@@ -82,6 +86,7 @@ void Allocator::Impl::release_graph(GraphPool which) {
     throw UsageError("tensorpool: release_graph: graph pool " + std::to_string(which.id) + " still serves " +
                      stream_name(pool->capturing.front()) + " (end_capture first)");
   pool->released = true;
+  if (hooks.observed()) hooks.notify(EventType::graph_release, pool->id, 0, 0, kDefaultStream);
   give_back_if_done(*pool);
   debug_check();
 }
@@ -100,6 +105,8 @@ void Allocator::Impl::reserve_range(GraphPoolRec& pool, Stream stream, std::size
                      format_bytes(bytes) + " now would ask the device for memory inside the capture. Call "
                      "begin_capture before cudaStreamBeginCapture (or join a pool with nothing more to reserve)");
   static const detail::TagId tag = detail::intern_tag(detail::kGraphPoolsTag);
+  // Observers see the range as an allocation of its own (under the tag), held until the pool
+  // goes; the blocks cut from it are not events (a replay holds the reserve for the graph).
   const auto addr = reinterpret_cast<Address>(allocate_locked(bytes, {stream, tag}, lock));
   Block* b = find_live(addr);
   b->uses = new std::vector<Stream>();

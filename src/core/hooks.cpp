@@ -11,11 +11,12 @@ namespace tensorpool {
 namespace detail {
 
 void Hooks::notify(EventType type, Address addr, std::size_t requested, std::size_t size,
-                   Stream stream) const {
+                   Stream stream, std::uint16_t tag) const {
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
   const AllocatorEvent e{type, addr, requested, size, stream,
                          static_cast<std::uint64_t>(
-                             std::chrono::duration_cast<std::chrono::nanoseconds>(now).count())};
+                             std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()),
+                         tag};
   for (const auto& [id, observer] : observers_) observer->on_event(e);
 }
 

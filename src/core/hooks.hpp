@@ -24,7 +24,7 @@ class Hooks {
   bool observed() const noexcept { return has_observers_; }
   /// Tells every observer (call only when observed(): it reads the clock).
   void notify(EventType type, Address addr, std::size_t requested, std::size_t size,
-              Stream stream) const;
+              Stream stream, std::uint16_t tag = 0) const;
 
   HookId add_observer(std::shared_ptr<Observer> observer);
   HookId add_oom_observer(OomObserver observer);

@@ -78,6 +78,9 @@ SleepReport Allocator::Impl::sleep(detail::Sleepers who, Contents contents) {
   counters.count(&Stats::syncs);
   synchronize_pending();
   const SleepReport report = source_->sleep(who, contents);
+  if (hooks.observed())
+    hooks.notify(EventType::sleep, 0, contents == Contents::keep ? 1 : 0, report.released_bytes, kDefaultStream,
+                 who.all ? 0 : who.tag);
   debug_check();
   return report;
 }
@@ -86,7 +89,11 @@ void Allocator::Impl::wake(detail::Sleepers who) {
   Lock lock(shards);
   if (!source_->supports_sleep()) throw UsageError(detail::kSleepNeedsVmm);
   refuse_while_capturing("wake");
+  const std::size_t asleep_before = source_->asleep().asleep_bytes;
   source_->wake(who);
+  if (hooks.observed())
+    hooks.notify(EventType::wake, 0, 0, asleep_before - source_->asleep().asleep_bytes, kDefaultStream,
+                 who.all ? 0 : who.tag);
   debug_check();
 }
 

@@ -8,6 +8,7 @@
 
 #include "tensorpool/allocator.hpp"
 #include "tensorpool/errors.hpp"
+#include "tensorpool/hooks.hpp"
 
 namespace tensorpool {
 namespace detail {
@@ -56,6 +57,8 @@ std::string tag_name(TagId id) {
 }
 
 }  // namespace detail
+
+std::string tag_name(std::uint16_t tag) { return detail::tag_name(tag); }
 
 Tag::Tag(std::string_view name) : previous_(detail::exchange_thread_tag(detail::intern_tag(name))) {}
 Tag::~Tag() { detail::exchange_thread_tag(previous_); }

@@ -47,6 +47,11 @@ const char* to_string(EventType type) noexcept {
     case EventType::oom: return "oom";
     case EventType::empty_cache: return "empty_cache";
     case EventType::record_stream: return "record_stream";
+    case EventType::sleep: return "sleep";
+    case EventType::wake: return "wake";
+    case EventType::capture_begin: return "capture_begin";
+    case EventType::capture_end: return "capture_end";
+    case EventType::graph_release: return "graph_release";
   }
   return "unknown";
 }

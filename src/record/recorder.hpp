@@ -38,6 +38,11 @@ class RecordSink {
 std::unique_ptr<RecordSink> open_sink(const std::string& path, RecordingFormat format,
                                       const trace::TraceInfo& info);
 
+/// Whether to_trace_event left a tag's process-wide id in e.label (a tagged alloc, a sleep or
+/// wake of a tag) for the sink to name: the writer's label table is the sink's.
+inline bool carries_tag(const trace::TraceEvent& e) noexcept {
+  return e.label != 0 && (e.op == trace::Op::sleep || (e.op == trace::Op::alloc && (e.flags & trace::kFlagTagged)));
+}
 /// The trace event of an observed allocator event; nullopt for events the format has no op for.
 std::optional<trace::TraceEvent> to_trace_event(const AllocatorEvent& e, std::uint16_t device,
                                                 std::uint64_t started_ns) noexcept;

@@ -45,7 +45,12 @@ class NativeSink final : public RecordSink {
   NativeSink(const std::string& path, trace::Format format, const trace::TraceInfo& info)
       : writer_(trace::TraceWriter::open(path, format, info,
                                          trace::WriteOptions{partial_name(path)})) {}
-  void write(const trace::TraceEvent& event, std::uint64_t /*thread*/) override { writer_->write(event); }
+  void write(const trace::TraceEvent& event, std::uint64_t /*thread*/) override {
+    if (!carries_tag(event)) return writer_->write(event);
+    trace::TraceEvent named = event;  // its label holds a tag id (to_trace_event): name it here
+    named.label = writer_->intern(tag_name(static_cast<std::uint16_t>(event.label)));
+    writer_->write(named);
+  }
   void checkpoint() override { writer_->checkpoint(); }
   void finish() override { writer_->finish(); }
   const std::string& temp_path() const noexcept override { return writer_->temp_path(); }
@@ -119,8 +124,28 @@ std::optional<trace::TraceEvent> to_trace_event(const AllocatorEvent& e, std::ui
     out.size = size;
     return out;
   };
+  const auto graph_pool = [&](std::uint8_t what, std::uint64_t size) {
+    trace::TraceEvent out = with(Op::graph_pool, size);
+    out.flags = what;
+    return out;
+  };
+  const auto sleep = [&](std::uint8_t flags) {
+    trace::TraceEvent out = with(Op::sleep, e.size);
+    out.addr = 0;
+    out.stream = 0;
+    out.flags = flags;
+    out.label = e.tag;  // the sink names it
+    return out;
+  };
   switch (e.type) {
-    case EventType::alloc: return with(Op::alloc, e.requested);
+    case EventType::alloc: {
+      trace::TraceEvent out = with(Op::alloc, e.requested);
+      if (e.tag != 0) {  // the sink names it
+        out.flags = trace::kFlagTagged;
+        out.label = e.tag;
+      }
+      return out;
+    }
     case EventType::free_requested: return with(Op::free_requested, e.requested);
     case EventType::free_completed: return with(Op::free_completed, e.requested);
     case EventType::record_stream: return with(Op::record_stream, 0);
@@ -136,6 +161,15 @@ std::optional<trace::TraceEvent> to_trace_event(const AllocatorEvent& e, std::ui
     // After the segment_free (segment_unmap) events of what it released: the allocator reports
     // the call once it has run. The trace op has no fields.
     case EventType::empty_cache: return trace::TraceEvent{.op = Op::empty_cache, .device = at.device, .time_us = at.time_us};
+    case EventType::sleep: return sleep(e.requested != 0 ? trace::kFlagKeepContents : 0);
+    case EventType::wake: return sleep(trace::kFlagWake);
+    case EventType::capture_begin: return graph_pool(trace::kGraphCaptureBegin, e.size);
+    case EventType::capture_end: return graph_pool(trace::kGraphCaptureEnd, 0);
+    case EventType::graph_release: {
+      trace::TraceEvent out = graph_pool(trace::kGraphRelease, 0);
+      out.stream = 0;
+      return out;
+    }
   }
   return std::nullopt;
 }

@@ -84,7 +84,7 @@ class DeviceReplay final : public ReplayView {
   std::string settings() const { return target_->settings(); }
 
   // Inlined into the event loop (run_pass), as it was before the loop had variants.
-  [[gnu::always_inline]] void apply(const TraceEvent& e) {
+  [[gnu::always_inline]] void apply(const TraceEvent& e, const EventSource& source) {
     ++pass_.result.events;
     if (!pass_.window_started && !is_seed(e.op)) start_window();
     switch (e.op) {
@@ -92,7 +92,13 @@ class DeviceReplay final : public ReplayView {
         if (pass_.number == 0) seed_segment(e);
         break;
       case Op::seed_alloc: allocate(e, true); break;
-      case Op::alloc: allocate(e, false); break;
+      case Op::alloc:
+        if ((e.flags & trace::kFlagTagged) != 0) [[unlikely]] {
+          allocate(e, false, source.label(e.label));
+        } else {
+          allocate(e, false);
+        }
+        break;
       case Op::free_requested: free(e, true); break;
       case Op::free_completed: free(e, false); break;
       case Op::record_stream:
@@ -103,6 +109,14 @@ class DeviceReplay final : public ReplayView {
         if (attempt_ooms_) attempt_failed(e);
         break;
       case Op::empty_cache: target_->empty_cache(); break;
+      case Op::sleep:
+        if (e.flags & trace::kFlagWake) {
+          target_->wake(source.label(e.label));
+        } else {
+          target_->sleep(source.label(e.label), (e.flags & trace::kFlagKeepContents) != 0);
+        }
+        measure();
+        break;
       case Op::iteration:
         if (++pass_.result.iterations == 2) pass_.at_second_iteration = target_->upstream();
         break;
@@ -205,12 +219,14 @@ class DeviceReplay final : public ReplayView {
     if (pass_.observer != nullptr) pass_.observer->on_first_oom(*pass_.result.first_oom, *this);
   }
 
-  void allocate(const TraceEvent& e, bool seed) {
+  void allocate(const TraceEvent& e, bool seed, std::string_view tag = {}) {
     if (e.size == 0) return;
     if (live_.count(e.addr) != 0) free_live(live_.find(e.addr));  // a reused address: the old block died
     ++pass_.result.allocs;
     try {
-      void* p = seed ? target_->seed_alloc(e) : target_->allocate(e.size, e.stream);
+      void* p = seed            ? target_->seed_alloc(e)
+                : tag.empty()   ? target_->allocate(e.size, e.stream)
+                                : target_->allocate_tagged(e.size, e.stream, tag);
       live_.emplace(e.addr, Live{p, e.size, e.stream, e.label});
       requested_ += e.size;
     } catch (const OutOfMemoryError& oom) {
@@ -312,7 +328,7 @@ void run_pass(EventSource& source, TraceEvent& e, const ReplayOptions& options, 
     if (options.device >= 0 && d != options.device) continue;
     auto& slot = devices[d];
     if (!slot) slot = std::make_unique<DeviceReplay>(options, d);
-    slot->apply(e);
+    slot->apply(e, source);
     if constexpr (kObserve) slot->observe(e);
   }
 }

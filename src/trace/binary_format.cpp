@@ -1,4 +1,4 @@
-// The binary trace format (.tptrace, version 1): its reader and writer. docs/trace-format.md is
+// The binary trace format (.tptrace, version 3): its reader and writer. docs/trace-format.md is
 // the specification; the constants below are its tables.
 //
 // A file is: magic, version (u32 LE), header (source, metadata), then records, each starting with
@@ -138,7 +138,7 @@ std::uint64_t BinaryReader::varint_tail(Cursor& c, std::uint8_t first, const cha
 template <class Cursor>
 TP_ALWAYS_INLINE void BinaryReader::decode_event(Cursor& c, std::uint8_t tag, TraceEvent& e) {
   const unsigned op = tag & kTagOpMask;
-  const unsigned known = version_ >= 2 ? kNumOps : kOpsInVersion1;
+  const auto known = static_cast<unsigned>(ops_in_version(version_));
   if (op >= known) {
     fail(fmt::format("unknown op {} in event record (tag 0x{:02X}); known ops are 0..{} in version {}",
                      op, tag, known - 1, version_));

@@ -9,7 +9,8 @@ namespace {
 constexpr std::array<const char*, kNumOps> kOpNames = {
     "alloc",       "free_requested", "free_completed", "record_stream", "stream_sync",
     "iteration",   "segment_alloc",  "segment_free",   "segment_map",   "segment_unmap",
-    "oom",         "seed_segment",   "seed_alloc",     "empty_cache"};
+    "oom",         "seed_segment",   "seed_alloc",     "empty_cache",   "sleep",
+    "graph_pool"};
 }  // namespace
 
 const char* to_string(Op op) noexcept {

@@ -1,4 +1,4 @@
-// The JSON-lines trace format (.jsonl, version 1): its reader and writer. docs/trace-format.md is
+// The JSON-lines trace format (.jsonl, version 3): its reader and writer. docs/trace-format.md is
 // the specification.
 //
 // Line 1 is a header object, then one object per event, then optionally an end object
@@ -45,6 +45,8 @@ constexpr std::array<unsigned, kNumOps> kRequiredFields = {
     kAddr | kSize,    // seed_segment
     kAddr | kSize,    // seed_alloc
     0,                // empty_cache
+    0,                // sleep
+    kAddr,            // graph_pool
 };
 
 /// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF), as JSON requires.
@@ -296,9 +298,9 @@ void JsonlReader::parse_event(const json& j, TraceEvent& e) {
     if (it.key() == "op") {
       if (!it->is_string()) fail("key \"op\" must be a string, found " + describe(*it));
       if (!parse_op(it->get_ref<const std::string&>(), e.op) ||
-          (version_ < 2 && static_cast<int>(e.op) >= kOpsInVersion1)) {
+          static_cast<int>(e.op) >= ops_in_version(version_)) {
         fail(fmt::format("unknown op {}{}", it->dump(-1, ' ', false, json::error_handler_t::replace),
-                         version_ < 2 ? " in version 1" : ""));
+                         version_ < kJsonlFormatVersion ? fmt::format(" in version {}", version_) : ""));
       }
       has_op = true;
     } else {

@@ -87,7 +87,12 @@ const char* action_name(const AllocatorEvent& e) {
     case EventType::segment_unmap: return "segment_unmap";
     case EventType::oom: return "oom";
     case EventType::empty_cache:
-    case EventType::record_stream: break;
+    case EventType::record_stream:
+    case EventType::sleep:
+    case EventType::wake:
+    case EventType::capture_begin:
+    case EventType::capture_end:
+    case EventType::graph_release: break;
   }
   return nullptr;
 }

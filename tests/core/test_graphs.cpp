@@ -215,7 +215,7 @@ TEST_CASE("graphs: misuse is a usage error that changes nothing", "[graphs]") {
   sim.alloc.deallocate(p);
   REQUIRE_THROWS_WITH(sim.alloc.deallocate(p), Catch::Contains("not one of its live blocks"));
   REQUIRE(sim.alloc.stats().graph_reserved_bytes == before.graph_reserved_bytes);
-  REQUIRE(sim.alloc.usage().reserved == before.total[Metric::reserved_bytes].current);
+  REQUIRE(static_cast<std::int64_t>(sim.alloc.usage().reserved) == before.total[Metric::reserved_bytes].current);
   sim.alloc.check_invariants();
   sim.alloc.end_capture(s);
   sim.alloc.release_graph(pool);

@@ -562,7 +562,7 @@ class RecordingTest(unittest.TestCase):
         with open(path, "rb") as f:
             head = f.read(12)
         self.assertEqual(head[:8], b"\x89TPT\r\n\x1a\n")
-        self.assertEqual(int.from_bytes(head[8:12], "little"), 2)  # the format version written
+        self.assertEqual(int.from_bytes(head[8:12], "little"), 3)  # the format version written
 
     @unittest.skipUnless(os.environ.get("TENSORPOOL_CLI"), "TENSORPOOL_CLI not set")
     def test_tensorpool_info_reads_it(self):

@@ -202,11 +202,11 @@ TEST_CASE("the recorded events are the allocator's, field by field", "[record]")
   CHECK(events[10].addr == 0);
   CHECK(events[10].size == 0);
   for (std::size_t i = 1; i < events.size(); ++i) CHECK(events[i].time_us >= events[i - 1].time_us);
-  // Written in the current format version (u32 LE at offset 8), which has the empty_cache op.
+  // Written in the current format version (u32 LE at offset 8), which has the sleep and graph_pool ops.
   const std::string bytes = tensorpool::testing::read_bytes(dir.file("t.tptrace"));
   REQUIRE(bytes.size() > 12);
-  CHECK(bytes.substr(8, 4) == std::string("\x02\x00\x00\x00", 4));
-  static_assert(trace::kBinaryFormatVersion == 2);
+  CHECK(bytes.substr(8, 4) == std::string("\x03\x00\x00\x00", 4));
+  static_assert(trace::kBinaryFormatVersion == 3);
 }
 
 TEST_CASE("a live allocator's state becomes seed events, several allocators share a file", "[record]") {
@@ -472,4 +472,89 @@ TEST_CASE("TENSORPOOL_TRACE records every attached allocator into one file, or l
           Allocator a0(d0, testing::fixed_mode());
           return attach_recording_from_env(a0) ? 1 : 0;
         }) == 0);
+}
+
+TEST_CASE("tags, sleep and wake, and graph pools are recorded, and a replay sleeps where the program did",
+          "[record][sleep][graphs]") {
+  TempDir dir("tensorpool_test_record");
+  auto device = make_device();
+  Config vmm;
+  vmm.mode = Mode::vmm;
+  vmm.vmm_planner = PlannerMode::synchronous;
+  Allocator alloc(device, vmm);
+  const Stream s = device->create_stream();
+  const std::string path = dir.file("sleep.tptrace");
+  Recording rec = start_recording(alloc, path);
+  void* kv = nullptr;
+  {
+    const Tag tag("rec.kv_cache");
+    kv = alloc.allocate(600 * MiB, s);
+  }
+  void* weights = alloc.allocate(100 * MiB, s);
+  alloc.sleep("rec.kv_cache", Contents::keep);
+  void* scratch = alloc.allocate(500 * MiB, s);  // the KV cache's memory, used meanwhile
+  alloc.deallocate(scratch);
+  alloc.empty_cache();
+  alloc.wake("rec.kv_cache");
+  const GraphPool pool = alloc.begin_capture(s, 8 * MiB);
+  void* captured = alloc.allocate(MiB, s);
+  alloc.deallocate(captured);
+  alloc.end_capture(s);
+  alloc.release_graph(pool);
+  alloc.deallocate(kv);
+  alloc.deallocate(weights);
+  REQUIRE(rec.stop());
+
+  const trace::Trace t = trace::read_trace(path);
+  using trace::Op;
+  const auto find = [&](Op op, std::uint8_t flags) {
+    return std::find_if(t.events.begin(), t.events.end(),
+                        [&](const trace::TraceEvent& e) { return e.op == op && e.flags == flags; });
+  };
+  const auto tagged = find(Op::alloc, trace::kFlagTagged);
+  REQUIRE(tagged != t.events.end());
+  CHECK(tagged->size == 600 * MiB);
+  CHECK(t.labels[tagged->label] == "rec.kv_cache");
+  const auto slept = find(Op::sleep, trace::kFlagKeepContents);
+  REQUIRE(slept != t.events.end());
+  CHECK(t.labels[slept->label] == "rec.kv_cache");
+  CHECK(slept->size >= 600 * MiB);  // what it released
+  const auto woke = find(Op::sleep, trace::kFlagWake);
+  REQUIRE(woke != t.events.end());
+  CHECK(woke->size >= 600 * MiB);
+  const auto begin = find(Op::graph_pool, trace::kGraphCaptureBegin);
+  const auto end = find(Op::graph_pool, trace::kGraphCaptureEnd);
+  const auto release = find(Op::graph_pool, trace::kGraphRelease);
+  REQUIRE(begin != t.events.end());
+  REQUIRE(end != t.events.end());
+  REQUIRE(release != t.events.end());
+  CHECK(begin->addr == pool.id);
+  CHECK(begin->size == 8 * MiB);
+  CHECK(begin->stream == s);
+  CHECK(end->addr == pool.id);
+  CHECK(release->addr == pool.id);
+  CHECK((begin < end && end < release));
+  // The pool is one block of its reserve, under the graph pools' tag; its blocks are no events.
+  CHECK(std::count_if(t.events.begin(), t.events.end(), [&](const trace::TraceEvent& e) {
+          return e.op == Op::alloc && (e.flags & trace::kFlagTagged) && t.labels[e.label] == "tensorpool:graphs";
+        }) == 1);
+  CHECK(std::none_of(t.events.begin(), t.events.end(), [&](const trace::TraceEvent& e) {
+    return e.op == Op::alloc && e.addr == reinterpret_cast<std::uint64_t>(captured) && e.size == MiB;
+  }));
+
+  // Replayed: tensorpool-vmm sleeps where the program did and needs less than what stays awake
+  // plus the KV cache plus the scratch; the pytorch model holds the KV cache through the sleep.
+  const auto replayed = [&](const char* allocator) {
+    replay::TraceSource source(t);
+    replay::ReplayOptions o;
+    o.allocator = allocator;
+    o.target.capacity = kCapacity;
+    return replay::replay(source, o).total;
+  };
+  const replay::ReplayResult vmm_result = replayed("tensorpool-vmm");
+  const replay::ReplayResult pytorch = replayed("pytorch");
+  CHECK(vmm_result.ooms == 0);
+  CHECK(vmm_result.peak_reserved < 1200 * MiB);
+  CHECK(pytorch.peak_reserved >= 1200 * MiB);
+  CHECK(vmm_result.peak_reserved + 400 * MiB <= pytorch.peak_reserved);
 }

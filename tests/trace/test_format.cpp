@@ -110,6 +110,12 @@ Trace every_op_trace() {
   add(t, ev(Op::iteration, 0, 1, 0, 19), "step");
   add(t, ev(Op::oom, 0, 80ull << 30, 0, 20), "optimizer.step");
   add(t, ev(Op::empty_cache, 0, 0, 0, 21));
+  TraceEvent sleep = ev(Op::sleep, 0, 6ull << 30, 0, 22);
+  sleep.flags = kFlagKeepContents;
+  add(t, sleep, "kv_cache");  // the tag
+  TraceEvent capture = ev(Op::graph_pool, 3, 512ull << 20, 7, 23);
+  capture.flags = kGraphCaptureEnd;
+  add(t, capture);
   return t;
 }
 
@@ -493,7 +499,7 @@ TEST_CASE("binary format errors say what was expected", "[format]") {
   SECTION("unsupported version") {
     const auto e = error_of(BinaryBuilder().header(7).end(0));
     CHECK(contains(e.what(), "unsupported .tptrace format version 7"));
-    CHECK(contains(e.what(), "supports versions 1 to 2"));
+    CHECK(contains(e.what(), "supports versions 1 to 3"));
     CHECK(e.position() == 8);
   }
   SECTION("unknown record type") {
@@ -620,7 +626,7 @@ TEST_CASE("JSON lines: the writer's layout", "[format]") {
   std::istringstream lines(read_bytes(dir.file("t.jsonl")));
   std::string line;
   std::getline(lines, line);
-  CHECK(line == R"({"format":"tensorpool-trace","version":2,"source":"s","metadata":[]})");
+  CHECK(line == R"({"format":"tensorpool-trace","version":3,"source":"s","metadata":[]})");
   std::getline(lines, line);
   CHECK(line == R"({"op":"alloc","device":0,"stream":0,"addr":"0x7f0000001000","size":1024,"time_us":5,"label":"text"})");
   std::getline(lines, line);
@@ -684,7 +690,8 @@ TEST_CASE("JSON lines: malformed lines are reported with their line number", "[f
       {"blank lines count", {kJsonHeader, "", ok_event, "   ", R"({"op":"alloc"})"}, 5, "missing key"},
       {"no header", {ok_event}, 1, "expected the header object"},
       {"wrong format name", {R"({"format":"other","version":1})"}, 1, "expected the header object"},
-      {"unsupported version", {R"({"format":"tensorpool-trace","version":3})", ok_event}, 1, "unsupported tensorpool-trace JSON-lines version 3 (this reader supports versions 1 to 2"},
+      {"unsupported version", {R"({"format":"tensorpool-trace","version":4})", ok_event}, 1, "unsupported tensorpool-trace JSON-lines version 4 (this reader supports versions 1 to 3"},
+      {"sleep in version 2", {R"({"format":"tensorpool-trace","version":2})", R"({"op":"sleep"})"}, 2, "unknown op \"sleep\" in version 2"},
       {"empty_cache in version 1", {R"({"format":"tensorpool-trace","version":1})", R"({"op":"empty_cache"})"}, 2, "unknown op \"empty_cache\" in version 1"},
       {"missing version", {R"({"format":"tensorpool-trace"})"}, 1, "missing key \"version\""},
       {"metadata not strings", {R"({"format":"tensorpool-trace","version":1,"metadata":[1]})"}, 1, "array of strings"},

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tensorpool/errors.hpp"
@@ -38,6 +39,12 @@ class EventSource {
   virtual ~EventSource() = default;
   virtual bool next(trace::TraceEvent& out) = 0;
   virtual void rewind() = 0;
+  /// The text of label `id` of the events read so far ("" when unknown): a tagged allocation's
+  /// tag, a sleep's tag.
+  virtual std::string_view label(std::uint32_t id) const {
+    (void)id;
+    return {};
+  }
 };
 
 /// Events of an in-memory trace.
@@ -50,6 +57,9 @@ class TraceSource final : public EventSource {
     return true;
   }
   void rewind() override { index_ = 0; }
+  std::string_view label(std::uint32_t id) const override {
+    return id < trace_.labels.size() ? std::string_view(trace_.labels[id]) : std::string_view();
+  }
 
  private:
   const trace::Trace& trace_;

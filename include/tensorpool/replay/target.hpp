@@ -75,8 +75,19 @@ class ReplayTarget {
   virtual void* seed_alloc(const trace::TraceEvent& seed) { return allocate(seed.size, seed.stream); }
   /// Throws tensorpool::OutOfMemoryError when the request cannot be served.
   virtual void* allocate(std::size_t bytes, Stream stream) = 0;
+  /// An allocation the program made under a Tag (trace flag kFlagTagged, the tag's name in the
+  /// label): a target with tags gives it memory of the tag's own; the default ignores the tag.
+  virtual void* allocate_tagged(std::size_t bytes, Stream stream, std::string_view tag) {
+    (void)tag;
+    return allocate(bytes, stream);
+  }
   /// `bytes` and `stream` are those of the allocation.
   virtual void deallocate(void* ptr, std::size_t bytes, Stream stream) = 0;
+  /// The program put the memory of `tag` ("": all of it) to sleep, or woke it (sleep op): a
+  /// target that can give pages back while blocks keep their addresses (tensorpool-vmm) does so;
+  /// the default holds its memory, as an allocator without sleep would.
+  virtual void sleep(std::string_view tag, bool keep_contents) { (void)tag, (void)keep_contents; }
+  virtual void wake(std::string_view tag) { (void)tag; }
   virtual void record_stream(void* /*ptr*/, Stream /*stream*/) {}
   /// The host waited for `stream`: its pending work is complete.
   virtual void stream_synchronized(Stream /*stream*/) {}

@@ -31,8 +31,13 @@ enum class Op : std::uint8_t {
   seed_alloc = 12,     // a block live at window start: addr, size, stream
   empty_cache = 13,    // the program called empty_cache(): the recording allocator returned its
                        // free cached segments (the segment_free events right after this one)
+  sleep = 14,          // the program put memory to sleep, or woke it (flags: kFlagWake,
+                       // kFlagKeepContents); label: the tag (0: all memory); size: the bytes
+                       // the recording allocator released (sleep) or mapped back (wake)
+  graph_pool = 15,     // a CUDA graph's private pool (flags: kGraphCaptureBegin/End/Release):
+                       // addr: the pool's id; stream: the captured stream; size: the reserve
 };
-inline constexpr int kNumOps = 14;
+inline constexpr int kNumOps = 16;
 
 const char* to_string(Op op) noexcept;
 /// Parses the names printed by to_string(); false if unknown.
@@ -40,6 +45,14 @@ bool parse_op(std::string_view name, Op& out) noexcept;
 
 inline constexpr std::uint8_t kFlagSmallPool = 1;   // seed_segment / segment_alloc: small pool
 inline constexpr std::uint8_t kFlagExpandable = 2;  // seed_segment: an expandable segment
+inline constexpr std::uint8_t kFlagTagged = 4;      // alloc / seed_alloc: label is the Tag the
+                                                    // block was allocated under (memory of its own)
+inline constexpr std::uint8_t kFlagWake = 1;          // sleep: this is the wake
+inline constexpr std::uint8_t kFlagKeepContents = 2;  // sleep: contents kept in host memory
+// graph_pool: what happened to the pool (the flags are one of these values).
+inline constexpr std::uint8_t kGraphCaptureBegin = 0;  // `stream` is served from the pool from here
+inline constexpr std::uint8_t kGraphCaptureEnd = 1;    // ... up to here
+inline constexpr std::uint8_t kGraphRelease = 2;       // the graph is gone: the pool goes once empty
 
 /// One event of a trace. (Named apart from the device's event handles of device.hpp and the
 /// allocator's observer events of hooks.hpp.)

@@ -41,10 +41,16 @@ const char* to_string(Format format) noexcept;
 Format format_from_extension(const std::string& path);
 
 /// The version of each format this library writes, and the newest it reads.
-/// Version 2 added the op empty_cache; version-1 files are read as well (ops 0..12 only).
-inline constexpr std::uint32_t kBinaryFormatVersion = 2;
-inline constexpr std::uint32_t kJsonlFormatVersion = 2;
+/// Version 2 added the op empty_cache, version 3 the ops sleep and graph_pool; older files are
+/// read as well (version 1: ops 0..12; version 2: ops 0..13).
+inline constexpr std::uint32_t kBinaryFormatVersion = 3;
+inline constexpr std::uint32_t kJsonlFormatVersion = 3;
 inline constexpr int kOpsInVersion1 = 13;
+inline constexpr int kOpsInVersion2 = 14;
+/// The ops a file of `version` may hold (0..ops_in_version(version) - 1).
+constexpr int ops_in_version(std::uint32_t version) noexcept {
+  return version <= 1 ? kOpsInVersion1 : version == 2 ? kOpsInVersion2 : kNumOps;
+}
 
 /// A trace file that is not what its format says: the message names the file, where (byte offset
 /// for binary files, line number for JSON lines) and what was expected there.

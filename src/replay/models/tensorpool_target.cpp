@@ -59,7 +59,29 @@ class TensorpoolTarget final : public ReplayTarget {
       throw OutOfMemoryError(in_trace_streams(e.info()));
     }
   }
+  void* allocate_tagged(std::size_t bytes, Stream stream, std::string_view tag) override {
+    const Tag scope(tag);
+    return allocate(bytes, stream);
+  }
   void deallocate(void* ptr, std::size_t, Stream) override { alloc_.deallocate(ptr); }
+  // Sleep and wake as the program made them, in vmm mode (fixed segments hold their memory, as
+  // the recording would have if it had not slept). A tag this replay never allocated under has
+  // nothing to sleep, and a wake with nothing asleep nothing to map: both are skipped.
+  void sleep(std::string_view tag, bool keep_contents) override {
+    if (alloc_.config().mode != Mode::vmm) return;
+    const Contents contents = keep_contents ? Contents::keep : Contents::discard;
+    try {
+      tag.empty() ? alloc_.sleep(contents) : alloc_.sleep(tag, contents);
+    } catch (const UsageError&) {
+    }
+  }
+  void wake(std::string_view tag) override {
+    if (alloc_.config().mode != Mode::vmm) return;
+    try {
+      tag.empty() ? alloc_.wake() : alloc_.wake(tag);
+    } catch (const UsageError&) {
+    }
+  }
   void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
   void stream_synchronized(Stream stream) override { device_->complete_stream(map(stream)); }
   void empty_cache() override { alloc_.empty_cache(); }
