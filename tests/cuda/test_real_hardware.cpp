@@ -3,7 +3,9 @@
 // allocator are real memory (written with cudaMemsetAsync and a kernel, read back with
 // cudaMemcpy), staging buffers carry real copies, a real out-of-memory goes through the
 // allocator's ladder with no error left behind, and sleep gives memory back to the GPU (printing
-// its time per GiB) while wake maps usable pages at the same addresses with the kept contents.
+// its time per GiB) while wake maps usable pages at the same addresses with the kept contents,
+// and a CUDA graph captured in global mode gets its blocks from a graph pool without
+// invalidating the capture, its replays writing the pool's memory.
 #include "harness.hpp"
 
 #include <algorithm>
@@ -179,4 +181,48 @@ TEST_CASE("real: device out of memory goes through the ladder and leaves no erro
       REQUIRE(cudaPeekAtLastError() == cudaSuccess);
     }
   }
+}
+
+TEST_CASE("real: a graph captured in global mode is served from its pool, and its replays write the pool's blocks",
+          "[cuda][real][graphs]") {
+  Env env;
+  TP_EACH_BACKEND_KIND(kind);
+  if (kind == CudaBackendKind::pinned_host) return;  // kernels need device memory here
+  CudaStream s;
+  auto alloc = make_allocator(make_cuda_backend(kind, 0));
+  const GraphPool pool = alloc->begin_capture(s.id(), 64 * MiB);
+  TP_CUDA_OK(cudaStreamBeginCapture(s.get(), cudaStreamCaptureModeGlobal));
+  void* scratch = alloc->allocate(8 * MiB, s.id());
+  TP_CUDA_OK(cudaMemsetAsync(scratch, 0, 8 * MiB, s.get()));
+  alloc->deallocate(scratch);  // back to the pool: the next block may reuse it, in stream order
+  void* out = alloc->allocate(20 * MiB, s.id());
+  TP_CUDA_OK(cudaMemsetAsync(out, 0x10, 20 * MiB, s.get()));
+  TP_CUDA_OK(tp_real_add_one(out, 20 * MiB, s.get()));
+  cudaGraph_t graph = nullptr;
+  TP_CUDA_OK(cudaStreamEndCapture(s.get(), &graph));  // valid: the allocator called nothing
+  alloc->end_capture(s.id());
+  cudaGraphExec_t exec = nullptr;
+  TP_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    TP_CUDA_OK(cudaGraphLaunch(exec, s.get()));
+    TP_CUDA_OK(cudaStreamSynchronize(s.get()));
+    std::vector<unsigned char> back(20 * MiB);
+    TP_CUDA_OK(cudaMemcpy(back.data(), out, back.size(), cudaMemcpyDeviceToHost));
+    REQUIRE(all_bytes(back, 0x11));
+  }
+  // Another stream's allocation meanwhile never lands in the pool.
+  CudaStream other;
+  void* elsewhere = alloc->allocate(20 * MiB, other.id());
+  for (const GraphPoolInfo& info : alloc->graph_pools())
+    for (const auto& [start, bytes] : info.ranges)
+      REQUIRE((address(elsewhere) + 20 * MiB <= start || start + bytes <= address(elsewhere)));
+  alloc->deallocate(elsewhere);
+  TP_CUDA_OK(cudaGraphExecDestroy(exec));
+  TP_CUDA_OK(cudaGraphDestroy(graph));
+  alloc->deallocate(out);
+  alloc->release_graph(pool);
+  REQUIRE(alloc->graph_pools().empty());
+  alloc->empty_cache();
+  alloc->check_invariants();
+  REQUIRE(cudaPeekAtLastError() == cudaSuccess);
 }
