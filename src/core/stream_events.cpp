@@ -38,20 +38,9 @@ DeviceEvent Allocator::Impl::acquire_event() {
 void Allocator::Impl::defer_free(Block* b) {
   b->state = BlockState::pending_free;
   for (const Stream s : *b->uses) {
-    DeviceEvent e = 0;
-    if (capture_underway()) {
-      // No device call while a stream is captured: the free waits without an event, and
-      // record_deferred_events() gives it one when the last capture ends.
-    } else try {
-      e = acquire_event();
-      device->record_event(e, s);
-      counters.count(&Stats::events_recorded);
-    } catch (const DeviceError& err) {
-      if (e != 0) release_event(e);
-      e = 0;
-      detail::log().warn("event for a cross-stream free failed ({}); the block waits for stream {} to be "
-                         "synchronized or for a later event on it", err.what(), s);
-    }
+    // No device call while a stream is captured: the free waits without an event, and
+    // record_deferred_events() gives it one when the last capture ends.
+    const DeviceEvent e = capture_underway() ? 0 : record_free_event(s);
     streams.get({s, 0}).pending.push_back({e, b});
     ++b->pending_events;
     ++pending_total_;
@@ -59,6 +48,22 @@ void Allocator::Impl::defer_free(Block* b) {
   delete b->uses;
   b->uses = nullptr;
   if (b->pending_events == 0) release_block(b);  // no stream to wait for
+}
+
+// An event recorded on `s` for a cross-stream free, or 0 (logged) when the device refuses one.
+DeviceEvent Allocator::Impl::record_free_event(Stream s) {
+  DeviceEvent e = 0;
+  try {
+    e = acquire_event();
+    device->record_event(e, s);
+    counters.count(&Stats::events_recorded);
+    return e;
+  } catch (const DeviceError& err) {
+    if (e != 0) release_event(e);
+    detail::log().warn("event for a cross-stream free failed ({}); the block waits for stream {} to be "
+                       "synchronized or for a later event on it", err.what(), s);
+    return 0;
+  }
 }
 
 // `done` has left its stream's queue: recycle its event; the block is free after its last one.
@@ -92,25 +97,9 @@ void Allocator::Impl::process_events() {
 }
 
 void Allocator::Impl::record_deferred_events() {
-  for (auto& [key, ss] : streams) {
-    for (PendingFree& f : ss->pending) {
-      if (f.event != 0) continue;
-      try {
-        const DeviceEvent e = acquire_event();
-        try {
-          device->record_event(e, ss->stream);
-        } catch (const DeviceError&) {
-          release_event(e);
-          throw;
-        }
-        f.event = e;
-        counters.count(&Stats::events_recorded);
-      } catch (const DeviceError& err) {  // it waits for a later event or a synchronization
-        detail::log().warn("event for a free made during a capture failed: {}", err.what());
-        return;
-      }
-    }
-  }
+  for (auto& [key, ss] : streams)
+    for (PendingFree& f : ss->pending)
+      if (f.event == 0) f.event = record_free_event(ss->stream);  // 0 again: it waits as before
 }
 
 void Allocator::Impl::synchronize_pending() {
