@@ -101,17 +101,12 @@ tensorpool_status tensorpool_torch_pool_bind(const char* tag, int* slot) {
   return TENSORPOOL_ERROR_USAGE;
 }
 
-#define TENSORPOOL_TORCH_POOL_MALLOC(k)                                                  \
+#define TENSORPOOL_TORCH_POOL_MALLOC_DEF(k)                                              \
   void* tensorpool_torch_pool_malloc_##k(size_t size, int device, cudaStream_t stream) { \
     return pool_malloc(k, size, device, stream);                                         \
   }
-TENSORPOOL_TORCH_POOL_MALLOC(0) TENSORPOOL_TORCH_POOL_MALLOC(1) TENSORPOOL_TORCH_POOL_MALLOC(2)
-TENSORPOOL_TORCH_POOL_MALLOC(3) TENSORPOOL_TORCH_POOL_MALLOC(4) TENSORPOOL_TORCH_POOL_MALLOC(5)
-TENSORPOOL_TORCH_POOL_MALLOC(6) TENSORPOOL_TORCH_POOL_MALLOC(7) TENSORPOOL_TORCH_POOL_MALLOC(8)
-TENSORPOOL_TORCH_POOL_MALLOC(9) TENSORPOOL_TORCH_POOL_MALLOC(10) TENSORPOOL_TORCH_POOL_MALLOC(11)
-TENSORPOOL_TORCH_POOL_MALLOC(12) TENSORPOOL_TORCH_POOL_MALLOC(13) TENSORPOOL_TORCH_POOL_MALLOC(14)
-TENSORPOOL_TORCH_POOL_MALLOC(15)
-#undef TENSORPOOL_TORCH_POOL_MALLOC
+TENSORPOOL_TORCH_EACH_POOL_SLOT(TENSORPOOL_TORCH_POOL_MALLOC_DEF)
+#undef TENSORPOOL_TORCH_POOL_MALLOC_DEF
 
 
 void* tensorpool_torch_malloc(size_t size, int device, cudaStream_t stream) {

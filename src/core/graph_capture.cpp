@@ -133,17 +133,12 @@ void Allocator::Impl::throw_graph_pool_exhausted(const GraphPoolRec& pool, std::
   // pool's free space is cut into: the pool's, plus this request.
   const std::size_t needed = std::max(pool.capture_peak, pool.allocated + size);
   const std::size_t suggested = round_up(pool.reserved + size, 2 * MiB);
-  OutOfMemoryInfo info;
-  info.requested = bytes;
-  info.rounded = size;
-  info.stream = stream;
-  info.device = props.ordinal;
-  info.capacity = props.capacity;
-  info.reserved = pool.reserved;
-  info.allocated = pool.allocated;
-  info.reserved_unallocated = pool.reserved - pool.allocated;
-  info.largest_free_block = pool.space.largest();
-  info.memory_limit = limit;
+  // The pool's figures, not the device's (nothing asks the device during a capture).
+  const OutOfMemoryInfo info{.requested = bytes, .rounded = size, .stream = stream, .device = props.ordinal,
+                             .capacity = props.capacity, .device_free = 0, .reserved = pool.reserved,
+                             .allocated = pool.allocated, .reserved_unallocated = pool.reserved - pool.allocated,
+                             .largest_free_block = pool.space.largest(), .memory_limit = limit,
+                             .cached_per_stream = {}};
   throw GraphPoolExhaustedError(
       info,
       "tensorpool: out of memory in CUDA graph pool " + std::to_string(pool.id) + " while " + stream_name(stream) +

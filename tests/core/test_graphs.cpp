@@ -10,24 +10,14 @@
 #include <random>
 #include <vector>
 
+#include "support/sim_allocator.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
 
 namespace {
 
-struct Sim {
-  explicit Sim(Mode mode, std::size_t capacity = 8 * GiB)
-      : device(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = capacity})),
-        alloc(device, [mode] {
-          Config c;
-          c.mode = mode;
-          c.vmm_planner = PlannerMode::synchronous;
-          return c;
-        }()) {}
-  std::shared_ptr<SimulatedDevice> device;
-  Allocator alloc;
-};
+using Sim = testing::SimAllocator;
 
 // Every call the allocator can make on the device, summed.
 std::uint64_t device_calls(const DeviceCounters& c) {

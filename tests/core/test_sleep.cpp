@@ -10,24 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "support/sim_allocator.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
 
 namespace {
 
-struct Sim {
-  explicit Sim(Mode mode = Mode::vmm, std::size_t capacity = 8 * GiB)
-      : device(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = capacity})),
-        alloc(device, [mode] {
-          Config c;
-          c.mode = mode;
-          c.vmm_planner = PlannerMode::synchronous;
-          return c;
-        }()) {}
-  std::shared_ptr<SimulatedDevice> device;
-  Allocator alloc;
-};
+using Sim = testing::SimAllocator;
 
 // Once every block is freed: empty_cache gives the device all of its memory back, consistently.
 void require_all_given_back(Allocator& alloc, SimulatedDevice& device) {
