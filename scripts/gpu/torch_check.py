@@ -18,6 +18,13 @@ what PyTorch does when the allocator returns nullptr.
     scripts/gpu/torch_check.py --dry-run ...   # no GPU, no torch needed: checks the setup,
                                                # prints the plan; with torch, one CPU step
 
+Then two probes, each in a fresh process: "mempool" (no install; TENSORPOOL_CONF=backend:vmm): a
+KV cache made in tensorpool.mem_pool(tag="kv_cache") under torch.cuda.use_mem_pool is put to
+sleep with its contents kept (the GPU's free memory must grow by what sleeps) and woken (its
+bytes must come back), beside a tensor of PyTorch's own allocator; "graph" (tensorpool installed,
+backend:vmm): torch.cuda.graph captured after tensorpool.begin_capture, replayed, with whatever
+PyTorch does there recorded (a pluggable allocator cannot take PyTorch's pool hooks from Python).
+
 Exit status: 0 all variants ran and agree; 1 a variant failed or disagrees; 3 skipped (no torch
 with CUDA, or no GPU). Output: DIR/torch-check.json, DIR/torch-<variant>.log.
 """
@@ -54,6 +61,7 @@ def parse_args():
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--dry-run", action="store_true", help="check the setup and print the plan")
     p.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)  # child mode
+    p.add_argument("--probe", choices=sorted(PROBES), help=argparse.SUPPRESS)  # child mode
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -126,6 +134,64 @@ def train(args):
         result["snapshot"] = check_snapshot(args, tensorpool)
     result["oom_probe"] = oom_probe(torch, tensorpool)
     return result
+
+
+# --- the probes (child processes) -------------------------------------------------------------
+
+def mempool_probe():
+    """A KV cache in a torch.cuda.MemPool of tensorpool's sleeps (contents kept) and wakes."""
+    import tensorpool
+    import torch
+    pool = tensorpool.mem_pool(tag="kv_cache")
+    with torch.cuda.use_mem_pool(pool):
+        kv = torch.full((256, 1024, 1024), 7, dtype=torch.uint8, device="cuda")  # 256 MiB
+    other = torch.ones(1024, 1024, device="cuda")  # PyTorch's own allocator
+    torch.cuda.synchronize()
+    free_before, _ = torch.cuda.mem_get_info()
+    report = tensorpool.sleep(tag="kv_cache", keep_contents=True)
+    free_asleep, _ = torch.cuda.mem_get_info()
+    try:
+        kv_asleep = tensorpool.is_asleep(kv)
+    except Exception as e:  # noqa: BLE001  (the tensor may not start its pool's segment)
+        kv_asleep = f"not asked: {e}"
+    tensorpool.wake(tag="kv_cache")
+    result = {"asleep_bytes": report["asleep_bytes"], "freed_by_sleep": free_asleep - free_before,
+              "kv_asleep": kv_asleep, "kv_kept": bool((kv == 7).all().item()),
+              "other_intact": bool((other == 1).all().item())}
+    result["ok"] = (result["freed_by_sleep"] >= report["asleep_bytes"] >= 256 * 2**20 and result["kv_kept"]
+                    and result["other_intact"])
+    return result
+
+
+def graph_probe():
+    """torch.cuda.graph with tensorpool installed, the stream's graph pool begun first."""
+    import tensorpool
+    tensorpool.install("backend:vmm")
+    import torch
+    x = torch.ones(1024, 1024, device="cuda")
+    stream = torch.cuda.Stream()
+    result = {}
+    try:
+        pool = tensorpool.begin_capture(stream, 256 * 2**20)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            y = x * 2 + 1
+        tensorpool.end_capture(stream)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        result["replayed"] = bool((y == 3).all().item())
+        result["graph_pools"] = tensorpool.graph_pools()
+        del graph, y
+        tensorpool.release_graph(pool)
+        result["ok"] = result["replayed"]
+    except Exception as e:  # noqa: BLE001  what PyTorch does is the finding
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["ok"] = False
+    return result
+
+
+PROBES = {"mempool": ("backend:vmm", mempool_probe), "graph": (None, graph_probe)}
 
 
 def check_snapshot(args, tensorpool):
@@ -204,6 +270,8 @@ def dry_run(args):
         how = "PyTorch's allocator" if conf is None else f"tensorpool.install({conf!r})"
         print(f"  would run {name:<18} {how}, {args.steps} steps of a {args.layers}-layer "
               f"transformer (hidden {args.hidden}, batch {args.batch}, seq {args.seq}, bf16)")
+    for name, (conf, probe) in PROBES.items():
+        print(f"  would probe {name:<8} {probe.__doc__}")
     try:
         import torch  # noqa: F401
         have_torch = True
@@ -225,11 +293,33 @@ def dry_run(args):
     return 1 if problems else 0
 
 
+def run_probes(args, env):
+    """Each probe in a process of its own; its dict (with "ok"), or what went wrong."""
+    probes = {}
+    for name, (conf, _) in PROBES.items():
+        penv = dict(env)
+        if conf is not None:
+            penv["TENSORPOOL_CONF"] = conf
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", name, "--out", args.out],
+                              env=penv, capture_output=True, text=True, timeout=300)
+        with open(os.path.join(args.out, f"torch-probe-{name}.log"), "w") as f:
+            f.write(proc.stdout + proc.stderr)
+        try:
+            probes[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            probes[name] = {"ok": False, "error": f"exit {proc.returncode}; see torch-probe-{name}.log"}
+        print(f"  probe {name}: {probes[name]}")
+    return probes
+
+
 def main():
     args = parse_args()
     if args.variant:  # child
         os.makedirs(args.out, exist_ok=True)
         print(json.dumps(train(args)))
+        return 0
+    if args.probe:  # child
+        print(json.dumps(PROBES[args.probe][1](), default=str))
         return 0
     if args.dry_run:
         return dry_run(args)
@@ -271,8 +361,10 @@ def main():
             if "snapshot" in r:
                 print(f"  {name}: snapshot {r['snapshot']['path']}: {r['snapshot']['events']} events, "
                       f"rendered by torch.cuda._memory_viz")
+    probes = run_probes(args, env)
+    ok = ok and all(p.get("ok") for p in probes.values())
     with open(os.path.join(args.out, "torch-check.json"), "w") as f:
-        json.dump({"results": results, "failed": failed, "agree": ok}, f, indent=2)
+        json.dump({"results": results, "failed": failed, "agree": ok, "probes": probes}, f, indent=2, default=str)
     print(f"torch_check: {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1
 
