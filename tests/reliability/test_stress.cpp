@@ -2,13 +2,17 @@
 // and blocks handed over by other threads), call record_stream and read statistics, while one
 // more thread completes stream work on the simulated device and injects upstream faults. Both
 // modes. A shared registry (its own mutex) checks that live blocks never overlap; at the end
-// everything is freed and nothing may remain reserved. Labelled `stress`: brief in the normal
+// everything is freed and nothing may remain reserved. A second case captures CUDA graphs on one
+// stream (graph pools) while other threads allocate and free on theirs, some of their blocks
+// used on the captured stream. Labelled `stress`: brief in the normal
 // suite, the test the tsan preset runs (make test-tsan, with test_shards.cpp) to look for data
 // races.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -199,3 +203,92 @@ void stress(const char* config) {
 TEST_CASE("stress: threads on one allocator, fixed mode", "[stress]") { stress("mode:fixed,memory_limit:256MiB"); }
 
 TEST_CASE("stress: threads on one allocator, vmm mode", "[stress]") { stress("mode:vmm,memory_limit:256MiB"); }
+
+namespace {
+
+// One thread begins and ends captures on its stream, allocating and freeing inside each from a
+// new or a shared graph pool and releasing pools; the others allocate and free on their own
+// streams (the fast path steps aside during captures), some blocks also used on the captured
+// stream (their frees then wait for the capture's end for an event).
+void stress_captures(const char* config) {
+  auto sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * GiB,
+                                                                      .event_mode = EventMode::immediate});
+  Allocator alloc(sim, Config::parse(config));
+  const Stream captured = sim->create_stream();
+  std::atomic<bool> stop{false};
+  std::atomic<bool> failed{false};
+  std::thread capturer([&] {
+    std::mt19937_64 rng(3);
+    std::vector<GraphPool> pools;
+    try {
+      for (int round = 0; round < 300; ++round) {
+        if (pools.empty() || rng() % 3 == 0) {
+          pools.push_back(alloc.begin_capture(captured, 8 * MiB));
+        } else {
+          alloc.begin_capture(captured, pools.back());
+        }
+        std::vector<void*> held;
+        for (int i = 0; i < 20; ++i) {
+          try {
+            held.push_back(alloc.allocate(1 + rng() % (512 * KiB), captured));
+          } catch (const GraphPoolExhaustedError&) {
+          }
+          if (held.size() > 4 && rng() % 2 == 0) {
+            alloc.deallocate(held.front());
+            held.erase(held.begin());
+          }
+        }
+        alloc.end_capture(captured);
+        for (void* p : held) alloc.deallocate(p);
+        if (pools.size() > 2) {
+          alloc.release_graph(pools.front());
+          pools.erase(pools.begin());
+        }
+      }
+      for (GraphPool p : pools) alloc.release_graph(p);
+    } catch (const std::exception& e) {
+      std::printf("capturer: %s\n", e.what());
+      failed = true;
+    }
+    stop = true;
+  });
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.emplace_back([&, w] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(w) + 10);
+      const Stream own = sim->create_stream();
+      std::vector<void*> held;
+      try {
+        while (!stop) {
+          if (held.size() < 16) {
+            void* p = alloc.allocate(1 + rng() % (2 * MiB), own);
+            if (rng() % 8 == 0) alloc.record_stream(p, captured);
+            held.push_back(p);
+          } else {
+            const auto i = static_cast<std::ptrdiff_t>(rng() % held.size());
+            alloc.deallocate(held[static_cast<std::size_t>(i)]);
+            held.erase(held.begin() + i);
+          }
+        }
+      } catch (const std::exception& e) {
+        std::printf("worker: %s\n", e.what());
+        failed = true;
+      }
+      for (void* p : held) alloc.deallocate(p);
+    });
+  }
+  capturer.join();
+  for (auto& t : workers) t.join();
+  REQUIRE_FALSE(failed);
+  CHECK(alloc.graph_pools().empty());
+  alloc.empty_cache();
+  alloc.check_invariants();
+  CHECK(alloc.usage().allocated == 0);
+  CHECK(alloc.usage().reserved == 0);
+}
+
+}  // namespace
+
+TEST_CASE("stress: graph captures beside other threads, fixed mode", "[stress]") { stress_captures("mode:fixed"); }
+
+TEST_CASE("stress: graph captures beside other threads, vmm mode", "[stress]") { stress_captures("mode:vmm"); }
