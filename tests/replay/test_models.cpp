@@ -127,6 +127,30 @@ TEST_CASE("pytorch: best fit is the smallest free block of the same stream", "[m
   REQUIRE(t->upstream().allocs == 5);
 }
 
+TEST_CASE("pytorch: a tag is a private pool of segments its own, per stream, as a torch.cuda.MemPool",
+          "[models][pytorch]") {
+  for (const char* allocator : {"pytorch", "pytorch-expandable"}) {
+    INFO(allocator);
+    TargetOptions o;
+    o.capacity = 80 * GiB;
+    auto t = make_target(allocator, o);
+    void* plain = t->allocate(12 * MiB, 1);
+    t->deallocate(plain, 0, 0);
+    // Cached memory of the stream is not the pool's, and the pool's is no one else's.
+    void* pooled = t->allocate_tagged(12 * MiB, 1, "kv_cache");
+    CHECK(at(pooled) != at(plain));
+    const std::size_t with_pool = t->reserved();
+    CHECK(with_pool >= 24 * MiB);
+    t->deallocate(pooled, 0, 0);
+    CHECK(at(t->allocate(12 * MiB, 1)) == at(plain));
+    CHECK(at(t->allocate_tagged(12 * MiB, 1, "kv_cache")) == at(pooled));
+    CHECK(at(t->allocate_tagged(12 * MiB, 2, "kv_cache")) != at(pooled));  // per stream
+    CHECK(t->reserved() > with_pool);
+    // Exports and maps name the trace's streams, not the model's.
+    for (const auto& seg : t->memory_state().state.segments) CHECK((seg.stream == 1 || seg.stream == 2));
+  }
+}
+
 TEST_CASE("pytorch: among equal free blocks the lowest address wins", "[models][pytorch]") {
   auto t = pytorch();
   void* x = t->allocate(12 * MiB, 0);

@@ -114,9 +114,9 @@ Block* CachingModel::split_at(Block* b, std::size_t offset) {
 }
 
 [[noreturn]] void CachingModel::throw_oom(std::size_t bytes, std::size_t size, Stream stream) {
-  OutOfMemoryInfo info = model::oom_info(device_, bytes, size, stream, reserved_, allocated_);
+  OutOfMemoryInfo info = model::oom_info(device_, bytes, size, trace_stream(stream), reserved_, allocated_);
   for (const auto& set : free_)
-    for (const Block* b : set) model::add_cached(info, b->stream, b->size, b->size);
+    for (const Block* b : set) model::add_cached(info, trace_stream(b->stream), b->size, b->size);
   note(EventType::oom, 0, bytes, size, stream);
   if (history_) history_->on_oom(info);
   throw OutOfMemoryError(info);
@@ -149,7 +149,7 @@ void CachingModel::record_stream(void* ptr, Stream stream) {
   if (it == blocks_.end() || !it->second->allocated)
     throw UsageError(std::string(name_) + ": record_stream on a pointer that is not allocated");
   Block* b = it->second.get();
-  if (stream == b->stream) return;
+  if (stream == trace_stream(b->stream)) return;
   if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
 }
 
@@ -219,11 +219,24 @@ void CachingModel::start_history() {
   if (!history_) history_ = std::make_shared<trace::pytorch::HistoryRecorder>(history_entries_);
 }
 
+Stream CachingModel::pool_stream(Stream stream, std::string_view tag) {
+  const auto key = std::make_pair(stream, std::string(tag));
+  if (auto it = pool_streams_.find(key); it != pool_streams_.end()) return it->second;
+  const Stream s = kPoolStreams + pool_stream_of_.size();
+  pool_stream_of_.push_back(stream);
+  pool_streams_.emplace(key, s);
+  return s;
+}
+
+Stream CachingModel::trace_stream(Stream s) const {
+  return s >= kPoolStreams ? pool_stream_of_[static_cast<std::size_t>(s - kPoolStreams)] : s;
+}
+
 void CachingModel::note(EventType type, Address addr, std::size_t requested, std::size_t size,
                         Stream stream) {
   if (!history_) return;
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
-  history_->on_event(AllocatorEvent{type, addr, requested, size, stream,
+  history_->on_event(AllocatorEvent{type, addr, requested, size, trace_stream(stream),
                                     static_cast<std::uint64_t>(
                                         std::chrono::duration_cast<std::chrono::nanoseconds>(now).count())});
 }
@@ -252,7 +265,7 @@ trace::pytorch::DeviceMemory CachingModel::memory_state() const {
   for_each_segment([&](const Block* head) {
     SegmentInfo s;
     s.address = head->addr;
-    s.stream = head->stream;
+    s.stream = trace_stream(head->stream);
     s.pool = head->pool;
     s.heap = head->segment != nullptr;  // "pytorch-expandable": mapped runs are what shows
     for (const Block* b = head; b != nullptr; b = b->next) {
@@ -274,10 +287,10 @@ trace::pytorch::DeviceMemory CachingModel::memory_state() const {
 std::optional<MemoryMap> CachingModel::memory_map() const {
   MemoryMap m;
   for_each_segment([&](const Block* head) {
-    MapSegment s{head->addr, 0, head->stream, head->segment != nullptr, {}};
+    MapSegment s{head->addr, 0, trace_stream(head->stream), head->segment != nullptr, {}};
     for (const Block* b = head; b != nullptr; b = b->next) {
       s.size += b->size;
-      s.blocks.push_back(MapBlock{b->addr, b->size, state_of(*b), b->mapped, b->stream, 0, 0});
+      s.blocks.push_back(MapBlock{b->addr, b->size, state_of(*b), b->mapped, trace_stream(b->stream), 0, 0});
     }
     m.segments.push_back(std::move(s));
   });

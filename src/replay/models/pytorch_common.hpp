@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -79,6 +80,12 @@ class CachingModel : public ReplayTarget {
  public:
   std::string name() const override { return name_; }
   void* allocate(std::size_t bytes, Stream stream) override;
+  /// An allocation under a tag is one of a private pool (a torch.cuda.MemPool, a graph's pool):
+  /// PyTorch serves a pool from segments of its own, per stream, which no other pool or stream
+  /// reuses. Modelled as a stream of its own per (stream, tag) (pool_stream()).
+  void* allocate_tagged(std::size_t bytes, Stream stream, std::string_view tag) override {
+    return allocate(bytes, pool_stream(stream, tag));
+  }
   void deallocate(void* ptr, std::size_t bytes, Stream stream) override;
   void record_stream(void* ptr, Stream stream) override;
   void stream_synchronized(Stream stream) override { clock_.synchronized(stream); }
@@ -143,6 +150,10 @@ class CachingModel : public ReplayTarget {
   void start_history();
   /// Records an event in the history, when there is one.
   void note(EventType type, Address addr, std::size_t requested, std::size_t size, Stream stream);
+  /// The model's stream of the private pool `tag` on trace stream `stream` (made on first use).
+  Stream pool_stream(Stream stream, std::string_view tag);
+  /// The trace's stream of a model stream (a private pool's is the stream it was made for).
+  Stream trace_stream(Stream s) const;
   /// `b` (pending or just freed) becomes reusable: free_completed, then free_block().
   Block* complete_free(Block* b);
 
@@ -163,6 +174,11 @@ class CachingModel : public ReplayTarget {
   std::map<std::uint64_t, std::pair<Address, std::size_t>> seeds_;
   std::size_t reserved_ = 0;
   std::size_t allocated_ = 0;
+  // Private pools: (trace stream, tag) -> model stream, at kPoolStreams and above (trace streams
+  // are pointers or small ids, below 2^62), and back.
+  static constexpr Stream kPoolStreams = Stream{1} << 62;
+  std::map<std::pair<Stream, std::string>, Stream, std::less<>> pool_streams_;
+  std::vector<Stream> pool_stream_of_;  // model stream - kPoolStreams -> trace stream
 };
 
 }  // namespace tensorpool::replay::pytorch_common
