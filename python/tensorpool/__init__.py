@@ -166,6 +166,8 @@ def _declare(lib):
         "tensorpool_release_graph": ([p, u64], i),
         "tensorpool_graph_pools": ([p, ctypes.POINTER(_GraphPoolInfo), sz, ctypes.POINTER(sz)], i),
     }
+    if hasattr(lib, "tensorpool_torch_pool_bind"):  # libtensorpool_torch only (mem_pool)
+        signatures["tensorpool_torch_pool_bind"] = ([ctypes.c_char_p, ctypes.POINTER(i)], i)
     for name, (args, res) in signatures.items():
         f = getattr(lib, name)
         f.argtypes = args
@@ -389,12 +391,21 @@ def set_memory_fraction(fraction, device=None):
            "set_memory_fraction")
 
 
+def _stream_handle(stream):
+    """A torch.cuda.Stream's cudaStream_t, or `stream` itself (an int, or None for the default)."""
+    return int(getattr(stream, "cuda_stream", stream) or 0)
+
+
+def _tag_name(tag):
+    """A tag for the C API: its name as bytes, or None for no tag."""
+    return None if tag is None else str(tag).encode()
+
+
 def record_stream(tensor, stream):
     """Marks the memory of `tensor` (or a device pointer, an int) as used on `stream` (a
     torch.cuda.Stream or a cudaStream_t as an int): it is reused only after the work queued on
     that stream before the free completes. Use it instead of Tensor.record_stream(), which a
     pluggable allocator cannot see."""
-    stream_handle = getattr(stream, "cuda_stream", stream)
     if isinstance(tensor, int):
         ptr, devices = tensor, range(64)
     else:
@@ -406,7 +417,7 @@ def record_stream(tensor, stream):
         handle = _existing(device)
         if handle is None:
             continue
-        status = lib.tensorpool_record_stream(handle, ctypes.c_void_p(ptr), int(stream_handle or 0))
+        status = lib.tensorpool_record_stream(handle, ctypes.c_void_p(ptr), _stream_handle(stream))
         if status == _OK:
             return
         last = status
@@ -446,8 +457,7 @@ def sleep(device=None, tag=None, keep_contents=False):
     backends (async, malloc), or for a tag nothing was allocated under. See docs/vmm.md, "Sleep
     and wake"."""
     report = _SleepReport()
-    name = None if tag is None else str(tag).encode()
-    _check(_library().tensorpool_sleep(_handle(_device_index(device)), name, 1 if keep_contents else 0,
+    _check(_library().tensorpool_sleep(_handle(_device_index(device)), _tag_name(tag), 1 if keep_contents else 0,
                                        ctypes.byref(report)), "sleep")
     return report.as_dict()
 
@@ -456,8 +466,7 @@ def wake(device=None, tag=None):
     """Maps new pages under every tensor sleep() left asleep (with `tag`: those of the tag),
     at the same addresses, and copies back kept contents. Raises TensorpoolError when none of
     them sleeps, or when the device cannot give the pages (then everything stays asleep)."""
-    name = None if tag is None else str(tag).encode()
-    _check(_library().tensorpool_wake(_handle(_device_index(device)), name), "wake")
+    _check(_library().tensorpool_wake(_handle(_device_index(device)), _tag_name(tag)), "wake")
 
 
 def asleep(device=None):
@@ -480,10 +489,6 @@ def is_asleep(tensor, device=None):
     _check(_library().tensorpool_is_asleep(_handle(_device_index(device)), ctypes.c_void_p(ptr), ctypes.byref(out)),
            "is_asleep")
     return bool(out.value)
-
-
-def _stream_handle(stream):
-    return int(getattr(stream, "cuda_stream", stream) or 0)
 
 
 def begin_capture(stream, reserve=0, device=None, pool=None):
@@ -534,9 +539,8 @@ def _pool_slot(tag):
     if bind is None:
         raise TensorpoolError(f"tensorpool: mem_pool needs libtensorpool_torch; {_path} has no MemPool slots",
                               "TENSORPOOL_ERROR_UNAVAILABLE")
-    bind.argtypes, bind.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int
     slot = ctypes.c_int(-1)
-    _check(bind(None if tag is None else str(tag).encode(), ctypes.byref(slot)), f"mem_pool(tag={tag!r})")
+    _check(bind(_tag_name(tag), ctypes.byref(slot)), f"mem_pool(tag={tag!r})")
     return slot.value
 
 

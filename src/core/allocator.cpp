@@ -202,7 +202,7 @@ TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::s
 void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
   Lock lock(shards);
   if (TP_UNLIKELY(capture_underway()))
-    if (detail::GraphPoolRec* pool = graphs_.capturing(stream)) return allocate_captured(*pool, bytes, stream);
+    if (detail::GraphPoolRec* pool = graphs.capturing(stream)) return allocate_captured(*pool, bytes, stream);
   return allocate_in(bytes, {stream, tls.tag}, lock);
 }
 
@@ -271,7 +271,7 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
 void Allocator::Impl::deallocate_exclusive(Address addr) {
   Lock lock(shards);
   // First the graph pools: a pool's first block starts where the range it lies in does.
-  if (TP_UNLIKELY(!graphs_.empty()) && free_captured(addr)) {
+  if (TP_UNLIKELY(!graphs.empty()) && free_captured(addr)) {
     debug_check();
     return;
   }

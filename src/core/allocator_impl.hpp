@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "core/allocator_state.hpp"
-#include "core/graph_pools.hpp"
 #include "core/shards.hpp"
 #include "core/segment_source.hpp"
 #include "tensorpool/allocator.hpp"
@@ -126,14 +125,13 @@ class Allocator::Impl : private detail::AllocatorState {
   /// without being one of its live blocks; false if no pool has it.
   bool free_captured(Address addr);
   /// Whether addr lies in a graph pool's range (then record_stream and is_asleep treat it).
-  bool in_graph_pool(Address addr) const noexcept { return !graphs_.empty() && graphs_.owner_of(addr) != nullptr; }
+  bool in_graph_pool(Address addr) const noexcept { return !graphs.empty() && graphs.owner_of(addr) != nullptr; }
   void reserve_range(detail::GraphPoolRec& pool, Stream stream, std::size_t bytes, Lock& lock);
   void give_back_if_done(detail::GraphPoolRec& pool);
   /// UsageError naming a capture underway: `operation` would call the device or synchronize.
   void refuse_while_capturing(const char* operation) const;
   /// Once no capture is underway: events for the frees that waited without one meanwhile.
   void record_deferred_events();
-  bool capture_underway() const noexcept { return captures_underway != 0; }
 
   // --- stream events (stream_events.cpp) ---
   void add_use(Block* b, Stream stream);
@@ -170,7 +168,6 @@ class Allocator::Impl : private detail::AllocatorState {
   std::unique_ptr<detail::SegmentSource> source_;  // never null after construction
   std::size_t pending_total_ = 0;                // == sum of every stream's pending.size()
   std::vector<DeviceEvent> event_pool_;          // created events not in use
-  detail::GraphPools graphs_;                    // CUDA graph pools, and the streams captured into them
 };
 
 }  // namespace tensorpool

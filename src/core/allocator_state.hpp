@@ -19,6 +19,7 @@
 #include "core/block.hpp"
 #include "core/counters.hpp"
 #include "core/free_index.hpp"
+#include "core/graph_pools.hpp"
 #include "core/hooks.hpp"
 #include "core/plan_state.hpp"
 #include "core/shards.hpp"
@@ -119,10 +120,11 @@ struct AllocatorState {
   StreamTable streams{shards};
   Counters counters;  // what no shard counts: reserved bytes, segments, the slow paths' calls
   Hooks hooks;
-  /// Streams captured into CUDA graph pools now (graph_capture.cpp). While it is not 0, nothing
-  /// queries or records events, synchronizes, or lays pages out for a plan (CUDA refuses such
-  /// calls during a capture); the fast path reads it too.
-  std::size_t captures_underway = 0;
+  /// CUDA graph pools and the streams captured into them (graph_capture.cpp). While a capture is
+  /// underway nothing queries or records events, synchronizes, or lays pages out for a plan (CUDA
+  /// refuses such calls during a capture); the fast path asks too.
+  GraphPools graphs;
+  bool capture_underway() const noexcept { return graphs.captures() != 0; }
 
   /// In the exclusive mode: the allocated block at addr, in whichever shard maps it, or nullptr.
   Block* find_live(Address addr) const noexcept {

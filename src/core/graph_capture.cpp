@@ -30,18 +30,17 @@ GraphPool Allocator::Impl::begin_capture(Stream stream, std::size_t reserve) {
   if (reserve == 0)
     throw UsageError("tensorpool: begin_capture(" + stream_name(stream) +
                      ", 0): a new graph pool needs a reserve (the bytes its capture may hold at once)");
-  if (const GraphPoolRec* busy = graphs_.capturing(stream))
+  if (const GraphPoolRec* busy = graphs.capturing(stream))
     throw UsageError("tensorpool: begin_capture: " + stream_name(stream) + " is already captured into graph pool " +
                      std::to_string(busy->id) + " (end_capture first)");
-  GraphPoolRec& pool = graphs_.create();
+  GraphPoolRec& pool = graphs.create();
   try {
     reserve_range(pool, stream, reserve, lock);
   } catch (...) {
-    graphs_.erase(pool.id);  // nothing reserved: as if never made
+    graphs.erase(pool.id);  // nothing reserved: as if never made
     throw;
   }
-  graphs_.start_capture(stream, pool);
-  captures_underway = graphs_.captures();
+  graphs.start_capture(stream, pool);
   if (hooks.observed()) hooks.notify(EventType::capture_begin, pool.id, 0, reserve, stream);
   debug_check();
   return GraphPool{pool.id};
@@ -49,28 +48,27 @@ GraphPool Allocator::Impl::begin_capture(Stream stream, std::size_t reserve) {
 
 void Allocator::Impl::begin_capture(Stream stream, GraphPool which, std::size_t more) {
   Lock lock(shards);
-  GraphPoolRec* pool = graphs_.find(which.id);
+  GraphPoolRec* pool = graphs.find(which.id);
   if (pool == nullptr || pool->released)
     throw UsageError("tensorpool: begin_capture: graph pool " + std::to_string(which.id) +
                      (pool == nullptr ? " does not exist" : " was released (release_graph)"));
-  if (const GraphPoolRec* busy = graphs_.capturing(stream))
+  if (const GraphPoolRec* busy = graphs.capturing(stream))
     throw UsageError("tensorpool: begin_capture: " + stream_name(stream) + " is already captured into graph pool " +
                      std::to_string(busy->id) + " (end_capture first)");
   if (more != 0) reserve_range(*pool, stream, more, lock);
-  graphs_.start_capture(stream, *pool);
-  captures_underway = graphs_.captures();
+  graphs.start_capture(stream, *pool);
   if (hooks.observed()) hooks.notify(EventType::capture_begin, pool->id, 0, more, stream);
   debug_check();
 }
 
 void Allocator::Impl::end_capture(Stream stream) {
   Lock lock(shards);
-  if (graphs_.capturing(stream) == nullptr)
+  const GraphPoolRec* pool = graphs.capturing(stream);
+  if (pool == nullptr)
     throw UsageError("tensorpool: end_capture: " + stream_name(stream) +
                      " is not captured into a graph pool (begin_capture was not called for it)");
-  const std::uint64_t id = graphs_.capturing(stream)->id;
-  graphs_.end_capture(stream);
-  captures_underway = graphs_.captures();
+  const std::uint64_t id = pool->id;
+  graphs.end_capture(stream);
   if (hooks.observed()) hooks.notify(EventType::capture_end, id, 0, 0, stream);
   if (!capture_underway()) record_deferred_events();
   debug_check();
@@ -78,7 +76,7 @@ void Allocator::Impl::end_capture(Stream stream) {
 
 void Allocator::Impl::release_graph(GraphPool which) {
   Lock lock(shards);
-  GraphPoolRec* pool = graphs_.find(which.id);
+  GraphPoolRec* pool = graphs.find(which.id);
   if (pool == nullptr || pool->released)
     throw UsageError("tensorpool: release_graph: graph pool " + std::to_string(which.id) +
                      (pool == nullptr ? " does not exist" : " was released already"));
@@ -93,7 +91,7 @@ void Allocator::Impl::release_graph(GraphPool which) {
 
 std::vector<GraphPoolInfo> Allocator::Impl::graph_pools() const {
   Lock lock(shards);
-  return graphs_.infos();
+  return graphs.infos();
 }
 
 // Before the capture: `bytes` more for the pool, as one block of the stream under the graph
@@ -110,7 +108,7 @@ void Allocator::Impl::reserve_range(GraphPoolRec& pool, Stream stream, std::size
   const auto addr = reinterpret_cast<Address>(allocate_locked(bytes, {stream, tag}, lock));
   Block* b = find_live(addr);
   b->uses = new std::vector<Stream>();
-  graphs_.add_range(pool, addr, b->size);
+  graphs.add_range(pool, addr, b->size);
 }
 
 void* Allocator::Impl::allocate_captured(GraphPoolRec& pool, std::size_t bytes, Stream stream) {
@@ -153,7 +151,7 @@ void Allocator::Impl::throw_graph_pool_exhausted(const GraphPoolRec& pool, std::
 }
 
 bool Allocator::Impl::free_captured(Address addr) {
-  GraphPoolRec* pool = graphs_.owner_of(addr);
+  GraphPoolRec* pool = graphs.owner_of(addr);
   if (pool == nullptr) return false;
   const auto it = pool->live.find(addr);
   if (it == pool->live.end())
@@ -173,7 +171,7 @@ bool Allocator::Impl::free_captured(Address addr) {
 void Allocator::Impl::give_back_if_done(GraphPoolRec& pool) {
   if (!pool.released || !pool.live.empty()) return;
   const std::map<Address, std::size_t> ranges = pool.space.ranges();
-  graphs_.erase(pool.id);
+  graphs.erase(pool.id);
   for (const auto& [addr, bytes] : ranges) {
     Block* b = find_live(addr);
     delete b->uses;  // empty: only there to keep the fast path away
@@ -184,7 +182,7 @@ void Allocator::Impl::give_back_if_done(GraphPoolRec& pool) {
 
 void Allocator::Impl::refuse_while_capturing(const char* operation) const {
   if (!capture_underway()) return;
-  graphs_.for_each([&](const GraphPoolRec& pool) {
+  graphs.for_each([&](const GraphPoolRec& pool) {
     if (pool.capturing.empty()) return;
     throw UsageError(std::string("tensorpool: ") + operation + " while " + stream_name(pool.capturing.front()) +
                      " is captured into graph pool " + std::to_string(pool.id) +

@@ -105,7 +105,7 @@ SleepReport Allocator::Impl::asleep() const {
 bool Allocator::Impl::is_asleep(const void* ptr) const {
   Lock lock(shards);
   const auto addr = reinterpret_cast<Address>(ptr);
-  if (const detail::GraphPoolRec* pool = graphs_.empty() ? nullptr : graphs_.owner_of(addr)) {
+  if (const detail::GraphPoolRec* pool = graphs.empty() ? nullptr : graphs.owner_of(addr)) {
     if (!pool->live.contains(addr))
       throw UsageError("tensorpool: is_asleep of " + detail::hex(addr) + ": not a live block of graph pool " +
                        std::to_string(pool->id));

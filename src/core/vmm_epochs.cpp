@@ -250,7 +250,7 @@ void VmmHeaps::collect_plans(Heap& heap) {
 Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   if (heap.mapped_prefix >= height) return Layout::ready;
   if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return Layout::impossible;
-  if (st_.captures_underway != 0) return Layout::impossible;  // no device call during a capture
+  if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
   DeviceEvent e = 0;
   try {
     e = st_.device->create_event();
@@ -296,7 +296,7 @@ bool VmmHeaps::lay_out(Heap& heap, std::size_t height) {
 // (oom_ladder.cpp) drops the plan for this epoch.
 bool VmmHeaps::finish_layout(Heap& heap) {
   PlanCursor& cursor = heap.cursor;
-  if (st_.captures_underway != 0) {  // no event query during a capture: the plan waits an epoch
+  if (st_.capture_underway()) {  // no event query during a capture: the plan waits an epoch
     abandon_layout(heap);
     return false;
   }
