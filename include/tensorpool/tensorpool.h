@@ -205,8 +205,8 @@ TENSORPOOL_API tensorpool_status tensorpool_sleep(tensorpool_allocator* allocato
 TENSORPOOL_API tensorpool_status tensorpool_wake(tensorpool_allocator* allocator, const char* tag);
 /* The calling thread's allocations (from every allocator) carry the tag `name` until the
  * matching tensorpool_pop_tag; scopes nest and the innermost applies. Tagged blocks come from
- * memory of their own, so that tensorpool_sleep_tag gives back theirs alone. A pop without a
- * push on the thread: TENSORPOOL_ERROR_USAGE. */
+ * memory of their own, so that tensorpool_sleep(allocator, name, ...) gives back theirs alone.
+ * A pop without a push on the thread: TENSORPOOL_ERROR_USAGE. */
 TENSORPOOL_API tensorpool_status tensorpool_push_tag(const char* name);
 TENSORPOOL_API tensorpool_status tensorpool_pop_tag(void);
 /* What sleeps now (all zero while awake). */
