@@ -14,7 +14,8 @@ multiples of 32).
     tests/python/test_loop_rules.py TENSORPOOL_CLI
 
 Needs torch: exits 77 (skipped) where it cannot be imported, unless TENSORPOOL_TORCH_PYTHON names
-an interpreter that has it (then the test runs there).
+an interpreter that has it, or the project's .venv-torch has it (`scripts/install-deps.sh torch`;
+then the test runs there).
 """
 import json
 import os
@@ -28,10 +29,13 @@ CLI = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tensorpool"
 try:
     import torch
 except ImportError:
-    other = os.environ.get("TENSORPOOL_TORCH_PYTHON")
-    if other and os.path.abspath(other) != os.path.abspath(sys.executable):
+    # TENSORPOOL_TORCH_PYTHON, else the project's .venv-torch (scripts/install-deps.sh torch)
+    other = os.environ.get("TENSORPOOL_TORCH_PYTHON") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv-torch", "bin", "python")
+    if os.path.isfile(other) and os.path.abspath(other) != os.path.abspath(sys.executable):
         os.execv(other, [other] + sys.argv)
-    print("skipped: no torch here (set TENSORPOOL_TORCH_PYTHON to an interpreter that has it)")
+    print("skipped: no torch here (run scripts/install-deps.sh torch, or set TENSORPOOL_TORCH_PYTHON to an "
+          "interpreter that has it)")
     sys.exit(77)
 
 from loop_model import LoopModel  # noqa: E402 (needs torch)
