@@ -38,7 +38,7 @@ std::vector<std::uint64_t> micro_batch_candidates(const WorkloadSetup& s) {
 }
 
 
-replay::TraceFamily family_of(const WorkloadSetup& s) {
+replay::TraceFamily generated_family(const WorkloadSetup& s) {
   return [s](std::uint64_t mb) {
     return std::make_shared<const trace::Trace>(workload::generate_workload(plan_setup_at(s, mb)));
   };
@@ -59,10 +59,10 @@ std::size_t peak_requested_at(const WorkloadSetup& s, std::uint64_t mb) {
   return most;
 }
 
-std::vector<PlanFit> search(const WorkloadSetup& s, const PlanOptions& o, const std::vector<std::uint64_t>& candidates,
-                            unsigned threads) {
+std::vector<PlanFit> search(const WorkloadSetup& s, const replay::TraceFamily& family, const PlanOptions& o,
+                            const std::vector<std::uint64_t>& candidates, unsigned threads) {
   const auto& targets = o.targets;
-  const auto found = replay::largest_fitting(candidates, family_of(s), targets, o.capacity, threads, o.on_replay);
+  const auto found = replay::largest_fitting(candidates, family, targets, o.capacity, threads, o.on_replay);
   std::vector<PlanFit> fits;
   for (const auto& f : found) {
     PlanFit p;
@@ -88,6 +88,11 @@ bool larger(const PlanFit& changed, const PlanFit& base) {
 }
 
 }  // namespace
+
+std::string plan_subject(const PlanOptions& o) {
+  return o.capture.empty() ? o.setup.describe()
+                           : fmt::format("the training step of `{}`, captured at each micro-batch", o.capture.script);
+}
 
 std::string gib(std::size_t bytes) {
   return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / static_cast<double>(GiB));
@@ -117,7 +122,8 @@ PlanReport make_plan(const PlanOptions& o) {
   report.options = o;
   report.candidates = micro_batch_candidates(o.setup);
   const unsigned threads = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  report.fits = search(o.setup, o, report.candidates, threads);
+  report.traces = o.capture.empty() ? generated_family(o.setup) : capture_family(o.capture);
+  report.fits = search(o.setup, report.traces, o, report.candidates, threads);
 
   report.reference_micro_batch = report.candidates.back();
   bool any = false;
@@ -127,6 +133,7 @@ PlanReport make_plan(const PlanOptions& o) {
     any = true;
   }
   if (!any) report.reference_micro_batch = report.candidates.front();
+  if (!o.capture.empty()) return report;  // the script is the setup: no changes to try
 
   const std::vector<workload::SetupChange> changes = workload::setup_changes(o.setup);
   report.changes.resize(changes.size());
@@ -137,7 +144,7 @@ PlanReport make_plan(const PlanOptions& o) {
     c.change = changes[i];
     const std::size_t peak = peak_requested_at(c.change.setup, report.reference_micro_batch);
     c.saves = base_peak > peak ? base_peak - peak : 0;
-    c.fits = search(c.change.setup, o, report.candidates, inner);
+    c.fits = search(c.change.setup, generated_family(c.change.setup), o, report.candidates, inner);
     for (std::size_t a = 0; a < c.fits.size(); ++a) c.helps = c.helps || larger(c.fits[a], report.fits[a]);
   });
   std::stable_sort(report.changes.begin(), report.changes.end(),
@@ -148,7 +155,7 @@ PlanReport make_plan(const PlanOptions& o) {
 std::string plan_text(const PlanReport& r) {
   const PlanOptions& o = r.options;
   std::string out = fmt::format("plan: {}\ndevice capacity {}; micro-batches tried: divisors of {} (global batch / dp)\n\n",
-                                o.setup.describe(), gib(o.capacity),
+                                plan_subject(o), gib(o.capacity),
                                 o.setup.effective_global_batch() / static_cast<std::uint64_t>(o.setup.dp));
   out += fmt::format("{:<18} {:>11} {:>12} {:>15} {:>15} {:>12}\n", "allocator", "micro-batch", "accumulation",
                      "peak requested", "peak reserved", "headroom");
@@ -176,6 +183,7 @@ std::string plan_text(const PlanReport& r) {
     helping += fmt::format("  {:<44} saves {:>10}:{}\n    costs: {}\n", c.change.description + " (" + c.change.options + ")",
                            gib(c.saves), mbs, c.change.cost);
   }
+  if (!o.capture.empty()) return out;  // no changes tried
   out += helping.empty()
              ? "\nno single change among mixed precision, attention, checkpointing, an 8-bit optimizer, offloading, LoRA, ZeRO "
                "and sequence length lets a larger micro-batch fit\n"
@@ -187,7 +195,7 @@ std::string plan_text(const PlanReport& r) {
 
 namespace {
 
-nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t capacity) {
+nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t capacity, bool captured) {
   nlohmann::json next_oom = nullptr;
   if (f.next && f.next->total.first_oom) next_oom = to_json(f.next->total, f.next_trace.get())["first_oom"];
   const auto opt = [](const std::optional<std::uint64_t>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
@@ -203,8 +211,8 @@ nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t ca
           {"next_first_oom", next_oom},
           // The workload options of the traces replayed at micro_batch and next_micro_batch
           // (for `generate --options`): the plan keeps only what the peak needs of each step.
-          {"trace_options", f.micro_batch ? nlohmann::json(plan_setup_at(s, *f.micro_batch).to_string()) : nlohmann::json(nullptr)},
-          {"next_trace_options", f.next_micro_batch ? nlohmann::json(plan_setup_at(s, *f.next_micro_batch).to_string()) : nlohmann::json(nullptr)}};
+          {"trace_options", f.micro_batch && !captured ? nlohmann::json(plan_setup_at(s, *f.micro_batch).to_string()) : nlohmann::json(nullptr)},
+          {"next_trace_options", f.next_micro_batch && !captured ? nlohmann::json(plan_setup_at(s, *f.next_micro_batch).to_string()) : nlohmann::json(nullptr)}};
 }
 
 }  // namespace
@@ -212,11 +220,11 @@ nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t ca
 nlohmann::json plan_json(const PlanReport& r) {
   const PlanOptions& o = r.options;
   nlohmann::json fits = nlohmann::json::array();
-  for (const auto& f : r.fits) fits.push_back(fit_json(f, o.setup, o.capacity));
+  for (const auto& f : r.fits) fits.push_back(fit_json(f, o.setup, o.capacity, !o.capture.empty()));
   nlohmann::json changes = nlohmann::json::array();
   for (const auto& c : r.changes) {
     nlohmann::json per = nlohmann::json::array();
-    for (const auto& f : c.fits) per.push_back(fit_json(f, c.change.setup, o.capacity));
+    for (const auto& f : c.fits) per.push_back(fit_json(f, c.change.setup, o.capacity, false));
     changes.push_back({{"change", c.change.description},
                        {"options", c.change.options},
                        {"cost", c.change.cost},
@@ -224,9 +232,11 @@ nlohmann::json plan_json(const PlanReport& r) {
                        {"helps", c.helps},
                        {"allocators", per}});
   }
-  return {{"setup", o.setup.to_string()},
-          {"description", o.setup.describe()},
-          {"parameters", o.setup.model.parameters()},
+  const bool captured = !o.capture.empty();
+  return {{"setup", captured ? nlohmann::json(nullptr) : nlohmann::json(o.setup.to_string())},
+          {"capture", captured ? nlohmann::json(o.capture.script) : nlohmann::json(nullptr)},
+          {"description", plan_subject(o)},
+          {"parameters", captured ? nlohmann::json(nullptr) : nlohmann::json(o.setup.model.parameters())},
           {"capacity_bytes", o.capacity},
           {"global_batch", o.setup.effective_global_batch()},
           {"candidates", r.candidates},
@@ -240,7 +250,8 @@ nlohmann::json plan_json(const PlanReport& r) {
 std::uint64_t expected_plan_replays(const PlanOptions& o) {
   std::uint64_t per_search = 0;
   for (std::size_t n = micro_batch_candidates(o.setup).size() + 1; n > 1; n = (n + 1) / 2) ++per_search;
-  return per_search * o.targets.size() * (1 + workload::setup_changes(o.setup).size());
+  const std::size_t changes = o.capture.empty() ? workload::setup_changes(o.setup).size() : 0;
+  return per_search * o.targets.size() * (1 + changes);
 }
 
 int cmd_plan(const PlanOptions& options) {

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan_capture.hpp"
 #include "tensorpool/replay/fit.hpp"
 #include "tensorpool/workload/setup.hpp"
 
@@ -19,6 +20,9 @@ namespace tensorpool::cli {
 
 struct PlanOptions {
   workload::WorkloadSetup setup;  // validated; plan searches its micro_batch
+  /// Non-empty: the traces are captured from this script (plan_capture.hpp) instead of generated
+  /// from `setup`, whose global batch and dp alone apply; no setup changes are tried.
+  CaptureCommand capture;
   std::vector<replay::FitTarget> targets;  // the allocators (fit_targets(): as replay gets them)
   std::size_t capacity = 0;
   unsigned threads = 0;  // 0: one per core
@@ -51,11 +55,15 @@ struct PlanChange {
 
 struct PlanReport {
   PlanOptions options;
+  replay::TraceFamily traces;             // the trace at each micro-batch: generated or captured
   std::vector<std::uint64_t> candidates;  // micro-batches tried: divisors of global batch / dp
   std::vector<PlanFit> fits;              // per allocator
   std::uint64_t reference_micro_batch = 1;  // where the changes' savings are measured
   std::vector<PlanChange> changes;        // ranked by `saves`, largest first
 };
+
+/// What is planned, in words: the setup's description, or the captured script.
+std::string plan_subject(const PlanOptions& options);
 
 /// `bytes` as "12.34 GiB" (the plan's text and answer).
 std::string gib(std::size_t bytes);

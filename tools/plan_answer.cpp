@@ -69,19 +69,21 @@ const PlanFit* fit_of(const std::vector<PlanFit>& fits, std::string_view allocat
 }
 
 // The breakdown at `micro_batch`: from the trace the search kept of it (the micro-batch after an
-// allocator's answer), else generated again.
+// allocator's answer), else the report's family's (generated again, or the capture kept).
 PeakBreakdown breakdown_at(const PlanReport& r, std::uint64_t micro_batch) {
   for (const PlanFit& f : r.fits)
     if (f.next_micro_batch == micro_batch && f.next_trace) return breakdown_at_peak(*f.next_trace);
-  return breakdown_at_peak(workload::generate_workload(plan_setup_at(r.options.setup, micro_batch)));
+  return breakdown_at_peak(*r.traces(micro_batch));
 }
 
 // Why micro-batch `mb` cannot fit, from its breakdown: the model states alone, or the whole peak.
-std::string why_not(const PeakBreakdown& b, const workload::WorkloadSetup& s, std::size_t capacity, std::uint64_t mb) {
+std::string why_not(const PeakBreakdown& b, const PlanOptions& o, std::uint64_t mb) {
+  const workload::WorkloadSetup& s = o.setup;
+  const std::size_t capacity = o.capacity;
   const std::size_t states = b.model_states();
   const double share = 100.0 * static_cast<double>(states) / static_cast<double>(capacity);
   std::string per_param;
-  if (s.tp == 1 && s.pp == 1 && s.zero == 0 && s.model.parameters() > 0)
+  if (o.capture.empty() && s.tp == 1 && s.pp == 1 && s.zero == 0 && s.model.parameters() > 0)
     per_param = fmt::format(": {:.1f} bytes per parameter for {:.2f}B parameters",
                             static_cast<double>(states) / static_cast<double>(s.model.parameters()),
                             static_cast<double>(s.model.parameters()) / 1e9);
@@ -208,7 +210,12 @@ void answer_nothing_fits(const PlanReport& r, PlanAnswer& a) {
   a.at_next = breakdown_at(r, *a.next_micro_batch);
   a.text = fmt::format("Answer: nothing fits on {}, not even micro-batch {}{}.\n", gib(capacity), *a.next_micro_batch,
                        over_dp(s));
-  a.text += why_not(*a.at_next, s, capacity, *a.next_micro_batch);
+  a.text += why_not(*a.at_next, r.options, *a.next_micro_batch);
+  if (!r.options.capture.empty()) {
+    a.text += "plan --capture tries no setup changes: change the script (activation checkpointing, a smaller "
+              "sequence, an 8-bit optimizer) and plan it again.\n";
+    return;
+  }
   const std::string helping = helping_changes(r);
   a.text += helping.empty() ? "No single change tried (mixed precision, attention, checkpointing, an 8-bit optimizer, "
                               "offloading, LoRA, ZeRO, sequence length) makes it fit: the model states must shrink or be "

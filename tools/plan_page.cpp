@@ -116,8 +116,8 @@ pre{background:#f6f6f6;padding:12px;white-space:pre-wrap}
 table{border-collapse:collapse}td,th{padding:2px 10px;text-align:right;border-bottom:1px solid #ddd}td:first-child,th:first-child{text-align:left}
 </style></head><body>
 )";
-  page += fmt::format("<h1>plan: {}</h1>\n<p>{} on a device of {:.2f} GiB</p>\n", html_escape(o.setup.model.name),
-                      html_escape(o.setup.describe()), gib_value(o.capacity));
+  page += fmt::format("<h1>plan: {}</h1>\n<p>{} on a device of {:.2f} GiB</p>\n", html_escape(o.capture.empty() ? o.setup.model.name : "captured script"),
+                      html_escape(plan_subject(o)), gib_value(o.capacity));
   page += "<h2>The answer</h2>\n<pre id=\"answer\">" + html_escape(a.text) + "</pre>\n";
   if (!bars.empty()) {
     page += "<h2>Where the bytes go at the peak</h2>\n<p>" + html_escape(caption) + "</p>\n";

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -448,12 +449,32 @@ class PlanCommand final : public Subcommand {
     output_.add_to(app_);
     app_->add_option("--report", plan_.report,
                      "Also write the plan as one self-contained HTML page: the answer, and where the bytes go at the peak as stacked bars");
+    app_->add_option("--capture", plan_.capture.script,
+                     "Plan your own training script instead of a model: SCRIPT and its arguments, with {micro_batch} where the "
+                     "micro-batch goes (\"train.py --batch-size {micro_batch}\"); each candidate is captured without a GPU by "
+                     "python -m tensorpool.capture (needs torch); --global-batch and --dp apply, the model options do not");
+    app_->add_option("--python", plan_.capture.python,
+                     "With --capture: the Python that runs it, with torch and the tensorpool package (default: $TENSORPOOL_PYTHON, "
+                     "else python3)");
+    app_->add_option("--capture-steps", plan_.capture.steps,
+                     "With --capture: optimizer steps captured at each micro-batch (default 2: the first makes the optimizer's states)");
   }
   void check() override {
     run_.capacity = parse_capacity(capacity_);
     run_.allocators = allocators_.names();
     targets_.resolve(run_);
     if (!plan_.report.empty()) trace::pytorch::check_writable(plan_.report, "plan report");
+    if (!plan_.capture.empty()) {
+      check_capture(plan_.capture);
+      for (const char* flag : {"--model", "--options", "--seq", "--precision", "--checkpointing", "--zero", "--tp", "--pp"})
+        if (app_->count(flag) > 0)
+          throw ConfigError(std::string("plan --capture plans the script's own model and loop: ") + flag + " does not apply");
+      if (app_->count("--python") == 0)
+        if (const char* python = std::getenv("TENSORPOOL_PYTHON"); python != nullptr && *python != '\0')
+          plan_.capture.python = python;
+    } else if (app_->count("--python") > 0 || app_->count("--capture-steps") > 0) {
+      throw ConfigError("plan: --python and --capture-steps go with --capture");
+    }
     plan_.setup = workload_setup(workload_);
     check_plan(plan_.setup);
     plan_.capacity = run_.capacity;

@@ -335,6 +335,48 @@ class CommandLine(unittest.TestCase):
             self.assertEqual(fit.returncode, 0, fit.stderr)
             self.assertEqual(sorted(os.listdir(work)), ["job.tptrace", "train.py"])  # no temporaries left
 
+    def test_plan_on_the_captured_script(self):
+        keys = dict(BASE, **LLAMA, attention="sdpa", loss="cross_entropy")
+        env = dict(os.environ, PYTHONPATH=PACKAGE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with tempfile.TemporaryDirectory() as work:
+            script = os.path.join(work, "train.py")
+            with open(script, "w") as f:
+                f.write(SCRIPT.format(here=HERE, keys=keys))
+            # The peak of each micro-batch, captured here; a capacity between those of 2 and 4.
+            peaks = {mb: capture.run_script(script, [str(mb)], steps=2).peak_bytes for mb in (1, 2, 4)}
+            capacity = (peaks[2] + peaks[4]) // 2
+            plan = subprocess.run([CLI, "plan", "--capture", f"{script} {{micro_batch}}", "--python", sys.executable,
+                                   "--global-batch", "8", "--capacity", str(capacity), "--allocators", "raw,pytorch",
+                                   "--json", "-q"], capture_output=True, text=True, env=env)
+            self.assertEqual(plan.returncode, 0, plan.stderr)
+            out = json.loads(plan.stdout)
+            self.assertEqual(out["capture"], f"{script} {{micro_batch}}")
+            self.assertEqual(out["changes"], [])
+            raw = next(a for a in out["allocators"] if a["allocator"] == "raw")
+            print(f"plan --capture at {capacity:,} bytes: raw fits micro-batch {raw['micro_batch']}, peak "
+                  f"{raw['peak_requested_bytes']:,}; captured peaks {peaks}")
+            self.assertEqual(raw["micro_batch"], 2)
+            self.assertEqual(raw["peak_requested_bytes"], peaks[2])
+            self.assertEqual(raw["next_micro_batch"], 4)
+            self.assertIn("micro-batch 2", out["answer"]["text"])
+            self.assertGreater(out["answer"]["breakdown"]["bytes"]["weights"], 0)
+
+            refused = subprocess.run([CLI, "plan", "--capture", script, "--global-batch", "8"], capture_output=True, text=True)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("{micro_batch}", refused.stderr)
+            model = subprocess.run([CLI, "plan", "--capture", f"{script} {{micro_batch}}", "--model", "gpt2",
+                                    "--global-batch", "8"], capture_output=True, text=True)
+            self.assertNotEqual(model.returncode, 0)
+            self.assertIn("--model does not apply", model.stderr)
+            broken = os.path.join(work, "broken.py")
+            with open(broken, "w") as f:
+                f.write("raise RuntimeError('no data here')\n")
+            failing = subprocess.run([CLI, "plan", "--capture", f"{broken} {{micro_batch}}", "--python", sys.executable,
+                                      "--global-batch", "8", "-q"], capture_output=True, text=True, env=env)
+            self.assertNotEqual(failing.returncode, 0)
+            self.assertIn("capturing micro-batch", failing.stderr)
+            self.assertIn("no data here", failing.stderr)
+
     def test_bad_arguments(self):
         with tempfile.TemporaryDirectory() as work:
             missing = self.run_capture("--out", os.path.join(work, "x.tptrace"), os.path.join(work, "nope.py"))
