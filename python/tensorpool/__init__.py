@@ -22,7 +22,8 @@ backend:async|malloc|vmm|simulated). With
 TENSORPOOL_TRACE=path the library records every device's allocator events into a trace file
 (docs/recording.md).
 
-The analyses of the CLI (compare, fit, info, report) are here too, on a trace file or a
+tensorpool.capture traces your own PyTorch job without a GPU (python -m tensorpool.capture --out
+job.tptrace train.py; docs/capture.md). The analyses of the CLI (compare, fit, info, report) are here too, on a trace file or a
 snapshot dict, and plan on a model, returning plain data (tensorpool.analysis); `tensorpool` on the command line and
 `python -m tensorpool` run the CLI installed with the package (pip install .).
 """

@@ -655,6 +655,15 @@ def _patch_cuda(p, rec, capacity):
     for name, value in values.items():
         p.set(cuda, name, value)
     p.set(torch.Tensor, "record_stream", lambda t, s: rec.record_stream(t, s))
+    set_default_device = torch.set_default_device
+
+    def set_default_device_on_gpu(device):
+        is_cuda = (isinstance(device, str) and device.startswith("cuda")) or \
+            (isinstance(device, torch.device) and device.type == "cuda")
+        set_default_device(_gpu_device() if is_cuda else device)
+    p.set(torch, "set_default_device", set_default_device_on_gpu)
+    before = torch.get_default_device()
+    p.on_restore(lambda: set_default_device(None if before == torch.device("cpu") else before))
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:  # torch.accelerator asks the CUDA runtime itself
         for name, value in {"current_stream": values["current_stream"], "current_device_index": lambda: 0,
