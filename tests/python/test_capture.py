@@ -32,6 +32,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
 
 try:
     import torch
+    import torch.nn.functional as F
 except ImportError:
     # TENSORPOOL_TORCH_PYTHON, else the project's .venv-torch (scripts/install-deps.sh torch)
     other = os.environ.get("TENSORPOOL_TORCH_PYTHON") or os.path.join(
@@ -181,6 +182,55 @@ class ForwardAgainstFakeCuda(unittest.TestCase):
                 first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
                 self.assertEqual(got, want, f"{name}: first difference at event {first}: "
                                  f"{got[first:first + 3]} against {want[first:first + 3]}")
+
+    def test_policies_op_by_op(self):
+        # The dtype each op returns under autocast bf16, from 16-bit and 32-bit inputs: the
+        # capture's kernels against PyTorch's own CUDA autocast on fake CUDA, one policy of each
+        # kind and the overloads this torch registers beyond the published lists (rms_norm,
+        # linalg_matrix_sqrth).
+        calls = {
+            "mm": lambda a, b: a @ b, "bmm": lambda a, b: torch.bmm(a[None], b[None]),
+            "linear": lambda a, b: F.linear(a, b), "exp": lambda a, b: torch.exp(a),
+            "pow": lambda a, b: a.pow(2), "rsqrt": lambda a, b: torch.rsqrt(a),
+            "rms_norm": lambda a, b: torch.rms_norm(a, [a.shape[-1]]),
+            "layer_norm": lambda a, b: F.layer_norm(a, [a.shape[-1]]),
+            "softmax": lambda a, b: torch.softmax(a, -1), "log_softmax": lambda a, b: torch.log_softmax(a, -1),
+            "sum": lambda a, b: a.sum(), "sum.dim": lambda a, b: a.sum(-1), "cumsum": lambda a, b: a.cumsum(0),
+            "norm": lambda a, b: a.norm(), "linalg_vector_norm": lambda a, b: torch.linalg.vector_norm(a),
+            "logsumexp": lambda a, b: torch.logsumexp(a, -1), "addcmul": lambda a, b: torch.addcmul(a, a, b),
+            "cross_entropy": lambda a, b: F.cross_entropy(a, torch.zeros(a.shape[0], dtype=torch.long, device=a.device)),
+            "linalg_matrix_sqrth": lambda a, b: torch.linalg.matrix_sqrth(a),
+            "mul": lambda a, b: a * b, "relu": lambda a, b: torch.relu(a),
+        }
+        combos = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)]
+
+        def dtypes(make):
+            out = {}
+            for name, call in calls.items():
+                for da, db in combos:
+                    a, b = make(da), make(db)
+                    out[(name, da, db)] = call(a, b).dtype
+            return out
+
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode():
+            torch.set_autocast_enabled("cuda", True)
+            torch.set_autocast_dtype("cuda", torch.bfloat16)
+            try:
+                want = dtypes(lambda dt: torch.randn(8, 8, device="cuda", dtype=dt))
+            finally:
+                torch.set_autocast_enabled("cuda", False)
+                torch.clear_autocast_cache()
+        got = {}
+
+        def run():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                got.update(dtypes(lambda dt: torch.randn(8, 8, device="cuda", dtype=dt)))
+        capture.run(run)
+        differ = {k: (got[k], v) for k, v in want.items() if got[k] != v}
+        self.assertEqual(differ, {})
+        self.assertEqual(want[("mm", torch.float32, torch.float32)], torch.bfloat16)  # the check can fail
+        self.assertEqual(want[("exp", torch.bfloat16, torch.bfloat16)], torch.float32)
 
     def test_autocast_lists_cover_this_torch(self):
         unknown, _ = capture.autocast_coverage()
