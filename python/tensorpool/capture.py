@@ -413,7 +413,8 @@ def _modes(rec):
                 with rec.making(rec.kind or "inputs"):
                     return args[0].to(gpu, non_blocking=kwargs.get("non_blocking", False))
             if func is Tensor.to:
-                device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+                parse = {k: v for k, v in kwargs.items() if k != "copy"}
+                device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **parse)
                 if device is not None and device.type == "cuda":
                     kw = {"dtype": dtype, "non_blocking": non_blocking, "copy": kwargs.get("copy", False)}
                     if memory_format is not None:
@@ -433,33 +434,47 @@ def _modes(rec):
     return Outputs(), Devices()
 
 
-def _apply_in_place(module, rec, fn, recurse=True):
-    """nn.Module._apply for the capture: a parameter moved (to the fake GPU, to a dtype) takes the
-    new tensor's data in place (`param.data = new`, as PyTorch does for plain tensors), since
-    FakeTensorMode's weak references forbid the swap Module._apply makes for fake tensors."""
+def _apply_in_place(module, rec, fn, recurse=True, _moved=None):
+    """nn.Module._apply for the capture. A fake parameter moved (to the fake GPU, to a dtype) takes
+    the new tensor's data in place (`param.data = new`, as PyTorch does for plain tensors), since
+    FakeTensorMode's weak references forbid the swap Module._apply makes for fake tensors; a real
+    one (a small host tensor, made for real) is replaced by a new Parameter, as PyTorch does when
+    the types differ. A parameter shared by several modules (tied weights) is moved once."""
     torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensor
+    moved = {} if _moved is None else _moved
     if recurse:
         for child in module.children():
-            _apply_in_place(child, rec, fn)
+            _apply_in_place(child, rec, fn, True, moved)
 
-    def move(t):
+    def apply(t):
         with torch.no_grad(), rec.making("weights"):
-            new = fn(t)
-        if new is not t:
-            t.data = new
-            if hasattr(new, "fake_device"):
-                t.fake_device = new.fake_device
-        return t
+            return fn(t)
 
-    for param in module._parameters.values():
-        if param is not None:
-            move(param)
+    for key, param in module._parameters.items():
+        if param is None:
+            continue
+        if id(param) in moved:
+            module._parameters[key] = moved[id(param)]
+            continue
+        new = apply(param)
+        out = param
+        if new is not param and isinstance(param, FakeTensor) and isinstance(new, FakeTensor):
+            param.data = new
+            param.fake_device = new.fake_device
+        elif new is not param:
+            out = torch.nn.Parameter(new, requires_grad=param.requires_grad)
             if param.grad is not None:
-                move(param.grad)
+                out.grad = param.grad
+            module._parameters[key] = out
+        if out.grad is not None and out.grad.device != out.device:
+            out.grad = apply(out.grad)
+        moved[id(param)] = out
     for key, buf in module._buffers.items():
         if buf is not None:
-            with rec.making("weights"):
-                module._buffers[key] = fn(buf)
+            if id(buf) not in moved:
+                moved[id(buf)] = apply(buf)
+            module._buffers[key] = moved[id(buf)]
     return module
 
 

@@ -363,6 +363,97 @@ for _ in range(100):
 '''
 
 
+MODULE_SCRIPT = '''
+# A training script as people write them (nanoGPT's shape): nn.Modules, tied embeddings,
+# activation checkpointing, sdpa with dropout, fp16 autocast with a GradScaler, fused AdamW,
+# gradient accumulation, clipping, a batch from numpy through pinned memory.
+import sys
+import numpy as np
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln1, self.attn, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.ln2, self.fc, self.out = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in self.attn(self.ln1(x)).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)
+        x = x + self.drop(self.proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
+
+class GPT(nn.Module):
+    def __init__(self, V=1024, d=128, L=2, h=4, T=64):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, d), nn.Embedding(T, d)
+        self.blocks = nn.ModuleList(Block(d, h) for _ in range(L))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, V, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False)
+        logits = self.head(self.ln(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+data = np.random.randint(0, 1024, size=10000).astype(np.uint16)
+model = GPT().to("cuda")
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+scaler = torch.amp.GradScaler("cuda")
+for it in range(10):
+    for micro in range(2):
+        ix = torch.randint(len(data) - 65, (4,))
+        x = torch.stack([torch.from_numpy(data[i:i + 64].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 65].astype(np.int64)) for i in ix])
+        x, y = x.pin_memory().to("cuda", non_blocking=True), y.pin_memory().to("cuda", non_blocking=True)
+        with torch.autocast(device_type="cuda", dtype=torch.float16):
+            loss = model(x, y) / 2
+        scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+'''
+
+
+class ModuleScript(unittest.TestCase):
+    def test_a_script_as_people_write_them(self):
+        with tempfile.TemporaryDirectory() as work:
+            script = os.path.join(work, "train.py")
+            with open(script, "w") as f:
+                f.write(MODULE_SCRIPT)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = capture.run_script(script, steps=1)
+        self.assertEqual(result.steps, 1)
+        live = {}
+        for op, addr, size, _, label in result.events:
+            if op == "alloc":
+                live[addr] = (size, label.split(":", 1)[0], label)
+            elif op == "free_requested":
+                del live[addr]
+        by_kind = {}
+        for size, kind, _ in live.values():
+            by_kind[kind] = by_kind.get(kind, 0) + size
+        d, V, T, L = 128, 1024, 64, 2
+        block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+        params = V * d + T * d + L * block + 2 * d  # the head is the token embedding (tied): once
+        tensors = 2 + L * 12 + 2
+        print(f"live after the first step by kind: {by_kind}; {params:,} parameters in {tensors} tensors")
+        self.assertEqual(by_kind.get("weights"), 4 * params)
+        self.assertEqual(by_kind.get("grads"), 4 * params)
+        # fused AdamW: both moments and a step count on the device per parameter tensor
+        self.assertEqual(by_kind.get("optimizer"), 2 * 4 * params + 4 * tensors)
+        self.assertTrue(any("train.py:" in label for _, _, label in live.values()))
+
+
 class CommandLine(unittest.TestCase):
     def run_capture(self, *args):
         env = dict(os.environ, PYTHONPATH=PACKAGE + os.pathsep + os.environ.get("PYTHONPATH", ""))
