@@ -70,7 +70,13 @@ void Allocator::Impl::end_capture(Stream stream) {
   const std::uint64_t id = pool->id;
   graphs.end_capture(stream);
   if (hooks.observed()) hooks.notify(EventType::capture_end, id, 0, 0, stream);
-  if (!capture_underway()) record_deferred_events();
+  if (!capture_underway()) {
+    // The last capture ended: the frees that waited get their events, and those already done
+    // (their streams idle) are released now rather than at some later allocation outside a
+    // capture, which back-to-back captures would keep from ever coming.
+    record_deferred_events();
+    if (pending_total_ != 0) process_events();
+  }
   debug_check();
 }
 
