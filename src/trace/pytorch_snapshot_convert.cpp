@@ -164,7 +164,8 @@ class DeviceConverter {
     if (state_only_) return;
     for (const TraceEntry& e : *events_) {
       if (e.action == Action::snapshot) continue;
-      const TraceEvent ev = convert(e);
+      TraceEvent ev = convert(e);
+      if (ev.op == Op::alloc) tag_private(ev);
       if (is_block_action(e.action)) track_block(ev, out);
       out.push_back(ev);
     }
@@ -215,15 +216,30 @@ class DeviceConverter {
                                  fmt::format("device_traces[{}][{}]", device_, index), reason);
   }
 
-  // The pool of the final segment holding `addr`, else inferred from the size.
-  bool small_at(std::uint64_t addr, std::uint64_t size, bool expandable) const {
+  // The final segment holding `addr`, or null.
+  const Segment* final_segment_at(std::uint64_t addr) const {
     auto it = std::upper_bound(final_.begin(), final_.end(), addr,
                                [](std::uint64_t a, const Segment* s) { return a < s->address; });
-    if (it != final_.begin()) {
-      const Segment* s = *std::prev(it);
-      if (addr < s->address + s->total_size) return s->small_pool();
-    }
-    return infer_small(size, expandable);
+    if (it == final_.begin()) return nullptr;
+    const Segment* s = *std::prev(it);
+    return addr < s->address + s->total_size ? s : nullptr;
+  }
+
+  // The pool of the final segment holding `addr`, else inferred from the size.
+  bool small_at(std::uint64_t addr, std::uint64_t size, bool expandable) const {
+    const Segment* s = final_segment_at(addr);
+    return s != nullptr ? s->small_pool() : infer_small(size, expandable);
+  }
+
+  // An allocation in a final segment of a private pool (a CUDA graph's, a torch.cuda.MemPool's)
+  // is imported under the pool's tag, so that a replay keeps it apart as PyTorch did: the
+  // pytorch models in a private pool of that name, tensorpool under that tag. Segments of a
+  // private pool released before the window's end are not known: their blocks are not tagged.
+  void tag_private(TraceEvent& ev) const {
+    const Segment* s = final_segment_at(ev.addr);
+    if (s == nullptr || !s->private_pool()) return;
+    ev.flags = static_cast<std::uint8_t>(ev.flags | kFlagTagged);
+    ev.label = trace_.intern(s->pool_tag());
   }
 
   // Final segments with the window's segment events undone, newest first.
@@ -319,6 +335,7 @@ class DeviceConverter {
         seeds.emplace(b.address, ev);
       }
     }
+    for (auto& [addr, ev] : seeds) tag_private(ev);
     for (const auto& [addr, ev] : seeds) {
       out.push_back(ev);
       live_.insert(addr);

@@ -43,6 +43,8 @@ bool parse_action(std::string_view name, Action& out) noexcept {
 
 std::string Frame::label() const { return fmt::format("{} ({}:{})", name, filename, line); }
 
+std::string Segment::pool_tag() const { return fmt::format("pytorch-pool:{},{}", pool_id.first, pool_id.second); }
+
 bool Block::live() const noexcept {
   return state == "active_allocated" || state == "active_pending_free";
 }
@@ -151,6 +153,12 @@ Segment read_segment(const Value& v, FrameChoice choice) {
   s.stream = opt_uint(v, "stream", 0);
   s.segment_type = get_string(v, "segment_type");
   s.is_expandable = opt_bool(v, "is_expandable", false);
+  if (const std::optional<Value> pool = v.find("segment_pool_id"); pool && !pool->is_none()) {
+    std::vector<std::int64_t> ids;
+    for (const Value id : pool->elements()) ids.push_back(id.as_int());
+    if (ids.size() != 2) pool->fail(fmt::format("a pool id of {} numbers, expected 2", ids.size()));
+    s.pool_id = {ids[0], ids[1]};
+  }
   std::uint64_t next = s.address;
   for (const Value bv : v["blocks"].elements()) {
     Block b = read_block(bv, next, choice);

@@ -134,13 +134,13 @@ def block(address, size, state, requested=None, frames=None):
     return b
 
 
-def segment(device, address, blocks, segment_type="large", expandable=False, stream=0):
+def segment(device, address, blocks, segment_type="large", expandable=False, stream=0, pool=(0, 0)):
     total = sum(b["size"] for b in blocks)
     live = [b for b in blocks if b["state"].startswith("active")]
     return {"device": device, "address": address, "total_size": total,
             "allocated_size": sum(b["size"] for b in live), "active_size": sum(b["size"] for b in live),
             "requested_size": sum(b["requested_size"] for b in live), "stream": stream,
-            "segment_type": segment_type, "segment_pool_id": (0, 0), "is_expandable": expandable,
+            "segment_type": segment_type, "segment_pool_id": pool, "is_expandable": expandable,
             "frames": [], "blocks": blocks}
 
 
@@ -220,6 +220,18 @@ def snap_expandable():
             "allocator_settings": settings(expandable_segments=True)}
 
 
+def snap_private_pool():
+    # A CUDA graph's private pool (segment_pool_id (1, 0)) beside the default pool: allocations in
+    # its segments are imported under its tag.
+    D, G = 0x7C0000000000, 0x7C0001000000
+    seg_d = segment(0, D, [block(D, 2 * MIB, "active_allocated", 2000000), block(D + 2 * MIB, 1 * MIB, "active_allocated"),
+                           block(D + 3 * MIB, 17 * MIB, "inactive")])
+    seg_g = segment(0, G, [block(G, 4 * MIB, "active_allocated", 4000000), block(G + 4 * MIB, 2 * MIB, "active_allocated"),
+                           block(G + 6 * MIB, 14 * MIB, "inactive")], pool=(1, 0))
+    events = [event("alloc", D, 2000000, 1, [PY_FRAME_1]), event("alloc", G, 4000000, 2, [PY_FRAME_2])]
+    return {"segments": [seg_d, seg_g], "device_traces": [events], "allocator_settings": settings()}
+
+
 def snap_state_only():
     # The format of PyTorch 2.0: no block addresses, a "history" per block, no settings.
     X, Y = 0x7D0000000000, 0x7D0001000000
@@ -248,7 +260,11 @@ def not_snapshots():
     bad["blocks"][0]["size"] = "4096"
     missing = dict(good)
     del missing["segment_type"]
+    pool_int, pool_three = dict(good), dict(good)
+    pool_int["segment_pool_id"], pool_three["segment_pool_id"] = 5, (1, 2, 3)
     return {
+        "snap_bad_pool_int.pickle": {"segments": [pool_int], "device_traces": []},
+        "snap_bad_pool_three.pickle": {"segments": [good, pool_three], "device_traces": []},
         "snap_bad_block_size.pickle": {"segments": [good, good, good, bad], "device_traces": []},
         "snap_missing_key.pickle": {"segments": [missing], "device_traces": []},
         "snap_root_int.pickle": 42,
@@ -289,6 +305,7 @@ def write_snapshots(out):
         "snap_multi_device.pickle": snap_multi_device(),
         "snap_expandable.pickle": snap_expandable(),
         "snap_state_only.pickle": snap_state_only(),
+        "snap_private_pool.pickle": snap_private_pool(),
         "snap_cpp_stacks.pickle": {"segments": [], "device_traces": [[
             event("alloc", 0x1000, 512, 1, CPP_BACKWARD), event("alloc", 0x2000, 512, 2, CPP_OP),
             event("alloc", 0x3000, 512, 3, [CPP_FRAME])]]},

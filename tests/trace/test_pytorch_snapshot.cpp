@@ -315,6 +315,25 @@ TEST_CASE("pytorch: expandable segments seed the ranges mapped at the window's s
   CHECK(r.held.at(0) == 64 * MiB);  // the final segments: 60 MiB + 4 MiB
 }
 
+TEST_CASE("pytorch: allocations in a private pool's segments are imported under its tag", "[pytorch]") {
+  const Trace trace = pytorch::import_snapshot(fixture("snap_private_pool.pickle"));
+  const std::uint64_t D = 0x7C0000000000, G = 0x7C0001000000;
+  std::map<std::uint64_t, const TraceEvent*> by_addr;
+  for (const TraceEvent& e : trace.events)
+    if (e.op == Op::alloc || e.op == Op::seed_alloc) by_addr[e.addr] = &e;
+  REQUIRE(by_addr.size() == 4);
+  const auto tagged = [&](std::uint64_t addr) {
+    const TraceEvent& e = *by_addr.at(addr);
+    return (e.flags & kFlagTagged) != 0 ? std::string(trace.labels[e.label]) : std::string();
+  };
+  CHECK(tagged(G) == "pytorch-pool:1,0");            // allocated in the window
+  CHECK(tagged(G + 4 * MiB) == "pytorch-pool:1,0");  // live from before it: a seed
+  CHECK(tagged(D).empty());                          // the default pool: its frame stays
+  CHECK(trace.labels[by_addr.at(D)->label] == "step (/src/train.py:10)");
+  CHECK(tagged(D + 2 * MiB).empty());
+  check_consistent(trace);
+}
+
 TEST_CASE("pytorch: a state-only snapshot becomes seeds, addresses from block sizes", "[pytorch]") {
   const pytorch::Snapshot snap = pytorch::load_snapshot(fixture("snap_state_only.pickle"));
   const std::uint64_t X = 0x7D0000000000, Y = 0x7D0001000000;
@@ -403,6 +422,12 @@ TEST_CASE("pytorch: pickles that are not snapshots name the bad value's path", "
   e = snapshot_error([] { (void)pytorch::load_snapshot(fixture("snap_missing_key.pickle")); });
   CHECK(e.path() == "segments[0]");
   CHECK(e.reason() == "missing key 'segment_type'");
+  e = snapshot_error([] { (void)pytorch::load_snapshot(fixture("snap_bad_pool_int.pickle")); });
+  CHECK(e.path() == "segments[0].segment_pool_id");
+  CHECK(e.reason() == "expected list or tuple, got int");
+  e = snapshot_error([] { (void)pytorch::load_snapshot(fixture("snap_bad_pool_three.pickle")); });
+  CHECK(e.path() == "segments[1].segment_pool_id");
+  CHECK(e.reason() == "a pool id of 3 numbers, expected 2");
   e = snapshot_error([] { (void)pytorch::load_snapshot(fixture("snap_root_int.pickle")); });
   CHECK(e.path().empty());
   CHECK(e.reason() == "expected dict (a PyTorch memory snapshot), got int");

@@ -26,6 +26,10 @@
 //  - A free_completed whose free_requested fell before the window gets a free_requested
 //    synthesized just before it, so that every free is requested before it completes.
 //  - Labels: "name (filename:line)" of one frame of the event's stack (see FrameChoice).
+//  - Private pools: an alloc or seed_alloc inside a final segment whose "segment_pool_id" is not
+//    (0, 0) (a CUDA graph's pool, a torch.cuda.MemPool) carries kFlagTagged and the label
+//    "pytorch-pool:A,B" instead of its frame, so that a replay keeps it apart as PyTorch did.
+//    Blocks of a private pool's segments released before the window's end are not known as such.
 //  - The program's empty_cache() calls, seen as runs of segment_free events of wholly free
 //    segments with no oom around them, get an empty_cache event before each run
 //    (mark_empty_cache_calls, tensorpool/trace/empty_cache.hpp).
@@ -37,6 +41,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tensorpool/trace/event.hpp"
@@ -116,8 +121,14 @@ struct Segment {
   std::uint64_t stream = 0;
   std::string segment_type;  // "large" or "small"
   bool is_expandable = false;
+  /// PyTorch's MempoolId_t of the pool holding the segment: (0, 0) for the default pool, else a
+  /// private pool (a CUDA graph's, or a torch.cuda.MemPool's).
+  std::pair<std::int64_t, std::int64_t> pool_id{0, 0};
   std::vector<Block> blocks;
   bool small_pool() const noexcept { return segment_type == "small"; }
+  bool private_pool() const noexcept { return pool_id != std::pair<std::int64_t, std::int64_t>{0, 0}; }
+  /// The tag an allocation in a private pool is imported under (kFlagTagged): "pytorch-pool:A,B".
+  std::string pool_tag() const;
 };
 
 struct Snapshot {
