@@ -21,15 +21,7 @@ TRACES = sys.argv[2] if len(sys.argv) > 2 else "../shared/traces"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REAL = os.path.join(TRACES, "cs336-medium-seq128-train.pickle")
 
-try:
-    import torch  # noqa: F401
-except ImportError:
-    other = os.environ.get("TENSORPOOL_TORCH_PYTHON") or os.path.join(
-        os.path.dirname(os.path.dirname(HERE)), ".venv-torch", "bin", "python")
-    if os.path.isfile(other) and os.path.abspath(other) != os.path.abspath(sys.executable):
-        os.execv(other, [other] + sys.argv)
-    print("skipped: no torch here (run scripts/install-deps.sh torch, or set TENSORPOOL_TORCH_PYTHON)")
-    sys.exit(77)
+from torch_here import torch  # noqa: E402,F401 (runs the test where torch is, or skips it)
 if not os.path.isfile(REAL):
     print(f"skipped: {REAL} is absent (the shared traces)")
     sys.exit(77)

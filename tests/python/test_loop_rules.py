@@ -26,17 +26,7 @@ import unittest
 
 CLI = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tensorpool"
 
-try:
-    import torch
-except ImportError:
-    # TENSORPOOL_TORCH_PYTHON, else the project's .venv-torch (scripts/install-deps.sh torch)
-    other = os.environ.get("TENSORPOOL_TORCH_PYTHON") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".venv-torch", "bin", "python")
-    if os.path.isfile(other) and os.path.abspath(other) != os.path.abspath(sys.executable):
-        os.execv(other, [other] + sys.argv)
-    print("skipped: no torch here (run scripts/install-deps.sh torch, or set TENSORPOOL_TORCH_PYTHON to an "
-          "interpreter that has it)")
-    sys.exit(77)
+from torch_here import torch  # noqa: E402 (runs the test where torch is, or skips it)
 
 from loop_model import LoopModel  # noqa: E402 (needs torch)
 
