@@ -48,10 +48,11 @@ import os
 import runpy
 import sys
 import tempfile
+import traceback
 import warnings
 import weakref
 
-__all__ = ["CaptureError", "CaptureResult", "Capture", "run", "run_script", "main"]
+__all__ = ["CaptureError", "ScriptError", "CaptureResult", "Capture", "run", "run_script", "main"]
 
 
 class CaptureError(RuntimeError):
@@ -175,11 +176,11 @@ class _Storage:
     """A storage the capture has seen. `kind`: what the generator's labels call it (weights,
     grads, optimizer, activations, autocast, inputs, temporaries), once known; `phase`: what the
     program was doing when it was made (forward, backward, optimizer)."""
-    __slots__ = ("addr", "size", "gpu", "ref", "kind", "phase", "frame", "live")
+    __slots__ = ("addr", "size", "gpu", "ref", "kind", "phase", "frame")
 
     def __init__(self, addr, size, gpu, phase, kind, frame):
         self.addr, self.size, self.gpu, self.ref = addr, size, gpu, None
-        self.phase, self.kind, self.frame, self.live = phase, kind, frame, True
+        self.phase, self.kind, self.frame = phase, kind, frame
 
     def label(self):
         """KIND:FRAME. Made in the forward pass and still live when a backward pass begins: an
@@ -295,7 +296,6 @@ class _Recorder:
         entry = self.storages.pop(key, None)
         if entry is None or not self.active or not entry.gpu or entry.size == 0:
             return
-        entry.live = False
         self.live -= entry.size
         self.events.append(("free_requested", entry.addr, 0, self.stream, ""))
         self.events.append(("free_completed", entry.addr, 0, self.stream, ""))
@@ -345,6 +345,7 @@ _REAL_HOST_BYTES = 1 << 20
 
 def _modes(rec):
     torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -355,8 +356,6 @@ def _modes(rec):
     scalar_ops = {aten._local_scalar_dense.default}
     fake_errors = (torch._subclasses.fake_tensor.DataDependentOutputException,
                    torch._subclasses.fake_tensor.DynamicOutputShapeException)
-
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     def small_host_values(out):
         return all(not isinstance(t, Tensor) or t.untyped_storage().nbytes() <= _REAL_HOST_BYTES for t in tree_leaves(out))
@@ -907,11 +906,43 @@ def write_trace(result, out):
             os.unlink(tmp)
 
 
+class ScriptError(CaptureError):
+    """The captured program raised: `error` is its exception (with its traceback); no trace was
+    written."""
+
+    def __init__(self, message, error):
+        super().__init__(message)
+        self.error = error
+
+
+def _raised(what, e):
+    frames = traceback.extract_tb(e.__traceback__)
+    skipped = _skipped_dirs()
+    mine = [f for f in frames if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(skipped)]
+    where = f" at {mine[-1].filename}:{mine[-1].lineno}" if mine else ""
+    return ScriptError(f"tensorpool.capture: {what} raised {type(e).__name__}: {e}{where}; no trace written", e)
+
+
+def _check_steps(result, steps, what):
+    if steps is not None and result.steps < steps:
+        warnings.warn(f"tensorpool.capture: {what} ended after {result.steps} optimizer steps of the {steps} asked "
+                      "for: it never reached optimizer.step() that often (capture a program without an optimizer "
+                      "with steps=None, --steps 0)", stacklevel=3)
+
+
 def run(fn, *args, out=None, steps=None, capacity=80 << 30, **kwargs):
     """Runs fn(*args, **kwargs) captured (model, data and loop all inside fn) and returns a
-    CaptureResult; writes the trace to `out` when given."""
-    with Capture(steps=steps, capacity=capacity, source=f"tensorpool-capture:{getattr(fn, '__qualname__', fn)}") as cap:
-        fn(*args, **kwargs)
+    CaptureResult; writes the trace to `out` when given. ScriptError when fn raises (nothing is
+    written); a warning when it ends before `steps` optimizer steps."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    with Capture(steps=steps, capacity=capacity, source=f"tensorpool-capture:{name}") as cap:
+        try:
+            fn(*args, **kwargs)
+        except CaptureError:
+            raise
+        except Exception as e:
+            raise _raised(name, e) from e
+    _check_steps(cap.result, steps, name)
     if out is not None:
         cap.write(out)
     return cap.result
@@ -930,9 +961,15 @@ def run_script(script, argv=(), out=None, steps=None, capacity=80 << 30):
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as e:
                 if e.code not in (None, 0):
-                    raise CaptureError(f"tensorpool.capture: {script} exited with status {e.code}") from e
+                    raise CaptureError(f"tensorpool.capture: {script} exited with status {e.code}; no trace "
+                                       "written") from e
+            except CaptureError:
+                raise
+            except Exception as e:
+                raise _raised(script, e) from e
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+    _check_steps(cap.result, steps, script)
     if out is not None:
         cap.write(out)
     return cap.result
@@ -957,6 +994,10 @@ def main(argv=None):
     try:
         capacity = _parse_bytes(a.capacity)
         result = run_script(a.script, a.args, out=a.out, steps=a.steps or None, capacity=capacity)
+    except ScriptError as e:
+        traceback.print_exception(type(e.error), e.error, e.error.__traceback__, file=sys.stderr)
+        print(e, file=sys.stderr)
+        return 1
     except CaptureError as e:
         print(e, file=sys.stderr)
         return 1

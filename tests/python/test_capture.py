@@ -327,6 +327,21 @@ class StepsThatTouchTheDevice(unittest.TestCase):
         recorded = [e for e in result.events if e[0] == "record_stream"]
         self.assertEqual([(e[1], e[3]) for e in recorded], [(allocs[0][1], allocs[1][3])])
 
+    def test_a_program_that_raises(self):
+        def main():
+            torch.empty(10, device="cuda")
+            raise KeyError("batch")
+        with self.assertRaises(capture.ScriptError) as e:
+            capture.run(main, out=os.path.join(tempfile.gettempdir(), "never-written.jsonl"))
+        self.assertIsInstance(e.exception.error, KeyError)
+        self.assertIn("raised KeyError", str(e.exception))
+        self.assertIn(f"test_capture.py:{main.__code__.co_firstlineno + 2}", str(e.exception))
+        self.assertFalse(os.path.exists(os.path.join(tempfile.gettempdir(), "never-written.jsonl")))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            capture.run(lambda: torch.empty(10, device="cuda"), steps=3)
+        self.assertTrue(any("ended after 0 optimizer steps of the 3" in str(w.message) for w in caught))
+
     def test_state_is_restored(self):
         capture.run(lambda: torch.empty(10, device="cuda"))
         self.assertFalse(torch.cuda.is_available())  # this machine has no GPU
@@ -519,12 +534,26 @@ class CommandLine(unittest.TestCase):
             failed = self.run_capture("--out", os.path.join(work, "x.tptrace"), script)
             self.assertEqual(failed.returncode, 1)
             self.assertIn("exited with status 3", failed.stderr)
+            raising = os.path.join(work, "r.py")
+            with open(raising, "w") as f:
+                f.write("import torch\nx = torch.zeros(4, device='cuda')\nraise ValueError('no data here')\n")
+            raised = self.run_capture("--out", os.path.join(work, "x.tptrace"), raising)
+            self.assertEqual(raised.returncode, 1)
+            self.assertIn("r.py raised ValueError: no data here at " + raising + ":3; no trace written", raised.stderr)
+            self.assertIn("Traceback", raised.stderr)
+            idle = os.path.join(work, "idle.py")
+            with open(idle, "w") as f:
+                f.write("import torch\nx = torch.zeros(4, device='cuda')\n")
+            never = self.run_capture("--out", os.path.join(work, "idle.jsonl"), idle)
+            self.assertEqual(never.returncode, 0, never.stderr)  # still a trace: a forward-only script
+            self.assertIn("ended after 0 optimizer steps of the 2 asked for", never.stderr)
+            os.unlink(os.path.join(work, "idle.jsonl"))
             named = self.run_capture("--out", os.path.join(work, "x.txt"), script)
             self.assertNotEqual(named.returncode, 0)
             capacity = self.run_capture("--out", os.path.join(work, "x.jsonl"), "--capacity", "lots", script)
             self.assertEqual(capacity.returncode, 1)
             self.assertIn("--capacity 'lots'", capacity.stderr)
-            self.assertEqual(sorted(os.listdir(work)), ["s.py"])  # nothing written
+            self.assertEqual(sorted(os.listdir(work)), ["idle.py", "r.py", "s.py"])  # nothing else written
 
 
 if __name__ == "__main__":
