@@ -195,7 +195,10 @@ std::string plan_text(const PlanReport& r) {
 
 namespace {
 
-nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t capacity, bool captured) {
+enum class Traces : bool { generated, captured };  // where a plan's traces came from
+
+nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t capacity, Traces traces) {
+  const bool captured = traces == Traces::captured;  // no workload options to give
   nlohmann::json next_oom = nullptr;
   if (f.next && f.next->total.first_oom) next_oom = to_json(f.next->total, f.next_trace.get())["first_oom"];
   const auto opt = [](const std::optional<std::uint64_t>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
@@ -220,11 +223,12 @@ nlohmann::json fit_json(const PlanFit& f, const WorkloadSetup& s, std::size_t ca
 nlohmann::json plan_json(const PlanReport& r) {
   const PlanOptions& o = r.options;
   nlohmann::json fits = nlohmann::json::array();
-  for (const auto& f : r.fits) fits.push_back(fit_json(f, o.setup, o.capacity, !o.capture.empty()));
+  const Traces traces = o.capture.empty() ? Traces::generated : Traces::captured;
+  for (const auto& f : r.fits) fits.push_back(fit_json(f, o.setup, o.capacity, traces));
   nlohmann::json changes = nlohmann::json::array();
   for (const auto& c : r.changes) {
     nlohmann::json per = nlohmann::json::array();
-    for (const auto& f : c.fits) per.push_back(fit_json(f, c.change.setup, o.capacity, false));
+    for (const auto& f : c.fits) per.push_back(fit_json(f, c.change.setup, o.capacity, Traces::generated));
     changes.push_back({{"change", c.change.description},
                        {"options", c.change.options},
                        {"cost", c.change.cost},
@@ -232,7 +236,7 @@ nlohmann::json plan_json(const PlanReport& r) {
                        {"helps", c.helps},
                        {"allocators", per}});
   }
-  const bool captured = !o.capture.empty();
+  const bool captured = traces == Traces::captured;
   return {{"setup", captured ? nlohmann::json(nullptr) : nlohmann::json(o.setup.to_string())},
           {"capture", captured ? nlohmann::json(o.capture.script) : nlohmann::json(nullptr)},
           {"description", plan_subject(o)},

@@ -6,8 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
