@@ -815,6 +815,7 @@ class Capture:
             raise CaptureError("tensorpool.capture: a capture is already running")
         rec = self._rec = _Recorder()
         rec.stop_after = self.steps
+        _Stream._next[0] = 1  # streams numbered from 1 in every capture: the same job, the same trace
         self._patches = _Patches()
         self._stack = contextlib.ExitStack()
         try:
