@@ -7,14 +7,17 @@ process each, with PyTorch's memory history recorded from before the model exist
 the peak of live requested bytes of that snapshot (`tensorpool info --json`) with the peak of the
 trace `tensorpool generate` writes for the same setup (docs/workloads.md, "Checked against real
 runs"). The model is written the way the generator's framework:pytorch assumes, so a difference is
-the generator's error, not a difference of programs.
+the generator's error, not a difference of programs. The same run is also captured without the
+GPU (python -m tensorpool.capture, docs/capture.md), and the capture's peak set against both.
 
     scripts/gpu/loop_check.py --out DIR --cli build/tools/tensorpool
     scripts/gpu/loop_check.py --dry-run --cli ...   # no GPU: one CPU step of each setup's model,
                                                     # and the generated peaks
 
-Exit status: 0 every setup within 3%; 1 one is not, or a run failed; 3 skipped (no torch with
-CUDA, or no GPU). Output: DIR/loop-check.json, DIR/loop-<setup>.pickle (the snapshots).
+Exit status: 0 every setup within 3% (the generated and the captured peak against the measured
+one); 1 one is not, or a run failed; 3 skipped (no torch with CUDA, or no GPU). Output:
+DIR/loop-check.json, DIR/loop-<setup>.pickle (the snapshots), DIR/loop-<setup>-capture.jsonl (the
+captures).
 """
 import argparse
 import json
@@ -70,7 +73,8 @@ def run_child(args):
     keys = dict(option_keys(precision, attention, impl))
     if args.dry_run:  # a dry run only checks that the code runs
         keys.update(layers=2, seq=128)
-    if device.type == "cuda":
+    recording = device.type == "cuda" and not args.captured
+    if recording:
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
     torch.manual_seed(0)
     model = LoopModel(keys, device)
@@ -86,13 +90,27 @@ def run_child(args):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    if device.type == "cuda":
+    if recording:
         torch.cuda.synchronize()
         torch.cuda.memory._dump_snapshot(args.snapshot)
     print(f"loss {loss.item():.4f}")
 
 
 # --- the parent -------------------------------------------------------------------------------
+
+def capture_peak(args, name, child, row):
+    """The peak of the same run captured on this host's CPU (tensorpool.capture), or None."""
+    trace = os.path.join(args.out, f"loop-{name}-capture.jsonl")
+    cmd = [sys.executable, "-m", "tensorpool.capture", "--out", trace, "--steps", "0", os.path.abspath(__file__),
+           "--child", child, "--device", "cuda", "--captured"] + (["--dry-run"] if args.dry_run else [])
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    if done.returncode != 0:
+        row["capture_error"] = (done.stdout + done.stderr).strip()[-2000:]
+        return None
+    row["captured_peak_bytes"] = trace_peak(args.cli, trace)
+    return row["captured_peak_bytes"]
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -102,6 +120,7 @@ def main():
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--snapshot", help=argparse.SUPPRESS)
+    ap.add_argument("--captured", action="store_true", help=argparse.SUPPRESS)  # run by tensorpool.capture
     args = ap.parse_args()
     if args.child:
         run_child(args)
@@ -139,9 +158,15 @@ def main():
                 row["measured_peak_bytes"] = real
                 row["error_pct"] = round(100.0 * (predicted / real - 1.0), 3)
                 failed |= abs(predicted / real - 1.0) > TOLERANCE
+            captured = capture_peak(args, name, f"{precision}/{attention}/{impl}", row)
+            if captured is not None and "measured_peak_bytes" in row:
+                row["capture_error_pct"] = round(100.0 * (captured / row["measured_peak_bytes"] - 1.0), 3)
+                failed |= abs(captured / row["measured_peak_bytes"] - 1.0) > TOLERANCE
         rows.append(row)
         shown = f"{row['error_pct']:+.2f}%" if "error_pct" in row else row.get("error", "(not run on a GPU)")
-        print(f"loop_check {name}: generated {predicted:,} measured {row.get('measured_peak_bytes', '-')} {shown}")
+        shown_capture = f" ({row['capture_error_pct']:+.2f}%)" if "capture_error_pct" in row else ""
+        print(f"loop_check {name}: generated {predicted:,} measured {row.get('measured_peak_bytes', '-')} {shown}; "
+              f"captured {row.get('captured_peak_bytes', '-')}{shown_capture}")
     with open(os.path.join(args.out, "loop-check.json"), "w") as out:
         json.dump({"shape": SHAPE, "tolerance": TOLERANCE, "setups": rows}, out, indent=2)
     return 1 if failed else 0
