@@ -342,6 +342,20 @@ class StepsThatTouchTheDevice(unittest.TestCase):
             capture.run(lambda: torch.empty(10, device="cuda"), steps=3)
         self.assertTrue(any("ended after 0 optimizer steps of the 3" in str(w.message) for w in caught))
 
+    def test_default_devices(self):
+        def main():
+            with torch.device("cuda"):
+                a = torch.zeros(1000)                     # 4000 bytes
+                layer = torch.nn.Linear(8, 8)             # 256 + 32
+            torch.set_default_device("cuda")
+            try:
+                b = torch.ones(10)                        # 40
+            finally:
+                torch.set_default_device(None)
+            return a, layer, b, torch.zeros(3)            # the last on the host: not recorded
+        result = capture.run(main)
+        self.assertEqual([e[2] for e in result.events if e[0] == "alloc"], [4000, 256, 32, 40])
+
     def test_state_is_restored(self):
         capture.run(lambda: torch.empty(10, device="cuda"))
         self.assertFalse(torch.cuda.is_available())  # this machine has no GPU
