@@ -716,6 +716,30 @@ def _patch_autocast(p):
     p.set(torch, "get_autocast_dtype", on_cpu(torch.get_autocast_dtype))
 
 
+def _patch_data_loader(p):
+    """DataLoaders load in this process: worker processes would run the dataset under the
+    capture's modes and send fake tensors back, which cannot cross processes. What they load is
+    host memory, which the capture does not record; pinning is host memory too."""
+    import inspect
+    from torch.utils.data import DataLoader
+    original = DataLoader.__init__
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        given = bound.arguments
+        if given.get("num_workers", 0) or given.get("pin_memory", False):
+            warnings.warn("tensorpool.capture: the DataLoader loads in this process (num_workers=0, pin_memory off): "
+                          "the device memory does not depend on it", stacklevel=2)
+        given.update(num_workers=0, pin_memory=False, persistent_workers=False)
+        if "prefetch_factor" in given:
+            given["prefetch_factor"] = None
+        original(*bound.args, **bound.kwargs)
+
+    p.set(DataLoader, "__init__", init)
+
+
 def _patch_optimizers(p, rec):
     """The optimizers pick foreach (or fused, when asked) as on a GPU: PyTorch's default is
     foreach for CUDA tensors and the for-loop for CPU ones."""
@@ -822,6 +846,7 @@ class Capture:
             _patch_cuda(self._patches, rec, self.capacity)
             _patch_autocast(self._patches)
             _patch_optimizers(self._patches, rec)
+            _patch_data_loader(self._patches)
             lib, self._cast_cache = _autocast_library(rec)
             self._stack.callback(lib._destroy)
             original_clear = torch.clear_autocast_cache

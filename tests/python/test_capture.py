@@ -356,6 +356,21 @@ class StepsThatTouchTheDevice(unittest.TestCase):
         result = capture.run(main)
         self.assertEqual([e[2] for e in result.events if e[0] == "alloc"], [4000, 256, 32, 40])
 
+    def test_data_loader_workers_load_here(self):
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def main():
+            data = TensorDataset(torch.randint(0, 100, (64, 16)))
+            loader = DataLoader(data, 8, True, None, None, 2, pin_memory=True, prefetch_factor=4,
+                                persistent_workers=True)  # num_workers by position
+            for (x,) in loader:
+                x.to("cuda", non_blocking=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = capture.run(main)
+        self.assertEqual([e[2] for e in result.events if e[0] == "alloc"], [8 * 16 * 8] * 8)
+        self.assertTrue(any("DataLoader loads in this process" in str(w.message) for w in caught))
+
     def test_state_is_restored(self):
         capture.run(lambda: torch.empty(10, device="cuda"))
         self.assertFalse(torch.cuda.is_available())  # this machine has no GPU
