@@ -16,9 +16,10 @@ take.
 
 What makes the CPU run allocate what the GPU run would (docs/capture.md):
 - Devices. A tensor the program puts on "cuda" (device="cuda", .cuda(), .to("cuda"), a module's
-  .to/.cuda) is made on the fake CPU and marked as a GPU tensor; what an op computes from a GPU
-  tensor is one too. Only GPU tensors are recorded; tensors the program keeps on the CPU (a
-  batch before .to("cuda"), the optimizer's step counts) are not.
+  .to/.cuda, torch.set_default_device, with torch.device("cuda")) is made on the fake device
+  cpu:1, which dispatches as the CPU but is a device of its own; what an op computes from it is
+  on it too. Only its tensors are recorded; tensors the program keeps on the host (a batch
+  before .to("cuda"), the optimizer's step counts) are not. DataLoaders load in this process.
 - Autocast. torch.autocast("cuda", ...) becomes CPU autocast with CUDA's rules: the op lists of
   PyTorch's CUDA autocast (aten/src/ATen/autocast_mode.h: lower precision, fp32, fp32 with a
   dtype, promote) replace the CPU's, and ops only the CPU's lists cast are not cast; the cast of
@@ -36,8 +37,9 @@ Iterations: an `iteration` event follows each optimizer.step(); with steps=N the
 after its N-th optimizer step (the first step makes the optimizer's states, the second is the
 steady state).
 
-Needs torch (2.4 or later). Nothing here needs a GPU or the tensorpool libraries, but the
-tensorpool CLI (tensorpool._cli.executable()) to write .tptrace: .jsonl is written directly.
+Needs torch (checked with 2.15: tests/python/test_capture.py). Nothing here needs a GPU or the
+tensorpool libraries, but the tensorpool CLI (tensorpool._cli.executable()) to write .tptrace:
+.jsonl is written directly. A program that raises is a ScriptError and writes nothing.
 """
 
 import argparse
