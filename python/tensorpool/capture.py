@@ -958,49 +958,52 @@ def _check_steps(result, steps, what):
                       "with steps=None, --steps 0)", stacklevel=3)
 
 
+def _captured(call, what, source, out, steps, capacity):
+    """Runs call() captured: the CaptureResult, the trace written to `out` when given. What the
+    program raises is a ScriptError naming `what` (nothing written); a warning when it ends before
+    `steps` optimizer steps."""
+    with Capture(steps=steps, capacity=capacity, source=f"tensorpool-capture:{source}") as cap:
+        try:
+            call()
+        except CaptureError:
+            raise
+        except Exception as e:
+            raise _raised(what, e) from e
+    _check_steps(cap.result, steps, what)
+    if out is not None:
+        cap.write(out)
+    return cap.result
+
+
 def run(fn, *args, out=None, steps=None, capacity=80 << 30, **kwargs):
     """Runs fn(*args, **kwargs) captured (model, data and loop all inside fn) and returns a
     CaptureResult; writes the trace to `out` when given. ScriptError when fn raises (nothing is
     written); a warning when it ends before `steps` optimizer steps."""
     name = getattr(fn, "__qualname__", repr(fn))
-    with Capture(steps=steps, capacity=capacity, source=f"tensorpool-capture:{name}") as cap:
-        try:
-            fn(*args, **kwargs)
-        except CaptureError:
-            raise
-        except Exception as e:
-            raise _raised(name, e) from e
-    _check_steps(cap.result, steps, name)
-    if out is not None:
-        cap.write(out)
-    return cap.result
+    return _captured(lambda: fn(*args, **kwargs), name, name, out, steps, capacity)
 
 
 def run_script(script, argv=(), out=None, steps=None, capacity=80 << 30):
-    """Runs a Python script as __main__ (sys.argv = [script, *argv]) captured; see run()."""
+    """Runs a Python script as __main__ (sys.argv = [script, *argv]) captured; see run(). A script
+    that exits with a status other than 0 is a CaptureError too."""
     if not os.path.isfile(script):
         raise CaptureError(f"tensorpool.capture: {script}: no such script")
+
+    def call():
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise CaptureError(f"tensorpool.capture: {script} exited with status {e.code}; no trace "
+                                   "written") from e
+
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        with Capture(steps=steps, capacity=capacity, source=f"tensorpool-capture:{os.path.basename(script)}") as cap:
-            try:
-                runpy.run_path(script, run_name="__main__")
-            except SystemExit as e:
-                if e.code not in (None, 0):
-                    raise CaptureError(f"tensorpool.capture: {script} exited with status {e.code}; no trace "
-                                       "written") from e
-            except CaptureError:
-                raise
-            except Exception as e:
-                raise _raised(script, e) from e
+        return _captured(call, script, os.path.basename(script), out, steps, capacity)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    _check_steps(cap.result, steps, script)
-    if out is not None:
-        cap.write(out)
-    return cap.result
 
 
 def main(argv=None):

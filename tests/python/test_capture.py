@@ -45,6 +45,14 @@ GPT2 = {"mlp": "gelu", "norm": "layernorm", "biases": "true", "tied_embeddings":
         "dropout": "false", "qkv": "fused"}
 
 
+def script_file(work, name, text):
+    """Writes `text` as the script `name` in directory `work`; returns its path."""
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -460,9 +468,7 @@ for it in range(10):
 class ModuleScript(unittest.TestCase):
     def test_a_script_as_people_write_them(self):
         with tempfile.TemporaryDirectory() as work:
-            script = os.path.join(work, "train.py")
-            with open(script, "w") as f:
-                f.write(MODULE_SCRIPT)
+            script = script_file(work, "train.py", MODULE_SCRIPT)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 result = capture.run_script(script, steps=1)
@@ -496,9 +502,7 @@ class CommandLine(unittest.TestCase):
     def test_script_to_tptrace(self):
         keys = dict(BASE, **LLAMA, attention="sdpa", loss="cross_entropy")
         with tempfile.TemporaryDirectory() as work:
-            script = os.path.join(work, "train.py")
-            with open(script, "w") as f:
-                f.write(SCRIPT.format(here=HERE, keys=keys))
+            script = script_file(work, "train.py", SCRIPT.format(here=HERE, keys=keys))
             out = os.path.join(work, "job.tptrace")
             done = self.run_capture("--out", out, "--steps", "2", script, "2")
             self.assertEqual(done.returncode, 0, done.stderr)
@@ -514,9 +518,7 @@ class CommandLine(unittest.TestCase):
         keys = dict(BASE, **LLAMA, attention="sdpa", loss="cross_entropy")
         env = dict(os.environ, PYTHONPATH=PACKAGE + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with tempfile.TemporaryDirectory() as work:
-            script = os.path.join(work, "train.py")
-            with open(script, "w") as f:
-                f.write(SCRIPT.format(here=HERE, keys=keys))
+            script = script_file(work, "train.py", SCRIPT.format(here=HERE, keys=keys))
             # The peak of each micro-batch, captured here; a capacity between those of 2 and 4.
             peaks = {mb: capture.run_script(script, [str(mb)], steps=2).peak_bytes for mb in (1, 2, 4)}
             capacity = (peaks[2] + peaks[4]) // 2
@@ -543,9 +545,7 @@ class CommandLine(unittest.TestCase):
                                     "--global-batch", "8"], capture_output=True, text=True)
             self.assertNotEqual(model.returncode, 0)
             self.assertIn("--model does not apply", model.stderr)
-            broken = os.path.join(work, "broken.py")
-            with open(broken, "w") as f:
-                f.write("raise RuntimeError('no data here')\n")
+            broken = script_file(work, "broken.py", "raise RuntimeError('no data here')\n")
             failing = subprocess.run([CLI, "plan", "--capture", f"{broken} {{micro_batch}}", "--python", sys.executable,
                                       "--global-batch", "8", "-q"], capture_output=True, text=True, env=env)
             self.assertNotEqual(failing.returncode, 0)
@@ -557,22 +557,17 @@ class CommandLine(unittest.TestCase):
             missing = self.run_capture("--out", os.path.join(work, "x.tptrace"), os.path.join(work, "nope.py"))
             self.assertEqual(missing.returncode, 1)
             self.assertIn("nope.py: no such script", missing.stderr)
-            script = os.path.join(work, "s.py")
-            with open(script, "w") as f:
-                f.write("raise SystemExit(3)\n")
+            script = script_file(work, "s.py", "raise SystemExit(3)\n")
             failed = self.run_capture("--out", os.path.join(work, "x.tptrace"), script)
             self.assertEqual(failed.returncode, 1)
             self.assertIn("exited with status 3", failed.stderr)
-            raising = os.path.join(work, "r.py")
-            with open(raising, "w") as f:
-                f.write("import torch\nx = torch.zeros(4, device='cuda')\nraise ValueError('no data here')\n")
+            raising = script_file(work, "r.py",
+                                  "import torch\nx = torch.zeros(4, device='cuda')\nraise ValueError('no data here')\n")
             raised = self.run_capture("--out", os.path.join(work, "x.tptrace"), raising)
             self.assertEqual(raised.returncode, 1)
             self.assertIn("r.py raised ValueError: no data here at " + raising + ":3; no trace written", raised.stderr)
             self.assertIn("Traceback", raised.stderr)
-            idle = os.path.join(work, "idle.py")
-            with open(idle, "w") as f:
-                f.write("import torch\nx = torch.zeros(4, device='cuda')\n")
+            idle = script_file(work, "idle.py", "import torch\nx = torch.zeros(4, device='cuda')\n")
             never = self.run_capture("--out", os.path.join(work, "idle.jsonl"), idle)
             self.assertEqual(never.returncode, 0, never.stderr)  # still a trace: a forward-only script
             self.assertIn("ended after 0 optimizer steps of the 2 asked for", never.stderr)
