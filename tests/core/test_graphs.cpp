@@ -274,14 +274,10 @@ TEST_CASE("graphs: a stream forked into a capture shares its pool, and frees tha
 TEST_CASE("graphs: the last end_capture releases the waiting frees whose streams are done", "[graphs]") {
   // Back to back captures leave no allocation outside a capture to process events at: without
   // this, such frees would wait until memory ran out (the stress test of captures found it).
-  const Mode mode = any_mode();
-  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.event_mode = EventMode::immediate});
-  Config config;
-  config.mode = mode;
-  config.vmm_planner = PlannerMode::synchronous;
-  Allocator alloc(device, config);
-  const Stream s = device->create_stream();
-  const Stream other = device->create_stream();
+  Sim sim(any_mode(), 8 * GiB, EventMode::immediate);
+  Allocator& alloc = sim.alloc;
+  const Stream s = sim.device->create_stream();
+  const Stream other = sim.device->create_stream();
   void* shared = alloc.allocate(3 * MiB, other);
   alloc.record_stream(shared, s);
   const GraphPool pool = alloc.begin_capture(s, 4 * MiB);
