@@ -185,11 +185,12 @@ TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::s
   const auto requested = static_cast<std::int64_t>(bytes);
   if (TP_UNLIKELY(ss.follows_plan(pool))) {
     if (!ss.plan_ready(pool) || !shard.fits(pool, static_cast<std::int64_t>(size), requested)) return nullptr;
-    if (Block* b = source_->take_planned(ss, pool, size)) {
+    if (Block* b = source_->take_planned(ss, pool, size, detail::PlannedPages::mapped_only)) {
       shard.counters.count(&Stats::alloc_calls);
       hand_out(b, bytes);
       return b;
     }
+    if (ss.follows_plan(pool)) return nullptr;  // the step's pages are to be mapped: exclusive path
   }
   Block* b = find_cached(ss, pool, size);
   if (TP_UNLIKELY(b == nullptr)) return nullptr;
@@ -220,7 +221,8 @@ TP_ALWAYS_INLINE void* Allocator::Impl::allocate_in(std::size_t bytes, detail::S
   remember_stream(ss);
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
   Block* b = nullptr;
-  if (TP_UNLIKELY(ss.follows_plan(pool)) && (b = source_->take_planned(ss, pool, size)) != nullptr) {
+  if (TP_UNLIKELY(ss.follows_plan(pool)) &&
+      (b = source_->take_planned(ss, pool, size, detail::PlannedPages::map_holes)) != nullptr) {
     hand_out(b, bytes);
   } else {
     b = bytes <= kMaxAllocationSize ? find_cached(ss, pool, size) : nullptr;

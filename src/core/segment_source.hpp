@@ -24,6 +24,14 @@
 
 namespace tensorpool::detail {
 
+/// Whether take_planned() may map pages where the plan puts a block and none are mapped (after
+/// empty_cache() or a reclaim left holes below the plan's height): a device call, so only from the
+/// exclusive path; the fast path asks without, and the exclusive path then asks again with.
+enum class PlannedPages : std::uint8_t {
+  mapped_only,  // nullptr without departing when the step's range needs pages
+  map_holes,    // map the holes the step's range lies in (up to the plan's height), then serve it
+};
+
 /// What release() is for.
 enum class ReleaseGoal : std::uint8_t {
   everything,   // the OOM ladder: give back every cached byte the device could use again
@@ -82,9 +90,10 @@ class SegmentSource {
   }
   /// Called before the free index while ss.follows_plan(pool): the block of exactly `size` bytes
   /// the heap's plan puts next (free, mapped, in no index), or nullptr when the request departs
-  /// from the plan (which is then dropped until the heap's next epoch).
-  virtual Block* take_planned(StreamState& ss, Pool pool, std::size_t size) {
-    (void)ss, (void)pool, (void)size;
+  /// from the plan (which is then dropped until the heap's next epoch) or, with
+  /// PlannedPages::mapped_only, when its range needs pages mapped (the plan is kept).
+  virtual Block* take_planned(StreamState& ss, Pool pool, std::size_t size, PlannedPages pages) {
+    (void)ss, (void)pool, (void)size, (void)pages;
     return nullptr;
   }
   /// Calls f(block) for every held block (free, mapped, in no index).

@@ -87,6 +87,9 @@ void VmmHeaps::check_heap(const Heap& h) const {
     invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(h.chunk_bytes) + " bytes of chunks, " +
                      std::to_string(h.mapped_prefix) + " mapped from its start; they are " +
                      std::to_string(chunk_bytes) + " and " + std::to_string(prefix_end - seg.addr));
+  const Address top = h.chunks.empty() ? 0 : std::prev(h.chunks.end())->second.end();
+  if (top != h.mapped_end)
+    invariant_failed("the heap at " + hex(seg.addr) + " says its chunks end at " + hex(h.mapped_end) + ", not " + hex(top));
   std::size_t unmapped = 0;
   std::size_t held = 0;
   std::size_t held_bytes = 0;
@@ -188,6 +191,8 @@ void VmmHeaps::check_epoch(const Heap& h) const {
       (c.state() == PlanState::laying_out && c.plan() == nullptr))
     invariant_failed("the heap at " + hex(seg.addr) + " waits to lay out a plan without an event or a plan, "
                      "or holds an event without waiting");
+  if (h.give_back_event != 0 && c.plan() == nullptr)
+    invariant_failed("the heap at " + hex(seg.addr) + " waits to give back the pages above a plan it does not have");
 }
 
 }  // namespace tensorpool::detail

@@ -19,12 +19,15 @@
 // While the epoch makes the plan's requests in order, the PlanCursor says `following` and each
 // request is served at its planned offset (take_planned()), carved from held or free memory, with
 // no device call and no search of the index. The plan needs the memory from the heap's start to
-// its height mapped; if the pages lie elsewhere (remapped under pressure), they are mapped back
-// there once the stream's work on them is done (an event, never a wait: map_plan(), at once or at
-// the next epoch's first request; PlanCursor `laying_out` meanwhile). A request the plan did not
-// foresee departs from it for the rest of the epoch (the held pages serve it), and that epoch is
-// planned afresh. A program that repeats its steps from an empty heap so runs them at the live
-// peak the packing reaches, with no device call (docs/vmm.md, "Planned layouts").
+// its height mapped; holes there (empty_cache()) are mapped as the steps reach them
+// (map_planned()); pages that lie elsewhere (remapped under pressure) are mapped back there once
+// the stream's work on them is done (an event, never a wait: map_plan(), at once or at the next
+// epoch's first request; PlanCursor `laying_out` meanwhile). Once an epoch repeats its plan, the
+// chunks above the plan's height are released, behind an event too (give_back_above_plan()). A
+// request the plan did not foresee departs from it for the rest of the epoch (the held pages
+// serve it), and that epoch is planned afresh. A program that repeats its steps from an empty
+// heap so runs them at the live peak the packing reaches, with no device call (docs/vmm.md,
+// "Planned layouts").
 #include <algorithm>
 #include <exception>
 #include <memory>
@@ -143,19 +146,96 @@ void VmmHeaps::release_held(Heap& heap) {
 Block* VmmHeaps::end_epoch(Block* b) {
   Heap& heap = heap_of(b);
   hold_all(heap, b);
-  if (repeats_in_place(heap)) {
+  if (repeats_in_place_alone(heap)) {
     heap.cursor.follow_again();  // plan_next_epoch()'s first case, with the pages in place
   } else {
-    plan_next_epoch(heap);
+    choose_next_plan(heap);
   }
   heap.epoch.restart();
   return nullptr;
 }
 
-// The epoch of b's heap repeats its plan, whose pages are in place: its end holds the heap's
-// free pages and follows the plan again, all inside the heap (no device call, no chunk cache,
-// no planner).
-bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept { return repeats_in_place(heap_of(b)); }
+// The end of an epoch that does not simply repeat its plan in place: the next epoch's plan, and
+// the give-back of the pages above a plan that is followed again.
+void VmmHeaps::choose_next_plan(Heap& heap) {
+  // The plan this epoch followed to the end, if it did: when the next epoch follows it again,
+  // what lies above its height can go (give_back_above_plan()).
+  const EpochPlan* followed = heap.cursor.matched(heap.epoch.entries.size()) ? heap.cursor.plan().get() : nullptr;
+  if (repeats_in_place(heap)) {
+    heap.cursor.follow_again();
+  } else {
+    plan_next_epoch(heap);
+  }
+  if (followed != nullptr && heap.cursor.plan().get() == followed && heap.cursor.state() == PlanState::following) {
+    give_back_above_plan(heap);
+  } else if (heap.give_back_event != 0) {
+    drop_event(heap.give_back_event);
+  }
+}
+
+// Once an epoch has repeated its plan (the next one follows it again), the chunks that lie
+// entirely above the plan's height are never touched while the plan is followed: they are
+// unmapped and released once the work the stream queued on them is done (an event recorded at
+// the first such epoch end, queried at each; never a wait), so that a repeated step holds the
+// plan's height and not what its first, unplanned run mapped. An epoch that departs drops the
+// event: the pages may have been used again.
+void VmmHeaps::give_back_above_plan(Heap& heap) {
+  if (!has_pages_above_plan(heap)) {
+    if (heap.give_back_event != 0) drop_event(heap.give_back_event);
+    return;
+  }
+  if (st_.capture_underway()) return;  // no device call during a capture
+  try {
+    if (heap.give_back_event == 0) {
+      heap.give_back_event = st_.device->create_event();
+      st_.device->record_event(heap.give_back_event, heap.stream());
+      st_.counters.count(&Stats::events_recorded);
+    }
+    if (!st_.device->query_event(heap.give_back_event)) return;  // at a later epoch's end
+    drop_event(heap.give_back_event);
+    release_above(heap, heap.segment->addr + heap.cursor.plan()->height);
+  } catch (const DeviceError& e) {  // the heap stays consistent: what was not given back stays mapped
+    if (heap.give_back_event != 0) drop_event(heap.give_back_event);
+    log().warn("vmm: giving back the pages above a plan's height failed: {}", e.what());
+  }
+}
+
+// Unmaps and releases every chunk of the empty heap that starts at or above `top` and lies under
+// a free block.
+void VmmHeaps::release_above(Heap& heap, Address top) {
+  release_held(heap);
+  std::vector<Chunk> above;
+  for (auto it = heap.chunks.lower_bound(top); it != heap.chunks.end(); ++it) above.push_back(it->second);
+  for (const Chunk& c : above) {
+    Block* b = heap.segment->first;  // the free mapped block holding c
+    while (b->addr + b->size <= c.addr) b = b->next;
+    // Not free: another stream took a block here (oom_ladder.cpp) and still holds it.
+    if (b->state != BlockState::free || b->addr + b->size < c.end()) continue;
+    heap.index().remove(b);
+    if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
+    const std::optional<Chunk> unmapped = cached_.take_handle(c.handle);
+    if (!unmapped) continue;
+    try {
+      release_chunk(*unmapped);
+    } catch (...) {  // still accounted for, as a cached chunk
+      cached_.put(*unmapped);
+      throw;
+    }
+  }
+}
+
+void VmmHeaps::drop_event(DeviceEvent& e) noexcept {
+  try {
+    st_.device->destroy_event(std::exchange(e, 0));
+  } catch (const DeviceError& err) {
+    log().warn("vmm: destroying an event failed: {}", err.what());
+  }
+}
+
+// The epoch of b's heap repeats its plan, whose pages are in place, with nothing mapped above its
+// height: its end holds the heap's free pages and follows the plan again, all inside the heap (no
+// device call, no chunk cache, no planner).
+bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept { return repeats_in_place_alone(heap_of(b)); }
 
 // The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch
 // before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the
@@ -248,7 +328,9 @@ void VmmHeaps::collect_plans(Heap& heap) {
 // made at once if the event has completed, else at the next epoch's first request if it has by
 // then (finish_layout()), else the plan is dropped for that epoch.
 Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
-  if (heap.mapped_prefix >= height) return Layout::ready;
+  // Holes below the height and no chunk above it (empty_cache() or a reclaim unmapped pages in
+  // place): the epoch maps the holes as its steps reach them (map_planned()), nothing moves.
+  if (heap.mapped_prefix >= height || heap.mapped_end <= heap.segment->addr + height) return Layout::ready;
   if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
   DeviceEvent e = 0;
@@ -329,27 +411,10 @@ void VmmHeaps::abandon_layout(Heap& heap) {
 
 // --- following a plan -----------------------------------------------------------------------
 
-Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size) {
-  Heap* heap = heap_of(ss, pool);
-  if (heap == nullptr) return nullptr;
-  PlanCursor& cursor = heap->cursor;
-  if (cursor.state() == PlanState::laying_out && !finish_layout(*heap)) return nullptr;
-  if (cursor.state() != PlanState::following) return nullptr;
-  const EpochPlan::Step& step = cursor.next_step();
-  Block* x = step.size == size ? find_planned(*heap, step) : nullptr;
-  Block* b = x != nullptr ? carve(*heap, x, heap->segment->addr + step.offset, size) : nullptr;
-  if (b == nullptr) {
-    cursor.depart();
-    return nullptr;
-  }
-  cursor.served(b);
-  return b;
-}
-
-// The free mapped block (in the index or held) that holds the start of the step's range, or
-// nullptr. The search starts after the block of the step `below` when that block is still
-// there (allocated at its planned address), else at the heap's start.
-Block* VmmHeaps::find_planned(const Heap& heap, const EpochPlan::Step& step) const {
+// The first block of the heap that reaches past the start of the step's range. The search starts
+// after the block of the step `below` when that block is still there (allocated at its planned
+// address), else at the heap's start.
+TP_ALWAYS_INLINE Block* VmmHeaps::first_block_of(const Heap& heap, const EpochPlan::Step& step) const {
   const Address at = heap.segment->addr + step.offset;
   Block* x = heap.segment->first;
   if (step.below != PlannedLayout::kNone) {
@@ -360,8 +425,91 @@ Block* VmmHeaps::find_planned(const Heap& heap, const EpochPlan::Step& step) con
       x = anchor->next;
   }
   while (x != nullptr && x->addr + x->size <= at) x = x->next;
+  return x;
+}
+
+// The free mapped block (in the index or held) that holds the start of the step's range, or
+// nullptr.
+TP_ALWAYS_INLINE Block* VmmHeaps::find_planned(const Heap& heap, const EpochPlan::Step& step) const {
+  Block* x = first_block_of(heap, step);
+  const Address at = heap.segment->addr + step.offset;
   if (x == nullptr || x->state != BlockState::free || !x->mapped || x->addr > at) return nullptr;
   return x;
+}
+
+Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size, PlannedPages pages) {
+  Heap* heap = heap_of(ss, pool);
+  if (heap == nullptr) return nullptr;
+  PlanCursor& cursor = heap->cursor;
+  if (cursor.state() == PlanState::laying_out && !finish_layout(*heap)) return nullptr;
+  if (cursor.state() != PlanState::following) return nullptr;
+  const EpochPlan::Step& step = cursor.next_step();
+  if (step.size != size) {
+    cursor.depart();
+    return nullptr;
+  }
+  Block* x = find_planned(*heap, step);
+  Block* b = x != nullptr ? carve(*heap, x, heap->segment->addr + step.offset, size) : nullptr;
+  if (b == nullptr && needs_pages(*heap, step)) {
+    if (pages == PlannedPages::mapped_only) return nullptr;  // the exclusive path maps them
+    if (map_planned(*heap, step)) b = take_step(*heap, step);
+  }
+  if (b == nullptr) {
+    cursor.depart();
+    return nullptr;
+  }
+  cursor.served(b);
+  return b;
+}
+
+// The step's range carved out of the free mapped memory there, or nullptr.
+Block* VmmHeaps::take_step(Heap& heap, const EpochPlan::Step& step) {
+  Block* x = find_planned(heap, step);
+  return x != nullptr ? carve(heap, x, heap.segment->addr + step.offset, step.size) : nullptr;
+}
+
+// Whether the step's range is free but lies (in part) where no pages are mapped: a hole that
+// empty_cache() or a reclaim left below the plan's height since the plan was laid out.
+bool VmmHeaps::needs_pages(const Heap& heap, const EpochPlan::Step& step) const {
+  const Address end = heap.segment->addr + step.offset + step.size;
+  bool hole = false;
+  for (const Block* x = first_block_of(heap, step); x != nullptr && x->addr < end; x = x->next) {
+    if (x->state != BlockState::free || x->asleep) return false;
+    hole = hole || !x->mapped;
+  }
+  return hole;
+}
+
+// Maps the holes the step's range lies in, each from its start up to the plan's height (the
+// epoch that follows the plan will use those pages where they are, so one growth maps them all,
+// in chunks sized by new_chunk_size() for Growth::plan). False when that is not possible now (a
+// capture is underway, part of the heap sleeps, or the device cannot give the pages the step
+// needs).
+bool VmmHeaps::map_planned(Heap& heap, const EpochPlan::Step& step) {
+  if (st_.capture_underway() || !heap.sleeping.empty()) return false;
+  const Address base = heap.segment->addr;
+  const Address end = base + step.offset + step.size;
+  const Address top = std::max(base + heap.cursor.plan()->height, round_up(end, page_));
+  Block* x = first_block_of(heap, step);
+  while (x != nullptr && x->addr < end) {
+    Block* next = x->next;
+    if (!x->mapped) {
+      const std::size_t bytes = std::min<Address>(x->addr + x->size, top) - x->addr;
+      const std::size_t need = round_up(end, page_) - x->addr;
+      Mapped mapped;
+      try {
+        mapped = map_into(heap, {.hole = x, .bytes = bytes, .need = std::min(need, bytes), .request = bytes,
+                                 .block_end = x->addr + bytes, .growth = Growth::plan});
+      } catch (const DeviceError& e) {  // the heap stays consistent; the request goes online
+        log().warn("vmm: mapping the pages of a planned block failed: {}", e.what());
+        return false;
+      }
+      if (!mapped.complete) return false;
+      next = mapped.block->next;
+    }
+    x = next;
+  }
+  return true;
 }
 
 // Cuts [at, at + size) out of the free mapped memory that starts with x (free, mapped, in the
@@ -394,7 +542,16 @@ Block* VmmHeaps::carve(Heap& heap, Block* x, Address at, std::size_t size) {
     mid = heap.blocks().split_at(x, at - x->addr);
     index.insert(x);
   }
-  if (mid->size > size) index.insert(heap.blocks().split_at(mid, size));
+  if (mid->size > size) {
+    // The rest joins a free mapped block after it (one the range did not need, next to a held
+    // block the range took whole).
+    Block* rest = heap.blocks().split_at(mid, size);
+    if (free_mapped(rest->next)) {
+      index.remove(rest->next);
+      heap.blocks().absorb_next(rest);
+    }
+    index.insert(rest);
+  }
   return mid;
 }
 

@@ -108,7 +108,8 @@ void VmmHeaps::destroy() {
   st_.device->synchronize_device();
   try {
     for (auto& [base, heap] : heaps_)
-      if (heap.layout_event != 0) st_.device->destroy_event(std::exchange(heap.layout_event, 0));
+      for (DeviceEvent* e : {&heap.layout_event, &heap.give_back_event})
+        if (*e != 0) st_.device->destroy_event(std::exchange(*e, 0));
     for (auto& [base, heap] : heaps_) {
       for (const auto& [a, k] : heap.kept) st_.device->free_host(k.host, k.bytes);
       heap.kept.clear();

@@ -58,6 +58,8 @@ class ChunkCache {
   /// else the largest that fits; nullopt if none fits.
   std::optional<Chunk> take(Pool pool, std::size_t want, std::size_t room);
   void put(const Chunk& c) { chunks_.push_back(Chunk{0, c.size, c.handle, c.pool}); }
+  /// Removes and returns the chunk of `handle`, if cached.
+  std::optional<Chunk> take_handle(PhysicalHandle handle);
   std::size_t bytes(Pool pool) const noexcept;
   /// Removes and returns every chunk (to be released).
   std::vector<Chunk> take_all() noexcept { return std::exchange(chunks_, {}); }
@@ -112,6 +114,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   // Kept with `chunks` (check_heap), so that the end of an epoch reads them without a walk:
   std::size_t chunk_bytes = 0;         // the sum of the chunks' sizes
   std::size_t mapped_prefix = 0;       // [start, start + mapped_prefix) is covered by chunks
+  Address mapped_end = 0;              // the end of the highest chunk (0: none)
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   HeldPages held;
   bool asleep = false;                 // between sleep() and wake() (vmm_sleep.cpp)
@@ -131,6 +134,8 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
   PlanMailbox mailbox;                 // with the planner thread (vmm_planner:background)
   DeviceEvent layout_event = 0;        // while laying_out: after the stream's work on the pages
+  DeviceEvent give_back_event = 0;     // while chunks above a repeated plan's height wait to be
+                                       // released: after the stream's work on them
 
   Pool pool() const noexcept { return segment->pool; }
   Stream stream() const noexcept { return segment->owner->stream; }
@@ -138,6 +143,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   void add_chunk(const Chunk& c) {
     chunks.emplace(c.addr, c);
     chunk_bytes += c.size;
+    mapped_end = std::max(mapped_end, c.end());
     if (c.addr != segment->addr + mapped_prefix) return;
     for (auto it = chunks.find(c.addr); it != chunks.end() && it->first == segment->addr + mapped_prefix; ++it)
       mapped_prefix += it->second.size;
@@ -145,12 +151,14 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   void remove_chunk(const Chunk& c) {
     chunks.erase(c.addr);
     chunk_bytes -= c.size;
+    if (c.end() == mapped_end) mapped_end = chunks.empty() ? 0 : std::prev(chunks.end())->second.end();
     if (c.addr < segment->addr + mapped_prefix) mapped_prefix = c.addr - segment->addr;
   }
   void clear_chunks() {
     chunks.clear();
     chunk_bytes = 0;
     mapped_prefix = 0;
+    mapped_end = 0;
   }
   FreeIndex& index() const noexcept { return *segment->index; }
   BlockPool& blocks() const noexcept { return AllocatorState::blocks_of(segment); }
@@ -187,7 +195,7 @@ class VmmHeaps final : public SegmentSource {
   void check(Recount& rc) const override;
   Block* end_epoch(Block* b) override;
   bool ends_epoch_in_place(const Block* b) const noexcept override;
-  Block* take_planned(StreamState& ss, Pool pool, std::size_t size) override;
+  Block* take_planned(StreamState& ss, Pool pool, std::size_t size, PlannedPages pages) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
   bool supports_sleep() const noexcept override { return true; }
   SleepReport sleep(Sleepers who, Contents contents) override;
@@ -198,12 +206,18 @@ class VmmHeaps final : public SegmentSource {
  private:
   /// Where a growth maps: `bytes` at the start of `hole` (an unmapped free block), of which the
   /// request needs at least `need`.
+  /// What a growth maps for.
+  enum class Growth : std::uint8_t {
+    request,  // a request nothing mapped fits: chunks sized by new_chunk_size()
+    plan,     // the holes below a plan's height, which the epoch that follows it will use whole
+  };
   struct Placement {
     Block* hole = nullptr;
     std::size_t bytes = 0;
     std::size_t need = 0;
     std::size_t request = 0;  // the request's size
     Address block_end = 0;    // where the request's block will end, if it is placed here
+    Growth growth = Growth::request;
   };
   /// What map_into() mapped.
   struct Mapped {
@@ -236,6 +250,7 @@ class VmmHeaps final : public SegmentSource {
   Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
   void mark_unmapped(Heap& heap, Block* b);
   std::size_t release_cached_chunks();
+  void release_chunk(const Chunk& c);
 
   // --- epochs: held pages and planned layouts (vmm_epochs.cpp) ---
   void hold_all(Heap& heap, Block* freed);
@@ -254,6 +269,21 @@ class VmmHeaps final : public SegmentSource {
   static bool repeats_in_place(const Heap& heap) noexcept {
     return repeats_its_plan(heap) && heap.mapped_prefix >= heap.cursor.plan()->height;
   }
+  /// ... with nothing mapped above the height and no give-back waiting: exactly those pages, so
+  /// the end only follows the plan again (ends_epoch_in_place()).
+  static bool repeats_in_place_alone(const Heap& heap) noexcept {
+    if (!repeats_its_plan(heap)) return false;
+    const Address top = heap.segment->addr + heap.cursor.plan()->height;
+    return heap.mapped_prefix >= heap.cursor.plan()->height && heap.mapped_end <= top && heap.give_back_event == 0;
+  }
+  void choose_next_plan(Heap& heap);
+  /// The heap has a plan and maps chunks above its height (give_back_above_plan()).
+  static bool has_pages_above_plan(const Heap& heap) noexcept {
+    return heap.cursor.plan() != nullptr && heap.mapped_end > heap.segment->addr + heap.cursor.plan()->height;
+  }
+  void give_back_above_plan(Heap& heap);
+  void release_above(Heap& heap, Address top);
+  void drop_event(DeviceEvent& e) noexcept;
   void plan_next_epoch(Heap& heap);
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
@@ -263,6 +293,10 @@ class VmmHeaps final : public SegmentSource {
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);
   Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;
+  Block* take_step(Heap& heap, const EpochPlan::Step& step);
+  Block* first_block_of(const Heap& heap, const EpochPlan::Step& step) const;
+  bool needs_pages(const Heap& heap, const EpochPlan::Step& step) const;
+  bool map_planned(Heap& heap, const EpochPlan::Step& step);
   Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
 
   // --- sleep and wake (vmm_sleep.cpp) ---

@@ -2,9 +2,10 @@
 // the sizes of new chunks, mapping chunks into a hole, the cache of unmapped chunks, and the
 // reclaim of idle ones.
 //
-// New chunks are at most vmm_max_chunk; with vmm_chunk_divisor N, at most request/N (but at
-// least a floor set by the device's capacity, chunk_floor()), and they end at the pages around
-// where the request's block ends (new_chunk_size()). Mapped memory stays mapped but for a reclaim:
+// New chunks for a request are at most vmm_max_chunk; with vmm_chunk_divisor N, at most request/N
+// (but at least a floor set by the device's capacity, chunk_floor()), and they end at the pages
+// around where the request's block ends (new_chunk_size()); those mapped into a plan's holes may
+// be larger (up to 1/N of the holes' bytes). Mapped memory stays mapped but for a reclaim:
 // a chunk entirely under a free block is unmapped into the cache (after synchronizing its heap's
 // stream: kernels may still use memory freed in stream order) when idle memory exceeds the idle
 // limit, under pressure, and on release.
@@ -44,6 +45,14 @@ std::optional<Chunk> ChunkCache::take(Pool pool, std::size_t want, std::size_t r
   if (i < 0) return std::nullopt;
   const Chunk c = chunks_[static_cast<std::size_t>(i)];
   chunks_.erase(chunks_.begin() + i);
+  return c;
+}
+
+std::optional<Chunk> ChunkCache::take_handle(PhysicalHandle handle) {
+  const auto it = std::find_if(chunks_.begin(), chunks_.end(), [&](const Chunk& c) { return c.handle == handle; });
+  if (it == chunks_.end()) return std::nullopt;
+  const Chunk c = *it;
+  chunks_.erase(it);
   return c;
 }
 
@@ -102,10 +111,17 @@ std::size_t VmmHeaps::idle_limit(Pool pool) const noexcept {
 // around the end of the request's block (for a request within one chunk, only the one after
 // it): the memory after the block then lies in chunks of its own, which can be unmapped whole
 // once free, while the block lives. Small chunks are what lets a heap near the device's
-// capacity give back free pages beside live blocks; the price is calls.
+// capacity give back free pages beside live blocks; the price is calls. A growth for a plan maps
+// pages that the epoch following it uses whole (map_planned()): its chunks may be as large as
+// 1/N of what it maps, for fewer calls, and are never made smaller than vmm_max_chunk.
 std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address end) const {
   std::size_t limit = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
   const std::size_t divisor = st_.config.vmm_chunk_divisor;
+  if (where.growth == Growth::plan) {
+    std::size_t pow2 = page_;
+    while (divisor != 0 && pow2 <= where.bytes / divisor / 2) pow2 *= 2;
+    return std::min(end - at, std::max(limit, pow2));
+  }
   if (divisor == 0) return std::min(end - at, limit);
   const Address last_page = where.block_end / page_ * page_;  // page holding the block's end
   const Address past_block = round_up(where.block_end, page_);
@@ -324,19 +340,24 @@ std::size_t VmmHeaps::release_cached_chunks() {
   std::size_t released = 0;
   std::vector<Chunk> chunks = cached_.take_all();
   while (!chunks.empty()) {
-    const Chunk c = chunks.back();
     try {
-      vm_.release_physical(c.handle);
+      release_chunk(chunks.back());
     } catch (...) {  // what is not released stays cached, accounted for
       for (const Chunk& left : chunks) cached_.put(left);
       throw;
     }
+    released += chunks.back().size;
     chunks.pop_back();
-    released += c.size;
-    st_.counters.on_upstream_free(c.pool, c.size);
-    if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_free, 0, 0, c.size, kDefaultStream);
   }
   return released;
+}
+
+// c, unmapped and in no cache, goes back to the device (a DeviceError if it refuses: the caller
+// keeps c accounted for).
+void VmmHeaps::release_chunk(const Chunk& c) {
+  vm_.release_physical(c.handle);
+  st_.counters.on_upstream_free(c.pool, c.size);
+  if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_free, 0, 0, c.size, kDefaultStream);
 }
 
 }  // namespace tensorpool::detail

@@ -113,7 +113,7 @@ const std::vector<std::string>& WorkloadSetup::keys() {
       "norm", "biases", "dropout", "tied_embeddings", "positions", "context",
       "framework", "mode", "precision", "attention", "tp", "seed",
       "micro_batch", "global_batch", "seq", "seq_min", "seq_dist", "batching", "checkpointing",
-      "optimizer", "optimizer_impl", "loss", "activation", "qkv", "clip_grad", "no_grad", "offload", "finetune", "lora_rank", "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
+      "optimizer", "optimizer_impl", "loss", "activation", "qkv", "clip_grad", "empty_cache", "no_grad", "offload", "finetune", "lora_rank", "zero", "dp", "pp", "steps", "trace_micro_batches", "moe_imbalance",
       "requests", "arrival", "arrival_rate", "prompt", "prompt_min", "prompt_dist", "output",
       "output_min", "output_dist", "max_batch", "kv", "kv_block"};
   return k;
@@ -217,6 +217,7 @@ void WorkloadSetup::apply(std::string_view text, std::string_view origin) {
     else if (k == "activation") activation = enum_value<ActivationOps>(origin, e);
     else if (k == "qkv") qkv = enum_value<QkvLayout>(origin, e);
     else if (k == "clip_grad") clip_grad = bool_value(origin, e);
+    else if (k == "empty_cache") empty_cache = bool_value(origin, e);
     else if (k == "no_grad") no_grad = bool_value(origin, e);
     else if (k == "offload") offload = enum_value<Offload>(origin, e);
     else if (k == "finetune") finetune = enum_value<Finetune>(origin, e);
@@ -267,7 +268,7 @@ std::string WorkloadSetup::to_string() const {
          ",batching:" + name_of(batching) + ",checkpointing:" + name_of(checkpointing) +
          ",optimizer:" + name_of(optimizer) + ",optimizer_impl:" + name_of(optimizer_impl) + ",loss:" + name_of(loss) +
          ",activation:" + name_of(activation) + ",qkv:" + name_of(qkv) + ",clip_grad:" + b(clip_grad) +
-         ",no_grad:" + b(no_grad) + ",offload:" + name_of(offload) + ",finetune:" + name_of(finetune) +
+         ",empty_cache:" + b(empty_cache) + ",no_grad:" + b(no_grad) + ",offload:" + name_of(offload) + ",finetune:" + name_of(finetune) +
          ",lora_rank:" + num(lora_rank) +
          ",zero:" + num(static_cast<std::uint64_t>(zero)) + ",dp:" + num(static_cast<std::uint64_t>(dp)) +
          ",pp:" + num(static_cast<std::uint64_t>(pp)) + ",steps:" + num(static_cast<std::uint64_t>(steps)) +
@@ -386,6 +387,7 @@ void check_megatron(const WorkloadSetup& s) {
   if (s.activation != ActivationOps::fused) pytorch_only("option 'activation' (written)");
   if (s.qkv != QkvLayout::fused) pytorch_only("option 'qkv' (separate)");
   if (s.clip_grad) pytorch_only("option 'clip_grad'");
+  if (s.empty_cache) pytorch_only("option 'empty_cache'");
   if (s.mode == Mode::forward) pytorch_only("mode:forward");
 }
 
@@ -406,6 +408,7 @@ void check_inference(const WorkloadSetup& s) {
     refuse("options 'optimizer', 'offload' and 'finetune' are for training; inference has no optimizer");
   if (s.prompt_min > s.prompt) refuse("option 'prompt_min' (" + num(s.prompt_min) + ") is above prompt (" + num(s.prompt) + ")");
   if (s.output_min > s.output) refuse("option 'output_min' (" + num(s.output_min) + ") is above output (" + num(s.output) + ")");
+  if (s.empty_cache) refuse("option 'empty_cache' is for training and forward passes (the PyTorch loop)");
 }
 
 }  // namespace
@@ -433,10 +436,12 @@ std::string WorkloadSetup::describe() const {
   std::string out = model.name + " (" + params + " parameters): " + name_of(mode) + ", " + name_of(precision);
   if (mode == Mode::forward) {
     return out + ", the PyTorch loop" + (no_grad ? " under no_grad" : " with grad on") + ", seq " + num(sequence()) +
-           ", batch " + num(micro_batch) + ", " + name_of(attention) + " attention";
+           ", batch " + num(micro_batch) + ", " + name_of(attention) + " attention" +
+           (empty_cache ? ", empty_cache() at each step" : "");
   }
   if (mode == Mode::training) {
     out += framework == Framework::pytorch ? ", the PyTorch loop (AdamW " + name_of(optimizer_impl) + ")" : ", the Megatron-LM/DeepSpeed loop";
+    if (empty_cache) out += ", empty_cache() at each step";
     out += ", seq " + num(sequence()) + (seq_dist == LengthDistribution::Kind::fixed ? "" : " (" + name_of(seq_dist) + ")") +
            ", global batch " + num(effective_global_batch()) + ", " + name_of(attention) + " attention" +
            ", checkpointing " + name_of(checkpointing) + ", ZeRO " + num(static_cast<std::uint64_t>(zero)) +

@@ -49,6 +49,7 @@ class TorchLoop {
     create_model();
     for (std::size_t step = 0; step < lengths.size(); ++step) {
       b_.iteration(step);
+      if (s_.empty_cache) b_.empty_cache();
       for (std::uint64_t len : lengths[step]) micro_batch(shape_of(len));
       optimizer_step(step == 0);
       a_.zero_grad();
@@ -61,6 +62,7 @@ class TorchLoop {
     std::size_t previous_graph = 0;
     for (std::size_t step = 0; step < lengths.size(); ++step) {
       b_.iteration(step);
+      if (s_.empty_cache) b_.empty_cache();
       for (std::uint64_t len : lengths[step]) {
         const Shape sh = shape_of(len);
         drop_inputs();

@@ -35,6 +35,8 @@ class TraceBuilder {
     push(trace::Op::record_stream, addr, 0, stream, "");
   }
   void iteration(std::uint64_t n) { push(trace::Op::iteration, 0, n, kComputeStream, ""); }
+  /// The program called torch.cuda.empty_cache().
+  void empty_cache() { push(trace::Op::empty_cache, 0, 0, kComputeStream, ""); }
   /// The host waited for `stream`: its work (collectives, ...) has completed.
   void sync(std::uint64_t stream) { push(trace::Op::stream_sync, 0, 0, stream, ""); }
 

@@ -213,6 +213,133 @@ TEST_CASE("vmm: an epoch that runs again is served at its planned offsets, with 
   f.alloc.check_invariants();
 }
 
+TEST_CASE("vmm: pages above a repeated plan's height are given back once its stream's work is done, never earlier",
+          "[vmm][plan]") {
+  // 2 MiB chunks, so that whole chunks lie above the plan's 100 MiB: the first run maps 140 MiB.
+  Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB");
+  const Address base = abc_epoch(f)[0];
+  REQUIRE(f.reserved() == 140 * MiB);
+  const std::vector<Address> planned = {base, base + 60 * MiB, base};
+  const DeviceCounters before = f.device->counters();
+  // The epoch repeats its plan: the 40 MiB above it are to go once the stream's work on them is
+  // done. The device has not run it (manual events): they stay, and nothing waits for it.
+  for (int run = 0; run < 2; ++run) {
+    INFO("run " << run);
+    REQUIRE(abc_epoch(f) == planned);
+    REQUIRE(f.reserved() == 140 * MiB);
+    REQUIRE(f.device->counters().unmaps == before.unmaps);
+    REQUIRE(f.device->counters().syncs() == before.syncs());
+  }
+  f.device->complete_all();
+  REQUIRE(abc_epoch(f) == planned);  // its end finds the work done
+  REQUIRE(f.reserved() == 100 * MiB);
+  REQUIRE(f.device->used_bytes() == 100 * MiB);
+  REQUIRE(f.device->counters().physical_releases == before.physical_releases + 20);
+  REQUIRE(f.device->counters().syncs() == before.syncs());
+  const DeviceCounters settled = f.device->counters();
+  for (int run = 0; run < 2; ++run) {  // then the plan's height, with no call
+    REQUIRE(abc_epoch(f) == planned);
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(f.reserved() == 100 * MiB);
+  }
+  // A changed epoch departs: it may use pages above again, and keeps them until it repeats.
+  abc_epoch(f, 70 * MiB);
+  f.alloc.check_invariants();
+  f.alloc.empty_cache();
+  REQUIRE(f.reserved() == 0);
+  REQUIRE(f.device->used_bytes() == 0);
+}
+
+TEST_CASE("vmm: sleep while the pages above a plan wait to be given back forgets the plan and the wait",
+          "[vmm][plan]") {
+  Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB");
+  abc_epoch(f);
+  abc_epoch(f);  // repeats its plan: the give-back waits for the stream (manual events)
+  f.alloc.sleep();
+  f.alloc.check_invariants();
+  f.alloc.wake();
+  f.alloc.check_invariants();
+  abc_epoch(f);  // recorded again, then planned
+  abc_epoch(f);
+  f.alloc.check_invariants();
+  f.alloc.empty_cache();
+  REQUIRE(f.reserved() == 0);
+}
+
+namespace {
+
+// An epoch that calls empty_cache() after its first allocation (a step that starts with it, the
+// weights already live): the rest of it runs on pages mapped again.
+std::vector<Address> epoch_with_empty_cache(Fixture& f) {
+  void* w = f.alloc.allocate(8 * MiB);
+  f.alloc.empty_cache();
+  std::vector<Address> at = abc_epoch(f);
+  at.insert(at.begin(), addr(w));
+  f.alloc.deallocate(w);
+  f.alloc.check_invariants();
+  return at;
+}
+
+}  // namespace
+
+TEST_CASE("vmm: a plan's blocks in pages empty_cache() released are mapped where the plan puts them, in few chunks",
+          "[vmm][plan]") {
+  Fixture f("mode:vmm,vmm_idle_divisor:1");
+  const std::vector<Address> first = epoch_with_empty_cache(f);
+  const Address base = first[0];
+  const DeviceCounters after_first = f.device->counters();
+  REQUIRE(after_first.physical_creates >= 3);  // online: a chunk (or more) per growth
+  // The plan, by size: c at 0 over a's place, b at 60 MiB, w at 100 MiB. After empty_cache() the
+  // epoch maps the holes below the plan's height as its steps reach them, and stays on the plan.
+  const std::vector<Address> planned = {base + 100 * MiB, base, base + 60 * MiB, base};
+  DeviceCounters last = after_first;
+  for (int run = 0; run < 3; ++run) {
+    INFO("run " << run);
+    REQUIRE(epoch_with_empty_cache(f) == planned);
+    const DeviceCounters now = f.device->counters();
+    // One chunk for the 100 MiB the plan needs above w (vmm_max_chunk: 128 MiB), one map.
+    REQUIRE(now.physical_creates - last.physical_creates == 1);
+    REQUIRE(now.maps - last.maps == 1);
+    // empty_cache() released the first run's chunks (several), then each run's one.
+    if (run > 0) REQUIRE(now.physical_releases - last.physical_releases == 1);
+    last = now;
+  }
+  f.alloc.empty_cache();
+  REQUIRE(f.reserved() == 0);
+  REQUIRE(f.device->used_bytes() == 0);
+}
+
+TEST_CASE("vmm: a failed map of a plan's hole, or a failed event for the give-back, loses nothing",
+          "[vmm][plan][faults]") {
+  SECTION("the map of a hole") {
+    Fixture f("mode:vmm,vmm_idle_divisor:1");
+    epoch_with_empty_cache(f);
+    f.device->fail_nth(FaultSite::map, 1);
+    // The first step after empty_cache() cannot map the plan's hole: it departs and is served
+    // online (the growth maps again), and the epoch is planned afresh.
+    epoch_with_empty_cache(f);
+    REQUIRE(f.device->counters().faults_injected == 1);
+    REQUIRE(f.reserved() == f.device->used_bytes());
+    const std::vector<Address> planned = epoch_with_empty_cache(f);
+    REQUIRE(epoch_with_empty_cache(f) == planned);
+    f.alloc.empty_cache();
+    REQUIRE(f.reserved() == 0);
+    REQUIRE(f.device->used_bytes() == 0);
+  }
+  SECTION("the event of the give-back") {
+    Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
+    abc_epoch(f);
+    f.device->fail_nth(FaultSite::event_create, 1);
+    abc_epoch(f);  // repeats its plan: the event for the give-back fails, the pages stay
+    REQUIRE(f.device->counters().faults_injected == 1);
+    REQUIRE(f.reserved() == 140 * MiB);
+    abc_epoch(f);  // the next repeat gives them back
+    REQUIRE(f.reserved() == 100 * MiB);
+    REQUIRE(f.reserved() == f.device->used_bytes());
+    f.alloc.check_invariants();
+  }
+}
+
 TEST_CASE("vmm: a plan whose memory is not mapped from the heap's start remaps the heap's pages there first",
           "[vmm][plan]") {
   // With the default idle rule, c's growth unmaps a's free chunk and maps it above b: the heap

@@ -6,6 +6,7 @@ written out, rotary positions, attention and cross-entropy written out, untied h
 step and whose update makes new tensors. Captured by tests/python/test_capture_real_run.py.
 
     python cs336_train.py [--size medium|2.7b|1.1b] [--precision autocast-bf16|fp32] [--steps N] [--batch N]
+                          [--context N]
 """
 import argparse
 import math
@@ -57,8 +58,9 @@ def main():
     ap.add_argument("--precision", choices=["autocast-bf16", "fp32"], default="autocast-bf16")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--context", type=int, default=HANDOUT["context"])
     a = ap.parse_args()
-    keys = dict(HANDOUT, **SIZES[a.size])
+    keys = dict(HANDOUT, **SIZES[a.size], context=a.context)
     model = LoopModel(keys, device="cuda")
     optimizer = AdamW(model.params)
     autocast = a.precision == "autocast-bf16"

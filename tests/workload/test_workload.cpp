@@ -661,4 +661,34 @@ TEST_CASE("the PyTorch loop: options read back, defaults per framework, refusals
   REQUIRE_THROWS_WITH(setup("llama2-7b", "mode:inference,precision:autocast-fp16"), Contains("mode:inference serves 16-bit or fp32 weights"));
   REQUIRE_THROWS_WITH(setup("llama2-7b", "optimizer_impl:fast"), Contains("one of foreach, fused, for-loop, handwritten"));
   REQUIRE_THROWS_WITH(setup("llama2-7b", "checkpointing:selective"), Contains("the PyTorch loop has checkpointing:full"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "framework:megatron,empty_cache:true"),
+                      Contains("option 'empty_cache' is the PyTorch loop's (framework:pytorch)"));
+  REQUIRE_THROWS_WITH(setup("llama2-7b", "mode:inference,empty_cache:true"),
+                      Contains("option 'empty_cache' is for training and forward passes"));
+}
+
+TEST_CASE("the PyTorch loop: empty_cache:true calls empty_cache() at the start of every step, and only there",
+          "[workload]") {
+  for (const char* mode : {"mode:training", "mode:forward"}) {
+    INFO(mode);
+    const std::string options = std::string("layers:2,seq:128,steps:3,") + mode;
+    const trace::Trace plain = generate_workload(setup("gpt2", options));
+    const trace::Trace emptied = generate_workload(setup("gpt2", options + ",empty_cache:true"));
+    check_consistent(emptied);
+    // The same events (but their times), with an empty_cache just after each step's marker.
+    std::vector<trace::TraceEvent> without;
+    std::size_t calls = 0;
+    for (std::size_t i = 0; i < emptied.events.size(); ++i) {
+      if (emptied.events[i].op != Op::empty_cache) {
+        without.push_back(emptied.events[i]);
+        without.back().time_us = plain.events.at(without.size() - 1).time_us;
+        continue;
+      }
+      ++calls;
+      REQUIRE(i > 0);
+      CHECK(emptied.events[i - 1].op == Op::iteration);
+    }
+    CHECK(calls == 3);
+    CHECK(without == plain.events);
+  }
 }

@@ -144,6 +144,7 @@ struct WorkloadSetup {
   ActivationOps activation = ActivationOps::fused;
   QkvLayout qkv = QkvLayout::separate;
   bool clip_grad = false;  // torch.nn.utils.clip_grad_norm_ before each step
+  bool empty_cache = false;  // torch.cuda.empty_cache() at the start of each step (PyTorch loop)
   bool no_grad = true;     // mode:forward under torch.no_grad()
   Offload offload = Offload::none;
   Finetune finetune = Finetune::full;
