@@ -91,6 +91,25 @@ class Generator {
     for (int i = 0; i < 24; ++i) palette_.push_back(fresh_size());
   }
 
+  // Profile::repeated_steps: each step is run 2 to 7 times in a row on stream 0; between runs,
+  // now and then, work completes, a fault is armed (Profile::faults), the allocator is misused,
+  // the limit changes, or everything is drained.
+  std::vector<Op> repeated_steps(std::size_t count) {
+    std::vector<Op> ops;
+    while (ops.size() < count) {
+      const std::vector<Op> step = make_step();
+      for (std::uint64_t run = 2 + below(6); run > 0 && ops.size() < count; --run) {
+        std::vector<Op> ran = step;
+        if (below(8) == 0) ran[below(ran.size())].value += 512;  // a departure (or a bigger free pick)
+        if (below(4) == 0) ran.insert(ran.begin() + 1, Op{OpKind::empty_cache, 0, 0, 0});
+        ops.insert(ops.end(), ran.begin(), ran.end());
+        ops.push_back(between_runs());
+      }
+    }
+    ops.resize(count);
+    return ops;
+  }
+
   Op next() {
     if (phase_left_ == 0) {
       growing_ = !growing_;
@@ -157,6 +176,39 @@ class Generator {
     return op;
   }
 
+  // A step on stream 0: 4 to 43 allocations of the palette's sizes with frees in between, some
+  // blocks also used on another stream, and every block freed by its end.
+  std::vector<Op> make_step() {
+    std::vector<Op> step;
+    const std::uint64_t allocs = 4 + below(40);
+    std::uint64_t live = 0;
+    for (std::uint64_t made = 0; made < allocs;) {
+      if (live == 0 || below(3) != 0) {
+        step.push_back(Op{OpKind::alloc, 0, 0, llm_size()});
+        ++made;
+        ++live;
+        if (below(10) == 0) step.push_back(Op{OpKind::record, stream(), 0, rng_()});
+        if (below(10) == 0) step.push_back(Op{OpKind::kernel, 0, 0, 0});
+      } else {
+        step.push_back(Op{OpKind::free, 0, 0, rng_()});
+        --live;
+      }
+    }
+    for (; live > 0; --live) step.push_back(Op{OpKind::free, 0, 0, rng_()});
+    return step;
+  }
+
+  Op between_runs() {
+    switch (below(16)) {
+      case 0: return profile_.faults ? make(OpKind::fault) : Op{OpKind::complete_all, 0, 0, 0};
+      case 1: return make(OpKind::misuse);
+      case 2: return make(OpKind::set_limit);
+      case 3: return Op{OpKind::drain, 0, 0, 0};
+      case 4: case 5: case 6: case 7: return Op{OpKind::complete_stream, 0, 0, 0};
+      default: return Op{OpKind::complete_all, 0, 0, 0};
+    }
+  }
+
   std::uint64_t alloc_bytes() {
     const std::uint64_t r = below(1000);
     if (r == 0) return 0;                                  // a no-op request
@@ -185,6 +237,7 @@ class Generator {
 
 std::vector<Op> generate(std::uint64_t seed, std::size_t count, const Profile& profile) {
   Generator g(seed, profile);
+  if (profile.repeated_steps) return g.repeated_steps(count);
   std::vector<Op> ops;
   ops.reserve(count);
   for (std::size_t i = 0; i < count; ++i) ops.push_back(g.next());

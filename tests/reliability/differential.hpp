@@ -65,6 +65,10 @@ struct Profile {
   bool faults = true;         // inject upstream faults
   int streams = 4;            // the default stream and streams - 1 created ones
   std::size_t capacity = 0;   // device capacity (for limits and huge requests)
+  /// Steps repeated from an empty heap back to one (now and then changed, or with empty_cache()
+  /// after their first allocation), so that vmm heaps follow plans, map holes and give pages
+  /// back; the faults, misuse, limits and drains of the random mix come between the runs.
+  bool repeated_steps = false;
 };
 
 /// `count` operations from `seed`: LLM-like size mixes in grow and shrink phases.

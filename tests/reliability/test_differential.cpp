@@ -39,12 +39,13 @@ struct Case {
   int runs;
   std::size_t ops_per_run;
   int threads = 1;  // RunOptions::threads
+  bool repeated_steps = false;  // Profile::repeated_steps
 };
 
 void run_case(const Case& c) {
   RunOptions options{c.config};
   options.threads = c.threads;
-  const Profile profile{c.vmm, true, options.streams, options.capacity};
+  const Profile profile{c.vmm, true, options.streams, options.capacity, c.repeated_steps};
   const auto ops_per_run = static_cast<std::size_t>(static_cast<double>(c.ops_per_run) * scale());
   std::uint64_t first = c.first_seed;
   int runs = c.runs;
@@ -99,6 +100,11 @@ TEST_CASE("differential: vmm mode, defaults", "[differential]") {
 
 TEST_CASE("differential: the default mode (vmm on the simulated device), 1 GiB limit", "[differential]") {
   run_case({"auto", "memory_limit:1GiB", true, 8000, 6, 25000});
+}
+
+TEST_CASE("differential: vmm mode, repeated steps (plans followed, holes mapped, pages given back), 1 GiB limit",
+          "[differential]") {
+  run_case({"vmm-steps", "mode:vmm,memory_limit:1GiB", true, 14000, 6, 25000, 1, true});
 }
 
 // The planner thread: which epoch first follows a plan depends on when the thread made it, so a

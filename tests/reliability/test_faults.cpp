@@ -186,8 +186,9 @@ constexpr std::uint64_t kPointsPerWorkload = 60;
 
 // A 2000-op workload without random faults or drains (a drain disarms the fault before it can
 // fire); fails the test if it fails without any fault.
-std::vector<Op> workload(const RunOptions& options, bool vmm, std::uint64_t seed, RunFigures& baseline) {
-  auto ops = generate(seed, 2000, Profile{vmm, false, options.streams, options.capacity});
+std::vector<Op> workload(const RunOptions& options, bool vmm, std::uint64_t seed, RunFigures& baseline,
+                         bool repeated_steps) {
+  auto ops = generate(seed, 2000, Profile{vmm, false, options.streams, options.capacity, repeated_steps});
   std::erase_if(ops, [](const Op& op) { return op.kind == OpKind::drain; });
   if (const auto failure = run(options, ops, &baseline))
     FAIL("without faults: " << report(seed, options, *failure, shrink(options, ops, *failure)));
@@ -212,14 +213,14 @@ void sweep_workload(const RunOptions& options, const std::vector<Op>& ops, Fault
 
 // Sweeps workloads of successive seeds until kPointsPerSweep injection points are covered (event
 // creation is rare: the allocator pools its events, so one workload reaches only a few).
-void sweep(const char* config, bool vmm, FaultSite site, std::uint64_t first_seed) {
+void sweep(const char* config, bool vmm, FaultSite site, std::uint64_t first_seed, bool repeated_steps = false) {
   const RunOptions options{config};
   RunFigures total;
   std::uint64_t points = 0;
   std::uint64_t workloads = 0;
   for (std::uint64_t seed = first_seed; points < kPointsPerSweep && workloads < 40; seed += 1000, ++workloads) {
     RunFigures baseline;
-    const auto ops = workload(options, vmm, seed, baseline);
+    const auto ops = workload(options, vmm, seed, baseline, repeated_steps);
     const std::uint64_t reached = baseline.site_calls[static_cast<std::size_t>(site)];
     const std::uint64_t calls = std::min({reached, kPointsPerWorkload, kPointsPerSweep - points});
     sweep_workload(options, ops, site, calls, seed, total);
@@ -257,6 +258,15 @@ TEST_CASE("faults: sweep, vmm mode, chunks of 1/4 of the request, at least 1/128
 
 TEST_CASE("faults: sweep, the default mode (vmm on the simulated device), map", "[faults][sweep][vmm]") {
   sweep("memory_limit:1GiB", true, FaultSite::map, 17);
+}
+
+TEST_CASE("faults: sweep, vmm mode, repeated steps (plans, holes, give-back), map", "[faults][sweep][vmm]") {
+  sweep("mode:vmm,memory_limit:1GiB", true, FaultSite::map, 18, true);
+}
+
+TEST_CASE("faults: sweep, vmm mode, repeated steps (plans, holes, give-back), event creation",
+          "[faults][sweep][vmm]") {
+  sweep("mode:vmm,memory_limit:1GiB", true, FaultSite::event_create, 19, true);
 }
 
 TEST_CASE("faults: sweep, vmm mode, event creation", "[faults][sweep][vmm]") {
