@@ -66,6 +66,14 @@ class Allocator {
   void record_stream(void* ptr, Stream stream);
   /// Waits for pending frees and returns every fully free segment to the device.
   void empty_cache();
+  /// Marks the boundary between two steps of a program that repeats itself (a training step:
+  /// call it after optimizer.step() and zero_grad()). mode:vmm: a heap that holds blocks over a
+  /// whole step (weights, optimizer states) plans the allocations each step makes and frees
+  /// around them, and serves the next step that makes the same ones at the planned places
+  /// (docs/vmm.md, "Steps"); fixed segments: nothing. It never synchronizes; its device calls are
+  /// an event per planned heap and, once a plan repeats, giving back the pages above it. The
+  /// planning runs where vmm_planner says. Ignored while a graph capture is underway.
+  void step();
 
   /// mode:vmm: gives the physical memory under every block back to the device while each live
   /// block keeps its address (asleep: its memory must not be used until wake()); the device is

@@ -74,6 +74,8 @@ std::vector<int> device_allocator_ordinals();
 
 /// empty_cache() on every existing device allocator.
 void empty_device_caches();
+/// step() on every existing device allocator.
+void step_device_allocators();
 /// Starts or stops recording the events of every device allocator (existing and future) for
 /// dump_device_snapshot(); keeps the newest `max_entries` per device. Starting clears what was
 /// recorded before.

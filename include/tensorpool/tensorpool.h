@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define TENSORPOOL_C_API_VERSION 3 /* 2: sleep, wake and tags; 3: CUDA graph pools */
+#define TENSORPOOL_C_API_VERSION 4 /* 2: sleep, wake and tags; 3: CUDA graph pools; 4: steps */
 
 typedef enum tensorpool_status {
   TENSORPOOL_OK = 0,
@@ -159,6 +159,8 @@ TENSORPOOL_API tensorpool_status tensorpool_existing_device_allocator(int device
  * applies to those created later. */
 TENSORPOOL_API tensorpool_status tensorpool_empty_cache_all(void);
 TENSORPOOL_API tensorpool_status tensorpool_record_history_all(int enabled, size_t max_entries);
+/* tensorpool_step on every device allocator that exists. */
+TENSORPOOL_API tensorpool_status tensorpool_step_all(void);
 /* A PyTorch memory snapshot (pickle) of every device allocator, written to `path` through a
  * temporary file and a rename. */
 TENSORPOOL_API tensorpool_status tensorpool_dump_snapshot(const char* path);
@@ -176,6 +178,11 @@ TENSORPOOL_API tensorpool_status tensorpool_free(tensorpool_allocator* allocator
 TENSORPOOL_API tensorpool_status tensorpool_record_stream(tensorpool_allocator* allocator, void* ptr,
                                                           tensorpool_stream stream);
 TENSORPOOL_API tensorpool_status tensorpool_empty_cache(tensorpool_allocator* allocator);
+/* A training step ends here (Allocator::step(): call it once per step, after zero_grad or after
+ * the optimizer step, always at the same point): in the virtual-memory mode the allocations each
+ * step makes around the blocks that stay (weights, optimizer states) are planned and the next
+ * step that makes the same ones is served at the planned places; no synchronization. */
+TENSORPOOL_API tensorpool_status tensorpool_step(tensorpool_allocator* allocator);
 /* Caps reserved memory at `fraction` (0..1) of the device's capacity; 1 is the capacity. */
 TENSORPOOL_API tensorpool_status tensorpool_set_memory_fraction(tensorpool_allocator* allocator,
                                                                 double fraction);

@@ -49,6 +49,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "memory_summary",
     "empty_cache",
+    "step",
     "set_memory_fraction",
     "record_stream",
     "sleep",
@@ -146,6 +147,7 @@ def _declare(lib):
         "tensorpool_device_allocator": ([i, pp], i),
         "tensorpool_existing_device_allocator": ([i, pp], i),
         "tensorpool_empty_cache_all": ([], i),
+        "tensorpool_step_all": ([], i),
         "tensorpool_record_history_all": ([i, sz], i),
         "tensorpool_dump_snapshot": ([ctypes.c_char_p], i),
         "tensorpool_alloc": ([p, sz, u64, pp], i),
@@ -384,6 +386,15 @@ def empty_cache():
     """Returns every free cached segment of every device to the device (what
     torch.cuda.empty_cache() does for PyTorch's own allocator)."""
     _check(_library().tensorpool_empty_cache_all(), "empty_cache")
+
+
+def step():
+    """Marks the end of a training step on every device (call it once per step, always at the
+    same point: after optimizer.zero_grad(), or right after optimizer.step()). In the
+    virtual-memory mode, the allocations each step makes around what stays allocated (weights,
+    optimizer states) are planned, and the next step that makes the same ones is served at the
+    planned places (docs/vmm.md, "Steps"). No synchronization."""
+    _check(_library().tensorpool_step_all(), "step")
 
 
 def set_memory_fraction(fraction, device=None):

@@ -203,6 +203,10 @@ tensorpool_status tensorpool_empty_cache_all(void) {
   return guarded(__func__, [] { tensorpool::empty_device_caches(); });
 }
 
+tensorpool_status tensorpool_step_all(void) {
+  return guarded(__func__, [] { tensorpool::step_device_allocators(); });
+}
+
 tensorpool_status tensorpool_record_history_all(int enabled, size_t max_entries) {
   return guarded(__func__, [&] { tensorpool::record_device_history(enabled != 0, max_entries); });
 }
@@ -236,6 +240,11 @@ tensorpool_status tensorpool_record_stream(tensorpool_allocator* allocator, void
 tensorpool_status tensorpool_empty_cache(tensorpool_allocator* allocator) {
   TP_REQUIRE(allocator);
   return guarded(__func__, [&] { impl(allocator)->allocator().empty_cache(); });
+}
+
+tensorpool_status tensorpool_step(tensorpool_allocator* allocator) {
+  TP_REQUIRE(allocator);
+  return guarded(__func__, [&] { impl(allocator)->allocator().step(); });
 }
 
 namespace {

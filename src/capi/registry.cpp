@@ -127,6 +127,10 @@ void empty_device_caches() {
   for (int d : device_allocator_ordinals()) the_registry().existing(d)->allocator().empty_cache();
 }
 
+void step_device_allocators() {
+  for (int d : device_allocator_ordinals()) the_registry().existing(d)->allocator().step();
+}
+
 void record_device_history(bool enabled, std::size_t max_entries) {
   the_registry().record_history(enabled, max_entries);
 }

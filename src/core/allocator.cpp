@@ -35,6 +35,7 @@ void* Allocator::allocate(std::size_t bytes, Stream stream) { return impl_->allo
 void Allocator::deallocate(void* ptr) { impl_->deallocate(ptr); }
 void Allocator::record_stream(void* ptr, Stream stream) { impl_->record_stream(ptr, stream); }
 void Allocator::empty_cache() { impl_->empty_cache(); }
+void Allocator::step() { impl_->step(); }
 namespace {
 
 // The blocks of a tag used before (UsageError for a name no allocation was ever made under).
@@ -354,7 +355,7 @@ void Allocator::Impl::release_block(Block* b) {
   count_free_completed(b);
   b->state = BlockState::free;
   b->requested = 0;
-  const bool heap_emptied = TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->on_release(b);
+  const bool heap_emptied = TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->on_release(b, seg->addr);
   b = coalesce(b);
   // A vmm heap with nothing allocated any more: it may hold its pages and plan the next epoch
   // (vmm_heaps.cpp, end_epoch()).

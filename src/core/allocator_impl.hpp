@@ -50,6 +50,7 @@ class Allocator::Impl : private detail::AllocatorState {
 
   // Life (lifecycle.cpp).
   void empty_cache();
+  void step();
   void set_memory_limit(std::size_t bytes);
   std::size_t memory_limit() const;
   SleepReport sleep(detail::Sleepers who, Contents contents);

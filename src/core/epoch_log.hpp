@@ -1,6 +1,8 @@
 // epoch_log.hpp: the record a vmm heap keeps of its current epoch, updated inline by the fast path.
 //
-// An epoch of a heap runs from a moment it has nothing allocated to the next. The allocator
+// An epoch of a heap runs from a moment it has nothing allocated to the next, or, for a heap that
+// never empties, from one step boundary (Allocator::step()) to the next: the blocks live when
+// it began are then its base, which the epoch's own allocations are planned around. The allocator
 // reports every block it hands out of the heap (on_alloc) and every one it makes free again
 // (on_release, which says when the heap is left empty); the heap's segment source reads the
 // record when the epoch ends, to hold the heap's pages and plan the next epoch's layout
@@ -19,10 +21,12 @@ namespace tensorpool::detail {
 
 struct EpochLog {
   static constexpr std::uint32_t kNoSlot = UINT32_MAX;
+  static constexpr std::uint32_t kBaseSlot = UINT32_MAX - 1;  // a base block: live before the epoch
 
   // Invariants (VmmHeaps::check_epoch): `live` is the number of the heap's blocks that are
   // allocated or pending_free; each of them has an open entry (end == 0) in `entries` at its
-  // epoch_slot, or kNoSlot once `entries` held `capacity` entries (then `full`); every tick of
+  // epoch_slot, or kNoSlot once `entries` held `capacity` entries (then `full`), or kBaseSlot
+  // (`base` of them: the blocks live when a step began the epoch); every tick of
   // `clock` is used once (an allocation or a free), so entries' lifetimes are [start, end).
   // `signature` hashes the sizes of all the epoch's allocations in order (FNV-1a), full or not:
   // what names an epoch when the next one's plan is looked up (vmm_heaps.cpp).
@@ -32,6 +36,12 @@ struct EpochLog {
   std::uint64_t signature = kSignatureSeed;
   std::size_t capacity = 0;  // vmm_plan_max_blocks
   bool full = false;         // the epoch made more allocations than capacity: no plan from it
+  std::size_t base = 0;      // live base blocks
+  /// Base blocks freed during the epoch (fixed, alive from its start to their free), with room
+  /// for every base block (reserved when the epoch begins: no allocation in the fast path).
+  std::vector<RecordedBlock> freed_base;
+  bool at_step = false;      // the epoch began at a step boundary (else where the heap was empty)
+  std::uint32_t boundaries = 0;  // step boundaries the epoch went on over
   std::vector<RecordedBlock> entries;
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
@@ -50,8 +60,13 @@ struct EpochLog {
   TP_ALWAYS_INLINE bool one_live() const noexcept { return live == 1; }
 
   /// True when the heap has nothing allocated any more.
-  TP_ALWAYS_INLINE bool on_release(const Block* b) {
-    if (b->epoch_slot != kNoSlot) entries[b->epoch_slot].end = clock++;
+  TP_ALWAYS_INLINE bool on_release(const Block* b, Address heap_start) {
+    if (b->epoch_slot < kBaseSlot) {
+      entries[b->epoch_slot].end = clock++;
+    } else if (TP_UNLIKELY(b->epoch_slot == kBaseSlot)) {
+      --base;  // alive from tick 0, which a step epoch keeps for its base, to this one
+      freed_base.push_back(RecordedBlock{b->size, 0, clock++, b->addr - heap_start, true});
+    }
     return --live == 0;
   }
 
@@ -61,7 +76,19 @@ struct EpochLog {
     full = false;
     clock = 0;
     signature = kSignatureSeed;
+    base = 0;
+    freed_base.clear();
+    at_step = false;
+    boundaries = 0;
+    fixed = 0;
   }
+
+  /// Every block allocated since the epoch began is free again (those of its base aside).
+  bool only_base_live() const noexcept { return live == base; }
+  /// The epoch's allocations recorded (the entries but the base's, appended as fixed blocks when
+  /// a step ends the epoch).
+  std::size_t allocations() const noexcept { return entries.size() - fixed; }
+  std::size_t fixed = 0;  // fixed entries at the end of `entries` (VmmHeaps::end_step_epoch)
 };
 
 }  // namespace tensorpool::detail

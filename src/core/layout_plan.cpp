@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -29,8 +28,10 @@ void check_input(std::span<const RecordedBlock> blocks) {
 // vmm_plan_max_blocks cap bounds n).
 std::vector<std::size_t> pack(std::span<const RecordedBlock> blocks) {
   const std::size_t n = blocks.size();
-  std::vector<std::size_t> order(n);
-  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::vector<std::size_t> order;
+  order.reserve(n);
+  for (std::size_t i = 0; i < n; ++i)
+    if (!blocks[i].fixed) order.push_back(i);
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
     return blocks[a].start < blocks[b].start;
@@ -42,6 +43,13 @@ std::vector<std::size_t> pack(std::span<const RecordedBlock> blocks) {
   std::vector<Placed> placed;  // by lo
   placed.reserve(n);
   std::vector<std::size_t> offsets(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const RecordedBlock& b = blocks[i];
+    if (!b.fixed) continue;
+    offsets[i] = b.recorded;
+    placed.push_back(Placed{b.recorded, b.recorded + b.size, b.start, b.end});
+  }
+  std::sort(placed.begin(), placed.end(), [](const Placed& x, const Placed& y) { return x.lo < y.lo; });
   for (const std::size_t i : order) {
     const RecordedBlock& b = blocks[i];
     std::size_t top = 0;

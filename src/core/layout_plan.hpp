@@ -11,7 +11,8 @@
 //             overlap; checked, and not used otherwise);
 //   packed    greedy by size: blocks in decreasing size (ties: earlier first) each take the
 //             smallest gap between the already placed blocks alive at the same time that fits
-//             it (ties: the lowest), else the top of them. No layout reaches below the peak of
+//             it (ties: the lowest), else the top of them; fixed blocks are placed first, where
+//             they were. No layout reaches below the peak of
 //             live bytes (peak_live_bytes()); on training steps this one often reaches it.
 // Cost: O(n^2) simple steps (each block scans the placed ones in offset order), skipped when the
 // recorded layout already reaches the peak of live bytes; vmm_plan_max_blocks bounds n
@@ -33,6 +34,9 @@ struct RecordedBlock {
   std::uint64_t start = 0;    // tick of the allocation
   std::uint64_t end = 0;      // tick of the free (the epoch's last tick + 1 if never freed)
   std::size_t recorded = 0;   // the offset it had in the recorded epoch
+  /// A block the epoch did not allocate (live before it began and after it ended: a step's
+  /// weights): every layout keeps it at `recorded`, and the others are placed around it.
+  bool fixed = false;
 };
 
 /// Which candidate a layout is (see the file comment).

@@ -66,6 +66,14 @@ void Allocator::Impl::empty_cache() {
   debug_check();
 }
 
+void Allocator::Impl::step() {
+  Lock lock(shards);
+  if (capture_underway()) return;  // no event query, and a capture's pool is not a step's
+  if (pending_total_ != 0) process_events();  // frees whose work is done count as frees
+  source_->step_boundary();
+  debug_check();
+}
+
 // --- sleep and wake (the vmm source does the work: vmm_sleep.cpp) ---------------------------
 
 SleepReport Allocator::Impl::sleep(detail::Sleepers who, Contents contents) {

@@ -96,6 +96,9 @@ class SegmentSource {
     (void)ss, (void)pool, (void)size, (void)pages;
     return nullptr;
   }
+  /// Allocator::step(): a training step ends here (vmm: the heaps that do not empty end their
+  /// epoch at the boundary, vmm_epochs.cpp; fixed segments: nothing).
+  virtual void step_boundary() {}
   /// Calls f(block) for every held block (free, mapped, in no index).
   virtual void for_each_held(const std::function<void(const Block*)>& f) const { (void)f; }
   // Sleep and wake (vmm; fixed segments refuse): the caller holds every shard and has

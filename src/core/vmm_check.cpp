@@ -162,9 +162,14 @@ void VmmHeaps::check_epoch(const Heap& h) const {
   if (seg.epoch != &log) invariant_failed("the heap at " + hex(seg.addr) + " does not point to its epoch record");
   std::size_t in_use = 0;
   std::size_t open = 0;
+  std::size_t base = 0;
   for (const Block* b = seg.first; b != nullptr; b = b->next) {
     if (b->state == BlockState::free) continue;
     ++in_use;
+    if (b->epoch_slot == EpochLog::kBaseSlot) {
+      ++base;
+      continue;
+    }
     if (b->epoch_slot == EpochLog::kNoSlot) {
       if (!log.full) invariant_failed("block " + hex(b->addr) + " is missing from its heap's epoch record");
       continue;
@@ -177,6 +182,9 @@ void VmmHeaps::check_epoch(const Heap& h) const {
   if (in_use != log.live)
     invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(log.live) + " blocks in use, not " +
                      std::to_string(in_use));
+  if (base != log.base || (base != 0 && !log.at_step) || log.fixed != 0)
+    invariant_failed("the heap at " + hex(seg.addr) + " counts " + std::to_string(log.base) +
+                     " blocks live since its epoch began at a step, not " + std::to_string(base));
   std::size_t open_entries = 0;
   for (const RecordedBlock& e : log.entries) open_entries += e.end == 0 ? 1 : 0;
   if (open_entries != open) invariant_failed("the heap's epoch record has stale open entries");

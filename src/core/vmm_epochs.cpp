@@ -160,7 +160,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
 void VmmHeaps::choose_next_plan(Heap& heap) {
   // The plan this epoch followed to the end, if it did: when the next epoch follows it again,
   // what lies above its height can go (give_back_above_plan()).
-  const EpochPlan* followed = heap.cursor.matched(heap.epoch.entries.size()) ? heap.cursor.plan().get() : nullptr;
+  const EpochPlan* followed = heap.cursor.matched(heap.epoch.allocations()) ? heap.cursor.plan().get() : nullptr;
   if (repeats_in_place(heap)) {
     heap.cursor.follow_again();
   } else {
@@ -237,6 +237,79 @@ void VmmHeaps::drop_event(DeviceEvent& e) noexcept {
 // device call, no chunk cache, no planner).
 bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept { return repeats_in_place_alone(heap_of(b)); }
 
+// --- step boundaries ------------------------------------------------------------------------
+
+// Allocator::step(). A heap that empties ends its epochs there, whatever the steps: an epoch
+// that began where the heap was empty is left alone over one boundary. A heap that did not empty
+// over a whole step (it holds the weights, the optimizer states) has its epochs run from one
+// boundary to the next, each planned around its base (the blocks live when it began, fixed where
+// they are, each alive until its free or the epoch's end); the blocks it allocated and still
+// holds at the boundary count as alive to its end (gradients a zero_grad() after the boundary
+// frees). The next epoch that makes the same requests follows that plan as an epoch from an empty
+// heap does; a request whose planned place is taken (the base differs) departs. An epoch past
+// vmm_plan_max_blocks plans nothing. The next epoch begins at the boundary, with the blocks live
+// there as its base. O(the heap's blocks).
+void VmmHeaps::step_boundary() {
+  for (auto& [start, heap] : heaps_) {
+    EpochLog& log = heap.epoch;
+    if (log.live == 0 || heap.asleep || !heap.sleeping.empty()) continue;
+    if (!log.at_step && ++log.boundaries < 2) continue;
+    if (log.at_step && !log.full && !log.entries.empty()) {
+      end_step_epoch(heap);
+    } else {
+      // The epoch goes on over the boundary (or began where the heap was empty): what it recorded
+      // plans nothing, and a plan it followed is left.
+      if (heap.cursor.state() == PlanState::laying_out) abandon_layout(heap);
+      if (heap.give_back_event != 0) drop_event(heap.give_back_event);
+      heap.cursor.record();
+      heap.last_signature = log.signature;
+    }
+    rebase(heap);
+  }
+}
+
+// The step epoch ends, its own blocks all free: its record gets the base as fixed blocks (alive
+// throughout, where they are), the free pages are held, and the next epoch's plan is chosen
+// (map_plan() never moves pages under live blocks: without its pages in place, no plan).
+void VmmHeaps::end_step_epoch(Heap& heap) {
+  EpochLog& log = heap.epoch;
+  const Address start = heap.segment->addr;
+  for (RecordedBlock& e : log.entries)
+    if (e.end == 0) e.end = log.clock;  // allocated by the epoch, live over the boundary
+  for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
+    if (x->state == BlockState::free) {
+      if (free_mapped(x)) {
+        heap.index().remove(x);
+        x = heap.held.hold(x, heap.blocks());
+      }
+      continue;
+    }
+    if (x->epoch_slot != EpochLog::kBaseSlot) continue;
+    log.entries.push_back(RecordedBlock{x->size, 0, log.clock, x->addr - start, true});
+    ++log.fixed;
+  }
+  log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
+  log.fixed += log.freed_base.size();
+  choose_next_plan(heap);
+}
+
+// A new epoch begins at a step boundary: every block live now is its base.
+void VmmHeaps::rebase(Heap& heap) {
+  EpochLog& log = heap.epoch;
+  log.restart();
+  log.at_step = true;
+  log.clock = 1;  // tick 0 is the base's: allocated before every event of the epoch
+  for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
+    if (x->state == BlockState::free) continue;
+    x->epoch_slot = EpochLog::kBaseSlot;
+    ++log.base;
+    // Two step epochs are alike only around the same base.
+    log.signature = (log.signature ^ (x->addr - heap.segment->addr)) * 0x100000001b3ull;
+    log.signature = (log.signature ^ x->size) * 0x100000001b3ull;
+  }
+  log.freed_base.reserve(log.base);  // the fast path's frees of base blocks allocate nothing
+}
+
 // The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch
 // before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the
 // same requests in the same order, no planning cost). The next epoch gets the plan stored after
@@ -254,7 +327,7 @@ void VmmHeaps::plan_next_epoch(Heap& heap) {
     heap.last_signature = heap.epoch.signature;
     return;
   }
-  const bool matched = cursor.matched(heap.epoch.entries.size());
+  const bool matched = cursor.matched(heap.epoch.allocations());
   const std::uint64_t signature = heap.epoch.signature;
   if (repeats_its_plan(heap)) {
     // The epoch repeated the one before it, as the plan stored after that one said: the same
@@ -331,6 +404,9 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   // Holes below the height and no chunk above it (empty_cache() or a reclaim unmapped pages in
   // place): the epoch maps the holes as its steps reach them (map_planned()), nothing moves.
   if (heap.mapped_prefix >= height || heap.mapped_end <= heap.segment->addr + height) return Layout::ready;
+  // A step epoch's base (vmm_epochs.cpp, step boundaries): nothing moves under it; the holes are
+  // mapped as the steps reach them, and what lies above the height goes once the plan repeats.
+  if (heap.epoch.live != 0) return Layout::ready;
   if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
   DeviceEvent e = 0;

@@ -196,6 +196,7 @@ class VmmHeaps final : public SegmentSource {
   Block* end_epoch(Block* b) override;
   bool ends_epoch_in_place(const Block* b) const noexcept override;
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size, PlannedPages pages) override;
+  void step_boundary() override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
   bool supports_sleep() const noexcept override { return true; }
   SleepReport sleep(Sleepers who, Contents contents) override;
@@ -262,7 +263,7 @@ class VmmHeaps final : public SegmentSource {
   static bool repeats_its_plan(const Heap& heap) noexcept {
     const PlanCursor& cursor = heap.cursor;
     const std::uint64_t signature = heap.epoch.signature;
-    return cursor.matched(heap.epoch.entries.size()) && signature == heap.last_signature &&
+    return cursor.matched(heap.epoch.allocations()) && signature == heap.last_signature &&
            cursor.key() == signature;
   }
   /// ... and the plan's pages are in place (mapped from the heap's start up to its height).
@@ -282,6 +283,8 @@ class VmmHeaps final : public SegmentSource {
     return heap.cursor.plan() != nullptr && heap.mapped_end > heap.segment->addr + heap.cursor.plan()->height;
   }
   void give_back_above_plan(Heap& heap);
+  void end_step_epoch(Heap& heap);
+  void rebase(Heap& heap);
   void release_above(Heap& heap, Address top);
   void drop_event(DeviceEvent& e) noexcept;
   void plan_next_epoch(Heap& heap);

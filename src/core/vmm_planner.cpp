@@ -20,9 +20,16 @@ std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> 
   try {
     const PlannedLayout layout = plan_layout(record);
     auto plan = std::make_shared<EpochPlan>();
-    plan->steps.resize(record.size());
-    for (std::size_t i = 0; i < record.size(); ++i)
-      plan->steps[i] = EpochPlan::Step{.size = record[i].size, .offset = layout.offsets[i], .below = layout.below[i]};
+    // A step per allocation of the epoch (the fixed blocks, live throughout, come after them in
+    // the record: they are no step, and no step's anchor).
+    std::size_t steps = 0;
+    while (steps < record.size() && !record[steps].fixed) ++steps;
+    if (steps == 0) return nullptr;
+    plan->steps.resize(steps);
+    for (std::size_t i = 0; i < steps; ++i) {
+      const std::uint32_t below = layout.below[i] < steps ? layout.below[i] : PlannedLayout::kNone;
+      plan->steps[i] = EpochPlan::Step{.size = record[i].size, .offset = layout.offsets[i], .below = below};
+    }
     plan->height = round_up(layout.height, page);
     return plan;
   } catch (const std::exception& e) {

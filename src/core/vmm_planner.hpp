@@ -31,6 +31,9 @@ namespace tensorpool::detail {
 
 /// The plan of a recorded epoch as a heap follows it, its height in whole pages; null when the
 /// record is empty or planning fails (logged: a free must not fail for want of a plan).
+/// The plan of a recorded epoch: a step per allocation, in order; the record's fixed blocks (the
+/// base of a step epoch, RecordedBlock::fixed) come last and are no step. Null when the record has
+/// no allocation or planning fails.
 std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page);
 
 /// A finished plan on its way to its heap's PlanCache: stored under `key` (the signature of the

@@ -145,7 +145,7 @@ void VmmHeaps::forget_asleep(Block* b) {
   b->state = BlockState::free;
   b->requested = 0;
   b->mapped = false;
-  const bool heap_emptied = heap.epoch.on_release(b);
+  const bool heap_emptied = heap.epoch.on_release(b, heap.segment->addr);
   const auto asleep_free = [](const Block* x) {
     return x != nullptr && x->asleep && x->state == BlockState::free;
   };

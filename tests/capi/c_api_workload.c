@@ -144,6 +144,41 @@ static void json(tensorpool_allocator* a) {
 /* Sleep and wake on the simulated device (virtual memory by default): pages go back, the block
  * keeps its address and says it is asleep, misuse is refused with the state intact; fixed
  * segments refuse to sleep. */
+/* Steps around a block that stays: from the third boundary on, each step is served at the
+ * places planned for it (c over a's place, which it did not fit online), with no new memory. */
+static void steps(void) {
+  tensorpool_allocator* a = NULL;
+  void *w = NULL, *x = NULL, *y = NULL, *z = NULL;
+  void* first_x = NULL;
+  tensorpool_stats before;
+  int step;
+  CHECK(tensorpool_create(TENSORPOOL_BACKEND_SIMULATED, 0, 2 * GiB, "mode:vmm,vmm_planner:synchronous", &a) ==
+        TENSORPOOL_OK);
+  if (a == NULL) return;
+  CHECK(tensorpool_alloc(a, 64 * MiB, 0, &w) == TENSORPOOL_OK);
+  for (step = 0; step < 6; ++step) {
+    if (step == 5) before = stats_of(a);
+    CHECK(tensorpool_alloc(a, 40 * MiB, 0, &x) == TENSORPOOL_OK);
+    CHECK(tensorpool_alloc(a, 40 * MiB, 0, &y) == TENSORPOOL_OK);
+    CHECK(tensorpool_free(a, x) == TENSORPOOL_OK);
+    CHECK(tensorpool_alloc(a, 60 * MiB, 0, &z) == TENSORPOOL_OK);
+    if (step == 0) CHECK(z != x); /* online: above y */
+    if (step >= 3) CHECK(z == x);  /* planned */
+    if (step == 3) first_x = x;
+    if (step > 3) CHECK(x == first_x);
+    CHECK(tensorpool_free(a, y) == TENSORPOOL_OK);
+    CHECK(tensorpool_free(a, z) == TENSORPOOL_OK);
+    CHECK(tensorpool_step(a) == TENSORPOOL_OK);
+    check_intact(a);
+  }
+  CHECK(stats_of(a).device_allocs == before.device_allocs);
+  CHECK(stats_of(a).device_maps == before.device_maps);
+  CHECK(stats_of(a).syncs == before.syncs);
+  CHECK(tensorpool_step(NULL) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
+  CHECK(tensorpool_free(a, w) == TENSORPOOL_OK);
+  CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
+}
+
 static void sleep_and_wake(void) {
   tensorpool_allocator *a = NULL, *fixed = NULL;
   tensorpool_sleep_report r, now;
@@ -277,6 +312,7 @@ static void registry(const char* snapshot) {
   CHECK(strstr(tensorpool_last_error(), "nonexistent-dir") != NULL);
   CHECK(tensorpool_free(d0, p) == TENSORPOOL_OK);
   CHECK(tensorpool_empty_cache_all() == TENSORPOOL_OK);
+  CHECK(tensorpool_step_all() == TENSORPOOL_OK);
   CHECK(stats_of(d0).all.reserved_bytes.current == 0);
   check_intact(d0);
 }
@@ -299,6 +335,7 @@ int main(int argc, char** argv) {
   graph_capture();
   settings_and_backends();
   registry(argv[1]);
+  steps();
   printf("c_api_workload: %d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

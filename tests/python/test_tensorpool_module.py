@@ -191,6 +191,25 @@ class StatsTest(unittest.TestCase):
         self.assertEqual(tensorpool.memory_reserved(0), 0)
         self.assertEqual(tensorpool.memory_stats(0)["segment.all.current"], 0)
 
+    def test_steps_settle_with_no_new_memory(self):
+        # Steps around a block that stays, each ended by tensorpool.step(): once planned (which
+        # the C++ and C tests check place by place) they reserve nothing more from step to step.
+        weights = self.w.alloc(64 * MiB)
+        reserved = []
+        for _ in range(8):
+            a = self.w.alloc(40 * MiB)
+            b = self.w.alloc(40 * MiB)
+            self.w.free(a)
+            c = self.w.alloc(60 * MiB)
+            self.w.free(b)
+            self.w.free(c)
+            tensorpool.step()
+            reserved.append(tensorpool.memory_reserved(0))
+        self.assertEqual(len(set(reserved[-3:])), 1, reserved)
+        self.assertGreaterEqual(reserved[-1], (64 + 100) * MiB)
+        self.w.free(weights)
+        tensorpool.step()
+
     def test_memory_fraction_caps_reserved_memory(self):
         tensorpool.set_memory_fraction(0.001, 0)
         try:

@@ -44,6 +44,7 @@ const char* kind_name(OpKind k) {
     case OpKind::fail_above: return "fail_above";
     case OpKind::misuse: return "misuse";
     case OpKind::drain: return "drain";
+    case OpKind::step: return "step";
   }
   return "?";
 }
@@ -91,11 +92,13 @@ class Generator {
     for (int i = 0; i < 24; ++i) palette_.push_back(fresh_size());
   }
 
-  // Profile::repeated_steps: each step is run 2 to 7 times in a row on stream 0; between runs,
-  // now and then, work completes, a fault is armed (Profile::faults), the allocator is misused,
-  // the limit changes, or everything is drained.
+  // Profile::repeated_steps: a few blocks that stay (weights), then each step run 2 to 7 times in
+  // a row on stream 0, most runs ended by Allocator::step(); between runs, now and then, work
+  // completes, a fault is armed (Profile::faults), the allocator is misused, the limit changes,
+  // or everything is drained (and new weights are made).
   std::vector<Op> repeated_steps(std::size_t count) {
     std::vector<Op> ops;
+    weights(ops);
     while (ops.size() < count) {
       const std::vector<Op> step = make_step();
       for (std::uint64_t run = 2 + below(6); run > 0 && ops.size() < count; --run) {
@@ -103,7 +106,9 @@ class Generator {
         if (below(8) == 0) ran[below(ran.size())].value += 512;  // a departure (or a bigger free pick)
         if (below(4) == 0) ran.insert(ran.begin() + 1, Op{OpKind::empty_cache, 0, 0, 0});
         ops.insert(ops.end(), ran.begin(), ran.end());
+        if (below(4) != 0) ops.push_back(Op{OpKind::step, 0, 0, 0});
         ops.push_back(between_runs());
+        if (ops.back().kind == OpKind::drain) weights(ops);
       }
     }
     ops.resize(count);
@@ -174,6 +179,11 @@ class Generator {
       default: break;
     }
     return op;
+  }
+
+  // Blocks that stay while the steps run (up to the next drain; a step's frees may pick them).
+  void weights(std::vector<Op>& ops) {
+    for (std::uint64_t n = below(4); n > 0; --n) ops.push_back(Op{OpKind::alloc, 0, 0, llm_size()});
   }
 
   // A step on stream 0: 4 to 43 allocations of the palette's sizes with frees in between, some
@@ -491,6 +501,7 @@ void Runner::step(const Op& op) {
     case OpKind::fail_above: sim_->fail_allocations_above(op.value); break;
     case OpKind::misuse: misuse_op(op); break;
     case OpKind::drain: drain(); break;
+    case OpKind::step: alloc_->step(); break;
   }
 }
 

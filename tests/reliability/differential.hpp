@@ -46,6 +46,7 @@ enum class OpKind : std::uint8_t {
   fail_above,       // value: bytes (0: off)
   misuse,           // arg: which misuse, value: a parameter
   drain,            // free everything, complete all work, empty_cache: nothing may remain
+  step,             // Allocator::step(): a training step ends (repeated steps only)
 };
 
 struct Op {
@@ -65,9 +66,10 @@ struct Profile {
   bool faults = true;         // inject upstream faults
   int streams = 4;            // the default stream and streams - 1 created ones
   std::size_t capacity = 0;   // device capacity (for limits and huge requests)
-  /// Steps repeated from an empty heap back to one (now and then changed, or with empty_cache()
-  /// after their first allocation), so that vmm heaps follow plans, map holes and give pages
-  /// back; the faults, misuse, limits and drains of the random mix come between the runs.
+  /// Steps repeated over a few blocks that stay (now and then changed, or with empty_cache()
+  /// after their first allocation, most ended by Allocator::step()), so that vmm heaps follow
+  /// plans, from empty heaps and around their base, map holes and give pages back; the faults,
+  /// misuse, limits and drains of the random mix come between the runs.
   bool repeated_steps = false;
 };
 
