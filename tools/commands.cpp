@@ -128,6 +128,7 @@ replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
   ro.device = o.device;
   ro.warmup = o.warmup;
   ro.attempt_ooms = o.attempt_ooms;
+  ro.step_at_iterations = o.step_at_iterations;
   ro.target.capacity = o.capacity;
   ro.target.conf = i < o.confs.size() ? o.confs[i] : "";
   ro.target.cost_model = o.cost_model;

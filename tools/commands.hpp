@@ -23,6 +23,7 @@ struct RunOptions {
   int device = -1;
   int warmup = 0;  // passes over the window before the measured one
   bool attempt_ooms = false;  // ReplayOptions::attempt_ooms
+  bool step_at_iterations = false;  // ReplayOptions::step_at_iterations
   bool json = false;
   bool quiet = false;  // no progress bar (progress.hpp)
 };

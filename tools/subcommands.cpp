@@ -135,6 +135,7 @@ struct RunArgs {
   int device = -1;
   int warmup = 0;
   bool attempt_ooms = false;
+  bool step_at_iterations = false;
   OutputArgs output;
 
   void add_to(CLI::App* cmd) {
@@ -147,6 +148,9 @@ struct RunArgs {
     cmd->add_flag("--attempt-ooms", attempt_ooms,
                   "Present the requests that failed in the recording (oom events) to the allocator "
                   "too, as a live recording of it saw them");
+    cmd->add_flag("--step-at-iterations", step_at_iterations,
+                  "Call tensorpool's step() at each iteration marker of the trace, as a program that calls "
+                  "tensorpool.step() once per step (docs/vmm.md, \"Steps\")");
     output.add_to(cmd);
   }
 
@@ -158,6 +162,7 @@ struct RunArgs {
     run.device = device;
     run.warmup = warmup;
     run.attempt_ooms = attempt_ooms;
+    run.step_at_iterations = step_at_iterations;
     run.json = output.json;
     run.quiet = output.quiet;
     targets.resolve(run);

@@ -56,7 +56,10 @@ ReplayResult sum(const std::vector<ReplayResult>& devices, const std::string& na
 class DeviceReplay final : public ReplayView {
  public:
   DeviceReplay(const ReplayOptions& options, int device)
-      : attempt_ooms_(options.attempt_ooms), observed_(options.observer), warmup_(options.warmup) {
+      : attempt_ooms_(options.attempt_ooms),
+        step_at_iterations_(options.step_at_iterations),
+        observed_(options.observer),
+        warmup_(options.warmup) {
     TargetOptions opts = options.target;
     opts.device = device;
     target_ = options.make_target ? options.make_target(opts) : make_target(options.allocator, opts);
@@ -118,6 +121,7 @@ class DeviceReplay final : public ReplayView {
         measure();
         break;
       case Op::iteration:
+        if (step_at_iterations_) target_->step();
         if (++pass_.result.iterations == 2) pass_.at_second_iteration = target_->upstream();
         break;
       default: break;  // the recording allocator's own events: see baseline()
@@ -277,6 +281,7 @@ class DeviceReplay final : public ReplayView {
   }
 
   const bool attempt_ooms_;
+  const bool step_at_iterations_;
   std::unique_ptr<ReplayTarget> target_;
   ReplayObserver* const observed_;   // ReplayOptions::observer
   const int warmup_;

@@ -77,6 +77,36 @@ TEST_CASE("replay measures requested, allocated and reserved peaks", "[replay]")
   REQUIRE(tp.host_ns_per_op > 0.0);
 }
 
+TEST_CASE("replay: --step-at-iterations calls tensorpool's step() at each iteration marker", "[replay][step]") {
+  // Weights (3 x 32 MiB) that stay, then 8 steps of three blocks: online, c does not fit a's hole
+  // and goes above b (96 + 140 MiB); planned around the weights at the step boundaries, the steps
+  // need 96 + 100 MiB, and the pages above go once the plan repeats.
+  trace::Trace t;
+  for (std::uint64_t w = 1; w <= 3; ++w) t.events.push_back(ev(Op::alloc, w, 32 * MiB));
+  for (std::uint64_t step = 0; step < 8; ++step) {
+    const std::uint64_t a = 100 + 3 * step, b = a + 1, c = a + 2;
+    t.events.insert(t.events.end(), {ev(Op::iteration, 0, step), ev(Op::alloc, a, 40 * MiB), ev(Op::alloc, b, 40 * MiB),
+                                     ev(Op::free_requested, a, 40 * MiB), ev(Op::alloc, c, 60 * MiB),
+                                     ev(Op::free_requested, b, 40 * MiB), ev(Op::free_requested, c, 60 * MiB)});
+  }
+  const auto replayed = [&](bool steps) {
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = "tensorpool-vmm";
+    o.target.conf = "vmm_max_chunk:2MiB,vmm_idle_divisor:1";
+    o.step_at_iterations = steps;
+    return tensorpool::replay::replay(source, o).total;
+  };
+  const ReplayResult online = replayed(false);
+  const ReplayResult stepped = replayed(true);
+  REQUIRE(online.peak_reserved == (96 + 140) * MiB);
+  REQUIRE(online.final_reserved == (96 + 140) * MiB);
+  REQUIRE(stepped.peak_reserved == (96 + 140) * MiB);  // the first steps run online
+  REQUIRE(stepped.final_reserved == (96 + 100) * MiB);
+  REQUIRE(stepped.upstream.syncs == 0);
+  REQUIRE(replayed(true).final_reserved == stepped.final_reserved);  // deterministic
+}
+
 TEST_CASE("replay counts OOMs against the capacity and skips their frees", "[replay]") {
   trace::Trace t;
   t.events = {ev(Op::alloc, 1, 60 * MiB), ev(Op::alloc, 2, 60 * MiB), ev(Op::free_requested, 2, 60 * MiB),

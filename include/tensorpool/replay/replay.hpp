@@ -87,6 +87,10 @@ struct ReplayOptions {
   /// not get the memory); one it refuses is an OOM like any other (ooms, first_oom). Off: oom
   /// events are only read.
   bool attempt_ooms = false;
+  /// Calls the target's step() at each `iteration` event of the trace, as a program that calls
+  /// tensorpool.step() at the start of each step would (tensorpool targets; a no-op for the
+  /// others). Off: iteration markers are only counted.
+  bool step_at_iterations = false;
   /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
   /// UsageError for a target that cannot export: before replaying anything for a registered
   /// one, when the first device's target is built for one from make_target.

@@ -92,6 +92,8 @@ class ReplayTarget {
   /// The host waited for `stream`: its pending work is complete.
   virtual void stream_synchronized(Stream /*stream*/) {}
   virtual void empty_cache() {}
+  /// The program ended a training step (Allocator::step(); ReplayOptions::step_at_iterations).
+  virtual void step() {}
 
   /// Bytes held from the device now (segments or physical pages). Called after every event:
   /// must be O(1).

@@ -85,6 +85,7 @@ class TensorpoolTarget final : public ReplayTarget {
   void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
   void stream_synchronized(Stream stream) override { device_->complete_stream(map(stream)); }
   void empty_cache() override { alloc_.empty_cache(); }
+  void step() override { alloc_.step(); }
   std::size_t reserved() const override { return alloc_.usage().reserved; }
   std::size_t allocated() const override { return alloc_.usage().allocated; }
   UpstreamCounts upstream() const override { return upstream_of(*device_); }
