@@ -3,7 +3,7 @@
 the time criterion, on the generated suite of scripts/fit-tables.py), printed as Markdown tables.
 
 Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [--cost-model FILE]
-                               [--conf SETTINGS] [--only 1,2,3,4]
+                               [--conf SETTINGS] [--only 1,2,3,4] [--generated]
 
   1. fit:          tensorpool fit T --allocators tensorpool-vmm,pytorch,pytorch-expandable,cub,raw
                    --precision-pct 0.05: tensorpool-vmm at most 0.5% above the smallest of the
@@ -15,8 +15,11 @@ Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [-
                    generated suite at its capacity), modelled upstream time at most
                    pytorch-expandable's (with --cost-model FILE, that model; default: the
                    simulated device's default model).
---conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). Exit status 0 when
-every criterion measured is met, 1 when one is not, 2 on a usage or tool error.
+--conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). --generated runs
+criteria 1-3 on the generated suite too, and on issue 25's additions (GENERATED below: a PyTorch
+loop with weights, gradients and activations in one heap; sequence lengths from a lognormal
+distribution), each at its own capacity. Exit status 0 when every criterion measured is met, 1
+when one is not, 2 on a usage or tool error.
 """
 import argparse
 import glob
@@ -30,6 +33,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMM = "tensorpool-vmm"
 OTHERS = ["pytorch", "pytorch-expandable", "cub", "raw"]
 FROM_EMPTY = ["small-from-empty", "qwen3-0.6b-varlen-expandable-3gpu"]
+# Issue 25's additions to the generated suite (id, what, generate arguments, capacity).
+GENERATED = [
+    ("gpt2-xl-torch-loop", "GPT-2 1.5B in the PyTorch loop, 4 steps: weights, gradients, optimizer states and "
+     "activations in one heap", ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:4,steps:4"], "80GiB"),
+    ("gpt2-xl-lognormal", "the same with sequence lengths from a lognormal distribution in [64, 1024], 8 steps",
+     ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:4,steps:8,seq_dist:lognormal,seq_min:64"],
+     "80GiB"),
+]
 
 
 def run_json(args):
@@ -52,9 +63,21 @@ def vmm_conf(args):
     return ["--allocator-conf", VMM + "=" + args.conf] if args.conf else []
 
 
+def generated(args):
+    """The generated suite and GENERATED, generated into --work when missing: (name, path, capacity)."""
+    os.makedirs(args.work, exist_ok=True)
+    out = []
+    for sid, _, gen, capacity in suite() + GENERATED:
+        trace = os.path.join(args.work, sid + ".tptrace")
+        if not os.path.exists(trace):
+            subprocess.run([args.tensorpool, "generate", trace] + gen, check=True, capture_output=True)
+        out.append((sid, trace, capacity))
+    return out
+
+
 def fit_rows(args, traces):
     rows, met = [], 0
-    for name, path in traces:
+    for name, path, _ in traces:
         report = run_json([args.tensorpool, "fit", path, "--allocators", ",".join([VMM] + OTHERS),
                            "--precision-pct", "0.05", "--json", "-q"] + vmm_conf(args))
         fits = {a["allocator"]: {d["device"]: d["capacity_bytes"] for d in a["devices"]} for a in report["allocators"]}
@@ -82,8 +105,8 @@ def compare(args, path, warmup, capacity="80GiB", cost_model=None):
 def utilization_rows(args, traces, warmup, label, met_if):
     """tensorpool-vmm against both PyTorch models, one row per trace; met_if(v, p, e) decides."""
     rows, met = [], 0
-    for name, path in traces:
-        r = compare(args, path, warmup)
+    for name, path, capacity in traces:
+        r = compare(args, path, warmup, capacity)
         v, p, e = r[VMM], r["pytorch"], r["pytorch-expandable"]
         ok = met_if(v, p, e)
         met += ok
@@ -106,14 +129,9 @@ def one_pass_rows(args, traces):
 
 
 def time_rows(args, traces):
-    work = args.work
-    os.makedirs(work, exist_ok=True)
-    cases = [(name, path, "80GiB") for name, path in traces if name in FROM_EMPTY]
-    for sid, _, gen, capacity in suite():
-        trace = os.path.join(work, sid + ".tptrace")
-        if not os.path.exists(trace):
-            subprocess.run([args.tensorpool, "generate", trace] + gen, check=True, capture_output=True)
-        cases.append((sid, trace, capacity))
+    shared = [(name, path, capacity) for name, path, capacity in traces if name in FROM_EMPTY]
+    suite_ids = {sid for sid, _, _, _ in suite()}
+    cases = shared + [g for g in generated(args) if g[0] in suite_ids]
     rows, met = [], 0
     for name, path, capacity in cases:
         r = compare(args, path, 0, capacity, args.cost_model)
@@ -137,8 +155,10 @@ def main():
     ap.add_argument("--cost-model", default=None)
     ap.add_argument("--conf", default="")
     ap.add_argument("--only", default="1,2,3,4")
+    ap.add_argument("--generated", action="store_true")
     args = ap.parse_args()
-    traces = [(os.path.basename(p)[:-len(".pickle")], p) for p in sorted(glob.glob(os.path.join(args.traces, "*.pickle")))]
+    traces = [(os.path.basename(p)[:-len(".pickle")], p, "80GiB")
+              for p in sorted(glob.glob(os.path.join(args.traces, "*.pickle")))]
     if not traces:
         print("vmm-criteria: no *.pickle in %s" % args.traces, file=sys.stderr)
         return 2
@@ -150,7 +170,7 @@ def main():
             print("vmm-criteria: --only takes 1, 2, 3, 4; got %r" % key, file=sys.stderr)
             return 2
         title, fn = criteria[key]
-        rows, met, total = fn(args, traces)
+        rows, met, total = fn(args, traces + generated(args) if args.generated and key != "4" else traces)
         all_met = all_met and met == total
         print("### %s. %s: met on %d of %d\n" % (key, title, met, total))
         print("\n".join(rows))
