@@ -268,9 +268,10 @@ void VmmHeaps::step_boundary() {
   }
 }
 
-// The step epoch ends, its own blocks all free: its record gets the base as fixed blocks (alive
-// throughout, where they are), the free pages are held, and the next epoch's plan is chosen
-// (map_plan() never moves pages under live blocks: without its pages in place, no plan).
+// The step epoch ends: its record gets the base as fixed blocks (where they are, alive from its
+// start to their free or its end), the blocks it still holds count as alive to its end, the free
+// pages are held, and the next epoch's plan is chosen (map_plan() never moves pages under live
+// blocks: holes are mapped as the steps reach them).
 void VmmHeaps::end_step_epoch(Heap& heap) {
   EpochLog& log = heap.epoch;
   const Address start = heap.segment->addr;
