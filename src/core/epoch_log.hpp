@@ -83,8 +83,6 @@ struct EpochLog {
     fixed = 0;
   }
 
-  /// Every block allocated since the epoch began is free again (those of its base aside).
-  bool only_base_live() const noexcept { return live == base; }
   /// The epoch's allocations recorded (the entries but the base's, appended as fixed blocks when
   /// a step ends the epoch).
   std::size_t allocations() const noexcept { return entries.size() - fixed; }

@@ -205,13 +205,13 @@ class VmmHeaps final : public SegmentSource {
   SleepReport asleep() const override;
 
  private:
-  /// Where a growth maps: `bytes` at the start of `hole` (an unmapped free block), of which the
-  /// request needs at least `need`.
   /// What a growth maps for.
   enum class Growth : std::uint8_t {
     request,  // a request nothing mapped fits: chunks sized by new_chunk_size()
     plan,     // the holes below a plan's height, which the epoch that follows it will use whole
   };
+  /// Where a growth maps: `bytes` at the start of `hole` (an unmapped free block), of which the
+  /// request needs at least `need`.
   struct Placement {
     Block* hole = nullptr;
     std::size_t bytes = 0;
