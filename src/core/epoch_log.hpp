@@ -46,7 +46,7 @@ struct EpochLog {
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
     ++live;
-    signature = (signature ^ b->size) * 0x100000001b3ull;
+    mix(b->size);
     if (TP_UNLIKELY(entries.size() >= capacity)) {
       full = true;
       b->epoch_slot = kNoSlot;
@@ -55,6 +55,9 @@ struct EpochLog {
     b->epoch_slot = static_cast<std::uint32_t>(entries.size());
     entries.push_back(RecordedBlock{b->size, clock++, 0, b->addr - heap_start});
   }
+
+  /// Folds `value` into the signature (one FNV-1a step).
+  TP_ALWAYS_INLINE void mix(std::uint64_t value) { signature = (signature ^ value) * 0x100000001b3ull; }
 
   /// Whether releasing the one live block left would end the epoch.
   TP_ALWAYS_INLINE bool one_live() const noexcept { return live == 1; }

@@ -94,7 +94,8 @@ Block* HeldPages::unhold(Block* r, std::size_t bytes, BlockPool& blocks) {
   return r;
 }
 
-// Holds every free mapped block of the heap: `freed` (in no index) and those in the index.
+// Holds every free mapped block of the heap: `freed` (in no index; nullptr: none) and those in
+// the index.
 void VmmHeaps::hold_all(Heap& heap, Block* freed) {
   for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
     if (x != freed && free_mapped(x)) {
@@ -102,7 +103,7 @@ void VmmHeaps::hold_all(Heap& heap, Block* freed) {
       x = heap.held.hold(x, heap.blocks());
     }
   }
-  heap.held.hold(freed, heap.blocks());
+  if (freed != nullptr) heap.held.hold(freed, heap.blocks());
 }
 
 // Serves a request from held pages when a held block (with the free block before it) fits: as
@@ -168,7 +169,7 @@ void VmmHeaps::choose_next_plan(Heap& heap) {
   }
   if (followed != nullptr && heap.cursor.plan().get() == followed && heap.cursor.state() == PlanState::following) {
     give_back_above_plan(heap);
-  } else if (heap.give_back_event != 0) {
+  } else {
     drop_event(heap.give_back_event);
   }
 }
@@ -181,7 +182,7 @@ void VmmHeaps::choose_next_plan(Heap& heap) {
 // event: the pages may have been used again.
 void VmmHeaps::give_back_above_plan(Heap& heap) {
   if (!has_pages_above_plan(heap)) {
-    if (heap.give_back_event != 0) drop_event(heap.give_back_event);
+    drop_event(heap.give_back_event);
     return;
   }
   if (st_.capture_underway()) return;  // no device call during a capture
@@ -195,7 +196,7 @@ void VmmHeaps::give_back_above_plan(Heap& heap) {
     drop_event(heap.give_back_event);
     release_above(heap, heap.segment->addr + heap.cursor.plan()->height);
   } catch (const DeviceError& e) {  // the heap stays consistent: what was not given back stays mapped
-    if (heap.give_back_event != 0) drop_event(heap.give_back_event);
+    drop_event(heap.give_back_event);
     log().warn("vmm: giving back the pages above a plan's height failed: {}", e.what());
   }
 }
@@ -224,7 +225,9 @@ void VmmHeaps::release_above(Heap& heap, Address top) {
   }
 }
 
+// Gives event e back (none: nothing to do).
 void VmmHeaps::drop_event(DeviceEvent& e) noexcept {
+  if (e == 0) return;
   try {
     st_.device->destroy_event(std::exchange(e, 0));
   } catch (const DeviceError& err) {
@@ -260,7 +263,7 @@ void VmmHeaps::step_boundary() {
       // The epoch goes on over the boundary (or began where the heap was empty): what it recorded
       // plans nothing, and a plan it followed is left.
       if (heap.cursor.state() == PlanState::laying_out) abandon_layout(heap);
-      if (heap.give_back_event != 0) drop_event(heap.give_back_event);
+      drop_event(heap.give_back_event);
       heap.cursor.record();
       heap.last_signature = log.signature;
     }
@@ -277,18 +280,12 @@ void VmmHeaps::end_step_epoch(Heap& heap) {
   const Address start = heap.segment->addr;
   for (RecordedBlock& e : log.entries)
     if (e.end == 0) e.end = log.clock;  // allocated by the epoch, live over the boundary
-  for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
-    if (x->state == BlockState::free) {
-      if (free_mapped(x)) {
-        heap.index().remove(x);
-        x = heap.held.hold(x, heap.blocks());
-      }
-      continue;
-    }
-    if (x->epoch_slot != EpochLog::kBaseSlot) continue;
+  for (const Block* x = heap.segment->first; x != nullptr; x = x->next) {
+    if (x->state == BlockState::free || x->epoch_slot != EpochLog::kBaseSlot) continue;
     log.entries.push_back(RecordedBlock{x->size, 0, log.clock, x->addr - start, true});
     ++log.fixed;
   }
+  hold_all(heap, nullptr);
   log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
   log.fixed += log.freed_base.size();
   choose_next_plan(heap);
@@ -305,8 +302,8 @@ void VmmHeaps::rebase(Heap& heap) {
     x->epoch_slot = EpochLog::kBaseSlot;
     ++log.base;
     // Two step epochs are alike only around the same base.
-    log.signature = (log.signature ^ (x->addr - heap.segment->addr)) * 0x100000001b3ull;
-    log.signature = (log.signature ^ x->size) * 0x100000001b3ull;
+    log.mix(x->addr - heap.segment->addr);
+    log.mix(x->size);
   }
   log.freed_base.reserve(log.base);  // the fast path's frees of base blocks allocate nothing
 }
@@ -477,12 +474,7 @@ bool VmmHeaps::finish_layout(Heap& heap) {
 
 // A layout that waits is given up: its event back, no plan for the epoch.
 void VmmHeaps::abandon_layout(Heap& heap) {
-  const DeviceEvent e = std::exchange(heap.layout_event, 0);
-  try {
-    st_.device->destroy_event(e);
-  } catch (const DeviceError& err) {
-    log().warn("vmm: the event of a planned heap's layout failed: {}", err.what());
-  }
+  drop_event(heap.layout_event);
   heap.cursor.record();
 }
 
@@ -514,6 +506,12 @@ TP_ALWAYS_INLINE Block* VmmHeaps::find_planned(const Heap& heap, const EpochPlan
   return x;
 }
 
+// The step's range carved out of the free mapped memory there, or nullptr.
+TP_ALWAYS_INLINE Block* VmmHeaps::take_step(Heap& heap, const EpochPlan::Step& step) {
+  Block* x = find_planned(heap, step);
+  return x != nullptr ? carve(heap, x, heap.segment->addr + step.offset, step.size) : nullptr;
+}
+
 Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size, PlannedPages pages) {
   Heap* heap = heap_of(ss, pool);
   if (heap == nullptr) return nullptr;
@@ -525,8 +523,7 @@ Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size, Plan
     cursor.depart();
     return nullptr;
   }
-  Block* x = find_planned(*heap, step);
-  Block* b = x != nullptr ? carve(*heap, x, heap->segment->addr + step.offset, size) : nullptr;
+  Block* b = take_step(*heap, step);
   if (b == nullptr && needs_pages(*heap, step)) {
     if (pages == PlannedPages::mapped_only) return nullptr;  // the exclusive path maps them
     if (map_planned(*heap, step)) b = take_step(*heap, step);
@@ -537,12 +534,6 @@ Block* VmmHeaps::take_planned(StreamState& ss, Pool pool, std::size_t size, Plan
   }
   cursor.served(b);
   return b;
-}
-
-// The step's range carved out of the free mapped memory there, or nullptr.
-Block* VmmHeaps::take_step(Heap& heap, const EpochPlan::Step& step) {
-  Block* x = find_planned(heap, step);
-  return x != nullptr ? carve(heap, x, heap.segment->addr + step.offset, step.size) : nullptr;
 }
 
 // Whether the step's range is free but lies (in part) where no pages are mapped: a hole that

@@ -36,7 +36,7 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
   if (contents == Contents::keep && st_.device->holds_contents()) keep_contents(chosen);
   for (Heap* heap : chosen) {
     if (heap->layout_event != 0) abandon_layout(*heap);
-    if (heap->give_back_event != 0) drop_event(heap->give_back_event);
+    drop_event(heap->give_back_event);
     heap->cursor.record();
     release_held(*heap);
     reclaim_heap(*heap, 0, StreamWork::done);
@@ -156,7 +156,7 @@ void VmmHeaps::forget_asleep(Block* b) {
   if (asleep_free(b->next)) heap.blocks().absorb_next(b);
   if (heap_emptied) {
     heap.epoch.restart();
-    if (heap.give_back_event != 0) drop_event(heap.give_back_event);
+    drop_event(heap.give_back_event);
     heap.cursor.record();
   }
 }
