@@ -19,6 +19,12 @@ struct Fixture {
   std::shared_ptr<SimulatedDevice> device;
   Allocator alloc;
   std::size_t reserved() const { return alloc.usage().reserved; }
+  /// empty_cache() gives every page back: nothing reserved, nothing held on the device.
+  void expect_all_given_back() {
+    alloc.empty_cache();
+    REQUIRE(reserved() == 0);
+    REQUIRE(device->used_bytes() == 0);
+  }
 };
 
 Address addr(void* p) { return reinterpret_cast<Address>(p); }
@@ -161,9 +167,7 @@ TEST_CASE("vmm: a heap left with nothing allocated holds its pages and grows fro
   REQUIRE(f.device->counters().unmaps == 0);
   REQUIRE(f.reserved() == reserved);
   // empty_cache() gives the held pages back.
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
-  REQUIRE(f.device->used_bytes() == 0);
+  f.expect_all_given_back();
   f.alloc.check_invariants();
 }
 
@@ -208,8 +212,7 @@ TEST_CASE("vmm: an epoch that runs again is served at its planned offsets, with 
     REQUIRE(f.reserved() == reserved);
   }
   // Held pages and planned blocks are all free again: empty_cache gives everything back.
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
+  f.expect_all_given_back();
   f.alloc.check_invariants();
 }
 
@@ -245,9 +248,7 @@ TEST_CASE("vmm: pages above a repeated plan's height are given back once its str
   // A changed epoch departs: it may use pages above again, and keeps them until it repeats.
   abc_epoch(f, 70 * MiB);
   f.alloc.check_invariants();
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
-  REQUIRE(f.device->used_bytes() == 0);
+  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: sleep while the pages above a plan wait to be given back forgets the plan and the wait",
@@ -262,8 +263,7 @@ TEST_CASE("vmm: sleep while the pages above a plan wait to be given back forgets
   abc_epoch(f);  // recorded again, then planned
   abc_epoch(f);
   f.alloc.check_invariants();
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
+  f.expect_all_given_back();
 }
 
 namespace {
@@ -304,9 +304,7 @@ TEST_CASE("vmm: a plan's blocks in pages empty_cache() released are mapped where
     if (run > 0) REQUIRE(now.physical_releases - last.physical_releases == 1);
     last = now;
   }
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
-  REQUIRE(f.device->used_bytes() == 0);
+  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: a failed map of a plan's hole, or a failed event for the give-back, loses nothing",
@@ -322,9 +320,7 @@ TEST_CASE("vmm: a failed map of a plan's hole, or a failed event for the give-ba
     REQUIRE(f.reserved() == f.device->used_bytes());
     const std::vector<Address> planned = epoch_with_empty_cache(f);
     REQUIRE(epoch_with_empty_cache(f) == planned);
-    f.alloc.empty_cache();
-    REQUIRE(f.reserved() == 0);
-    REQUIRE(f.device->used_bytes() == 0);
+    f.expect_all_given_back();
   }
   SECTION("the event of the give-back") {
     Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
@@ -377,16 +373,14 @@ TEST_CASE("vmm: steps around weights that never leave the heap are planned at st
   REQUIRE(departed[1] == base + 156 * MiB);
   step(50 * MiB);
   REQUIRE(step(50 * MiB) == std::vector<Address>{base + 96 * MiB, base + 146 * MiB, base + 96 * MiB});
-  // A weight freed during a step: that step is not planned around it.
+  // A weight freed during a step: the step's plan keeps its place only until its free.
   f.alloc.deallocate(weights[2]);
   step();
   f.alloc.deallocate(weights[1]);
   f.alloc.deallocate(weights[0]);
   f.alloc.step();  // nothing live: nothing to do
   f.alloc.check_invariants();
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
-  REQUIRE(f.device->used_bytes() == 0);
+  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: a boundary before zero_grad(): last step's gradients, freed early in the next, are planned around",
@@ -420,8 +414,7 @@ TEST_CASE("vmm: a boundary before zero_grad(): last step's gradients, freed earl
   for (void* g : grads) f.alloc.deallocate(g);
   f.alloc.deallocate(weights);
   f.alloc.check_invariants();
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
+  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: step() in fixed-segment mode or with nothing allocated changes nothing",
@@ -482,9 +475,7 @@ TEST_CASE("vmm: pages a plan must move while their stream's work may run stay pu
     free_without_sync(c);  // the heap empties: the plan's layout would move its pages
   }
   f.device->complete_all();
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
-  REQUIRE(f.device->used_bytes() == 0);
+  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: a failed map while a plan's memory is remapped leaves no plan and loses nothing",
@@ -507,9 +498,7 @@ TEST_CASE("vmm: a failed map while a plan's memory is remapped leaves no plan an
   const Address base = addr(f.alloc.allocate(MiB));
   f.alloc.deallocate(reinterpret_cast<void*>(base));
   f.alloc.check_invariants();
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
-  REQUIRE(f.device->used_bytes() == 0);
+  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: a request the plan did not foresee drops it, and the epoch is planned afresh", "[vmm][plan]") {
