@@ -24,9 +24,9 @@ void check_input(std::span<const RecordedBlock> blocks) {
 
 // Greedy by size, best-fit gap among the placed blocks alive at the same time. The placed blocks
 // are kept in offset order, so each block's gaps come from one pass over them that skips those
-// not alive with it: O(n^2) simple steps in all, a few ms for thousands of blocks (the
-// vmm_plan_max_blocks cap bounds n).
-std::vector<std::size_t> pack(std::span<const RecordedBlock> blocks) {
+// not alive with it: O(n^2) simple steps in all. nullopt once the passes have looked at more
+// than `max_steps` placed blocks (the layout is then left unfinished).
+std::optional<std::vector<std::size_t>> pack(std::span<const RecordedBlock> blocks, std::size_t max_steps) {
   const std::size_t n = blocks.size();
   std::vector<std::size_t> order;
   order.reserve(n);
@@ -50,7 +50,10 @@ std::vector<std::size_t> pack(std::span<const RecordedBlock> blocks) {
     placed.push_back(Placed{b.recorded, b.recorded + b.size, b.start, b.end});
   }
   std::sort(placed.begin(), placed.end(), [](const Placed& x, const Placed& y) { return x.lo < y.lo; });
+  std::size_t steps = 0;
   for (const std::size_t i : order) {
+    steps += placed.size();
+    if (steps > max_steps) return std::nullopt;
     const RecordedBlock& b = blocks[i];
     std::size_t top = 0;
     std::size_t best_gap = SIZE_MAX;
@@ -135,7 +138,7 @@ std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) {
   return peak;
 }
 
-PlannedLayout plan_layout(std::span<const RecordedBlock> blocks) {
+std::optional<PlannedLayout> plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps) {
   check_input(blocks);
   if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");
   PlannedLayout recorded;
@@ -149,8 +152,14 @@ PlannedLayout plan_layout(std::span<const RecordedBlock> blocks) {
     recorded.below = std::move(*recorded_below);
     return recorded;
   }
+  std::optional<std::vector<std::size_t>> offsets = pack(blocks, max_pack_steps);
+  if (!offsets) {  // packing would cost too much: the recorded layout, if it is one
+    if (!recorded_below) return std::nullopt;
+    recorded.below = std::move(*recorded_below);
+    return recorded;
+  }
   PlannedLayout packed;
-  packed.offsets = pack(blocks);
+  packed.offsets = std::move(*offsets);
   packed.height = height_of(blocks, packed.offsets);
   packed.source = LayoutSource::packed;
   if (recorded_below && recorded.height <= packed.height) {

@@ -15,12 +15,16 @@
 //             they were. No layout reaches below the peak of
 //             live bytes (peak_live_bytes()); on training steps this one often reaches it.
 // Cost: O(n^2) simple steps (each block scans the placed ones in offset order), skipped when the
-// recorded layout already reaches the peak of live bytes; vmm_plan_max_blocks bounds n
-// (BM_PlanLayout in bench/bench_allocator.cpp measures it).
+// recorded layout already reaches the peak of live bytes, and bounded: packing stops once it has
+// looked at kMaxPackSteps placed blocks, what an epoch of 32,768 blocks costs at most (about
+// 0.6 s of the planner thread's time on this project's machines; 50 ms at 8,192: BM_PlanLayout
+// in bench/bench_allocator.cpp), and the recorded layout is kept (the allocator's own, valid, so
+// the epoch still repeats without a call). vmm_plan_max_blocks bounds n.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -52,8 +56,15 @@ struct PlannedLayout {
   static constexpr std::uint32_t kNone = UINT32_MAX;
 };
 
-/// Plans the layout; throws std::invalid_argument when a block breaks RecordedBlock's invariants.
-PlannedLayout plan_layout(std::span<const RecordedBlock> blocks);
+/// The most placed blocks packing looks at, in all (see the file comment): n (n - 1) / 2 for
+/// n = 32768, so that no epoch of up to 32,768 blocks is ever cut short.
+inline constexpr std::size_t kMaxPackSteps = std::size_t{32768} * 32767 / 2;
+
+/// Plans the layout: nullopt when packing would look at more than `max_pack_steps` placed blocks
+/// and the recorded layout is not one (blocks alive together overlap in it). Throws
+/// std::invalid_argument when a block breaks RecordedBlock's invariants.
+std::optional<PlannedLayout> plan_layout(std::span<const RecordedBlock> blocks,
+                                         std::size_t max_pack_steps = kMaxPackSteps);
 
 /// The largest sum of sizes of blocks alive at one tick: no layout reaches lower.
 std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks);

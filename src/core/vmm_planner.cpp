@@ -18,7 +18,9 @@ namespace tensorpool::detail {
 std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page) {
   if (record.empty()) return nullptr;
   try {
-    const PlannedLayout layout = plan_layout(record);
+    const std::optional<PlannedLayout> planned = plan_layout(record);
+    if (!planned) return nullptr;
+    const PlannedLayout& layout = *planned;
     auto plan = std::make_shared<EpochPlan>();
     // A step per allocation of the epoch (the fixed blocks, live throughout, come after them in
     // the record: they are no step, and no step's anchor).

@@ -80,7 +80,7 @@ TEST_CASE("layout plan: packs by size below an online allocator's layout, down t
   // goes above b (recorded: 0, 40, 80; 140 high). Packed: c at 0, a at 0 (never alive with c),
   // b above both at 60: 100 high, the peak of live bytes (b + c).
   const std::vector<RecordedBlock> blocks = {{40 * MiB, 0, 2, 0}, {40 * MiB, 1, 4, 40 * MiB}, {60 * MiB, 3, 5, 80 * MiB}};
-  const PlannedLayout plan = detail::plan_layout(blocks);
+  const PlannedLayout plan = detail::plan_layout(blocks).value();
   require_valid(blocks, plan);
   REQUIRE(plan.source == detail::LayoutSource::packed);
   REQUIRE(plan.offsets == std::vector<std::size_t>{0, 60 * MiB, 0});
@@ -92,7 +92,7 @@ TEST_CASE("layout plan: packs by size below an online allocator's layout, down t
 
 TEST_CASE("layout plan: a recorded layout as low as the packed one is kept", "[plan]") {
   const std::vector<RecordedBlock> blocks = {{8 * MiB, 0, 3, 0}, {4 * MiB, 1, 2, 8 * MiB}, {4 * MiB, 4, 5, 0}};
-  const PlannedLayout plan = detail::plan_layout(blocks);
+  const PlannedLayout plan = detail::plan_layout(blocks).value();
   require_valid(blocks, plan);
   REQUIRE(plan.source == detail::LayoutSource::recorded);
   REQUIRE(plan.offsets == std::vector<std::size_t>{0, 8 * MiB, 0});
@@ -102,7 +102,7 @@ TEST_CASE("layout plan: a recorded layout as low as the packed one is kept", "[p
 TEST_CASE("layout plan: a recorded layout that overlaps itself is not used", "[plan]") {
   // Two blocks alive together recorded at the same offset: not a layout; the packed one is.
   const std::vector<RecordedBlock> blocks = {{4 * MiB, 0, 3, 0}, {4 * MiB, 1, 2, 0}};
-  const PlannedLayout plan = detail::plan_layout(blocks);
+  const PlannedLayout plan = detail::plan_layout(blocks).value();
   require_valid(blocks, plan);
   REQUIRE(plan.source == detail::LayoutSource::packed);
   REQUIRE(plan.height == 8 * MiB);
@@ -114,7 +114,7 @@ TEST_CASE("layout plan: random epochs get valid layouts between the live peak an
   for (int round = 0; round < 200; ++round) {
     const std::size_t n = 1 + static_cast<std::size_t>(round % 60);
     const std::vector<RecordedBlock> blocks = random_epoch(rng, n);
-    const PlannedLayout plan = detail::plan_layout(blocks);
+    const PlannedLayout plan = detail::plan_layout(blocks).value();
     INFO("round " << round << ", " << n << " blocks");
     require_valid(blocks, plan);
     std::size_t recorded = 0;
@@ -127,5 +127,28 @@ TEST_CASE("layout plan: random epochs get valid layouts between the live peak an
 TEST_CASE("layout plan: blocks without a lifetime or a size are refused", "[plan]") {
   REQUIRE_THROWS_AS(detail::plan_layout(std::vector<RecordedBlock>{{0, 0, 1, 0}}), std::invalid_argument);
   REQUIRE_THROWS_AS(detail::plan_layout(std::vector<RecordedBlock>{{512, 3, 3, 0}}), std::invalid_argument);
-  REQUIRE(detail::plan_layout(std::vector<RecordedBlock>{}).height == 0);
+  REQUIRE(detail::plan_layout(std::vector<RecordedBlock>{}).value().height == 0);
+}
+
+TEST_CASE("layout plan: packing that would cost too much keeps the recorded layout, or plans nothing", "[plan]") {
+  std::mt19937_64 rng(777);
+  for (int round = 0; round < 50; ++round) {
+    const std::size_t n = 2 + static_cast<std::size_t>(round % 40);
+    const std::vector<RecordedBlock> blocks = random_epoch(rng, n);
+    INFO("round " << round << ", " << n << " blocks");
+    const PlannedLayout unbounded = detail::plan_layout(blocks, SIZE_MAX).value();
+    // n (n - 1) / 2 placed blocks is what packing n blocks looks at, at most: never cut short.
+    const PlannedLayout enough = detail::plan_layout(blocks, n * (n - 1) / 2).value();
+    REQUIRE(enough.offsets == unbounded.offsets);
+    REQUIRE(enough.source == unbounded.source);
+    // No packing allowed past the first block: the recorded (bump) layout, valid, is kept.
+    const PlannedLayout cut = detail::plan_layout(blocks, 0).value();
+    require_valid(blocks, cut);
+    REQUIRE(cut.source == detail::LayoutSource::recorded);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(cut.offsets[i] == blocks[i].recorded);
+  }
+  // A recorded layout that overlaps itself is no fallback: no layout at all.
+  const std::vector<RecordedBlock> overlapping = {{4 * MiB, 0, 3, 0}, {4 * MiB, 1, 2, 0}};
+  REQUIRE_FALSE(detail::plan_layout(overlapping, 0).has_value());
+  REQUIRE(detail::plan_layout(overlapping, 1).value().source == detail::LayoutSource::packed);
 }
