@@ -30,7 +30,7 @@
 //   vmm_idle_limit       1GiB      vmm: idle free physical memory beyond which a growth remaps
 //                                  free pages instead of creating new ones (it always does when
 //                                  nothing more can be created) ...
-//   vmm_idle_divisor     16        vmm: ... or beyond 1/N of what the pool holds, if that is less
+//   vmm_idle_divisor     32        vmm: ... or beyond 1/N of what the pool holds, if that is less
 //   vmm_growth_divisor   128       vmm: a growth of the large pool maps at least 1/N of what the
 //                                  pool holds (fewer calls; at most 1/N mapped ahead of need)
 //   vmm_max_growth       128MiB    vmm: ... but never more than this ahead of need
@@ -108,7 +108,7 @@ struct Config {
   std::size_t vmm_max_growth = 128 * 1024 * 1024;
   std::size_t vmm_growth_divisor = 128;
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
-  std::size_t vmm_idle_divisor = 16;
+  std::size_t vmm_idle_divisor = 32;
   std::size_t vmm_chunk_divisor = 16;  // N: chunks of request/N (see above); 0: of vmm_max_chunk
   std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N
   std::size_t vmm_plan_max_blocks = 65536;     // epochs of at most N allocations get a planned layout

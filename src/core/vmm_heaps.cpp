@@ -76,10 +76,13 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   const bool pressure = !st_.within_limit(want) || want > st_.device->free_memory();
   // Too few held pages: they join the free block before the hole, for place(), and other heaps'
   // may be remapped here; but for the pages of heaps that follow a plan, unless under pressure
-  // (they are about to be used where they lie).
+  // (they are about to be used where they lie). Too much idle memory is remapped from this heap
+  // only: other streams' heaps want theirs back at their next step, and pages moved back and
+  // forth cost a synchronization each way every step.
   const Spare spare = pressure ? Spare::none : Spare::following;
   release_held(pool, spare);
-  if (pressure || idle_physical(pool) > idle_limit(pool)) reclaim_free_chunks(pool, 0, spare);
+  if (pressure) reclaim_free_chunks(pool, 0, spare);
+  else if (idle_physical(pool) > idle_limit(pool) && !plan_asks_source(heap.cursor.state())) reclaim_heap(heap, 0);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const Placement where = place(heap, size);
     if (where.hole == nullptr) return nullptr;

@@ -590,7 +590,7 @@ TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most
 
 TEST_CASE("vmm: idle memory beyond 1/vmm_idle_divisor of the pool is remapped, not added to", "[vmm]") {
   // 256 MiB freed between two live blocks: idle chunks, well under vmm_idle_limit (1 GiB). A
-  // 300 MiB request fits nowhere mapped. By default (1/16 of the ~520 MiB pool is 32 MiB) the
+  // 300 MiB request fits nowhere mapped. By default (1/32 of the ~520 MiB pool is 16 MiB) the
   // growth moves the idle chunks to where the request needs them; with vmm_idle_divisor:1 it
   // tolerates them and creates 300 MiB more.
   std::size_t reserved[2] = {};
@@ -612,6 +612,38 @@ TEST_CASE("vmm: idle memory beyond 1/vmm_idle_divisor of the pool is remapped, n
   REQUIRE(unmaps[1] == 0);
   REQUIRE(reserved[0] <= 600 * MiB);   // 564 MiB live, plus at most a growth step
   REQUIRE(reserved[1] >= 820 * MiB);   // the idle 256 MiB kept beside 300 MiB of new memory
+}
+
+TEST_CASE("vmm: the idle rule remaps the growing heap's own pages, another stream's only under pressure",
+          "[vmm]") {
+  // s1 frees 256 MiB between two live blocks: idle chunks of s1's heap, far beyond 1/32 of the
+  // pool. s2's 200 MiB growth leaves them to s1 (whose next step would want them back) and creates
+  // its own, without waiting for s1's stream; on a device too small for more, the next growth
+  // takes them.
+  Fixture f("mode:vmm,vmm_max_chunk:64MiB", {.capacity = 640 * MiB});
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* a = f.alloc.allocate(256 * MiB, s1);
+  void* b = f.alloc.allocate(8 * MiB, s1);
+  void* c = f.alloc.allocate(8 * MiB, s1);
+  f.alloc.deallocate(b);  // b and c keep s1's epoch open: a's pages stay mapped, not held
+  f.alloc.deallocate(a);
+  const DeviceCounters before = f.device->counters();
+  void* d = f.alloc.allocate(200 * MiB, s2);
+  REQUIRE(f.device->counters().unmaps == before.unmaps);
+  REQUIRE(f.device->counters().syncs() == before.syncs());
+  REQUIRE(f.device->counters().physical_creates > before.physical_creates);
+  f.alloc.check_invariants();
+  // 640 MiB holds s1's ~272 and s2's ~200: another 200 MiB cannot be created, so s1's idle
+  // chunks are unmapped (after its stream is done) and mapped for s2.
+  void* e = f.alloc.allocate(200 * MiB, s2);
+  REQUIRE(e != nullptr);
+  REQUIRE(f.device->counters().unmaps >= before.unmaps + 4);  // the four 64 MiB chunks under a
+  REQUIRE(f.device->counters().stream_syncs > before.stream_syncs);
+  REQUIRE(f.reserved() <= 640 * MiB);
+  f.alloc.check_invariants();
+  for (void* p : {c, d, e}) f.alloc.deallocate(p);
+  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: free neighbours merge across chunks, so a hole serves a larger request", "[vmm]") {
