@@ -3,7 +3,7 @@
 the time criterion, on the generated suite of scripts/fit-tables.py), printed as Markdown tables.
 
 Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [--cost-model FILE]
-                               [--conf SETTINGS] [--only 1,2,3,4] [--generated]
+                               [--conf SETTINGS] [--only 1,2,3,4,5] [--generated]
 
   1. fit:          tensorpool fit T --allocators tensorpool-vmm,pytorch,pytorch-expandable,cub,raw
                    --precision-pct 0.05: tensorpool-vmm at most 0.5% above the smallest of the
@@ -14,7 +14,13 @@ Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [-
   4. time:         on the traces that start from an empty cache (small-from-empty, qwen3, the
                    generated suite at its capacity), modelled upstream time at most
                    pytorch-expandable's (with --cost-model FILE, that model; default: the
-                   simulated device's default model).
+                   simulated device's default model);
+  5. loop:         issue 25's repeating training loop (LOOPS: the traces whose steps repeat;
+                   the other traces with at least 3 iteration markers are shown, not judged):
+                   tensorpool compare T --json, one pass at 80 GiB or the trace's capacity, its
+                   per_iteration figures: from the third iteration on, no upstream call and no
+                   synchronization, and reserved memory at most 0.5% above the bytes those
+                   iterations request at their peak.
 --conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). --generated runs
 criteria 1-3 on the generated suite too, and on issue 25's additions (GENERATED below: a PyTorch
 loop with weights, gradients and activations in one heap; sequence lengths from a lognormal
@@ -33,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VMM = "tensorpool-vmm"
 OTHERS = ["pytorch", "pytorch-expandable", "cub", "raw"]
 FROM_EMPTY = ["small-from-empty", "qwen3-0.6b-varlen-expandable-3gpu"]
+# Traces whose steps repeat (criterion 5); the lognormal loop's steps differ by design.
+LOOPS = ["gpt2-xl-torch-loop"]
 # Issue 25's additions to the generated suite (id, what, generate arguments, capacity).
 GENERATED = [
     ("gpt2-xl-torch-loop", "GPT-2 1.5B in the PyTorch loop, 4 steps: weights, gradients, optimizer states and "
@@ -147,6 +155,40 @@ def time_rows(args, traces):
     return head + rows, met, len(rows)
 
 
+def loop_figures(result):
+    """From the third iteration on: (calls, syncs, peak reserved / peak requested), or None."""
+    its = result.get("per_iteration", [])[2:]
+    if not its:
+        return None
+    calls = sum(i["upstream_ops"] for i in its)
+    syncs = sum(i["syncs"] for i in its)
+    requested = max(i["peak_requested_bytes"] for i in its)
+    reserved = max(i["peak_reserved_bytes"] for i in its)
+    return calls, syncs, reserved / requested if requested else 1.0
+
+
+def loop_rows(args, traces):
+    rows, met, judged = [], 0, 0
+    for name, path, capacity in traces:
+        r = compare(args, path, 0, capacity)
+        figures = {a: loop_figures(r[a]) for a in (VMM, "pytorch", "pytorch-expandable")}
+        if figures[VMM] is None:
+            continue  # fewer than 3 iterations: no steady loop to look at
+        calls, syncs, ratio = figures[VMM]
+        cells = ["%.4f / %d / %d" % (f[2], f[0], f[1]) for f in figures.values()]
+        if name in LOOPS:
+            ok = calls == 0 and syncs == 0 and ratio <= 1.005
+            met += ok
+            verdict = "yes" if ok else "**no**"
+            judged += 1
+        else:
+            verdict = "(steps differ: not judged)"
+        rows.append("| %s | %s | %s | %s | %s |" % (name, cells[0], cells[1], cells[2], verdict))
+    head = ["| trace (from the 3rd iteration: reserved / requested, calls, syncs) | tensorpool-vmm | pytorch | "
+            "pytorch-expandable | met |", "|---|---|---|---|---|"]
+    return head + rows, met, judged
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tensorpool", default=os.path.join(ROOT, "build", "tools", "tensorpool"))
@@ -154,7 +196,7 @@ def main():
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "fit-suite"))
     ap.add_argument("--cost-model", default=None)
     ap.add_argument("--conf", default="")
-    ap.add_argument("--only", default="1,2,3,4")
+    ap.add_argument("--only", default="1,2,3,4,5")
     ap.add_argument("--generated", action="store_true")
     args = ap.parse_args()
     traces = [(os.path.basename(p)[:-len(".pickle")], p, "80GiB")
@@ -163,11 +205,11 @@ def main():
         print("vmm-criteria: no *.pickle in %s" % args.traces, file=sys.stderr)
         return 2
     criteria = {"1": ("Fit", fit_rows), "2": ("Steady state", steady_rows), "3": ("One pass at 80 GiB", one_pass_rows),
-                "4": ("Time from an empty cache", time_rows)}
+                "4": ("Time from an empty cache", time_rows), "5": ("A repeating loop", loop_rows)}
     all_met = True
     for key in args.only.split(","):
         if key not in criteria:
-            print("vmm-criteria: --only takes 1, 2, 3, 4; got %r" % key, file=sys.stderr)
+            print("vmm-criteria: --only takes 1, 2, 3, 4, 5; got %r" % key, file=sys.stderr)
             return 2
         title, fn = criteria[key]
         rows, met, total = fn(args, traces + generated(args) if args.generated and key != "4" else traces)

@@ -69,6 +69,17 @@ nlohmann::json to_json(const replay::ReplayResult& r, const trace::Trace* trace)
       {"iterations", r.iterations},
   };
   if (r.iterations >= 2) j["upstream_after_first_iteration"] = upstream(r.upstream_after_first_iteration);
+  if (!r.per_iteration.empty()) {
+    nlohmann::json its = nlohmann::json::array();
+    for (const replay::IterationResult& it : r.per_iteration) {
+      nlohmann::json one = upstream(it.upstream);
+      one["upstream_ops"] = it.upstream.total();
+      one["peak_requested_bytes"] = it.peak_requested;
+      one["peak_reserved_bytes"] = it.peak_reserved;
+      its.push_back(std::move(one));
+    }
+    j["per_iteration"] = std::move(its);
+  }
   j["first_oom"] = r.first_oom ? oom_json(*r.first_oom, trace) : nlohmann::json(nullptr);
   return j;
 }

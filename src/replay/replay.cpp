@@ -36,6 +36,12 @@ void ReplayResult::add_device(const ReplayResult& d) {
   seeding += d.seeding;
   iterations = std::max(iterations, d.iterations);
   upstream_after_first_iteration += d.upstream_after_first_iteration;
+  if (per_iteration.size() < d.per_iteration.size()) per_iteration.resize(d.per_iteration.size());
+  for (std::size_t i = 0; i < d.per_iteration.size(); ++i) {
+    per_iteration[i].upstream += d.per_iteration[i].upstream;
+    per_iteration[i].peak_requested += d.per_iteration[i].peak_requested;
+    per_iteration[i].peak_reserved += d.per_iteration[i].peak_reserved;
+  }
   if (d.first_oom && (!first_oom || d.first_oom->time_us < first_oom->time_us)) first_oom = d.first_oom;
 }
 
@@ -123,6 +129,7 @@ class DeviceReplay final : public ReplayView {
       case Op::iteration:
         if (step_at_iterations_) target_->step();
         if (++pass_.result.iterations == 2) pass_.at_second_iteration = target_->upstream();
+        start_iteration();
         break;
       default: break;  // the recording allocator's own events: see baseline()
     }
@@ -154,6 +161,7 @@ class DeviceReplay final : public ReplayView {
     const UpstreamCounts now = target_->upstream();
     r.upstream = now - pass_.at_window_start;
     if (r.iterations >= 2) r.upstream_after_first_iteration = now - pass_.at_second_iteration;
+    if (!r.per_iteration.empty()) r.per_iteration.back().upstream = now - pass_.at_iteration_start;
     r.final_reserved = target_->reserved();
     r.finish();
     return r;
@@ -183,6 +191,7 @@ class DeviceReplay final : public ReplayView {
     bool window_started = false;         // a non-seed event of this pass has been read
     UpstreamCounts at_window_start;      // the target's counts then ...
     UpstreamCounts at_second_iteration;  // ... and at the pass's second iteration marker
+    UpstreamCounts at_iteration_start;   // ... and at its latest one
     ReplayResult result;
     std::unordered_set<std::uint64_t> failed;  // addresses whose allocation raised OOM
   };
@@ -278,6 +287,21 @@ class DeviceReplay final : public ReplayView {
       pass_.result.peak_requested = requested_;
       pass_.result.reserved_at_requested_peak = reserved;
     }
+    if (!pass_.result.per_iteration.empty()) {
+      IterationResult& it = pass_.result.per_iteration.back();
+      it.peak_requested = std::max(it.peak_requested, requested_);
+      it.peak_reserved = std::max(it.peak_reserved, reserved);
+    }
+  }
+
+  // An `iteration` marker: the iteration before it ends (its calls counted), the next begins
+  // from what is live and held now.
+  void start_iteration() {
+    const UpstreamCounts now = target_->upstream();
+    std::vector<IterationResult>& its = pass_.result.per_iteration;
+    if (!its.empty()) its.back().upstream = now - pass_.at_iteration_start;
+    pass_.at_iteration_start = now;
+    its.push_back(IterationResult{.upstream = {}, .peak_requested = requested_, .peak_reserved = target_->reserved()});
   }
 
   const bool attempt_ooms_;

@@ -107,6 +107,43 @@ TEST_CASE("replay: --step-at-iterations calls tensorpool's step() at each iterat
   REQUIRE(replayed(true).final_reserved == stepped.final_reserved);  // deterministic
 }
 
+TEST_CASE("replay: per iteration, the calls made and the peaks from one marker to the next", "[replay]") {
+  // A block before the first marker (in no iteration), then iterations of 1, 2 and 3 blocks of
+  // 4 MiB, each freed within its iteration; raw makes one allocation and one free per block.
+  trace::Trace t;
+  t.events = {ev(Op::alloc, 1, 2 * MiB)};
+  std::uint64_t addr = 10;
+  for (std::uint64_t it = 0; it < 3; ++it) {
+    t.events.push_back(ev(Op::iteration, 0, it));
+    for (std::uint64_t k = 0; k <= it; ++k) t.events.push_back(ev(Op::alloc, addr + k, 4 * MiB));
+    for (std::uint64_t k = 0; k <= it; ++k) t.events.push_back(ev(Op::free_requested, addr + k, 4 * MiB));
+    addr += 10;
+  }
+  const ReplayResult r = run(t, "raw").total;
+  REQUIRE(r.iterations == 3);
+  REQUIRE(r.per_iteration.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    INFO("iteration " << i);
+    const std::size_t blocks = i + 1;
+    REQUIRE(r.per_iteration[i].upstream.allocs == blocks);
+    REQUIRE(r.per_iteration[i].upstream.frees == blocks);
+    REQUIRE(r.per_iteration[i].peak_requested == 2 * MiB + blocks * 4 * MiB);  // the first block stays
+    REQUIRE(r.per_iteration[i].peak_reserved == 2 * MiB + blocks * 4 * MiB);
+  }
+  // The iterations' calls are the pass's but the first block's allocation.
+  REQUIRE(r.upstream.allocs == 1 + 1 + 2 + 3);
+  // With a warm-up, the measured pass's iterations only.
+  ReplayOptions o;
+  o.allocator = "raw";
+  o.warmup = 1;
+  TraceSource source(t);
+  REQUIRE(tensorpool::replay::replay(source, o).total.per_iteration.size() == 3);
+  // No markers: no iterations.
+  trace::Trace plain;
+  plain.events = {ev(Op::alloc, 1, MiB), ev(Op::free_requested, 1, MiB)};
+  REQUIRE(run(plain, "raw").total.per_iteration.empty());
+}
+
 TEST_CASE("replay counts OOMs against the capacity and skips their frees", "[replay]") {
   trace::Trace t;
   t.events = {ev(Op::alloc, 1, 60 * MiB), ev(Op::alloc, 2, 60 * MiB), ev(Op::free_requested, 2, 60 * MiB),

@@ -117,6 +117,14 @@ struct OomReport {
   OutOfMemoryInfo info;
 };
 
+/// One iteration of the measured pass: from an `iteration` marker of the trace to the next, or to
+/// the pass's end (what comes before the first marker is in none).
+struct IterationResult {
+  UpstreamCounts upstream;         // the calls made during the iteration
+  std::size_t peak_requested = 0;  // the most bytes live at once in it (requested sizes)
+  std::size_t peak_reserved = 0;   // the most device memory the allocator held at once in it
+};
+
 struct ReplayResult {
   std::string allocator;
   int device = -1;  // -1: the sum over devices (peaks are per-device peaks added up)
@@ -142,6 +150,9 @@ struct ReplayResult {
   /// iterations < 2 means the trace has no such markers and these are not meaningful.
   std::uint64_t iterations = 0;
   UpstreamCounts upstream_after_first_iteration;
+  /// Per iteration of the measured pass, in order (empty: the trace has no `iteration` markers).
+  /// A steady state shows in it as iterations that make no call and hold what the first needed.
+  std::vector<IterationResult> per_iteration;
   double host_ns_per_op = 0.0;
   /// Set when ooms > 0. In a sum over devices: the earliest in trace time (ties: lowest device).
   std::optional<OomReport> first_oom;
