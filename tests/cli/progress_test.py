@@ -8,6 +8,7 @@ import pty
 import subprocess
 import sys
 import tempfile
+import threading
 
 binary = sys.argv[1]
 failures = []
@@ -29,6 +30,11 @@ def on_tty(args):
     master, slave = pty.openpty()
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
     os.close(slave)
+    # stdout is drained beside the terminal: a child whose output outgrows the pipe's buffer
+    # would otherwise wait on it while this waits on the terminal.
+    stdout = []
+    reader = threading.Thread(target=lambda: stdout.append(p.stdout.read()))
+    reader.start()
     seen = b""
     while True:
         try:
@@ -38,7 +44,8 @@ def on_tty(args):
         if not chunk:
             break
         seen += chunk
-    out = p.stdout.read()
+    reader.join()
+    out = stdout[0]
     p.wait()
     os.close(master)
     return p.returncode, out.decode(), seen.decode(errors="replace")
