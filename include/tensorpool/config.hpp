@@ -53,8 +53,8 @@
 //                                  runs again, served at the planned offsets with no device call;
 //                                  0 = never (docs/vmm.md, "Planned layouts"). What planning one
 //                                  epoch costs is bounded apart from N (layout_plan.hpp); N bounds
-//                                  the host memory of the record (40 bytes an allocation, three
-//                                  records per heap, touched only as far as epochs reach)
+//                                  the host memory reserved per heap for its records (128 bytes an
+//                                  allocation: 8 MiB at 65536, touched only as far as epochs reach)
 //   vmm_planner          background  vmm: who plans an epoch: a thread of the allocator's own,
 //                                  off the caller's path (the plan is followed from one of the
 //                                  heap's next epochs), or `synchronous`: the free that ends the
