@@ -43,6 +43,7 @@ struct EpochLog {
   bool at_step = false;      // the epoch began at a step boundary (else where the heap was empty)
   std::uint32_t boundaries = 0;  // step boundaries the epoch went on over
   std::vector<RecordedBlock> entries;
+  std::size_t fixed = 0;  // fixed entries at the end of `entries` (VmmHeaps::end_step_epoch)
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
     ++live;
@@ -89,7 +90,6 @@ struct EpochLog {
   /// The epoch's allocations recorded (the entries but the base's, appended as fixed blocks when
   /// a step ends the epoch).
   std::size_t allocations() const noexcept { return entries.size() - fixed; }
-  std::size_t fixed = 0;  // fixed entries at the end of `entries` (VmmHeaps::end_step_epoch)
 };
 
 }  // namespace tensorpool::detail

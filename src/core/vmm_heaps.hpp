@@ -273,9 +273,7 @@ class VmmHeaps final : public SegmentSource {
   /// ... with nothing mapped above the height and no give-back waiting: exactly those pages, so
   /// the end only follows the plan again (ends_epoch_in_place()).
   static bool repeats_in_place_alone(const Heap& heap) noexcept {
-    if (!repeats_its_plan(heap)) return false;
-    const Address top = heap.segment->addr + heap.cursor.plan()->height;
-    return heap.mapped_prefix >= heap.cursor.plan()->height && heap.mapped_end <= top && heap.give_back_event == 0;
+    return repeats_in_place(heap) && !has_pages_above_plan(heap) && heap.give_back_event == 0;
   }
   void choose_next_plan(Heap& heap);
   /// The heap has a plan and maps chunks above its height (give_back_above_plan()).
