@@ -216,7 +216,7 @@ class VmmHeaps final : public SegmentSource {
     Block* hole = nullptr;
     std::size_t bytes = 0;
     std::size_t need = 0;
-    std::size_t request = 0;  // the request's size
+    std::size_t request = 0;  // the request's size (Growth::plan: the plan's height)
     Address block_end = 0;    // where the request's block will end, if it is placed here
     Growth growth = Growth::request;
   };

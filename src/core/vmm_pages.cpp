@@ -5,7 +5,7 @@
 // New chunks for a request are at most vmm_max_chunk; with vmm_chunk_divisor N, at most request/N
 // (but at least a floor set by the device's capacity, chunk_floor()), and they end at the pages
 // around where the request's block ends (new_chunk_size()); those mapped into a plan's holes may
-// be larger (up to 1/N of the holes' bytes). Mapped memory stays mapped but for a reclaim:
+// be larger (up to 1/N of the plan's height). Mapped memory stays mapped but for a reclaim:
 // a chunk entirely under a free block is unmapped into the cache (after synchronizing its heap's
 // stream: kernels may still use memory freed in stream order) when idle memory exceeds the idle
 // limit, under pressure, and on release.
@@ -113,13 +113,15 @@ std::size_t VmmHeaps::idle_limit(Pool pool) const noexcept {
 // once free, while the block lives. Small chunks are what lets a heap near the device's
 // capacity give back free pages beside live blocks; the price is calls. A growth for a plan maps
 // pages that the epoch following it uses whole (map_planned()): its chunks may be as large as
-// 1/N of what it maps, for fewer calls, and are never made smaller than vmm_max_chunk.
+// 1/N of the plan's height (`request` there), for fewer calls, and are never made smaller than
+// vmm_max_chunk. The height, not the hole: a hole a step maps after empty_cache() may be a small
+// part of a plan whose weights fill the rest.
 std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address end) const {
   std::size_t limit = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
   const std::size_t divisor = st_.config.vmm_chunk_divisor;
   if (where.growth == Growth::plan) {
     std::size_t pow2 = page_;
-    while (divisor != 0 && pow2 <= where.bytes / divisor / 2) pow2 *= 2;
+    while (divisor != 0 && pow2 <= where.request / divisor / 2) pow2 *= 2;
     return std::min(end - at, std::max(limit, pow2));
   }
   if (divisor == 0) return std::min(end - at, limit);

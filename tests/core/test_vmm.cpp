@@ -307,6 +307,39 @@ TEST_CASE("vmm: a plan's blocks in pages empty_cache() released are mapped where
   f.expect_all_given_back();
 }
 
+TEST_CASE("vmm: a plan's holes are mapped in chunks of up to 1/16 of the plan's height, not of the hole", "[vmm][plan]") {
+  // A forward pass after empty_cache() beside 8 GiB of weights: each 512 MiB activation lies in
+  // pages the last empty_cache() released. The plan is 8.5 GiB high, so each hole is mapped in
+  // one chunk of 512 MiB (the largest power of two of pages not above 8.5 GiB / 16); sized by
+  // the hole alone (512 MiB / 16, raised to vmm_max_chunk) it took four of 128 MiB.
+  Fixture f("mode:vmm,vmm_idle_divisor:1");
+  auto epoch = [&f] {
+    void* w = f.alloc.allocate(8 * GiB);
+    std::vector<Address> at{addr(w)};
+    for (int i = 0; i < 3; ++i) {
+      void* a = f.alloc.allocate(512 * MiB);
+      at.push_back(addr(a));
+      f.alloc.deallocate(a);
+      f.alloc.empty_cache();
+    }
+    f.alloc.deallocate(w);
+    f.alloc.check_invariants();
+    return at;
+  };
+  epoch();  // online; planned at its end
+  const std::vector<Address> planned = epoch();
+  for (int run = 0; run < 2; ++run) {
+    INFO("run " << run);
+    const DeviceCounters before = f.device->counters();
+    REQUIRE(epoch() == planned);
+    const DeviceCounters now = f.device->counters();
+    REQUIRE(now.physical_creates - before.physical_creates == 3);
+    REQUIRE(now.maps - before.maps == 3);
+    REQUIRE(now.physical_releases - before.physical_releases == 3);
+  }
+  f.expect_all_given_back();
+}
+
 TEST_CASE("vmm: a failed map of a plan's hole, or a failed event for the give-back, loses nothing",
           "[vmm][plan][faults]") {
   SECTION("the map of a hole") {

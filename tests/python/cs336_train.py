@@ -6,7 +6,10 @@ written out, rotary positions, attention and cross-entropy written out, untied h
 step and whose update makes new tensors. Captured by tests/python/test_capture_real_run.py.
 
     python cs336_train.py [--size medium|2.7b|1.1b] [--precision autocast-bf16|fp32] [--steps N] [--batch N]
-                          [--context N]
+                          [--context N] [--forward-only] [--empty-cache]
+
+--forward-only runs each step's forward pass alone, without gradients (no backward, no optimizer);
+--empty-cache calls torch.cuda.empty_cache() at each step's start.
 """
 import argparse
 import math
@@ -59,13 +62,22 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--context", type=int, default=HANDOUT["context"])
+    ap.add_argument("--forward-only", action="store_true")
+    ap.add_argument("--empty-cache", action="store_true")
     a = ap.parse_args()
     keys = dict(HANDOUT, **SIZES[a.size], context=a.context)
     model = LoopModel(keys, device="cuda")
     optimizer = AdamW(model.params)
     autocast = a.precision == "autocast-bf16"
     for _ in range(a.steps):
+        if a.empty_cache:
+            torch.cuda.empty_cache()
         x = torch.randint(0, keys["vocab"], (a.batch, keys["context"]), device="cuda")
+        if a.forward_only:
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                logits = model.forward(x)
+            del logits
+            continue
         y = torch.randint(0, keys["vocab"], (a.batch, keys["context"]), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             logits = model.forward(x)
