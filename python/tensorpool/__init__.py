@@ -50,6 +50,7 @@ __all__ = [
     "memory_summary",
     "empty_cache",
     "step",
+    "step_after_optimizer",
     "set_memory_fraction",
     "record_stream",
     "sleep",
@@ -395,6 +396,20 @@ def step():
     optimizer states) are planned, and the next step that makes the same ones is served at the
     planned places (docs/vmm.md, "Steps"). No synchronization."""
     _check(_library().tensorpool_step_all(), "step")
+
+
+def step_after_optimizer():
+    """Calls step() after every optimizer.step() of every torch.optim optimizer in this process
+    (torch.optim.optimizer.register_optimizer_step_post_hook), so that a training loop marks its
+    steps without a call of its own. Returns torch's handle: handle.remove() stops it. With more
+    than one optimizer, each one's step() is a boundary (still at the same points of every
+    step). Needs PyTorch."""
+    try:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+    except ImportError as e:
+        raise TensorpoolError(f"tensorpool.step_after_optimizer() needs PyTorch (torch.optim): {e}") from e
+    _library()  # a library that cannot be loaded fails here, not inside the first optimizer.step()
+    return register_optimizer_step_post_hook(lambda optimizer, args, kwargs: step())
 
 
 def set_memory_fraction(fraction, device=None):

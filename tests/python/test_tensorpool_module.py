@@ -128,12 +128,12 @@ class Workload:
             self.free(p)
 
 
-def setUpModule():
+def setUpModule(settings=None):
     lib = tensorpool._library()
     if hasattr(lib, "tensorpool_testing_reset"):  # the double: stream work completes at once
         lib.tensorpool_testing_reset.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
         lib.tensorpool_testing_reset(1, 16 * GiB, 1)
-    tensorpool.configure(f"backend:{BACKEND}")
+    tensorpool.configure(f"backend:{BACKEND}" + (f",{settings}" if settings else ""))
     tensorpool.record_history(True, 100000)
 
 
@@ -209,6 +209,55 @@ class StatsTest(unittest.TestCase):
         self.assertGreaterEqual(reserved[-1], (64 + 100) * MiB)
         self.w.free(weights)
         tensorpool.step()
+
+    def test_optimizer_steps_mark_the_steps(self):
+        # Steps around a block that stays, ended by optimizer.step() alone once
+        # step_after_optimizer() is installed. Run where torch is (another interpreter, with this
+        # module's Workload), in the virtual-memory mode (the double's vmm backend), planning in
+        # the free that ends a step (vmm_planner:synchronous: which step first follows the plan
+        # does not then depend on a thread's timing). Online, c (60 MiB) does not go where a (40)
+        # was; once the steps are planned around the weights (from the fourth step on, as in the
+        # C++ test of docs/vmm.md, "Steps"), it does. Without the hook nothing marks a step.
+        python = torch_python()
+        if python is None:
+            self.skipTest("no interpreter with torch (scripts/install-deps.sh torch)")
+        if "asan" in os.environ.get("LD_PRELOAD", ""):
+            self.skipTest("not under the sanitizer: torch's own libraries would run with its runtime preloaded")
+        code = (
+            "import json, sys\n"
+            f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+            "import torch, tensorpool, test_tensorpool_module as t\n"
+            "t.setUpModule('vmm_planner:synchronous')\n"
+            "w = t.Workload()\n"
+            "param = torch.nn.Parameter(torch.zeros(4))\n"
+            "opt = torch.optim.SGD([param], lr=0.1)\n"
+            "handle = tensorpool.step_after_optimizer() if sys.argv[1] == 'hook' else None\n"
+            "weights = w.alloc(64 * t.MiB)\n"
+            "c_at_a = []\n"
+            "for _ in range(6):\n"
+            "    a = w.alloc(40 * t.MiB); b = w.alloc(40 * t.MiB); w.free(a)\n"
+            "    c = w.alloc(60 * t.MiB); w.free(b); w.free(c)\n"
+            "    c_at_a.append(c == a)\n"
+            "    param.grad = torch.ones(4)\n"
+            "    opt.step()\n"
+            "if handle is not None:\n"
+            "    handle.remove()\n"
+            "w.free(weights)\n"
+            "print(json.dumps(c_at_a))\n")
+        env = dict(os.environ, TENSORPOOL_TEST_BACKEND="vmm" if BACKEND == "async" else BACKEND)
+        runs = {}
+        for mode in ("hook", "none"):
+            r = subprocess.run([python, "-c", code, mode], env=env, capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            runs[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertEqual(runs["hook"], [False, False, False, True, True, True], runs)
+        self.assertEqual(runs["none"], [False] * 6, runs)
+
+    def test_step_after_optimizer_needs_torch(self):
+        if torch_importable():
+            self.skipTest("torch is importable: test_optimizer_steps_mark_the_steps covers it")
+        with self.assertRaisesRegex(tensorpool.TensorpoolError, r"step_after_optimizer\(\) needs PyTorch"):
+            tensorpool.step_after_optimizer()
 
     def test_memory_fraction_caps_reserved_memory(self):
         tensorpool.set_memory_fraction(0.001, 0)
@@ -598,6 +647,16 @@ class RecordingTest(unittest.TestCase):
         self.assertEqual(len(config), 1, info["metadata"])
         self.assertIn("max_split_size:", config[0])  # the settings a replay takes ...
         self.assertNotIn("backend", config[0])       # ... without the registry's backend key
+
+
+def torch_python():
+    """An interpreter that imports torch: this one, TENSORPOOL_TORCH_PYTHON, or the project's
+    .venv-torch (scripts/install-deps.sh torch); None without one."""
+    if torch_importable():
+        return sys.executable
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    other = os.environ.get("TENSORPOOL_TORCH_PYTHON") or os.path.join(root, ".venv-torch", "bin", "python")
+    return other if os.path.isfile(other) else None
 
 
 def torch_importable():
