@@ -566,8 +566,12 @@ bool VmmHeaps::map_planned(Heap& heap, const EpochPlan::Step& step) {
       const std::size_t need = round_up(end, page_) - x->addr;
       Mapped mapped;
       try {
-        mapped = map_into(heap, {.hole = x, .bytes = bytes, .need = std::min(need, bytes), .request = heap.cursor.plan()->height,
-                                 .block_end = x->addr + bytes, .growth = Growth::plan});
+        mapped = map_into(heap, {.hole = x,
+                                 .bytes = bytes,
+                                 .need = std::min(need, bytes),
+                                 .request = heap.cursor.plan()->height,
+                                 .block_end = x->addr + bytes,
+                                 .growth = Growth::plan});
       } catch (const DeviceError& e) {  // the heap stays consistent; the request goes online
         log().warn("vmm: mapping the pages of a planned block failed: {}", e.what());
         return false;
