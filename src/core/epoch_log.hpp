@@ -9,6 +9,7 @@
 // (vmm_heaps.cpp, layout_plan.hpp). Inline, through Segment::epoch: no call in the fast path.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -44,10 +45,12 @@ struct EpochLog {
   std::uint32_t boundaries = 0;  // step boundaries the epoch went on over
   std::vector<RecordedBlock> entries;
   std::size_t fixed = 0;  // fixed entries at the end of `entries` (VmmHeaps::end_step_epoch)
+  std::size_t high = 0;   // the highest end of a block of the epoch (base included), from the heap's start
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
     ++live;
     mix(b->size);
+    high = std::max<std::size_t>(high, b->addr - heap_start + b->size);
     if (TP_UNLIKELY(entries.size() >= capacity)) {
       full = true;
       b->epoch_slot = kNoSlot;
@@ -85,6 +88,7 @@ struct EpochLog {
     at_step = false;
     boundaries = 0;
     fixed = 0;
+    high = 0;
   }
 
   /// The epoch's allocations recorded (the entries but the base's, appended as fixed blocks when

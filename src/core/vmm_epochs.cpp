@@ -9,7 +9,8 @@
 // (HeldPages), and comes back a growth step at a time, without device calls, when nothing in the
 // index fits (from_held()), exactly as the heap first grew from the device. Held pages are free
 // memory (stats, fragmentation, snapshots say so); growth that they cannot serve, pressure and
-// release() give them back to the index first.
+// release() give them back to the index first. The chunks an epoch mapped above every block it
+// allocated (a growth maps ahead of need) are released when the heap empties (release_never_used()).
 //
 // Planned layouts: the recorded epoch is planned offline (layout_plan.hpp: the lower of the
 // recorded layout and a packing by size), by the planner thread or, with vmm_planner:synchronous,
@@ -148,12 +149,32 @@ Block* VmmHeaps::end_epoch(Block* b) {
   Heap& heap = heap_of(b);
   hold_all(heap, b);
   if (repeats_in_place_alone(heap)) {
-    heap.cursor.follow_again();  // plan_next_epoch()'s first case, with the pages in place
+    // plan_next_epoch()'s first case, with the pages in place. Nothing was mapped and left unused:
+    // the epoch's blocks lay where the plan puts them, up to its height, and nothing lies above.
+    heap.cursor.follow_again();
   } else {
+    release_never_used(heap);
     choose_next_plan(heap);
   }
   heap.epoch.restart();
+  heap.epoch_mapped_end = heap.mapped_end;
   return nullptr;
+}
+
+// The heap just emptied: the chunks the epoch mapped above every block it held (a growth maps
+// ahead of need) were never touched by a kernel, so they are unmapped and released at once, with
+// no event and no wait. The next epoch that makes the same requests needs only the pages below
+// (the held pages serve it as the growth did), so a repeated step holds what it uses, not what
+// its first growth mapped ahead. Chunks that lay mapped when the epoch began stay: an earlier
+// epoch's kernels may still use them (give_back_above_plan() waits for an event for those).
+void VmmHeaps::release_never_used(Heap& heap) {
+  if (!has_never_used_pages(heap) || st_.capture_underway() || !heap.sleeping.empty()) return;
+  try {
+    release_above(heap, never_used_from(heap));
+  } catch (const DeviceError& e) {  // the heap stays consistent: what was not released stays mapped
+    log().warn("vmm: releasing the pages an epoch mapped and never used failed: {}", e.what());
+  }
+  hold_all(heap, nullptr);  // release_above() gave the held pages back to the index
 }
 
 // The end of an epoch that does not simply repeat its plan in place: the next epoch's plan, and
@@ -295,12 +316,14 @@ void VmmHeaps::end_step_epoch(Heap& heap) {
 void VmmHeaps::rebase(Heap& heap) {
   EpochLog& log = heap.epoch;
   log.restart();
+  heap.epoch_mapped_end = heap.mapped_end;
   log.at_step = true;
   log.clock = 1;  // tick 0 is the base's: allocated before every event of the epoch
   for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
     if (x->state == BlockState::free) continue;
     x->epoch_slot = EpochLog::kBaseSlot;
     ++log.base;
+    log.high = std::max<std::size_t>(log.high, x->addr + x->size - heap.segment->addr);
     // Two step epochs are alike only around the same base.
     log.mix(x->addr - heap.segment->addr);
     log.mix(x->size);

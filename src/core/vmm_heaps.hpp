@@ -25,6 +25,7 @@
 // See docs/vmm.md.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -115,6 +116,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::size_t chunk_bytes = 0;         // the sum of the chunks' sizes
   std::size_t mapped_prefix = 0;       // [start, start + mapped_prefix) is covered by chunks
   Address mapped_end = 0;              // the end of the highest chunk (0: none)
+  Address epoch_mapped_end = 0;        // mapped_end when the current epoch began (release_never_used)
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   HeldPages held;
   bool asleep = false;                 // between sleep() and wake() (vmm_sleep.cpp)
@@ -284,6 +286,13 @@ class VmmHeaps final : public SegmentSource {
   void end_step_epoch(Heap& heap);
   void rebase(Heap& heap);
   void release_above(Heap& heap, Address top);
+  void release_never_used(Heap& heap);
+  /// Where the pages the current epoch mapped and no block of it used begin.
+  Address never_used_from(const Heap& heap) const noexcept {
+    return std::max(heap.segment->addr + round_up(heap.epoch.high, page_), heap.epoch_mapped_end);
+  }
+  /// The heap maps chunks above never_used_from() (release_never_used()).
+  bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
   void drop_event(DeviceEvent& e) noexcept;
   void plan_next_epoch(Heap& heap);
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
