@@ -156,8 +156,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
     release_never_used(heap);
     choose_next_plan(heap);
   }
-  heap.epoch.restart();
-  heap.epoch_mapped_end = heap.mapped_end;
+  heap.begin_epoch();
   return nullptr;
 }
 
@@ -315,8 +314,7 @@ void VmmHeaps::end_step_epoch(Heap& heap) {
 // A new epoch begins at a step boundary: every block live now is its base.
 void VmmHeaps::rebase(Heap& heap) {
   EpochLog& log = heap.epoch;
-  log.restart();
-  heap.epoch_mapped_end = heap.mapped_end;
+  heap.begin_epoch();
   log.at_step = true;
   log.clock = 1;  // tick 0 is the base's: allocated before every event of the epoch
   for (Block* x = heap.segment->first; x != nullptr; x = x->next) {

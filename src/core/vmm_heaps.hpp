@@ -156,6 +156,11 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
     if (c.end() == mapped_end) mapped_end = chunks.empty() ? 0 : std::prev(chunks.end())->second.end();
     if (c.addr < segment->addr + mapped_prefix) mapped_prefix = c.addr - segment->addr;
   }
+  /// A new epoch begins: an empty record, and the mapped end it began with (release_never_used()).
+  void begin_epoch() {
+    epoch.restart();
+    epoch_mapped_end = mapped_end;
+  }
   void clear_chunks() {
     chunks.clear();
     chunk_bytes = 0;

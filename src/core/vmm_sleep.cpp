@@ -155,8 +155,7 @@ void VmmHeaps::forget_asleep(Block* b) {
   }
   if (asleep_free(b->next)) heap.blocks().absorb_next(b);
   if (heap_emptied) {
-    heap.epoch.restart();
-    heap.epoch_mapped_end = heap.mapped_end;
+    heap.begin_epoch();
     drop_event(heap.give_back_event);
     heap.cursor.record();
   }

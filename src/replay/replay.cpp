@@ -161,7 +161,7 @@ class DeviceReplay final : public ReplayView {
     const UpstreamCounts now = target_->upstream();
     r.upstream = now - pass_.at_window_start;
     if (r.iterations >= 2) r.upstream_after_first_iteration = now - pass_.at_second_iteration;
-    if (!r.per_iteration.empty()) r.per_iteration.back().upstream = now - pass_.at_iteration_start;
+    end_iteration(now);
     r.final_reserved = target_->reserved();
     r.finish();
     return r;
@@ -294,14 +294,20 @@ class DeviceReplay final : public ReplayView {
     }
   }
 
+  // The iteration underway, if any, ends with the target's counts at `now`: its calls.
+  void end_iteration(const UpstreamCounts& now) {
+    std::vector<IterationResult>& its = pass_.result.per_iteration;
+    if (!its.empty()) its.back().upstream = now - pass_.at_iteration_start;
+  }
+
   // An `iteration` marker: the iteration before it ends (its calls counted), the next begins
   // from what is live and held now.
   void start_iteration() {
     const UpstreamCounts now = target_->upstream();
-    std::vector<IterationResult>& its = pass_.result.per_iteration;
-    if (!its.empty()) its.back().upstream = now - pass_.at_iteration_start;
+    end_iteration(now);
     pass_.at_iteration_start = now;
-    its.push_back(IterationResult{.upstream = {}, .peak_requested = requested_, .peak_reserved = target_->reserved()});
+    pass_.result.per_iteration.push_back(
+        IterationResult{.upstream = {}, .peak_requested = requested_, .peak_reserved = target_->reserved()});
   }
 
   const bool attempt_ooms_;
