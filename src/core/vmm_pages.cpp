@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/logging.hpp"
 #include "core/util.hpp"
 #include "core/vmm_heaps.hpp"
 
@@ -264,12 +265,13 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t keep, S
   return total;
 }
 
-// reclaim_free_chunks() for one heap. The heap's stream is synchronized first (kernels may still
-// use memory freed in stream order), unless the caller knows its work is done.
-VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamWork work) {
+// reclaim_free_chunks() for one heap, for the free blocks freed in era `freed_by` or before. The
+// heap's stream is synchronized first (kernels may still use memory freed in stream order),
+// unless the caller knows its work is done.
+VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamWork work, std::uint32_t freed_by) {
   std::vector<std::pair<Block*, std::vector<Chunk>>> to_unmap;
   heap.index().for_each([&](Block* b) {
-    if (b->segment != heap.segment) return;
+    if (b->segment != heap.segment || b->freed_era > freed_by) return;
     std::vector<Chunk> inside;
     for (auto it = heap.chunks.lower_bound(b->addr); it != heap.chunks.end() && it->second.end() <= b->addr + b->size;
          ++it) {
@@ -302,6 +304,32 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamW
     if (cur != nullptr) heap.index().insert(cur);
   }
   return {.bytes = reclaimed, .keep_left = keep};
+}
+
+// A growth of `heap` finds more of its pool's physical memory idle than the limit allows: the
+// heap's free chunks move to the growth instead of new ones being created, once the work its
+// stream queued on them is done. An event is recorded on the stream, ending an idle era; once it
+// has completed, every chunk under a block freed in that era or before (and free since: a later
+// free stamps a later era) is unmapped into the cache, where the growth finds it. Never a wait:
+// an event still running leaves the chunks for a later growth, and this one creates memory.
+// (The simulated device completes events as they are recorded, so a replay reclaims at once.)
+void VmmHeaps::reclaim_idle(Heap& heap) {
+  if (st_.capture_underway()) return;  // no event call during a capture (docs/graphs.md)
+  try {
+    if (heap.idle_event == 0) {
+      heap.idle_event = st_.device->create_event();
+      st_.device->record_event(heap.idle_event, heap.stream());
+      st_.counters.count(&Stats::events_recorded);
+      heap.idle_era = heap.epoch.era++;
+    }
+    if (!st_.device->query_event(heap.idle_event)) return;
+  } catch (const DeviceError& e) {  // nothing reclaimed: the growth creates what it needs
+    drop_event(heap.idle_event);
+    log().warn("vmm: an event for the idle pages of a heap failed: {}", e.what());
+    return;
+  }
+  drop_event(heap.idle_event);
+  reclaim_heap(heap, 0, StreamWork::done, heap.idle_era);
 }
 
 // `b` is a free mapped block, out of the index, containing chunk `c`. Unmaps c; the pieces of b
