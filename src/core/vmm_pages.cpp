@@ -6,9 +6,10 @@
 // (but at least a floor set by the device's capacity, chunk_floor()), and they end at the pages
 // around where the request's block ends (new_chunk_size()); those mapped into a plan's holes may
 // be larger (up to 1/N of the plan's height). Mapped memory stays mapped but for a reclaim:
-// a chunk entirely under a free block is unmapped into the cache (after synchronizing its heap's
-// stream: kernels may still use memory freed in stream order) when idle memory exceeds the idle
-// limit, under pressure, and on release.
+// a chunk entirely under a free block is unmapped into the cache once its heap's stream is done
+// with it (kernels may still use memory freed in stream order): when idle memory exceeds the
+// idle limit, after an event recorded at a growth has completed (reclaim_idle(): never a wait);
+// under pressure and on release, after synchronizing the stream.
 #include <algorithm>
 #include <utility>
 #include <vector>
