@@ -262,6 +262,7 @@ class VmmHeaps final : public SegmentSource {
   Reclaimed reclaim_heap(Heap& heap, std::size_t keep, StreamWork work = StreamWork::may_run,
                          std::uint32_t freed_by = kAnyEra);
   void reclaim_idle(Heap& heap);
+  bool idle_event_completed(Heap& heap);
   Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
   void mark_unmapped(Heap& heap, Block* b);
   std::size_t release_cached_chunks();

@@ -309,28 +309,44 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamW
 
 // A growth of `heap` finds more of its pool's physical memory idle than the limit allows: the
 // heap's free chunks move to the growth instead of new ones being created, once the work its
-// stream queued on them is done. An event is recorded on the stream, ending an idle era; once it
-// has completed, every chunk under a block freed in that era or before (and free since: a later
-// free stamps a later era) is unmapped into the cache, where the growth finds it. Never a wait:
-// an event still running leaves the chunks for a later growth, and this one creates memory.
-// (The simulated device completes events as they are recorded, so a replay reclaims at once.)
+// stream queued on them is done. An event recorded on the stream ends an idle era; once it has
+// completed, every chunk under a block freed in that era or before (and free since: a later free
+// stamps a later era) is unmapped into the cache, where the growth finds it. Never a wait: an
+// event still running leaves the chunks for a later growth, and this one creates memory. Each
+// call that finds no event running records the next one, so that every growth of a burst can
+// take what was freed before the one before it. (The simulated device completes events as they
+// are recorded, so a replay reclaims at once.)
 void VmmHeaps::reclaim_idle(Heap& heap) {
   if (st_.capture_underway()) return;  // no event call during a capture (docs/graphs.md)
+  if (idle_event_completed(heap)) reclaim_heap(heap, 0, StreamWork::done, heap.idle_era);
+  if (heap.idle_event != 0) return;
   try {
-    if (heap.idle_event == 0) {
-      heap.idle_event = st_.device->create_event();
-      st_.device->record_event(heap.idle_event, heap.stream());
-      st_.counters.count(&Stats::events_recorded);
-      heap.idle_era = heap.epoch.era++;
-    }
-    if (!st_.device->query_event(heap.idle_event)) return;
-  } catch (const DeviceError& e) {  // nothing reclaimed: the growth creates what it needs
+    heap.idle_event = st_.device->create_event();
+    st_.device->record_event(heap.idle_event, heap.stream());
+    st_.counters.count(&Stats::events_recorded);
+    heap.idle_era = heap.epoch.era++;
+  } catch (const DeviceError& e) {  // nothing more reclaimed: the growth creates what it needs
     drop_event(heap.idle_event);
     log().warn("vmm: an event for the idle pages of a heap failed: {}", e.what());
     return;
   }
+  if (idle_event_completed(heap)) reclaim_heap(heap, 0, StreamWork::done, heap.idle_era);
+}
+
+// Whether the heap's idle event has completed (it is then given back); false while it runs, when
+// there is none, or when the device cannot say (the event is given back: nothing is reclaimed
+// on its word).
+bool VmmHeaps::idle_event_completed(Heap& heap) {
+  if (heap.idle_event == 0) return false;
+  bool completed = false;
+  try {
+    completed = st_.device->query_event(heap.idle_event);
+    if (!completed) return false;
+  } catch (const DeviceError& e) {
+    log().warn("vmm: querying the event for the idle pages of a heap failed: {}", e.what());
+  }
   drop_event(heap.idle_event);
-  reclaim_heap(heap, 0, StreamWork::done, heap.idle_era);
+  return completed;
 }
 
 // `b` is a free mapped block, out of the index, containing chunk `c`. Unmaps c; the pieces of b

@@ -714,7 +714,8 @@ TEST_CASE("vmm: the idle rule never waits: pages free before its event move once
   // records an event on the stream, whose queued work may still use a's pages: it neither waits
   // nor unmaps, and creates d's memory. e is freed after that event. Once the stream's work is
   // done, the next growth moves a's chunks (free since before the event) and leaves e's alone
-  // (freed after it: kernels queued after the event may have used them).
+  // (freed after it: kernels queued after the event may have used them); it records the next
+  // event, after which e's chunks go too.
   Fixture f("mode:vmm,vmm_max_chunk:64MiB");  // events complete when the test says so
   auto unmapped = std::make_shared<UnmapLog>();
   f.alloc.add_observer(unmapped);
@@ -734,10 +735,15 @@ TEST_CASE("vmm: the idle rule never waits: pages free before its event move once
   void* g = f.alloc.allocate(400 * MiB);
   REQUIRE(unmapped->touched(a, 256 * MiB));
   REQUIRE_FALSE(unmapped->touched(e, 256 * MiB));
+  f.alloc.check_invariants();
+  // g's growth recorded the next event: once it has completed, the next growth takes e's chunks.
+  f.device->complete_stream(kDefaultStream);
+  void* h = f.alloc.allocate(300 * MiB);
+  REQUIRE(unmapped->touched(e, 256 * MiB));
   REQUIRE(f.device->counters().syncs() == before.syncs());
   REQUIRE(f.alloc.stats().syncs == 0);
   f.alloc.check_invariants();
-  for (void* p : {x, y, d, g}) f.alloc.deallocate(p);
+  for (void* p : {x, y, d, g, h}) f.alloc.deallocate(p);
   f.expect_all_given_back();
 }
 
