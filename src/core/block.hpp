@@ -14,7 +14,6 @@
 //  - an asleep block lies in a heap's sleeping chunk: allocated, or free and unmapped.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -53,9 +52,6 @@ struct Block {
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
   std::uint32_t epoch_slot = UINT32_MAX;  // while allocated in a vmm heap: its entry in the
                                           // heap's EpochLog (UINT32_MAX: none)
-  std::uint32_t freed_era = 0;  // while free in a vmm heap: the heap's idle era (EpochLog::era) when
-                                // the last of its bytes was freed (0: never allocated); a merge
-                                // keeps the later one, a split copies it
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
 };
 
@@ -109,7 +105,6 @@ class BlockPool {
     rest->segment = b->segment;
     rest->state = b->state;
     rest->mapped = b->mapped;
-    rest->freed_era = b->freed_era;
     rest->prev = b;
     rest->next = b->next;
     if (b->next != nullptr) b->next->prev = rest;
@@ -124,7 +119,6 @@ class BlockPool {
   TP_ALWAYS_INLINE void absorb_next(Block* b) noexcept {
     Block* n = b->next;
     b->size += n->size;
-    b->freed_era = std::max(b->freed_era, n->freed_era);
     b->next = n->next;
     if (n->next != nullptr) n->next->prev = b;
     --b->segment->blocks;

@@ -46,10 +46,6 @@ struct EpochLog {
   std::vector<RecordedBlock> entries;
   std::size_t fixed = 0;  // fixed entries at the end of `entries` (VmmHeaps::end_step_epoch)
   std::size_t high = 0;   // the highest end of a block of the epoch (base included), from the heap's start
-  /// Not part of the epoch (restart() keeps it): the heap's idle era, raised each time an event
-  /// marks the point before which its free pages' work was queued (VmmHeaps::reclaim_idle). Every
-  /// free stamps its block with it (Block::freed_era).
-  std::uint32_t era = 1;
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
     ++live;
@@ -71,8 +67,7 @@ struct EpochLog {
   TP_ALWAYS_INLINE bool one_live() const noexcept { return live == 1; }
 
   /// True when the heap has nothing allocated any more.
-  TP_ALWAYS_INLINE bool on_release(Block* b, Address heap_start) {
-    b->freed_era = era;
+  TP_ALWAYS_INLINE bool on_release(const Block* b, Address heap_start) {
     if (b->epoch_slot < kBaseSlot) {
       entries[b->epoch_slot].end = clock++;
     } else if (TP_UNLIKELY(b->epoch_slot == kBaseSlot)) {

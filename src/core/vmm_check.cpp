@@ -100,9 +100,6 @@ void VmmHeaps::check_heap(const Heap& h) const {
     return addr < it->second.end() ? &it->second : nullptr;
   };
   for (const Block* b = seg.first; b != nullptr; b = b->next) {
-    if (b->state == BlockState::free && b->freed_era > h.epoch.era)
-      invariant_failed("the free block at " + hex(b->addr) + " was freed in idle era " + std::to_string(b->freed_era) +
-                       ", after the heap's current one (" + std::to_string(h.epoch.era) + ")");
     if (b->asleep) {
       check_asleep(h, b);
       continue;

@@ -82,7 +82,7 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   const Spare spare = pressure ? Spare::none : Spare::following;
   release_held(pool, spare);
   if (pressure) reclaim_free_chunks(pool, 0, spare);
-  else if (idle_physical(pool) > idle_limit(pool) && !plan_asks_source(heap.cursor.state())) reclaim_idle(heap);
+  else if (idle_physical(pool) > idle_limit(pool) && !plan_asks_source(heap.cursor.state())) reclaim_heap(heap, 0);
   for (int attempt = 0; attempt < 2; ++attempt) {
     const Placement where = place(heap, size);
     if (where.hole == nullptr) return nullptr;
@@ -111,7 +111,7 @@ void VmmHeaps::destroy() {
   st_.device->synchronize_device();
   try {
     for (auto& [base, heap] : heaps_)
-      for (DeviceEvent* e : {&heap.layout_event, &heap.give_back_event, &heap.idle_event})
+      for (DeviceEvent* e : {&heap.layout_event, &heap.give_back_event})
         if (*e != 0) st_.device->destroy_event(std::exchange(*e, 0));
     for (auto& [base, heap] : heaps_) {
       for (const auto& [a, k] : heap.kept) st_.device->free_host(k.host, k.bytes);

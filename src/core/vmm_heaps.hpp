@@ -138,9 +138,6 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   DeviceEvent layout_event = 0;        // while laying_out: after the stream's work on the pages
   DeviceEvent give_back_event = 0;     // while chunks above a repeated plan's height wait to be
                                        // released: after the stream's work on them
-  DeviceEvent idle_event = 0;          // recorded when the idle era `idle_era` ended: once it has
-  std::uint32_t idle_era = 0;          // completed, blocks freed in that era or before are idle
-                                       // (VmmHeaps::reclaim_idle)
 
   Pool pool() const noexcept { return segment->pool; }
   Stream stream() const noexcept { return segment->owner->stream; }
@@ -257,12 +254,7 @@ class VmmHeaps final : public SegmentSource {
   std::optional<Chunk> create_chunk(std::size_t bytes, Pool pool);
   std::size_t idle_physical(Pool pool) const;
   Reclaimed reclaim_free_chunks(Pool pool, std::size_t keep, Spare spare);
-  /// Free blocks whose Block::freed_era is at most this (kAnyEra: all).
-  static constexpr std::uint32_t kAnyEra = UINT32_MAX;
-  Reclaimed reclaim_heap(Heap& heap, std::size_t keep, StreamWork work = StreamWork::may_run,
-                         std::uint32_t freed_by = kAnyEra);
-  void reclaim_idle(Heap& heap);
-  bool idle_event_completed(Heap& heap);
+  Reclaimed reclaim_heap(Heap& heap, std::size_t keep, StreamWork work = StreamWork::may_run);
   Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
   void mark_unmapped(Heap& heap, Block* b);
   std::size_t release_cached_chunks();

@@ -6,15 +6,13 @@
 // (but at least a floor set by the device's capacity, chunk_floor()), and they end at the pages
 // around where the request's block ends (new_chunk_size()); those mapped into a plan's holes may
 // be larger (up to 1/N of the plan's height). Mapped memory stays mapped but for a reclaim:
-// a chunk entirely under a free block is unmapped into the cache once its heap's stream is done
-// with it (kernels may still use memory freed in stream order): when idle memory exceeds the
-// idle limit, after an event recorded at a growth has completed (reclaim_idle(): never a wait);
-// under pressure and on release, after synchronizing the stream.
+// a chunk entirely under a free block is unmapped into the cache (after synchronizing its heap's
+// stream: kernels may still use memory freed in stream order) when idle memory exceeds the idle
+// limit, under pressure, and on release.
 #include <algorithm>
 #include <utility>
 #include <vector>
 
-#include "core/logging.hpp"
 #include "core/util.hpp"
 #include "core/vmm_heaps.hpp"
 
@@ -266,13 +264,12 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_free_chunks(Pool pool, std::size_t keep, S
   return total;
 }
 
-// reclaim_free_chunks() for one heap, for the free blocks freed in era `freed_by` or before. The
-// heap's stream is synchronized first (kernels may still use memory freed in stream order),
-// unless the caller knows its work is done.
-VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamWork work, std::uint32_t freed_by) {
+// reclaim_free_chunks() for one heap. The heap's stream is synchronized first (kernels may still
+// use memory freed in stream order), unless the caller knows its work is done.
+VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamWork work) {
   std::vector<std::pair<Block*, std::vector<Chunk>>> to_unmap;
   heap.index().for_each([&](Block* b) {
-    if (b->segment != heap.segment || b->freed_era > freed_by) return;
+    if (b->segment != heap.segment) return;
     std::vector<Chunk> inside;
     for (auto it = heap.chunks.lower_bound(b->addr); it != heap.chunks.end() && it->second.end() <= b->addr + b->size;
          ++it) {
@@ -305,48 +302,6 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamW
     if (cur != nullptr) heap.index().insert(cur);
   }
   return {.bytes = reclaimed, .keep_left = keep};
-}
-
-// A growth of `heap` finds more of its pool's physical memory idle than the limit allows: the
-// heap's free chunks move to the growth instead of new ones being created, once the work its
-// stream queued on them is done. An event recorded on the stream ends an idle era; once it has
-// completed, every chunk under a block freed in that era or before (and free since: a later free
-// stamps a later era) is unmapped into the cache, where the growth finds it. Never a wait: an
-// event still running leaves the chunks for a later growth, and this one creates memory. Each
-// call that finds no event running records the next one, so that every growth of a burst can
-// take what was freed before the one before it. (The simulated device completes events as they
-// are recorded, so a replay reclaims at once.)
-void VmmHeaps::reclaim_idle(Heap& heap) {
-  if (st_.capture_underway()) return;  // no event call during a capture (docs/graphs.md)
-  if (idle_event_completed(heap)) reclaim_heap(heap, 0, StreamWork::done, heap.idle_era);
-  if (heap.idle_event != 0) return;
-  try {
-    heap.idle_event = st_.device->create_event();
-    st_.device->record_event(heap.idle_event, heap.stream());
-    st_.counters.count(&Stats::events_recorded);
-    heap.idle_era = heap.epoch.era++;
-  } catch (const DeviceError& e) {  // nothing more reclaimed: the growth creates what it needs
-    drop_event(heap.idle_event);
-    log().warn("vmm: an event for the idle pages of a heap failed: {}", e.what());
-    return;
-  }
-  if (idle_event_completed(heap)) reclaim_heap(heap, 0, StreamWork::done, heap.idle_era);
-}
-
-// Whether the heap's idle event has completed (it is then given back); false while it runs, when
-// there is none, or when the device cannot say (the event is given back: nothing is reclaimed
-// on its word).
-bool VmmHeaps::idle_event_completed(Heap& heap) {
-  if (heap.idle_event == 0) return false;
-  bool completed = false;
-  try {
-    completed = st_.device->query_event(heap.idle_event);
-    if (!completed) return false;
-  } catch (const DeviceError& e) {
-    log().warn("vmm: querying the event for the idle pages of a heap failed: {}", e.what());
-  }
-  drop_event(heap.idle_event);
-  return completed;
 }
 
 // `b` is a free mapped block, out of the index, containing chunk `c`. Unmaps c; the pieces of b

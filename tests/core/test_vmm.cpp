@@ -501,20 +501,12 @@ TEST_CASE("vmm: step() in fixed-segment mode or with nothing allocated changes n
 
 TEST_CASE("vmm: a plan whose memory is not mapped from the heap's start remaps the heap's pages there first",
           "[vmm][plan]") {
-  // abc_epoch() with empty_cache() once a is freed: a's pages go, c goes above b, and the heap
+  // With the default idle rule, c's growth unmaps a's free chunk and maps it above b: the heap
   // ends the epoch with a hole at its start. The plan needs [0, 100 MiB) mapped, so the heap's
   // chunks are unmapped and mapped again from its start, once the work its stream queued on them
   // is done (an event; never a wait): at the next epoch's first request. Later epochs make no call.
   Fixture f("mode:vmm");
-  void* a = f.alloc.allocate(40 * MiB);
-  void* b = f.alloc.allocate(40 * MiB);
-  f.alloc.deallocate(a);
-  f.alloc.empty_cache();
-  void* c = f.alloc.allocate(60 * MiB);
-  const std::vector<Address> first = {addr(a), addr(b), addr(c)};
-  f.alloc.deallocate(b);
-  f.alloc.deallocate(c);
-  f.alloc.check_invariants();
+  const std::vector<Address> first = abc_epoch(f);
   const Address base = first[0];
   REQUIRE(first[2] >= base + 80 * MiB);  // c went above b
   const DeviceCounters after_first = f.device->counters();
@@ -667,14 +659,13 @@ TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most
 TEST_CASE("vmm: idle memory beyond 1/vmm_idle_divisor of the pool is remapped, not added to", "[vmm]") {
   // 256 MiB freed between two live blocks: idle chunks, well under vmm_idle_limit (1 GiB). A
   // 300 MiB request fits nowhere mapped. By default (1/32 of the ~520 MiB pool is 16 MiB) the
-  // growth moves the idle chunks to where the request needs them (the stream's work on them is
-  // done: events complete at once here); with vmm_idle_divisor:1 it tolerates them and creates
-  // 300 MiB more.
+  // growth moves the idle chunks to where the request needs them; with vmm_idle_divisor:1 it
+  // tolerates them and creates 300 MiB more.
   std::size_t reserved[2] = {};
   std::uint64_t unmaps[2] = {};
   const char* confs[2] = {"mode:vmm,vmm_max_chunk:64MiB", "mode:vmm,vmm_max_chunk:64MiB,vmm_idle_divisor:1"};
   for (int i = 0; i < 2; ++i) {
-    Fixture f(confs[i], {.event_mode = EventMode::immediate});
+    Fixture f(confs[i]);
     void* a = f.alloc.allocate(256 * MiB);
     void* b = f.alloc.allocate(256 * MiB);
     void* c = f.alloc.allocate(8 * MiB);
@@ -689,62 +680,6 @@ TEST_CASE("vmm: idle memory beyond 1/vmm_idle_divisor of the pool is remapped, n
   REQUIRE(unmaps[1] == 0);
   REQUIRE(reserved[0] <= 600 * MiB);   // 564 MiB live, plus at most a growth step
   REQUIRE(reserved[1] >= 820 * MiB);   // the idle 256 MiB kept beside 300 MiB of new memory
-}
-
-namespace {
-
-/// The address ranges a hook saw unmapped.
-struct UnmapLog final : Observer {
-  std::vector<std::pair<Address, std::size_t>> ranges;
-  void on_event(const AllocatorEvent& e) noexcept override {
-    if (e.type == EventType::segment_unmap) ranges.emplace_back(e.address, e.size);
-  }
-  bool touched(void* p, std::size_t bytes) const {
-    for (const auto& [a, n] : ranges)
-      if (a < addr(p) + bytes && addr(p) < a + n) return true;
-    return false;
-  }
-};
-
-}  // namespace
-
-TEST_CASE("vmm: the idle rule never waits: pages free before its event move once the event completes",
-          "[vmm]") {
-  // a (256 MiB) is freed between live blocks: idle beyond 1/32 of the pool. The growth for d
-  // records an event on the stream, whose queued work may still use a's pages: it neither waits
-  // nor unmaps, and creates d's memory. e is freed after that event. Once the stream's work is
-  // done, the next growth moves a's chunks (free since before the event) and leaves e's alone
-  // (freed after it: kernels queued after the event may have used them); it records the next
-  // event, after which e's chunks go too.
-  Fixture f("mode:vmm,vmm_max_chunk:64MiB");  // events complete when the test says so
-  auto unmapped = std::make_shared<UnmapLog>();
-  f.alloc.add_observer(unmapped);
-  void* a = f.alloc.allocate(256 * MiB);
-  void* x = f.alloc.allocate(8 * MiB);
-  void* e = f.alloc.allocate(256 * MiB);
-  void* y = f.alloc.allocate(8 * MiB);
-  f.alloc.deallocate(a);
-  const DeviceCounters before = f.device->counters();
-  void* d = f.alloc.allocate(300 * MiB);
-  REQUIRE(f.device->counters().unmaps == before.unmaps);
-  REQUIRE(f.device->counters().syncs() == before.syncs());
-  REQUIRE(f.device->counters().physical_creates > before.physical_creates);
-  f.alloc.check_invariants();
-  f.alloc.deallocate(e);
-  f.device->complete_stream(kDefaultStream);
-  void* g = f.alloc.allocate(400 * MiB);
-  REQUIRE(unmapped->touched(a, 256 * MiB));
-  REQUIRE_FALSE(unmapped->touched(e, 256 * MiB));
-  f.alloc.check_invariants();
-  // g's growth recorded the next event: once it has completed, the next growth takes e's chunks.
-  f.device->complete_stream(kDefaultStream);
-  void* h = f.alloc.allocate(300 * MiB);
-  REQUIRE(unmapped->touched(e, 256 * MiB));
-  REQUIRE(f.device->counters().syncs() == before.syncs());
-  REQUIRE(f.alloc.stats().syncs == 0);
-  f.alloc.check_invariants();
-  for (void* p : {x, y, d, g, h}) f.alloc.deallocate(p);
-  f.expect_all_given_back();
 }
 
 TEST_CASE("vmm: the idle rule remaps the growing heap's own pages, another stream's only under pressure",

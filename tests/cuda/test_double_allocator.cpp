@@ -268,35 +268,6 @@ TEST_CASE("vmm mode: pages are mapped with access and unmapped only after the he
   REQUIRE(dbl::used_bytes(0) == 0);
 }
 
-TEST_CASE("vmm mode: the idle rule waits for the heap's stream with an event, never a synchronization",
-          "[cuda][vmm][allocator]") {
-  // a's 256 MiB are freed between live blocks: idle beyond 1/32 of the pool. d's growth records
-  // an event on the stream, which may still use a's pages: no synchronization, no unmap, new
-  // memory. Once the stream is done, the next growth moves a's chunks to where it maps.
-  Env env;
-  CudaStream s;
-  auto alloc = make_allocator(make_cuda_backend(CudaBackendKind::vmm, 0), Config::parse("mode:vmm,vmm_max_chunk:64MiB"));
-  void* a = alloc->allocate(256 * MiB, s.id());
-  void* x = alloc->allocate(8 * MiB, s.id());
-  alloc->deallocate(a);
-  dbl::clear_calls();
-  void* d = alloc->allocate(300 * MiB, s.id());
-  REQUIRE(dbl::calls("cudaStreamSynchronize") == 0);
-  REQUIRE(dbl::calls("cuMemUnmap") == 0);
-  REQUIRE(dbl::calls("cuMemCreate") >= 1);
-  REQUIRE(dbl::incomplete_events() == 1);
-  dbl::complete_stream(s.get());
-  dbl::clear_calls();
-  void* g = alloc->allocate(400 * MiB, s.id());  // more than a's free 256 MiB: a growth
-  REQUIRE(dbl::calls("cuMemUnmap") >= 4);  // a's 64 MiB chunks, mapped again for g
-  REQUIRE(dbl::calls("cudaStreamSynchronize") == 0);
-  REQUIRE(alloc->stats().syncs == 0);
-  alloc->check_invariants();
-  for (void* p : {x, d, g}) alloc->deallocate(p);
-  alloc.reset();
-  REQUIRE(dbl::used_bytes(0) == 0);
-}
-
 TEST_CASE("vmm mode: an OOM across streams leaves the allocator consistent and usable",
           "[cuda][vmm][allocator][oom]") {
   Env env;
