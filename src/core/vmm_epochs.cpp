@@ -466,11 +466,14 @@ bool VmmHeaps::lay_out(Heap& heap, std::size_t height) {
   }
 }
 
-// At the first request of an epoch waiting to lay its plan's pages out: done if the stream's work
-// on them has completed by now (then the epoch follows the plan), else the plan is dropped for
-// this epoch. Either way the event is given back.
-// The layout is only made in an empty heap: a block another stream took from it meanwhile
-// (oom_ladder.cpp) drops the plan for this epoch.
+// At the first request of an epoch waiting to lay its plan's pages out: the event is given back
+// and the pages move, after a synchronization of the stream if its work on them has not
+// completed yet. That allocation is the only one that waits, once per layout: a device that runs
+// behind the host has rarely done an epoch's work by the next epoch's first request, and an epoch
+// run without its plan instead grows and remaps pages (synchronizing too), and its end asks for
+// the same layout again, which is then late again (docs/benchmarks.md, "A device that runs behind
+// the host"). The layout is only made in an empty heap: a block another stream took from it
+// meanwhile (oom_ladder.cpp) drops the plan for this epoch.
 bool VmmHeaps::finish_layout(Heap& heap) {
   PlanCursor& cursor = heap.cursor;
   if (st_.capture_underway()) {  // no event query during a capture: the plan waits an epoch
@@ -482,6 +485,11 @@ bool VmmHeaps::finish_layout(Heap& heap) {
   try {
     done = st_.device->query_event(e);
     st_.device->destroy_event(e);
+    if (!done && heap.epoch.live == 0) {
+      st_.device->synchronize_stream(heap.stream());
+      st_.counters.count(&Stats::syncs);
+      done = true;
+    }
   } catch (const DeviceError& err) {
     log().warn("vmm: the event of a planned heap's layout failed: {}", err.what());
   }
