@@ -21,7 +21,9 @@ Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [-
                    per_iteration figures: from the third iteration on, no upstream call and no
                    synchronization, and reserved memory at most 0.5% above the bytes those
                    iterations request at their peak.
---conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). --generated runs
+--conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). --device-lag N runs
+criteria 2-5 with a device that runs behind the host (`tensorpool compare --device-lag N`,
+docs/cli.md; criterion 1's `fit` completes events at once). --generated runs
 criteria 1-3 on the generated suite too, and on issue 25's additions (GENERATED below: a PyTorch
 loop with weights, gradients and activations in one heap; sequence lengths from a lognormal
 distribution), each at its own capacity. Exit status 0 when every criterion measured is met, 1
@@ -107,6 +109,8 @@ def compare(args, path, warmup, capacity="80GiB", cost_model=None):
         cmd += ["--warmup", str(warmup)]
     if cost_model:
         cmd += ["--cost-model", cost_model]
+    if args.device_lag:
+        cmd += ["--device-lag", str(args.device_lag)]
     return by_name(run_json(cmd))
 
 
@@ -198,6 +202,7 @@ def main():
     ap.add_argument("--conf", default="")
     ap.add_argument("--only", default="1,2,3,4,5")
     ap.add_argument("--generated", action="store_true")
+    ap.add_argument("--device-lag", type=int, default=0)
     args = ap.parse_args()
     traces = [(os.path.basename(p)[:-len(".pickle")], p, "80GiB")
               for p in sorted(glob.glob(os.path.join(args.traces, "*.pickle")))]

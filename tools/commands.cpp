@@ -132,6 +132,7 @@ replay::ReplayOptions replay_options(const RunOptions& o, std::size_t i) {
   ro.target.capacity = o.capacity;
   ro.target.conf = i < o.confs.size() ? o.confs[i] : "";
   ro.target.cost_model = o.cost_model;
+  ro.target.device_lag = o.device_lag;
   return ro;
 }
 
@@ -185,7 +186,7 @@ int cmd_compare(const RunOptions& o) {
   const replay::BaselineReport recorded = replay::baseline(source, "pytorch-actual", o.device);
   const auto reports = run_all(t, o);
   if (o.json) {
-    json j = {{"trace", o.trace}, {"capacity_bytes", o.capacity}, {"warmup", o.warmup}};
+    json j = {{"trace", o.trace}, {"capacity_bytes", o.capacity}, {"warmup", o.warmup}, {"device_lag", o.device_lag}};
     j["recorded"] = recorded.total.present ? to_json(recorded.total.result) : json(nullptr);
     json rows = json::array();
     for (const auto& r : reports) rows.push_back(report_json(r, t));

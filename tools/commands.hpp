@@ -24,6 +24,7 @@ struct RunOptions {
   int warmup = 0;  // passes over the window before the measured one
   bool attempt_ooms = false;  // ReplayOptions::attempt_ooms
   bool step_at_iterations = false;  // ReplayOptions::step_at_iterations
+  std::size_t device_lag = 0;  // TargetOptions::device_lag
   bool json = false;
   bool quiet = false;  // no progress bar (progress.hpp)
 };

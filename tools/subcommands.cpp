@@ -136,6 +136,7 @@ struct RunArgs {
   int warmup = 0;
   bool attempt_ooms = false;
   bool step_at_iterations = false;
+  std::size_t device_lag = 0;
   OutputArgs output;
 
   void add_to(CLI::App* cmd) {
@@ -151,6 +152,10 @@ struct RunArgs {
     cmd->add_flag("--step-at-iterations", step_at_iterations,
                   "Call tensorpool's step() at each iteration marker of the trace, as a program that calls "
                   "tensorpool.step() once per step (docs/vmm.md, \"Steps\")");
+    cmd->add_option("--device-lag", device_lag,
+                    "A device that runs behind the host, for tensorpool's allocators: the work queued on its streams "
+                    "(events) completes only every N allocations, or when the allocator synchronizes (default 0: at "
+                    "once; docs/cli.md)");
     output.add_to(cmd);
   }
 
@@ -163,6 +168,7 @@ struct RunArgs {
     run.warmup = warmup;
     run.attempt_ooms = attempt_ooms;
     run.step_at_iterations = step_at_iterations;
+    run.device_lag = device_lag;
     run.json = output.json;
     run.quiet = output.quiet;
     targets.resolve(run);

@@ -107,6 +107,44 @@ TEST_CASE("replay: --step-at-iterations calls tensorpool's step() at each iterat
   REQUIRE(replayed(true).final_reserved == stepped.final_reserved);  // deterministic
 }
 
+TEST_CASE("replay: --device-lag runs tensorpool's device behind the host", "[replay][plan]") {
+  // Epochs of three blocks that empty the heap. In the first, empty_cache() gives a's pages back
+  // and c goes above b: the plan (100 MiB) must move the pages to the heap's start. At once, they
+  // move at the end of the first epoch. With a device that completes its work only every 1000
+  // allocations, the event recorded there is still running at the next epoch's first request,
+  // which synchronizes the stream once and lays the pages out. Either way every later epoch holds
+  // the plan's 100 MiB and makes no call (online, a would take new pages under the plan: 140).
+  trace::Trace t;
+  for (std::uint64_t epoch = 0; epoch < 6; ++epoch) {
+    const std::uint64_t a = 100 + 3 * epoch, b = a + 1, c = a + 2;
+    t.events.insert(t.events.end(), {ev(Op::iteration, 0, epoch), ev(Op::alloc, a, 40 * MiB), ev(Op::alloc, b, 40 * MiB),
+                                     ev(Op::free_requested, a, 40 * MiB)});
+    if (epoch == 0) t.events.push_back(ev(Op::empty_cache, 0, 0));
+    t.events.insert(t.events.end(), {ev(Op::alloc, c, 60 * MiB), ev(Op::free_requested, b, 40 * MiB),
+                                     ev(Op::free_requested, c, 60 * MiB)});
+  }
+  const auto replayed = [&](std::size_t lag) {
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = "tensorpool-vmm";
+    o.target.conf = "vmm_idle_divisor:1";  // no idle remapping: only the plan moves pages
+    o.target.device_lag = lag;
+    return tensorpool::replay::replay(source, o).total;
+  };
+  const ReplayResult at_once = replayed(0);
+  const ReplayResult lagging = replayed(1000);
+  REQUIRE(lagging.per_iteration.size() == 6);
+  REQUIRE(lagging.per_iteration[1].upstream.syncs == 1);  // the layout, at the second epoch's first request
+  REQUIRE(at_once.per_iteration[1].upstream.syncs == 0);
+  for (std::size_t i = 1; i < 6; ++i) {
+    INFO("epoch " << i);
+    REQUIRE(lagging.per_iteration[i].peak_reserved == 100 * MiB);
+    REQUIRE(at_once.per_iteration[i].peak_reserved == 100 * MiB);
+    REQUIRE(at_once.per_iteration[i].upstream.total() == 0);
+    if (i >= 2) REQUIRE(lagging.per_iteration[i].upstream.total() + lagging.per_iteration[i].upstream.syncs == 0);
+  }
+}
+
 TEST_CASE("replay: per iteration, the calls made and the peaks from one marker to the next", "[replay]") {
   // A block before the first marker (in no iteration), then iterations of 1, 2 and 3 blocks of
   // 4 MiB, each freed within its iteration; raw makes one allocation and one free per block.

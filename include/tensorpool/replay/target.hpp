@@ -60,6 +60,10 @@ struct TargetOptions {
   /// The simulated device's cost of upstream calls (null: its flat default); see cost_model.hpp.
   std::shared_ptr<const CostModel> cost_model = nullptr;
   std::size_t history_entries = 1'000'000;  // record_history(): the newest events kept
+  /// tensorpool's targets: a device that runs behind the host. The work queued on its streams
+  /// (events) completes only every `device_lag` allocations, or when the allocator synchronizes;
+  /// 0: at once, an infinitely fast device (the models of the other allocators always).
+  std::size_t device_lag = 0;
 };
 
 class ReplayTarget {

@@ -47,12 +47,15 @@ class TensorpoolTarget final : public ReplayTarget {
       : name_(std::move(name)),
         device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
             .name = "sim" + std::to_string(o.device), .ordinal = o.device, .capacity = o.capacity,
-            .event_mode = EventMode::immediate, .cost_model = o.cost_model})),
+            .event_mode = o.device_lag == 0 ? EventMode::immediate : EventMode::manual,
+            .cost_model = o.cost_model})),
         alloc_(device_, target_config(preset, o.conf, name_ + " conf")),
-        history_entries_(o.history_entries) {}
+        history_entries_(o.history_entries),
+        device_lag_(o.device_lag) {}
 
   std::string name() const override { return name_; }
   void* allocate(std::size_t bytes, Stream stream) override {
+    if (device_lag_ != 0 && ++allocations_ % device_lag_ == 0) device_->complete_all();  // the device catches up
     try {
       return alloc_.allocate(bytes, map(stream));
     } catch (const OutOfMemoryError& e) {
@@ -143,6 +146,8 @@ class TensorpoolTarget final : public ReplayTarget {
   Allocator alloc_;
   std::unordered_map<Stream, Stream> streams_;
   std::size_t history_entries_;
+  std::size_t device_lag_;         // TargetOptions::device_lag
+  std::uint64_t allocations_ = 0;  // made so far, for device_lag_
   std::shared_ptr<trace::pytorch::HistoryRecorder> history_;  // after record_history()
 };
 
