@@ -186,7 +186,11 @@ int cmd_compare(const RunOptions& o) {
   const replay::BaselineReport recorded = replay::baseline(source, "pytorch-actual", o.device);
   const auto reports = run_all(t, o);
   if (o.json) {
-    json j = {{"trace", o.trace}, {"capacity_bytes", o.capacity}, {"warmup", o.warmup}, {"device_lag", o.device_lag}};
+    json j = {{"trace", o.trace},
+              {"capacity_bytes", o.capacity},
+              {"warmup", o.warmup},
+              {"step_at_iterations", o.step_at_iterations},
+              {"device_lag", o.device_lag}};
     j["recorded"] = recorded.total.present ? to_json(recorded.total.result) : json(nullptr);
     json rows = json::array();
     for (const auto& r : reports) rows.push_back(report_json(r, t));

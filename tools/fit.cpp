@@ -88,7 +88,10 @@ std::vector<replay::FitTarget> fit_targets(const RunOptions& run) {
   std::vector<replay::FitTarget> targets;
   for (std::size_t i = 0; i < run.allocators.size(); ++i) {
     const replay::ReplayOptions ro = replay_options(run, i);
-    targets.push_back({ro.allocator, ro.target.conf, ro.target.cost_model});
+    replay::FitTarget t{ro.allocator, ro.target.conf, ro.target.cost_model};
+    t.step_at_iterations = ro.step_at_iterations;
+    t.device_lag = ro.target.device_lag;
+    targets.push_back(std::move(t));
   }
   return targets;
 }
@@ -124,6 +127,8 @@ int cmd_fit(const RunOptions& run, const replay::FitOptions& search) {
                               {"relative_tolerance", o.relative_tolerance},
                               {"absolute_tolerance_bytes", o.absolute_tolerance},
                               {"warmup", run.warmup},
+                              {"step_at_iterations", run.step_at_iterations},
+                              {"device_lag", run.device_lag},
                               {"allocators", fit_json(results, t)}};
     std::cout << j.dump(2) << "\n";
     return 0;

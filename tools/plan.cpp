@@ -237,11 +237,15 @@ nlohmann::json plan_json(const PlanReport& r) {
                        {"allocators", per}});
   }
   const bool captured = traces == Traces::captured;
+  // Every target runs the program alike (the CLI gives them the same flags).
+  const replay::FitTarget program = o.targets.empty() ? replay::FitTarget{} : o.targets.front();
   return {{"setup", captured ? nlohmann::json(nullptr) : nlohmann::json(o.setup.to_string())},
           {"capture", captured ? nlohmann::json(o.capture.script) : nlohmann::json(nullptr)},
           {"description", plan_subject(o)},
           {"parameters", captured ? nlohmann::json(nullptr) : nlohmann::json(o.setup.model.parameters())},
           {"capacity_bytes", o.capacity},
+          {"step_at_iterations", program.step_at_iterations},
+          {"device_lag", program.device_lag},
           {"global_batch", o.setup.effective_global_batch()},
           {"candidates", r.candidates},
           {"allocators", fits},

@@ -30,6 +30,14 @@ namespace {
 
 const char* const kTraceHelp = "PyTorch snapshot (.pickle), RMM log (.csv) or tensorpool trace";
 
+// A count option: digits only (CLI11 reads "-3" into a std::size_t as 2^64 - 3).
+const CLI::Validator kCount(
+    [](const std::string& text) -> std::string {
+      if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) return {};
+      return "expected a whole number, 0 or more, got '" + text + "'";
+    },
+    "");
+
 std::size_t parse_capacity(const std::string& text) {
   std::size_t bytes = 0;
   if (!parse_bytes(text, bytes) || bytes == 0)
@@ -127,6 +135,28 @@ struct OutputArgs {
   }
 };
 
+/// How the program behind a trace runs in every replay: replay, compare, export, report, fit and
+/// plan (--step-at-iterations, --device-lag).
+struct ProgramArgs {
+  bool step_at_iterations = false;
+  std::size_t device_lag = 0;
+
+  void add_to(CLI::App* cmd) {
+    cmd->add_flag("--step-at-iterations", step_at_iterations,
+                  "Call tensorpool's step() at each iteration marker of the trace, as a program that calls "
+                  "tensorpool.step() once per step (docs/vmm.md, \"Steps\")");
+    cmd->add_option("--device-lag", device_lag,
+                    "A device that runs behind the host, for tensorpool's allocators: the work queued on its streams "
+                    "(events) completes only every N allocations, or when the allocator synchronizes (default 0: at "
+                    "once; docs/cli.md)")
+        ->check(kCount);
+  }
+  void apply_to(RunOptions& run) const {
+    run.step_at_iterations = step_at_iterations;
+    run.device_lag = device_lag;
+  }
+};
+
 /// A trace replayed on a simulated device: replay, compare, export and report.
 struct RunArgs {
   std::string trace;
@@ -135,8 +165,7 @@ struct RunArgs {
   int device = -1;
   int warmup = 0;
   bool attempt_ooms = false;
-  bool step_at_iterations = false;
-  std::size_t device_lag = 0;
+  ProgramArgs program;
   OutputArgs output;
 
   void add_to(CLI::App* cmd) {
@@ -149,13 +178,7 @@ struct RunArgs {
     cmd->add_flag("--attempt-ooms", attempt_ooms,
                   "Present the requests that failed in the recording (oom events) to the allocator "
                   "too, as a live recording of it saw them");
-    cmd->add_flag("--step-at-iterations", step_at_iterations,
-                  "Call tensorpool's step() at each iteration marker of the trace, as a program that calls "
-                  "tensorpool.step() once per step (docs/vmm.md, \"Steps\")");
-    cmd->add_option("--device-lag", device_lag,
-                    "A device that runs behind the host, for tensorpool's allocators: the work queued on its streams "
-                    "(events) completes only every N allocations, or when the allocator synchronizes (default 0: at "
-                    "once; docs/cli.md)");
+    program.add_to(cmd);
     output.add_to(cmd);
   }
 
@@ -167,8 +190,7 @@ struct RunArgs {
     run.device = device;
     run.warmup = warmup;
     run.attempt_ooms = attempt_ooms;
-    run.step_at_iterations = step_at_iterations;
-    run.device_lag = device_lag;
+    program.apply_to(run);
     run.json = output.json;
     run.quiet = output.quiet;
     targets.resolve(run);
@@ -321,7 +343,7 @@ class ExportCommand final : public Subcommand {
     app_->add_option("--allocator", allocator_,
                      "One of " + join(replay::exporting_target_names()) + " (default tensorpool)");
     app_->add_option("-o,--output", out_, "Snapshot to write (.pickle)")->required();
-    app_->add_option("--max-entries", max_entries_, "Keep the newest N events (default 1000000)");
+    app_->add_option("--max-entries", max_entries_, "Keep the newest N events (default 1000000)")->check(kCount);
   }
   // Refused before the trace is read: an allocator that cannot export, an unwritable output.
   void check() override {
@@ -416,6 +438,7 @@ class FitCommand final : public Subcommand {
     targets_.add_to(app_);
     app_->add_option("--device", device_, "Only this device of the trace (default: each device on its own)");
     app_->add_option("--warmup", warmup_, "Replay the window N times before the measured pass")->check(CLI::Range(0, 100));
+    program_.add_to(app_);
     search_.add_threads(app_);
     search_.add_precision(app_);
     output_.add_to(app_);
@@ -425,6 +448,7 @@ class FitCommand final : public Subcommand {
     run_.allocators = allocators_.names();
     run_.device = device_;
     run_.warmup = warmup_;
+    program_.apply_to(run_);
     run_.json = output_.json;
     run_.quiet = output_.quiet;
     search_options_ = search_.options();
@@ -441,6 +465,7 @@ class FitCommand final : public Subcommand {
   TargetArgs targets_;
   int device_ = -1;
   int warmup_ = 0;
+  ProgramArgs program_;
   SearchArgs search_;
   OutputArgs output_;
   RunOptions run_;
@@ -456,6 +481,7 @@ class PlanCommand final : public Subcommand {
     app_->add_option("--capacity", capacity_, "Device memory (default 80GiB)");
     allocators_.add_to(app_);
     targets_.add_to(app_);
+    program_.add_to(app_);
     search_.add_threads(app_);
     output_.add_to(app_);
     app_->add_option("--report", plan_.report,
@@ -473,6 +499,7 @@ class PlanCommand final : public Subcommand {
   void check() override {
     run_.capacity = parse_capacity(capacity_);
     run_.allocators = allocators_.names();
+    program_.apply_to(run_);
     targets_.resolve(run_);
     if (!plan_.report.empty()) trace::pytorch::check_writable(plan_.report, "plan report");
     if (!plan_.capture.empty()) {
@@ -504,9 +531,10 @@ class PlanCommand final : public Subcommand {
   std::string capacity_ = "80GiB";
   AllocatorList allocators_;
   TargetArgs targets_;
+  ProgramArgs program_;
   SearchArgs search_;
   OutputArgs output_;
-  RunOptions run_;  // the allocators and their settings
+  RunOptions run_;  // the allocators, their settings, how the program runs
   PlanOptions plan_;
 };
 

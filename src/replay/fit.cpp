@@ -57,6 +57,8 @@ ReplayReport replay_at(const trace::Trace& trace, const FitTarget& target, std::
   o.target.capacity = capacity;
   o.target.conf = target.conf;
   o.target.cost_model = target.cost_model;
+  o.target.device_lag = target.device_lag;
+  o.step_at_iterations = target.step_at_iterations;
   o.device = device;
   o.warmup = warmup;
   return replay(source, o);

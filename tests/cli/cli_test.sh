@@ -109,6 +109,10 @@ for key in capacity_bytes ratio_to_peak_requested verified monotone oom_above_by
   check "fit --json has $key" 0 "\"$key\"" -- "$bin" fit "$work/g.tptrace" --allocators raw --json
 done
 check "fit --json: the answer is verified" 0 '"verified": true' -- "$bin" fit "$work/g.tptrace" --allocators tensorpool --json
+# fit and plan run the program as replay does (test_fit.cpp checks that the replays follow it).
+check "fit --step-at-iterations" 0 '"step_at_iterations": true' -- "$bin" fit "$work/g.tptrace" --allocators tensorpool-vmm --step-at-iterations --json
+check "fit --device-lag" 0 '"device_lag": 16' -- "$bin" fit "$work/g.tptrace" --allocators tensorpool-vmm --device-lag 16 --json
+check "bad fit --device-lag" 2 "device-lag" -- "$bin" fit "$work/g.tptrace" --device-lag -3
 check "fit --precision-pct" 0 "0.1% or 0 B, whichever is larger" -- "$bin" fit "$work/g.tptrace" --allocators raw --precision-pct 0.1 --precision-bytes 0
 check "fit --json states the precision" 0 '"relative_tolerance": 0.001' -- "$bin" fit "$work/g.tptrace" --allocators raw --precision-pct 0.1 --json
 check "bad --precision-pct" 2 "precision-pct" -- "$bin" fit "$work/g.tptrace" --precision-pct 0
@@ -140,9 +144,10 @@ test ! -e "$work/x.tptrace" && passes=$((passes + 1)) || { echo "FAIL: a refused
 check "plan needs a global batch" 2 "--global-batch" -- "$bin" plan --model gpt2
 check "plan is for training" 2 "must be training" -- "$bin" plan --model gpt2 --global-batch 8 --options mode:inference
 check "plan" 0 "accumulation" -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool,pytorch
+check "plan --step-at-iterations --device-lag" 0 '"device_lag": 8' -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool-vmm --step-at-iterations --device-lag 8 --json
 check "plan lists the changes that help" 0 "full activation checkpointing (checkpointing:full)" -- "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --allocators tensorpool
 "$bin" plan --model custom --options "$small" --global-batch 64 --capacity 3GiB --json >"$work/plan.json" 2>&1
-for key in micro_batch accumulation peak_reserved_bytes headroom_bytes next_first_oom changes saves_bytes trace_options; do
+for key in micro_batch accumulation peak_reserved_bytes headroom_bytes next_first_oom changes saves_bytes trace_options step_at_iterations device_lag; do
   if grep -q "\"$key\"" "$work/plan.json"; then passes=$((passes + 1)); else echo "FAIL: plan --json lacks $key"; failures=$((failures + 1)); fi
 done
 # The plan's micro-batch fits and the next one does not, replayed here from generated traces.

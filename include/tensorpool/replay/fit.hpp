@@ -43,6 +43,10 @@ struct FitTarget {
   std::string allocator;
   std::string conf;                             // settings its descriptor takes
   std::shared_ptr<const CostModel> cost_model;  // of the simulated device; null: flat default
+  /// ReplayOptions::step_at_iterations: every replay of the search calls the target's step() at
+  /// the trace's iteration markers, as the program would (tensorpool targets; no-op for others).
+  bool step_at_iterations = false;
+  std::size_t device_lag = 0;  // TargetOptions::device_lag (tensorpool targets)
 };
 
 /// `targets` with the confs replay::share_conf() gave them (confs may be shorter: "" for the rest).
