@@ -1,7 +1,7 @@
 // Cached allocate+free pairs on the simulated device, with 1k and 100k other live blocks:
 // BM_AllocFreePair and BM_AllocFreeMixed with fixed segments (mode:fixed), BM_AllocFreePairVmm in
 // the virtual-memory mode (the default on a device with virtual memory, as the simulated one);
-// BM_PlanLayout times the planner of vmm heaps' layouts (src/core/layout_plan.hpp).
+// BM_PlanLayout and BM_PlanLayoutStep time the planner of vmm heaps' layouts (src/core/layout_plan.hpp).
 //
 // Each benchmark first fills the allocator with `live` blocks of mixed sizes (512 B .. 64 KiB,
 // and every third one freed again so the free index holds thousands of fragments), then times
@@ -12,9 +12,13 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/layout_plan.hpp"
+#include "tensorpool/trace/event.hpp"
+#include "tensorpool/workload/setup.hpp"
 #include "mixed_fill.hpp"
 #include "tensorpool/tensorpool.hpp"
 
@@ -127,6 +131,64 @@ void BM_PlanLayout(benchmark::State& state) {
       static_cast<double>(height) / static_cast<double>(detail::peak_live_bytes(epoch));
 }
 
+// One steady-state step of a generated training run as the epoch a step boundary records
+// (vmm_epochs.cpp, "step boundaries"): the blocks live when the second iteration begins are fixed
+// where a bump layout puts them (weights, optimizer states), the step's own allocations have
+// their lifetimes on the step's clock, and their recorded layout overlaps itself (every block at
+// the base's top), so that the packing runs and is kept.
+std::vector<detail::RecordedBlock> generated_step(const std::string& model, const std::string& options) {
+  workload::WorkloadSetup setup = workload::WorkloadSetup::for_model(model);
+  setup.apply(options);
+  const trace::Trace t = workload::generate_workload(setup);
+  std::vector<detail::RecordedBlock> blocks;
+  std::unordered_map<std::uint64_t, std::size_t> live;  // address -> block
+  std::unordered_map<std::uint64_t, std::size_t> before;  // address -> size, live before the step
+  int iterations = 0;
+  std::uint64_t clock = 1;
+  std::size_t base_top = 0;
+  for (const trace::TraceEvent& e : t.events) {
+    if (e.op == trace::Op::iteration && ++iterations == 3) break;
+    if (iterations < 2) {  // before the step: what stays live becomes its base
+      if (e.op == trace::Op::alloc) before[e.addr] = e.size;
+      if (e.op == trace::Op::free_requested) before.erase(e.addr);
+      continue;
+    }
+    if (e.op == trace::Op::iteration) {  // the step begins: its base, fixed at tick 0
+      for (const auto& [addr, size] : before) {
+        live[addr] = blocks.size();
+        blocks.push_back({size, 0, 0, base_top, true});
+        base_top += size;
+      }
+      continue;
+    }
+    if (e.op == trace::Op::alloc) {
+      live[e.addr] = blocks.size();
+      blocks.push_back({e.size, clock++, 0, base_top});
+    } else if (e.op == trace::Op::free_requested && live.count(e.addr) != 0) {
+      blocks[live[e.addr]].end = clock++;
+      live.erase(e.addr);
+    }
+  }
+  for (detail::RecordedBlock& b : blocks)
+    if (b.end == 0) b.end = clock;  // live at the step's end
+  return blocks;
+}
+
+// The planner on one step of a generated training run (the gpt2-xl step of the generated suite's
+// PyTorch loop, Mixtral's of its MoE run): real sizes, lifetimes and a base, unlike
+// BM_PlanLayout's synthetic epoch.
+void BM_PlanLayoutStep(benchmark::State& state, const std::string& model, const std::string& options) {
+  const std::vector<detail::RecordedBlock> epoch = generated_step(model, options);
+  std::size_t height = 0;
+  for (auto _ : state) {
+    const std::optional<detail::PlannedLayout> plan = detail::plan_layout(epoch);
+    height = plan ? plan->height : 0;
+  }
+  state.counters["blocks"] = static_cast<double>(epoch.size());
+  state.counters["height_over_live_peak"] =
+      static_cast<double>(height) / static_cast<double>(detail::peak_live_bytes(epoch));
+}
+
 // Sleep and wake of 8 GiB of live blocks (128 of 64 MiB) in the vmm mode: host time per cycle,
 // and the modelled time of the upstream calls (the simulated device's default cost model) per GiB
 // for each of sleep (unmap + release) and wake (create + map).
@@ -164,5 +226,10 @@ BENCHMARK(BM_AllocFreePairVmm)
     ->ArgsProduct({{4096, 1 << 20, 64 << 20}, {1000, 100000}});
 BENCHMARK(BM_AllocFreeMixed)->ArgNames({"live"})->Arg(1000)->Arg(100000);
 BENCHMARK(BM_PlanLayout)->ArgNames({"blocks"})->Arg(1024)->Arg(4096)->Arg(8192)->Arg(16384)->Arg(65536)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PlanLayoutStep, gpt2_xl_torch_loop, "gpt2-xl", "framework:pytorch,micro_batch:4,steps:3")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PlanLayoutStep, mixtral_8x7b, "mixtral-8x7b",
+                  "framework:megatron,zero:3,dp:32,checkpointing:full,micro_batch:2,steps:3")
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();
