@@ -15,16 +15,16 @@
 //             they were. No layout reaches below the peak of
 //             live bytes (peak_live_bytes()); on training steps this one often reaches it.
 // Cost: O(n^2) simple steps at most (each block passes over the placed ones in offset order),
-// skipped when the recorded layout already reaches the peak of live bytes. The pass skips runs of
-// placed blocks that cannot change its answer (all below what it has covered, all alive at other
+// skipped when the recorded layout already reaches the peak of live bytes. The pass leaves out
+// placed blocks that cannot change its answer (all below what it has covered, alive at other
 // times, or a gapless run of blocks all alive with it, which only raises the top) and stops at a
 // gap of exactly the block's size; packing stops as soon as its height reaches the recorded
 // layout's (it would not be kept). The layout is the plain scan's either way (test_layout_plan.cpp
-// checks it block for block). On training steps that skips most of the work (BM_PlanLayoutStep:
-// 16 ms for a gpt2-xl step of 7,153 blocks, 14 ms for a Mixtral step of 9,699), on
-// BM_PlanLayout's synthetic epoch little (about 80 ms at 8,192 blocks). It is bounded: packing
+// checks it block for block). On training steps that leaves out most of the work
+// (BM_PlanLayoutStep: 11 ms for a gpt2-xl step of 7,153 blocks and for a Mixtral step of 9,699),
+// on BM_PlanLayout's synthetic epoch less (about 55 ms at 8,192 blocks). It is bounded: packing
 // stops once its passes would have looked at kMaxPackSteps placed blocks (counted as if none were
-// skipped), what an epoch of 32,768 blocks costs at most, and the recorded layout is kept (the
+// left out), what an epoch of 32,768 blocks costs at most, and the recorded layout is kept (the
 // allocator's own, valid, so the epoch still repeats without a call). vmm_plan_max_blocks
 // bounds n.
 #pragma once
