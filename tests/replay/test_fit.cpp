@@ -9,6 +9,7 @@
 #include <set>
 
 #include "support/skip.hpp"
+#include "support/step_traces.hpp"
 #include "tensorpool/errors.hpp"
 #include "tensorpool/replay/fit.hpp"
 #include "tensorpool/trace/load.hpp"
@@ -271,34 +272,13 @@ TEST_CASE("fit and largest_fitting call on_replay once per replay, from any thre
 
 namespace {
 
-trace::TraceEvent event(trace::Op op, std::uint64_t addr, std::uint64_t size) {
-  return {.op = op, .addr = addr, .size = size};
-}
-
-// Weights (3 x 32 MiB) that stay, then 8 steps of three blocks, an iteration marker before each
-// (test_replay.cpp, "--step-at-iterations"): online the steps reach 96 + 140 MiB; with step() at
-// the markers they are planned around the weights and end holding 96 + 100 MiB.
-trace::Trace weights_and_steps() {
-  using trace::Op;
-  trace::Trace t;
-  for (std::uint64_t w = 1; w <= 3; ++w) t.events.push_back(event(Op::alloc, w, 32 * MiB));
-  for (std::uint64_t step = 0; step < 8; ++step) {
-    const std::uint64_t a = 100 + 3 * step, b = a + 1, c = a + 2;
-    t.events.insert(t.events.end(),
-                    {event(Op::iteration, 0, step), event(Op::alloc, a, 40 * MiB), event(Op::alloc, b, 40 * MiB),
-                     event(Op::free_requested, a, 40 * MiB), event(Op::alloc, c, 60 * MiB),
-                     event(Op::free_requested, b, 40 * MiB), event(Op::free_requested, c, 60 * MiB)});
-  }
-  return t;
-}
-
 FitTarget vmm_target() { return FitTarget{"tensorpool-vmm", "vmm_max_chunk:2MiB,vmm_idle_divisor:1"}; }
 
 }  // namespace
 
 TEST_CASE("fit and largest_fitting replay the program as the target says: step() at iterations, a lagging device",
           "[fit][step]") {
-  const trace::Trace t = weights_and_steps();
+  const trace::Trace t = tptest::weights_and_steps();  // 96 + 140 MiB online, 96 + 100 stepped
   FitTarget online = vmm_target();
   FitTarget stepped = vmm_target();
   stepped.step_at_iterations = true;
@@ -331,19 +311,9 @@ TEST_CASE("fit and largest_fitting replay the program as the target says: step()
   CHECK(found[0].at_best->total.final_reserved == (96 + 140) * MiB);
   CHECK(found[1].at_best->total.final_reserved == (96 + 100) * MiB);
 
-  // A device that runs behind (test_replay.cpp, "--device-lag"): epochs that empty the heap, the
-  // first with an empty_cache() that leaves the plan's pages to be moved. At once they move when
-  // that epoch ends; behind, the next epoch's first request waits for the stream once.
-  trace::Trace moving;
-  using trace::Op;
-  for (std::uint64_t epoch = 0; epoch < 6; ++epoch) {
-    const std::uint64_t a = 100 + 3 * epoch, b = a + 1, c = a + 2;
-    moving.events.insert(moving.events.end(), {event(Op::iteration, 0, epoch), event(Op::alloc, a, 40 * MiB),
-                                               event(Op::alloc, b, 40 * MiB), event(Op::free_requested, a, 40 * MiB)});
-    if (epoch == 0) moving.events.push_back(event(Op::empty_cache, 0, 0));
-    moving.events.insert(moving.events.end(), {event(Op::alloc, c, 60 * MiB), event(Op::free_requested, b, 40 * MiB),
-                                               event(Op::free_requested, c, 60 * MiB)});
-  }
+  // A device that runs behind: the plan's pages move at the end of the first epoch at once, and
+  // at the next epoch's first request, after a synchronization, behind.
+  const trace::Trace moving = tptest::plan_that_moves_pages();
   FitTarget at_once{"tensorpool-vmm", "vmm_idle_divisor:1"};
   FitTarget behind = at_once;
   behind.device_lag = 1000;

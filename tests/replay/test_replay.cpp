@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "support/skip.hpp"
+#include "support/step_traces.hpp"
 #include "support/workloads.hpp"
 #include "tensorpool/config.hpp"
 #include "tensorpool/errors.hpp"
@@ -78,17 +79,9 @@ TEST_CASE("replay measures requested, allocated and reserved peaks", "[replay]")
 }
 
 TEST_CASE("replay: --step-at-iterations calls tensorpool's step() at each iteration marker", "[replay][step]") {
-  // Weights (3 x 32 MiB) that stay, then 8 steps of three blocks: online, c does not fit a's hole
-  // and goes above b (96 + 140 MiB); planned around the weights at the step boundaries, the steps
-  // need 96 + 100 MiB, and the pages above go once the plan repeats.
-  trace::Trace t;
-  for (std::uint64_t w = 1; w <= 3; ++w) t.events.push_back(ev(Op::alloc, w, 32 * MiB));
-  for (std::uint64_t step = 0; step < 8; ++step) {
-    const std::uint64_t a = 100 + 3 * step, b = a + 1, c = a + 2;
-    t.events.insert(t.events.end(), {ev(Op::iteration, 0, step), ev(Op::alloc, a, 40 * MiB), ev(Op::alloc, b, 40 * MiB),
-                                     ev(Op::free_requested, a, 40 * MiB), ev(Op::alloc, c, 60 * MiB),
-                                     ev(Op::free_requested, b, 40 * MiB), ev(Op::free_requested, c, 60 * MiB)});
-  }
+  // tptest::weights_and_steps(): online the steps reach 96 + 140 MiB; planned around the weights
+  // at the step boundaries they need 96 + 100 MiB, and the pages above go once the plan repeats.
+  const trace::Trace t = tptest::weights_and_steps();
   const auto replayed = [&](bool steps) {
     TraceSource source(t);
     ReplayOptions o;
@@ -108,21 +101,11 @@ TEST_CASE("replay: --step-at-iterations calls tensorpool's step() at each iterat
 }
 
 TEST_CASE("replay: --device-lag runs tensorpool's device behind the host", "[replay][plan]") {
-  // Epochs of three blocks that empty the heap. In the first, empty_cache() gives a's pages back
-  // and c goes above b: the plan (100 MiB) must move the pages to the heap's start. At once, they
-  // move at the end of the first epoch. With a device that completes its work only every 1000
-  // allocations, the event recorded there is still running at the next epoch's first request,
-  // which synchronizes the stream once and lays the pages out. Either way every later epoch holds
-  // the plan's 100 MiB and makes no call (online, a would take new pages under the plan: 140).
-  trace::Trace t;
-  for (std::uint64_t epoch = 0; epoch < 6; ++epoch) {
-    const std::uint64_t a = 100 + 3 * epoch, b = a + 1, c = a + 2;
-    t.events.insert(t.events.end(), {ev(Op::iteration, 0, epoch), ev(Op::alloc, a, 40 * MiB), ev(Op::alloc, b, 40 * MiB),
-                                     ev(Op::free_requested, a, 40 * MiB)});
-    if (epoch == 0) t.events.push_back(ev(Op::empty_cache, 0, 0));
-    t.events.insert(t.events.end(), {ev(Op::alloc, c, 60 * MiB), ev(Op::free_requested, b, 40 * MiB),
-                                     ev(Op::free_requested, c, 60 * MiB)});
-  }
+  // tptest::plan_that_moves_pages(): at once, the plan's pages move at the end of the first
+  // epoch. With a device that completes its work only every 1000 allocations, the event recorded
+  // there is still running at the next epoch's first request, which synchronizes the stream once
+  // and lays the pages out. Either way every later epoch holds the plan's 100 MiB and makes no call.
+  const trace::Trace t = tptest::plan_that_moves_pages();
   const auto replayed = [&](std::size_t lag) {
     TraceSource source(t);
     ReplayOptions o;
