@@ -164,9 +164,11 @@ std::vector<detail::RecordedBlock> generated_step(const std::string& model, cons
     if (e.op == trace::Op::alloc) {
       live[e.addr] = blocks.size();
       blocks.push_back({e.size, clock++, 0, base_top});
-    } else if (e.op == trace::Op::free_requested && live.count(e.addr) != 0) {
-      blocks[live[e.addr]].end = clock++;
-      live.erase(e.addr);
+    } else if (e.op == trace::Op::free_requested) {
+      if (const auto freed = live.find(e.addr); freed != live.end()) {
+        blocks[freed->second].end = clock++;
+        live.erase(freed);
+      }
     }
   }
   for (detail::RecordedBlock& b : blocks)
