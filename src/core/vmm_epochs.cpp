@@ -326,7 +326,7 @@ void VmmHeaps::rebase(Heap& heap) {
     log.mix(x->addr - heap.segment->addr);
     log.mix(x->size);
   }
-  log.freed_base.reserve(log.base);  // the fast path's frees of base blocks allocate nothing
+  reserve_resident(log.freed_base, log.base);  // the fast path's frees of base blocks allocate nothing
 }
 
 // The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch

@@ -106,7 +106,7 @@ class HeldPages {
 struct alignas(64) Heap {  // a cache line of its own: heaps of other streams change side by side
   Heap(Segment* seg, std::size_t max_plan_steps) : segment(seg), plans(max_plan_steps) {
     epoch.capacity = max_plan_steps;
-    epoch.entries.reserve(max_plan_steps);  // no reallocation in the fast path
+    reserve_resident(epoch.entries, max_plan_steps);  // no reallocation or page fault in the fast path
     cursor.reserve(max_plan_steps);
   }
 

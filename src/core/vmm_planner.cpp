@@ -42,7 +42,7 @@ std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> 
 
 void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t capacity) {
   std::vector<std::vector<RecordedBlock>> buffers(spares);
-  for (auto& b : buffers) b.reserve(capacity);
+  for (auto& b : buffers) reserve_resident(b, capacity);  // the fast path appends to them
   std::lock_guard lock(mutex_);
   for (auto& b : buffers) mailbox.buffers.push_back(std::move(b));
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
