@@ -45,6 +45,7 @@ void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t
   for (auto& b : buffers) reserve_resident(b, capacity);  // the fast path appends to them
   std::lock_guard lock(mutex_);
   for (auto& b : buffers) mailbox.buffers.push_back(std::move(b));
+  last_job_ = Clock::now();  // a new heap's first epochs are near: the thread looks often
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
 }
 
@@ -55,10 +56,7 @@ bool EpochPlanner::try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::u
   std::vector<RecordedBlock> spare = std::move(mailbox.buffers.back());
   mailbox.buffers.pop_back();
   queue_.push_back(Job{&mailbox, key, signature, std::exchange(record, std::move(spare))});
-  const bool wake = waiting_;  // a busy thread takes the job when it is done: no system call here
-  lock.unlock();
-  if (wake) wake_.notify_one();
-  return true;
+  return true;  // no wake-up: the thread finds the job at its next look (run())
 }
 
 std::vector<FinishedPlan> EpochPlanner::try_collect(PlanMailbox& mailbox) {
@@ -77,8 +75,8 @@ void EpochPlanner::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-// The thread runs only where a core would idle (Linux: SCHED_IDLE): a thread woken by submit()
-// would otherwise preempt the caller on its own core, tens of microseconds inside a free. Where
+// The thread runs only where a core would idle (Linux: SCHED_IDLE): waking from its sleep on the
+// caller's core, it would otherwise preempt the caller, tens of microseconds inside a call. Where
 // the policy cannot be set the thread runs at the default priority.
 namespace {
 void lower_priority_of_this_thread() {
@@ -91,14 +89,20 @@ void lower_priority_of_this_thread() {
 }
 }  // namespace
 
+// How long the thread sleeps before it looks at its queue again: kLookBusy while jobs came in the
+// last kBusyFor, else kLookIdle.
+std::chrono::milliseconds EpochPlanner::look_interval(Clock::time_point now) const noexcept {
+  return now - last_job_ < kBusyFor ? kLookBusy : kLookIdle;
+}
+
 void EpochPlanner::run() {
   lower_priority_of_this_thread();
   std::unique_lock lock(mutex_);
   for (;;) {
-    waiting_ = true;
-    wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    waiting_ = false;
+    if (queue_.empty()) wake_.wait_for(lock, look_interval(Clock::now()), [this] { return stopping_; });
     if (stopping_) return;
+    if (queue_.empty()) continue;
+    last_job_ = Clock::now();
     Job job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
