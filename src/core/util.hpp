@@ -35,9 +35,9 @@ struct CacheLineAllocator {
   bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
 };
 
-/// Room for `n` elements of `v` beyond nothing (its size is kept), with every page of that room
-/// written once: a vector the fast path appends to must neither reallocate nor take a page fault
-/// there (a first touch of a fresh page costs 1-3 us, and a record of 8192 blocks spans 80 pages).
+/// Room for `n` elements in `v` (its size and contents are kept), every page of it written once:
+/// a vector the fast path appends to must neither reallocate nor take a page fault there (the
+/// first touch of a fresh page costs 1-3 us; a record of 8,192 blocks spans 80 pages).
 template <class T, class A>
 void reserve_resident(std::vector<T, A>& v, std::size_t n) {
   const std::size_t size = v.size();
