@@ -106,7 +106,9 @@ class HeldPages {
 struct alignas(64) Heap {  // a cache line of its own: heaps of other streams change side by side
   Heap(Segment* seg, std::size_t max_plan_steps) : segment(seg), plans(max_plan_steps) {
     epoch.capacity = max_plan_steps;
-    reserve_resident(epoch.entries, max_plan_steps);  // no reallocation or page fault in the fast path
+    // No reallocation in the fast path; the pages fault in as the first epoch writes them (the
+    // planner's spares, which the later epochs write, are written once by its thread).
+    epoch.entries.reserve(max_plan_steps);
     cursor.reserve(max_plan_steps);
   }
 

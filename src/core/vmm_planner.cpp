@@ -42,9 +42,9 @@ std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> 
 
 void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t capacity) {
   std::vector<std::vector<RecordedBlock>> buffers(spares);
-  for (auto& b : buffers) reserve_resident(b, capacity);  // the fast path appends to them
+  for (auto& b : buffers) b.reserve(capacity);
   std::lock_guard lock(mutex_);
-  for (auto& b : buffers) mailbox.buffers.push_back(std::move(b));
+  for (auto& b : buffers) queue_.push_back(Job{&mailbox, 0, 0, std::move(b), false, true});
   last_job_ = Clock::now();  // a new heap's first epochs are near: the thread looks often
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
 }
@@ -55,7 +55,8 @@ bool EpochPlanner::try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::u
   if (!lock.owns_lock() || stopping_ || mailbox.buffers.empty()) return false;
   std::vector<RecordedBlock> spare = std::move(mailbox.buffers.back());
   mailbox.buffers.pop_back();
-  queue_.push_back(Job{&mailbox, key, signature, std::exchange(record, std::move(spare))});
+  queue_.push_back(Job{&mailbox, key, signature, std::exchange(record, std::move(spare)), true, !mailbox.handed_over});
+  mailbox.handed_over = true;
   return true;  // no wake-up: the thread finds the job at its next look (run())
 }
 
@@ -63,6 +64,11 @@ std::vector<FinishedPlan> EpochPlanner::try_collect(PlanMailbox& mailbox) {
   std::unique_lock lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return {};
   return std::exchange(mailbox.finished, {});
+}
+
+std::size_t EpochPlanner::spare_buffers(const PlanMailbox& mailbox) {
+  std::lock_guard lock(mutex_);
+  return mailbox.buffers.size();
 }
 
 void EpochPlanner::stop() {
@@ -106,8 +112,9 @@ void EpochPlanner::run() {
     Job job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    std::shared_ptr<const EpochPlan> plan = make_epoch_plan(job.record, page_);
+    std::shared_ptr<const EpochPlan> plan = job.plan ? make_epoch_plan(job.record, page_) : nullptr;
     job.record.clear();
+    if (job.cold) reserve_resident(job.record, job.record.capacity());  // the fast path appends to it
     lock.lock();
     if (plan) job.mailbox->finished.push_back(FinishedPlan{job.key, job.signature, std::move(plan)});
     job.mailbox->buffers.push_back(std::move(job.record));

@@ -91,9 +91,8 @@ class PlanCursor {
   const std::shared_ptr<const EpochPlan>& plan() const noexcept { return plan_; }
   std::uint64_t key() const noexcept { return key_; }
 
-  /// Room for plans of up to `steps` steps, so that following one allocates nothing (and touches
-  /// no fresh page).
-  void reserve(std::size_t steps) { reserve_resident(placed_, steps); }
+  /// Room for plans of up to `steps` steps, so that following one allocates nothing.
+  void reserve(std::size_t steps) { placed_.reserve(steps); }
   /// A new epoch follows `plan` (stored under `key`) from its first step.
   void follow(std::shared_ptr<const EpochPlan> plan, std::uint64_t key);
   /// A new epoch follows the plan the last one followed to the end (matched()), or the plan it

@@ -101,7 +101,7 @@ TEST_CASE("vmm planner: an allocator destroyed while its thread plans loses noth
   REQUIRE(device->mapped_bytes() == 0);
 }
 
-TEST_CASE("vmm planner: the record buffers a heap gets are in memory before the fast path writes them",
+TEST_CASE("vmm planner: the spare record buffers are in memory before the fast path writes them",
           "[vmm][plan][planner]") {
 #if defined(__linux__)
   // An epoch's record is written by the allocations themselves: a page of it touched for the
@@ -110,6 +110,11 @@ TEST_CASE("vmm planner: the record buffers a heap gets are in memory before the 
   detail::EpochPlanner planner(2 * MiB);
   detail::PlanMailbox mailbox;
   planner.prepare(mailbox, 2, kEntries);
+  // The thread writes them, then leaves them in the mailbox (an ended epoch finds none before).
+  for (int waited = 0; planner.spare_buffers(mailbox) < 2; ++waited) {
+    REQUIRE(waited < 5000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   REQUIRE(mailbox.buffers.size() == 2);
   for (const auto& b : mailbox.buffers) {
     REQUIRE(b.empty());
