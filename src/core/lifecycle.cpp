@@ -62,6 +62,7 @@ void Allocator::Impl::empty_cache() {
   refuse_while_capturing("empty_cache");
   synchronize_pending();
   const std::size_t released = source_->release(detail::ReleaseGoal::empty_cache);
+  for (detail::Shard& shard : shards) shard.live.release_retired();  // host memory: not counted
   if (hooks.observed()) hooks.notify(EventType::empty_cache, 0, 0, released, kDefaultStream);
   debug_check();
 }

@@ -69,3 +69,25 @@ TEST_CASE("pointer map: agrees with a reference map through growths and erases",
     REQUIRE(map.size() == 0);
   }
 }
+
+TEST_CASE("pointer map: drained tables are kept until release_retired(), and lookups never need them",
+          "[pointer_map]") {
+  // An insert never unmaps: a drained table waits for release_retired() (empty_cache).
+  PointerMap map;
+  std::unordered_map<Address, Block*> model;
+  for (std::uint64_t i = 1; i <= 20000; ++i) {
+    map.insert(i * 256, fake_block(i));
+    model[i * 256] = fake_block(i);
+  }
+  const std::size_t kept = map.retired_bytes();
+  REQUIRE(kept >= 1024 * 16);  // at least the first table (1,024 slots of 16 bytes) drained
+  expect_same(map, model);
+  map.release_retired();
+  REQUIRE(map.retired_bytes() == 0);
+  expect_same(map, model);
+  for (std::uint64_t i = 1; i <= 20000; i += 2) {
+    REQUIRE(map.erase(i * 256) == fake_block(i));
+    model.erase(i * 256);
+  }
+  expect_same(map, model);
+}
