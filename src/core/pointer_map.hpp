@@ -58,7 +58,7 @@ class PointerMap {
     old_.for_each(f);
   }
 
-  /// Unmaps the drained tables kept since the last call (not from an insert: see the banner).
+  /// Frees the drained tables kept since the last call (never from an insert: see the banner).
   void release_retired() noexcept { retired_.clear(); }
   /// The bytes of those tables.
   std::size_t retired_bytes() const noexcept {
@@ -166,7 +166,7 @@ class PointerMap {
   Table cur_;
   Table old_;              // draining into cur_ while size != 0
   std::size_t migrated_ = 0;
-  std::vector<Table> retired_;  // drained tables, unmapped by release_retired()
+  std::vector<Table> retired_;  // drained tables, freed by release_retired() or the destructor
 };
 
 }  // namespace tensorpool::detail

@@ -44,7 +44,9 @@ void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t
   std::vector<std::vector<RecordedBlock>> buffers(spares);
   for (auto& b : buffers) b.reserve(capacity);
   std::lock_guard lock(mutex_);
-  for (auto& b : buffers) queue_.push_back(Job{&mailbox, 0, 0, std::move(b), false, true});
+  for (auto& b : buffers)
+    queue_.push_back(Job{.mailbox = &mailbox, .key = 0, .signature = 0, .record = std::move(b),
+                         .work = Work::deliver_spare, .pages = Pages::fresh});
   last_job_ = Clock::now();  // a new heap's first epochs are near: the thread looks often
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
 }
@@ -55,8 +57,11 @@ bool EpochPlanner::try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::u
   if (!lock.owns_lock() || stopping_ || mailbox.buffers.empty()) return false;
   std::vector<RecordedBlock> spare = std::move(mailbox.buffers.back());
   mailbox.buffers.pop_back();
-  queue_.push_back(Job{&mailbox, key, signature, std::exchange(record, std::move(spare)), true, !mailbox.handed_over});
+  // The heap's first buffer was only reserved; the spares it gets have been written.
+  const Pages pages = mailbox.handed_over ? Pages::written : Pages::fresh;
   mailbox.handed_over = true;
+  queue_.push_back(Job{.mailbox = &mailbox, .key = key, .signature = signature,
+                       .record = std::exchange(record, std::move(spare)), .work = Work::plan, .pages = pages});
   return true;  // no wake-up: the thread finds the job at its next look (run())
 }
 
@@ -112,9 +117,9 @@ void EpochPlanner::run() {
     Job job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    std::shared_ptr<const EpochPlan> plan = job.plan ? make_epoch_plan(job.record, page_) : nullptr;
+    std::shared_ptr<const EpochPlan> plan = job.work == Work::plan ? make_epoch_plan(job.record, page_) : nullptr;
     job.record.clear();
-    if (job.cold) reserve_resident(job.record, job.record.capacity());  // the fast path appends to it
+    if (job.pages == Pages::fresh) reserve_resident(job.record, job.record.capacity());  // the fast path appends to it
     lock.lock();
     if (plan) job.mailbox->finished.push_back(FinishedPlan{job.key, job.signature, std::move(plan)});
     job.mailbox->buffers.push_back(std::move(job.record));

@@ -87,13 +87,21 @@ class EpochPlanner {
   void stop();
 
  private:
+  enum class Work : std::uint8_t {
+    plan,           // plan the record, then leave its buffer, cleared, in the mailbox
+    deliver_spare,  // only leave the (empty) buffer in the mailbox
+  };
+  enum class Pages : std::uint8_t {
+    written,  // every page of the buffer's capacity has been written
+    fresh,    // some may never have been: the thread writes them all before the buffer goes back
+  };
   struct Job {
     PlanMailbox* mailbox;
     std::uint64_t key;
     std::uint64_t signature;
     std::vector<RecordedBlock> record;
-    bool plan;  // else only a spare to write once (cold) and leave in the mailbox
-    bool cold;  // the buffer's pages may never have been written: the thread writes them all
+    Work work;
+    Pages pages;
   };
   void run();
 
