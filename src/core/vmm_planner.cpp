@@ -15,13 +15,15 @@
 
 namespace tensorpool::detail {
 
-std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page) {
+namespace {
+
+std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::size_t page) {
   if (record.empty()) return nullptr;
   try {
     const std::optional<PlannedLayout> planned = plan_layout(record);
     if (!planned) return nullptr;
     const PlannedLayout& layout = *planned;
-    auto plan = std::make_shared<EpochPlan>();
+    auto plan = std::make_unique<EpochPlan>();
     // A step per allocation of the epoch (the fixed blocks, live throughout, come after them in
     // the record: they are no step, and no step's anchor).
     std::size_t steps = 0;
@@ -38,6 +40,39 @@ std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> 
     log().error("vmm: planning an epoch of {} allocations failed: {}", record.size(), e.what());
     return nullptr;
   }
+}
+
+}  // namespace
+
+std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page) {
+  return plan_of(record, page);
+}
+
+void PlanGraveyard::bury(EpochPlan* plan) noexcept {
+  if (closed_.load(std::memory_order_acquire)) {
+    delete plan;
+    return;
+  }
+  buried_.fetch_add(1, std::memory_order_relaxed);
+  plan->buried_next = head_.load(std::memory_order_relaxed);
+  while (!head_.compare_exchange_weak(plan->buried_next, plan, std::memory_order_release, std::memory_order_relaxed)) {
+  }
+}
+
+std::size_t PlanGraveyard::delete_all() noexcept {
+  std::size_t deleted = 0;
+  for (EpochPlan* p = head_.exchange(nullptr, std::memory_order_acquire); p != nullptr; ++deleted) {
+    EpochPlan* next = p->buried_next;
+    delete p;
+    p = next;
+  }
+  buried_.fetch_sub(deleted, std::memory_order_relaxed);
+  return deleted;
+}
+
+void PlanGraveyard::close() noexcept {
+  closed_.store(true, std::memory_order_release);
+  delete_all();
 }
 
 void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t capacity) {
@@ -84,6 +119,7 @@ void EpochPlanner::stop() {
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
+  graveyard_->close();
 }
 
 // The thread runs only where a core would idle (Linux: SCHED_IDLE): waking from its sleep on the
@@ -112,12 +148,21 @@ void EpochPlanner::run() {
   for (;;) {
     if (queue_.empty()) wake_.wait_for(lock, look_interval(Clock::now()), [this] { return stopping_; });
     if (stopping_) return;
+    if (graveyard_->buried() != 0) {
+      lock.unlock();
+      graveyard_->delete_all();
+      lock.lock();
+    }
     if (queue_.empty()) continue;
     last_job_ = Clock::now();
     Job job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    std::shared_ptr<const EpochPlan> plan = job.work == Work::plan ? make_epoch_plan(job.record, page_) : nullptr;
+    std::shared_ptr<const EpochPlan> plan;
+    if (job.work == Work::plan) {
+      if (std::unique_ptr<EpochPlan> made = plan_of(job.record, page_))
+        plan = std::shared_ptr<const EpochPlan>(made.release(), [graveyard = graveyard_](EpochPlan* p) { graveyard->bury(p); });
+    }
     job.record.clear();
     if (job.pages == Pages::fresh) reserve_resident(job.record, job.record.capacity());  // the fast path appends to it
     lock.lock();

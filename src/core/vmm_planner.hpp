@@ -19,6 +19,7 @@
 // the planner (VmmHeaps stops it first).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -41,6 +42,28 @@ namespace tensorpool::detail {
 /// base of a step epoch, RecordedBlock::fixed) come last and are no step. Null when the record has
 /// no allocation or planning fails.
 std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page);
+
+/// Where the plans the thread made go to be deleted. Their memory comes from the thread's malloc
+/// arena, and freeing a large block of it takes that arena's lock, which the thread (at
+/// SCHED_IDLE, preemptible anywhere, inside malloc while it plans) may hold: on the caller's path
+/// that would wait for the thread to run again. So the release of a plan's last reference only
+/// pushes it here (lock-free, O(1)), and the thread deletes what it finds at each look; once the
+/// thread has stopped (close()), plans are deleted where they are released (teardown).
+class PlanGraveyard {
+ public:
+  ~PlanGraveyard() { delete_all(); }
+  void bury(EpochPlan* plan) noexcept;
+  /// Deletes every plan buried so far; how many.
+  std::size_t delete_all() noexcept;
+  void close() noexcept;
+  /// Plans buried and not yet deleted (tests).
+  std::size_t buried() const noexcept { return buried_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<EpochPlan*> head_{nullptr};
+  std::atomic<std::size_t> buried_{0};
+  std::atomic<bool> closed_{false};
+};
 
 /// A finished plan on its way to its heap's PlanCache: stored under `key` (the signature of the
 /// epoch before the planned one), the planned epoch's own signature `signature`.
@@ -83,8 +106,11 @@ class EpochPlanner {
   std::vector<FinishedPlan> try_collect(PlanMailbox& mailbox);
   /// How many spare buffers `mailbox` holds now (tests: the thread puts them there).
   std::size_t spare_buffers(const PlanMailbox& mailbox);
-  /// Stops the thread (after the job it is planning); the jobs still queued are dropped.
+  /// Stops the thread (after the job it is planning); the jobs still queued are dropped, and the
+  /// plans released from now on are deleted where they are released.
   void stop();
+  /// The plans released on the caller's side that the thread has not deleted yet (tests).
+  std::size_t plans_to_delete() const noexcept { return graveyard_->buried(); }
 
  private:
   enum class Work : std::uint8_t {
@@ -118,6 +144,7 @@ class EpochPlanner {
   Clock::time_point last_job_{};  // when the thread last took a job
   bool stopping_ = false;
   std::thread thread_;   // started by prepare()
+  std::shared_ptr<PlanGraveyard> graveyard_ = std::make_shared<PlanGraveyard>();  // plans hold it too
 };
 
 }  // namespace tensorpool::detail

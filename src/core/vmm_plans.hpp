@@ -31,6 +31,7 @@ struct EpochPlan {
   };
   std::vector<Step> steps;
   std::size_t height = 0;  // the mapped bytes from the heap's start it needs (whole pages)
+  EpochPlan* buried_next = nullptr;  // PlanGraveyard's list (vmm_planner.hpp), once released
 };
 
 /// The plans of a heap, each stored under the signature of the epoch that came before it (a heap

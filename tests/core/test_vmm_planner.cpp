@@ -132,3 +132,51 @@ TEST_CASE("vmm planner: the spare record buffers are in memory before the fast p
   TP_SKIP("mincore() is Linux's");
 #endif
 }
+
+TEST_CASE("vmm planner: a plan the thread made is deleted by the thread, wherever its last reference goes",
+          "[vmm][plan][planner]") {
+  // Its memory is the thread's malloc arena's: freeing it on the caller's path could wait for
+  // that arena's lock, held by the thread at SCHED_IDLE.
+  auto wait_until = [](auto done) {
+    for (int waited = 0; !done(); ++waited) {
+      REQUIRE(waited < 5000);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  detail::EpochPlanner planner(4096);
+  detail::PlanMailbox mailbox;
+  planner.prepare(mailbox, 2, 64);
+  wait_until([&] { return planner.spare_buffers(mailbox) == 2; });
+  // a and b, b freed, a freed, c: three steps. A hand-over swaps the record for a spare.
+  std::vector<detail::RecordedBlock> record;
+  auto record_epoch = [&] {
+    record.assign({{.size = 4096, .start = 0, .end = 3, .recorded = 0},
+                   {.size = 4096, .start = 1, .end = 2, .recorded = 4096},
+                   {.size = 8192, .start = 4, .end = 5, .recorded = 0}});
+  };
+  record_epoch();
+  REQUIRE(planner.try_hand_over(mailbox, 1, 2, record));
+  std::vector<detail::FinishedPlan> finished;
+  wait_until([&] {
+    for (auto& f : planner.try_collect(mailbox)) finished.push_back(std::move(f));
+    return !finished.empty();
+  });
+  REQUIRE(finished.size() == 1);
+  REQUIRE(finished[0].plan->steps.size() == 3);
+  REQUIRE(planner.plans_to_delete() == 0);
+  finished.clear();  // the last reference, released here
+  REQUIRE(planner.plans_to_delete() == 1);
+  wait_until([&] { return planner.plans_to_delete() == 0; });
+
+  // Once the thread has stopped, a plan is deleted where it is released (LeakSanitizer would
+  // see one left behind).
+  record_epoch();
+  REQUIRE(planner.try_hand_over(mailbox, 3, 4, record));
+  wait_until([&] {
+    for (auto& f : planner.try_collect(mailbox)) finished.push_back(std::move(f));
+    return !finished.empty();
+  });
+  planner.stop();
+  finished.clear();
+  REQUIRE(planner.plans_to_delete() == 0);
+}
