@@ -67,6 +67,7 @@ std::size_t PlanGraveyard::delete_all() noexcept {
     p = next;
   }
   buried_.fetch_sub(deleted, std::memory_order_relaxed);
+  deleted_.fetch_add(deleted, std::memory_order_relaxed);
   return deleted;
 }
 

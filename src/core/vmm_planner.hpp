@@ -56,12 +56,15 @@ class PlanGraveyard {
   /// Deletes every plan buried so far; how many.
   std::size_t delete_all() noexcept;
   void close() noexcept;
-  /// Plans buried and not yet deleted (tests).
+  /// Plans buried and not yet deleted.
   std::size_t buried() const noexcept { return buried_.load(std::memory_order_relaxed); }
+  /// Plans delete_all() has deleted so far (tests).
+  std::size_t deleted() const noexcept { return deleted_.load(std::memory_order_relaxed); }
 
  private:
   std::atomic<EpochPlan*> head_{nullptr};
   std::atomic<std::size_t> buried_{0};
+  std::atomic<std::size_t> deleted_{0};
   std::atomic<bool> closed_{false};
 };
 
@@ -109,8 +112,10 @@ class EpochPlanner {
   /// Stops the thread (after the job it is planning); the jobs still queued are dropped, and the
   /// plans released from now on are deleted where they are released.
   void stop();
-  /// The plans released on the caller's side that the thread has not deleted yet (tests).
+  /// The plans released on the caller's side that the thread has not deleted yet, and those it
+  /// has (tests).
   std::size_t plans_to_delete() const noexcept { return graveyard_->buried(); }
+  std::size_t plans_deleted_by_thread() const noexcept { return graveyard_->deleted(); }
 
  private:
   enum class Work : std::uint8_t {

@@ -163,10 +163,10 @@ TEST_CASE("vmm planner: a plan the thread made is deleted by the thread, whereve
   });
   REQUIRE(finished.size() == 1);
   REQUIRE(finished[0].plan->steps.size() == 3);
+  REQUIRE(planner.plans_deleted_by_thread() == 0);
+  finished.clear();  // the last reference, released here: the thread deletes the plan
+  wait_until([&] { return planner.plans_deleted_by_thread() == 1; });
   REQUIRE(planner.plans_to_delete() == 0);
-  finished.clear();  // the last reference, released here
-  REQUIRE(planner.plans_to_delete() == 1);
-  wait_until([&] { return planner.plans_to_delete() == 0; });
 
   // Once the thread has stopped, a plan is deleted where it is released (LeakSanitizer would
   // see one left behind).
@@ -179,4 +179,5 @@ TEST_CASE("vmm planner: a plan the thread made is deleted by the thread, whereve
   planner.stop();
   finished.clear();
   REQUIRE(planner.plans_to_delete() == 0);
+  REQUIRE(planner.plans_deleted_by_thread() == 1);
 }
