@@ -39,6 +39,15 @@ std::size_t pages_not_resident(const T* p, std::size_t bytes) {
 }
 #endif
 
+// Waits for the planner thread (which looks at its queue every few milliseconds) until done().
+template <class Done>
+void wait_until(Done done) {
+  for (int waited = 0; !done(); ++waited) {
+    REQUIRE(waited < 5000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 // a and b, a freed, c (in a's place when the plan is followed), b and c freed: one epoch.
 std::vector<Address> abc_epoch(Allocator& alloc) {
   void* a = alloc.allocate(40 * MiB);
@@ -111,10 +120,7 @@ TEST_CASE("vmm planner: the spare record buffers are in memory before the fast p
   detail::PlanMailbox mailbox;
   planner.prepare(mailbox, 2, kEntries);
   // The thread writes them, then leaves them in the mailbox (an ended epoch finds none before).
-  for (int waited = 0; planner.spare_buffers(mailbox) < 2; ++waited) {
-    REQUIRE(waited < 5000);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  wait_until([&] { return planner.spare_buffers(mailbox) == 2; });
   REQUIRE(mailbox.buffers.size() == 2);
   for (const auto& b : mailbox.buffers) {
     REQUIRE(b.empty());
@@ -137,30 +143,25 @@ TEST_CASE("vmm planner: a plan the thread made is deleted by the thread, whereve
           "[vmm][plan][planner]") {
   // Its memory is the thread's malloc arena's: freeing it on the caller's path could wait for
   // that arena's lock, held by the thread at SCHED_IDLE.
-  auto wait_until = [](auto done) {
-    for (int waited = 0; !done(); ++waited) {
-      REQUIRE(waited < 5000);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  };
   detail::EpochPlanner planner(4096);
   detail::PlanMailbox mailbox;
   planner.prepare(mailbox, 2, 64);
   wait_until([&] { return planner.spare_buffers(mailbox) == 2; });
-  // a and b, b freed, a freed, c: three steps. A hand-over swaps the record for a spare.
+  // An epoch of a and b, b freed, a freed, c (three steps) handed over (which swaps the record
+  // for a spare), and its plan collected once the thread has made it.
   std::vector<detail::RecordedBlock> record;
-  auto record_epoch = [&] {
+  std::vector<detail::FinishedPlan> finished;
+  auto plan_an_epoch = [&](std::uint64_t key) {
     record.assign({{.size = 4096, .start = 0, .end = 3, .recorded = 0},
                    {.size = 4096, .start = 1, .end = 2, .recorded = 4096},
                    {.size = 8192, .start = 4, .end = 5, .recorded = 0}});
+    REQUIRE(planner.try_hand_over(mailbox, key, key + 1, record));
+    wait_until([&] {
+      for (auto& f : planner.try_collect(mailbox)) finished.push_back(std::move(f));
+      return !finished.empty();
+    });
   };
-  record_epoch();
-  REQUIRE(planner.try_hand_over(mailbox, 1, 2, record));
-  std::vector<detail::FinishedPlan> finished;
-  wait_until([&] {
-    for (auto& f : planner.try_collect(mailbox)) finished.push_back(std::move(f));
-    return !finished.empty();
-  });
+  plan_an_epoch(1);
   REQUIRE(finished.size() == 1);
   REQUIRE(finished[0].plan->steps.size() == 3);
   REQUIRE(planner.plans_deleted_by_thread() == 0);
@@ -170,12 +171,7 @@ TEST_CASE("vmm planner: a plan the thread made is deleted by the thread, whereve
 
   // Once the thread has stopped, a plan is deleted where it is released (LeakSanitizer would
   // see one left behind).
-  record_epoch();
-  REQUIRE(planner.try_hand_over(mailbox, 3, 4, record));
-  wait_until([&] {
-    for (auto& f : planner.try_collect(mailbox)) finished.push_back(std::move(f));
-    return !finished.empty();
-  });
+  plan_an_epoch(3);
   planner.stop();
   finished.clear();
   REQUIRE(planner.plans_to_delete() == 0);
