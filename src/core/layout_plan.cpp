@@ -1,5 +1,5 @@
-// layout_plan.cpp: the planner of layout_plan.hpp (greedy by size over lifetimes, against the
-// recorded layout).
+// layout_plan.cpp: the planner of layout_plan.hpp (the recorded layout, an ideal online allocator
+// replayed in clock order, and greedy by size over lifetimes: the lowest).
 #include "core/layout_plan.hpp"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -242,36 +243,144 @@ Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::
   return out;
 }
 
+// The events of an epoch in clock order: (tick, 2 * block + 1) for an allocation, (tick,
+// 2 * block) for a free; on one tick a free comes first.
+using Events = std::vector<std::pair<std::uint64_t, std::size_t>>;
+
+bool is_allocation(std::size_t code) { return code % 2 == 1; }
+
+Events events_in_order(std::span<const RecordedBlock> blocks) {
+  Events ev;
+  ev.reserve(2 * blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    ev.emplace_back(blocks[i].start, 2 * i + 1);  // odd: allocation
+    ev.emplace_back(blocks[i].end, 2 * i);        // even: free
+  }
+  std::sort(ev.begin(), ev.end(), [](const auto& a, const auto& b) {
+    if (a.first != b.first) return a.first < b.first;
+    if (is_allocation(a.second) != is_allocation(b.second)) return is_allocation(b.second);
+    return a.second < b.second;
+  });
+  return ev;
+}
+
+std::size_t peak_of(std::span<const RecordedBlock> blocks, const Events& events) {
+  std::size_t live = 0;
+  std::size_t peak = 0;
+  for (const auto& [tick, code] : events) {
+    const std::size_t size = blocks[code / 2].size;
+    if (is_allocation(code)) {
+      live += size;
+      peak = std::max(peak, live);
+    } else {
+      live -= size;
+    }
+  }
+  return peak;
+}
+
 std::size_t height_of(std::span<const RecordedBlock> blocks, const std::vector<std::size_t>& offsets) {
   std::size_t h = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) h = std::max(h, offsets[i] + blocks[i].size);
   return h;
 }
 
-// The events of the epoch in clock order: (tick, 2 * block + 1) for an allocation, (tick,
-// 2 * block) for a free.
-std::vector<std::pair<std::uint64_t, std::size_t>> events_in_order(std::span<const RecordedBlock> blocks) {
-  std::vector<std::pair<std::uint64_t, std::size_t>> ev;
-  ev.reserve(2 * blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    ev.emplace_back(blocks[i].start, 2 * i + 1);  // odd: allocation
-    ev.emplace_back(blocks[i].end, 2 * i);        // even: free
+// An ideal online allocator over one address range: best fit (the smallest free gap that fits,
+// the lowest of those) among the gaps between the blocks it holds, gaps coalesced on every free,
+// else the top, which a free at the top lowers. O(log n) a call.
+class BestFitRange {
+ public:
+  /// Starts with the ranges of `held` taken: [lo, hi) pairs, sorted.
+  explicit BestFitRange(const std::vector<std::pair<std::size_t, std::size_t>>& held) {
+    for (const auto& [lo, hi] : held) {
+      if (lo > top_) add_gap(top_, lo - top_);
+      top_ = std::max(top_, hi);
+    }
   }
-  std::sort(ev.begin(), ev.end());  // a free and an allocation on one tick: the free first
-  return ev;
+
+  std::size_t allocate(std::size_t size) {
+    const auto fit = by_size_.lower_bound({size, 0});
+    if (fit == by_size_.end()) {
+      top_ += size;
+      return top_ - size;
+    }
+    const auto [gap, at] = *fit;
+    remove_gap(at, gap);
+    if (gap > size) add_gap(at + size, gap - size);
+    return at;
+  }
+
+  void free(std::size_t lo, std::size_t size) {
+    std::size_t hi = lo + size;
+    if (const auto above = by_offset_.find(hi); above != by_offset_.end()) {
+      hi += above->second;
+      remove_gap(above->first, above->second);
+    }
+    if (const auto next = by_offset_.lower_bound(lo); next != by_offset_.begin()) {
+      const auto below = std::prev(next);
+      if (below->first + below->second == lo) {
+        lo = below->first;
+        remove_gap(below->first, below->second);
+      }
+    }
+    if (hi == top_) {
+      top_ = lo;  // the space above the top is no gap: the top is where it begins
+    } else {
+      add_gap(lo, hi - lo);
+    }
+  }
+
+ private:
+  void add_gap(std::size_t lo, std::size_t size) {
+    by_offset_.emplace(lo, size);
+    by_size_.emplace(size, lo);
+  }
+  void remove_gap(std::size_t lo, std::size_t size) {
+    by_offset_.erase(lo);
+    by_size_.erase({size, lo});
+  }
+
+  std::map<std::size_t, std::size_t> by_offset_;           // gap offset -> size
+  std::set<std::pair<std::size_t, std::size_t>> by_size_;  // (size, offset)
+  std::size_t top_ = 0;
+};
+
+// The epoch replayed in clock order against BestFitRange, with the fixed blocks held where they
+// were from the epoch's start to their free: the layout an ideal online allocator would have
+// given it. O(n log n).
+std::vector<std::size_t> online_layout(std::span<const RecordedBlock> blocks, const Events& events) {
+  std::vector<std::size_t> offsets(blocks.size(), 0);
+  std::vector<std::pair<std::size_t, std::size_t>> fixed;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (!blocks[i].fixed) continue;
+    offsets[i] = blocks[i].recorded;
+    fixed.emplace_back(blocks[i].recorded, blocks[i].recorded + blocks[i].size);
+  }
+  std::sort(fixed.begin(), fixed.end());
+  BestFitRange range(fixed);
+  for (const auto& [tick, code] : events) {
+    const std::size_t i = code / 2;
+    if (is_allocation(code) && blocks[i].fixed) continue;  // held from the start
+    if (is_allocation(code)) {
+      offsets[i] = range.allocate(blocks[i].size);
+    } else {
+      range.free(offsets[i], blocks[i].size);
+    }
+  }
+  return offsets;
 }
 
 // Replays the epoch against `offsets`: for each block, the block alive below it when it is
 // allocated (PlannedLayout::below); nullopt if two blocks alive together overlap (the allocator
 // must never follow such a layout).
 std::optional<std::vector<std::uint32_t>> link_below(std::span<const RecordedBlock> blocks,
-                                                     const std::vector<std::size_t>& offsets) {
+                                                     const std::vector<std::size_t>& offsets, const Events& events) {
   std::vector<std::uint32_t> below(blocks.size(), PlannedLayout::kNone);
   std::map<std::size_t, std::size_t> alive;  // offset -> block
-  for (const auto& [tick, code] : events_in_order(blocks)) {
+  for (const auto& [tick, code] : events) {
     const std::size_t i = code / 2;
     const std::size_t off = offsets[i];
-    if (code % 2 == 0) {
+    if (!is_allocation(code)) {
       alive.erase(off);
       continue;
     }
@@ -289,51 +398,47 @@ std::optional<std::vector<std::uint32_t>> link_below(std::span<const RecordedBlo
 
 }  // namespace
 
-std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) {
-  std::size_t live = 0;
-  std::size_t peak = 0;
-  for (const auto& [tick, code] : events_in_order(blocks)) {
-    const std::size_t size = blocks[code / 2].size;
-    if (code % 2 == 0) {
-      live -= size;
-    } else {
-      live += size;
-      peak = std::max(peak, live);
-    }
-  }
-  return peak;
-}
+std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) { return peak_of(blocks, events_in_order(blocks)); }
 
-std::optional<PlannedLayout> plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps) {
+PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps) {
   check_input(blocks);
   if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");
-  PlannedLayout recorded;
-  recorded.offsets.resize(blocks.size());
-  for (std::size_t i = 0; i < blocks.size(); ++i) recorded.offsets[i] = blocks[i].recorded;
-  recorded.height = height_of(blocks, recorded.offsets);
-  recorded.source = LayoutSource::recorded;
-  // The recorded layout when it is one and no packing can be lower (it reaches the live peak).
-  std::optional<std::vector<std::uint32_t>> recorded_below = link_below(blocks, recorded.offsets);
-  if (recorded_below && recorded.height <= peak_live_bytes(blocks)) {
-    recorded.below = std::move(*recorded_below);
-    return recorded;
+  const Events events = events_in_order(blocks);
+  const std::size_t floor = peak_of(blocks, events);  // no layout is lower
+  PlannedLayout best;
+  best.offsets.resize(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) best.offsets[i] = blocks[i].recorded;
+  best.height = height_of(blocks, best.offsets);
+  best.source = LayoutSource::recorded;
+  std::optional<std::vector<std::uint32_t>> recorded_below = link_below(blocks, best.offsets, events);
+  if (recorded_below && best.height <= floor) {
+    best.below = std::move(*recorded_below);
+    return best;
   }
-  // A packing as high as the recorded layout is not kept (ties: the recorded one), so it stops
-  // there when the recorded layout is one.
-  Packing packing = pack(blocks, max_pack_steps, recorded_below ? recorded.height : SIZE_MAX);
-  if (packing.end != PackEnd::done) {  // not lower, or too costly: the recorded layout, if it is one
-    if (!recorded_below) return std::nullopt;
-    recorded.below = std::move(*recorded_below);
-    return recorded;
+  // Each candidate replaces the best so far only when it is lower (ties: the earlier one), and
+  // the next is tried only while the best is above the floor.
+  std::vector<std::size_t> online = online_layout(blocks, events);
+  if (const std::size_t height = height_of(blocks, online); !recorded_below || height < best.height) {
+    best.offsets = std::move(online);
+    best.height = height;
+    best.source = LayoutSource::online;
   }
-  PlannedLayout packed;
-  packed.offsets = std::move(packing.offsets);
-  packed.height = height_of(blocks, packed.offsets);
-  packed.source = LayoutSource::packed;
-  std::optional<std::vector<std::uint32_t>> packed_below = link_below(blocks, packed.offsets);
-  if (!packed_below) throw std::logic_error("plan_layout: the packed layout overlaps itself");
-  packed.below = std::move(*packed_below);
-  return packed;
+  if (best.height > floor) {
+    Packing packing = pack(blocks, max_pack_steps, best.height);
+    if (packing.end == PackEnd::done) {
+      best.offsets = std::move(packing.offsets);
+      best.height = height_of(blocks, best.offsets);
+      best.source = LayoutSource::packed;
+    }
+  }
+  if (best.source == LayoutSource::recorded) {
+    best.below = std::move(*recorded_below);
+    return best;
+  }
+  std::optional<std::vector<std::uint32_t>> below = link_below(blocks, best.offsets, events);
+  if (!below) throw std::logic_error("plan_layout: the planned layout overlaps itself");
+  best.below = std::move(*below);
+  return best;
 }
 
 }  // namespace tensorpool::detail

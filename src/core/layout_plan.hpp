@@ -5,33 +5,35 @@
 // runs the same epoch again can then be served at those offsets with no device call, from
 // `height` bytes of mapped memory (vmm_heaps.cpp; docs/vmm.md, "Planned layouts").
 //
-// Two candidates are compared and the lower one kept (ties: the recorded one):
+// Three candidates, each tried only while the best so far is above the peak of live bytes
+// (peak_live_bytes(): no layout reaches lower), each kept only when lower than the best so far:
 //   recorded  the offsets the blocks really had, reaching as high as the epoch's address range
-//             did (a valid layout whenever the record is one: blocks alive together never
-//             overlap; checked, and not used otherwise);
+//             did (a candidate whenever the record is a layout: blocks alive together never
+//             overlap; checked);
+//   online    the epoch replayed in clock order against an ideal online allocator: best fit
+//             among the gaps between the blocks alive at the time (coalesced on every free), else
+//             the top. O(n log n). An epoch whose blocks nest (a forward pass kept for the
+//             backward pass, with temporaries freed at once) reaches the live peak this way;
 //   packed    greedy by size: blocks in decreasing size (ties: earlier first) each take the
 //             smallest gap between the already placed blocks alive at the same time that fits
 //             it (ties: the lowest), else the top of them; fixed blocks are placed first, where
-//             they were. No layout reaches below the peak of
-//             live bytes (peak_live_bytes()); on training steps this one often reaches it.
-// Cost: O(n^2) simple steps at most (each block passes over the placed ones in offset order),
-// skipped when the recorded layout already reaches the peak of live bytes. The pass leaves out
-// placed blocks that cannot change its answer (all below what it has covered, alive at other
-// times, or a gapless run of blocks all alive with it, which only raises the top) and stops at a
-// gap of exactly the block's size; packing stops as soon as its height reaches the recorded
-// layout's (it would not be kept). The layout is the plain scan's either way (test_layout_plan.cpp
-// checks it block for block). On training steps that leaves out most of the work
-// (BM_PlanLayoutStep: 11 ms for a gpt2-xl step of 7,153 blocks and for a Mixtral step of 9,699),
-// on BM_PlanLayout's synthetic epoch less (about 55 ms at 8,192 blocks). It is bounded: packing
-// stops once its passes would have looked at kMaxPackSteps placed blocks (counted as if none were
-// left out), what an epoch of 32,768 blocks costs at most, and the recorded layout is kept (the
-// allocator's own, valid, so the epoch still repeats without a call). vmm_plan_max_blocks
-// bounds n.
+//             they were. It sees a step's whole future, so it places what an online rule cannot
+//             (on training steps whose gradients and activations interleave it is the lowest).
+// Packing costs O(n^2) simple steps at most (each block passes over the placed ones in offset
+// order). The pass leaves out placed blocks that cannot change its answer (all below what it has
+// covered, alive at other times, or a gapless run of blocks all alive with it, which only raises
+// the top) and stops at a gap of exactly the block's size; packing stops as soon as its height
+// reaches the best so far (it would not be kept). The layout is the plain scan's either way
+// (test_layout_plan.cpp checks it block for block). On training steps that leaves out most of the
+// work (BM_PlanLayoutStep: about 10 ms for a gpt2-xl step of 7,153 blocks and for a Mixtral step of
+// 9,699); BM_PlanLayout's synthetic epoch of 8,192 blocks nests, and the online layout reaches its
+// peak in about 3 ms with no packing. Packing is bounded: it stops once its passes would have
+// looked at kMaxPackSteps placed blocks (counted as if none were left out), what an epoch of
+// 32,768 blocks costs at most, and the best so far is kept. vmm_plan_max_blocks bounds n.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -51,7 +53,7 @@ struct RecordedBlock {
 };
 
 /// Which candidate a layout is (see the file comment).
-enum class LayoutSource : std::uint8_t { recorded, packed };
+enum class LayoutSource : std::uint8_t { recorded, online, packed };
 
 struct PlannedLayout {
   std::vector<std::size_t> offsets;  // per block, in input order
@@ -67,11 +69,9 @@ struct PlannedLayout {
 /// n = 32768, so that no epoch of up to 32,768 blocks is ever cut short.
 inline constexpr std::size_t kMaxPackSteps = std::size_t{32768} * 32767 / 2;
 
-/// Plans the layout: nullopt when packing would look at more than `max_pack_steps` placed blocks
-/// and the recorded layout is not one (blocks alive together overlap in it). Throws
-/// std::invalid_argument when a block breaks RecordedBlock's invariants.
-std::optional<PlannedLayout> plan_layout(std::span<const RecordedBlock> blocks,
-                                         std::size_t max_pack_steps = kMaxPackSteps);
+/// Plans the layout (there always is one: the online candidate). Throws std::invalid_argument
+/// when a block breaks RecordedBlock's invariants.
+PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps = kMaxPackSteps);
 
 /// The largest sum of sizes of blocks alive at one tick: no layout reaches lower.
 std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks);

@@ -12,8 +12,8 @@
 // release() give them back to the index first. The chunks an epoch mapped above every block it
 // allocated (a growth maps ahead of need) are released when the heap empties (release_never_used()).
 //
-// Planned layouts: the recorded epoch is planned offline (layout_plan.hpp: the lower of the
-// recorded layout and a packing by size), by the planner thread or, with vmm_planner:synchronous,
+// Planned layouts: the recorded epoch is planned offline (layout_plan.hpp: the lowest of the
+// recorded layout, an ideal online allocator's and a packing by size), by the planner thread or, with vmm_planner:synchronous,
 // in the free that ends it (vmm_planner.hpp), and stored in the heap's PlanCache under the
 // signature of the epoch before it; the next epoch gets the plan stored after an epoch like the
 // one that just ended, else that one's own (or the latest of its kind, while the thread plans it).
@@ -27,7 +27,7 @@
 // chunks above the plan's height are released, behind an event too (give_back_above_plan()). A
 // request the plan did not foresee departs from it for the rest of the epoch (the held pages
 // serve it), and that epoch is planned afresh. A program that repeats its steps from an empty
-// heap so runs them at the live peak the packing reaches, with no device call (docs/vmm.md,
+// heap so runs them at the height its plan reaches, with no device call (docs/vmm.md,
 // "Planned layouts").
 #include <algorithm>
 #include <exception>

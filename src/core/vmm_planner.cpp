@@ -20,9 +20,7 @@ namespace {
 std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::size_t page) {
   if (record.empty()) return nullptr;
   try {
-    const std::optional<PlannedLayout> planned = plan_layout(record);
-    if (!planned) return nullptr;
-    const PlannedLayout& layout = *planned;
+    const PlannedLayout layout = plan_layout(record);
     auto plan = std::make_unique<EpochPlan>();
     // A step per allocation of the epoch (the fixed blocks, live throughout, come after them in
     // the record: they are no step, and no step's anchor).
