@@ -42,6 +42,7 @@ struct EpochLog {
   /// for every base block (reserved when the epoch begins: no allocation in the fast path).
   std::vector<RecordedBlock> freed_base;
   bool at_step = false;      // the epoch began at a step boundary (else where the heap was empty)
+  std::uint64_t base_signature = kSignatureSeed;  // hashes the base's places and sizes (at_step)
   std::uint32_t boundaries = 0;  // step boundaries the epoch went on over
   std::vector<RecordedBlock> entries;
   std::size_t fixed = 0;  // fixed entries at the end of `entries` (VmmHeaps::end_step_epoch)
@@ -61,7 +62,10 @@ struct EpochLog {
   }
 
   /// Folds `value` into the signature (one FNV-1a step).
-  TP_ALWAYS_INLINE void mix(std::uint64_t value) { signature = (signature ^ value) * 0x100000001b3ull; }
+  TP_ALWAYS_INLINE void mix(std::uint64_t value) { signature = mixed(signature, value); }
+  static constexpr std::uint64_t mixed(std::uint64_t hash, std::uint64_t value) {
+    return (hash ^ value) * 0x100000001b3ull;
+  }
 
   /// Whether releasing the one live block left would end the epoch.
   TP_ALWAYS_INLINE bool one_live() const noexcept { return live == 1; }
@@ -86,6 +90,7 @@ struct EpochLog {
     base = 0;
     freed_base.clear();
     at_step = false;
+    base_signature = kSignatureSeed;
     boundaries = 0;
     fixed = 0;
     high = 0;

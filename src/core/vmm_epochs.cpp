@@ -154,7 +154,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
     heap.cursor.follow_again();
   } else {
     release_never_used(heap);
-    choose_next_plan(heap);
+    choose_next_plan(heap, NextBase::same);
   }
   heap.begin_epoch();
   return nullptr;
@@ -178,14 +178,14 @@ void VmmHeaps::release_never_used(Heap& heap) {
 
 // The end of an epoch that does not simply repeat its plan in place: the next epoch's plan, and
 // the give-back of the pages above a plan that is followed again.
-void VmmHeaps::choose_next_plan(Heap& heap) {
+void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
   // The plan this epoch followed to the end, if it did: when the next epoch follows it again,
   // what lies above its height can go (give_back_above_plan()).
   const EpochPlan* followed = heap.cursor.matched(heap.epoch.allocations()) ? heap.cursor.plan().get() : nullptr;
   if (repeats_in_place(heap)) {
     heap.cursor.follow_again();
   } else {
-    plan_next_epoch(heap);
+    plan_next_epoch(heap, next_base);
   }
   if (followed != nullptr && heap.cursor.plan().get() == followed && heap.cursor.state() == PlanState::following) {
     give_back_above_plan(heap);
@@ -308,7 +308,17 @@ void VmmHeaps::end_step_epoch(Heap& heap) {
   hold_all(heap, nullptr);
   log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
   log.fixed += log.freed_base.size();
-  choose_next_plan(heap);
+  choose_next_plan(heap, live_signature(heap) == log.base_signature ? NextBase::same : NextBase::moved);
+}
+
+// Hashes the places and sizes of the heap's blocks in use, in address order.
+std::uint64_t VmmHeaps::live_signature(const Heap& heap) noexcept {
+  std::uint64_t hash = EpochLog::kSignatureSeed;
+  for (const Block* x = heap.segment->first; x != nullptr; x = x->next) {
+    if (x->state == BlockState::free) continue;
+    hash = EpochLog::mixed(EpochLog::mixed(hash, x->addr - heap.segment->addr), x->size);
+  }
+  return hash;
 }
 
 // A new epoch begins at a step boundary: every block live now is its base.
@@ -322,10 +332,10 @@ void VmmHeaps::rebase(Heap& heap) {
     x->epoch_slot = EpochLog::kBaseSlot;
     ++log.base;
     log.high = std::max<std::size_t>(log.high, x->addr + x->size - heap.segment->addr);
-    // Two step epochs are alike only around the same base.
-    log.mix(x->addr - heap.segment->addr);
-    log.mix(x->size);
   }
+  // Two step epochs are alike only around the same base.
+  log.base_signature = live_signature(heap);
+  log.mix(log.base_signature);
   reserve_resident(log.freed_base, log.base);  // the fast path's frees of base blocks allocate nothing
 }
 
@@ -333,10 +343,11 @@ void VmmHeaps::rebase(Heap& heap) {
 // before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the
 // same requests in the same order, no planning cost). The next epoch gets the plan stored after
 // an epoch like this one, if any, else this one's again (synchronous planner) or the latest plan
-// of an epoch like this one (background planner: this one's is not made yet), when the memory
-// from the heap's start up to its height is mapped (map_plan()); without one it runs unplanned
-// from the held pages.
-void VmmHeaps::plan_next_epoch(Heap& heap) {
+// of an epoch like this one (background planner: this one's is not made yet), but those two only
+// when the next epoch begins with this one's base (`next_base`), when the memory from the heap's
+// start up to its height is mapped (map_plan()); without one it runs unplanned from the held
+// pages.
+void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
   PlanCursor& cursor = heap.cursor;
   // Another stream took a block of the heap (oom_ladder.cpp) and gave it back before the heap's
   // own stream made a request: the layout it waited for is dropped (a new one is asked below).
@@ -370,13 +381,18 @@ void VmmHeaps::plan_next_epoch(Heap& heap) {
   collect_plans(heap);
   std::shared_ptr<const EpochPlan> next = heap.plans.find(signature);
   std::uint64_t next_key = signature;
-  if (!next && mine) {
-    next = mine;
-    next_key = heap.last_signature;  // where `mine` is stored
-  } else if (!next) {
-    PlanCache::Found latest = heap.plans.latest_of(signature);
-    next = std::move(latest.plan);
-    next_key = latest.key;
+  // None stored after an epoch like this one: this epoch's own plan, or the latest of its kind,
+  // both made around this epoch's base; but not when the next epoch begins with another (their
+  // blocks would go where that base lies).
+  if (!next && next_base == NextBase::same) {
+    if (mine) {
+      next = mine;
+      next_key = heap.last_signature;  // where `mine` is stored
+    } else {
+      PlanCache::Found latest = heap.plans.latest_of(signature);
+      next = std::move(latest.plan);
+      next_key = latest.key;
+    }
   }
   if (mine) heap.plans.store(heap.last_signature, std::move(mine), signature, signature);
   heap.last_signature = signature;

@@ -186,6 +186,13 @@ enum class StreamWork : std::uint8_t {
   done,     // an event recorded after it has completed: no wait
 };
 
+/// Whether the blocks live when the next epoch begins lie where those of the epoch that ends did
+/// (a step epoch's base: VmmHeaps::end_step_epoch).
+enum class NextBase : std::uint8_t {
+  same,   // the same places and sizes (or none: the heap is empty)
+  moved,  // other blocks, or elsewhere: a plan made around this epoch's base would not fit it
+};
+
 /// What can be done now for a plan's pages (VmmHeaps::map_plan).
 enum class Layout : std::uint8_t {
   ready,       // mapped from the heap's start up to the plan's height
@@ -284,7 +291,7 @@ class VmmHeaps final : public SegmentSource {
   static bool repeats_in_place_alone(const Heap& heap) noexcept {
     return repeats_in_place(heap) && !has_pages_above_plan(heap) && heap.give_back_event == 0;
   }
-  void choose_next_plan(Heap& heap);
+  void choose_next_plan(Heap& heap, NextBase next_base);
   /// The heap has a plan and maps chunks above its height (give_back_above_plan()).
   static bool has_pages_above_plan(const Heap& heap) noexcept {
     return heap.cursor.plan() != nullptr && heap.mapped_end > heap.segment->addr + heap.cursor.plan()->height;
@@ -301,7 +308,8 @@ class VmmHeaps final : public SegmentSource {
   /// The heap maps chunks above never_used_from() (release_never_used()).
   bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
   void drop_event(DeviceEvent& e) noexcept;
-  void plan_next_epoch(Heap& heap);
+  void plan_next_epoch(Heap& heap, NextBase next_base);
+  static std::uint64_t live_signature(const Heap& heap) noexcept;
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
   void collect_plans(Heap& heap);
