@@ -147,6 +147,11 @@ void VmmHeaps::release_held(Heap& heap) {
 // and the epoch just recorded is planned for the next one.
 Block* VmmHeaps::end_epoch(Block* b) {
   Heap& heap = heap_of(b);
+  if (repeats_alone_trivially(heap)) {
+    if (heap.cursor.state() != PlanState::recording) heap.cursor.record();
+    heap.begin_epoch();
+    return b;  // to the free index, as any free block
+  }
   hold_all(heap, b);
   if (repeats_in_place_alone(heap)) {
     // plan_next_epoch()'s first case, with the pages in place. Nothing was mapped and left unused:
@@ -258,7 +263,10 @@ void VmmHeaps::drop_event(DeviceEvent& e) noexcept {
 // The epoch of b's heap repeats its plan, whose pages are in place, with nothing mapped above its
 // height: its end holds the heap's free pages and follows the plan again, all inside the heap (no
 // device call, no chunk cache, no planner).
-bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept { return repeats_in_place_alone(heap_of(b)); }
+bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept {
+  const Heap& heap = heap_of(b);
+  return repeats_alone_trivially(heap) || repeats_in_place_alone(heap);
+}
 
 // --- step boundaries ------------------------------------------------------------------------
 

@@ -291,6 +291,24 @@ class VmmHeaps final : public SegmentSource {
   static bool repeats_in_place_alone(const Heap& heap) noexcept {
     return repeats_in_place(heap) && !has_pages_above_plan(heap) && heap.give_back_event == 0;
   }
+  /// The epoch that ends made one allocation, as the one before it did, and the heap maps
+  /// nothing but the chunks that block reached, all from its start (nothing held, no chunk above,
+  /// no event pending, no part asleep): the next epoch needs no plan and no held pages, since
+  /// the free index puts its one block where a plan would (the heap's only free block, from its
+  /// start), and its end only hands the block to the index (ends_epoch_in_place()). (A chunk
+  /// that straddles the block's end stays mapped under a plan too: give_back_above_plan().)
+  bool repeats_alone_trivially(const Heap& heap) const noexcept {
+    const EpochLog& log = heap.epoch;
+    const Address start = heap.segment->addr;
+    return log.entries.size() == 1 && !log.at_step && log.signature == heap.last_signature && heap.held.empty() &&
+           heap.mapped_end == start + heap.mapped_prefix && heap.give_back_event == 0 &&
+           heap.cursor.state() != PlanState::laying_out && heap.sleeping.empty() && no_chunk_above(heap, log.high);
+  }
+  /// No chunk of the heap starts at or above the page `height` bytes from its start reach.
+  bool no_chunk_above(const Heap& heap, std::size_t height) const noexcept {
+    const Address top = heap.segment->addr + round_up(height, page_);
+    return heap.mapped_end <= top || std::prev(heap.chunks.end())->first < top;
+  }
   void choose_next_plan(Heap& heap, NextBase next_base);
   /// The heap has a plan and maps chunks above its height (give_back_above_plan()).
   static bool has_pages_above_plan(const Heap& heap) noexcept {

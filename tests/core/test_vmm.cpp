@@ -216,6 +216,69 @@ TEST_CASE("vmm: an epoch that runs again is served at its planned offsets, with 
   f.alloc.check_invariants();
 }
 
+TEST_CASE("vmm: an epoch of one block that repeats needs no plan: its pages shrink to the block's, and it stays put",
+          "[vmm][plan]") {
+  Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
+  const Address base = abc_epoch(f)[0];
+  REQUIRE(f.reserved() == 140 * MiB);
+  const auto one_block = [&](std::size_t bytes) {
+    void* p = f.alloc.allocate(bytes);
+    f.alloc.check_invariants();
+    f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+    return addr(p);
+  };
+  // The lone block is planned and its plan repeated, as any epoch's: the pages above it go.
+  for (int run = 0; run < 3; ++run) REQUIRE(one_block(40 * MiB) == base);
+  REQUIRE(f.reserved() == 40 * MiB);
+  // From then on its end hands the block to the free index (no held pages, no plan), and the
+  // next epoch finds it there: the same place, no device call.
+  const DeviceCounters settled = f.device->counters();
+  for (int run = 0; run < 4; ++run) {
+    INFO("run " << run);
+    REQUIRE(one_block(40 * MiB) == base);
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(f.reserved() == 40 * MiB);
+    REQUIRE(f.alloc.fragmentation().largest_free == 40 * MiB);
+  }
+  // Another size is served from the same pages; the three blocks again grow the heap, and come
+  // to follow their plan once the plans stored after them are theirs again.
+  REQUIRE(one_block(24 * MiB) == base);
+  REQUIRE(same_calls(f.device->counters(), settled));
+  std::vector<Address> abc;
+  for (int run = 0; run < 4; ++run) abc = abc_epoch(f);
+  REQUIRE(abc == std::vector<Address>{base, base + 60 * MiB, base});
+  f.expect_all_given_back();
+}
+
+TEST_CASE("vmm: a lone block whose last chunk reaches past its end settles too", "[vmm][plan]") {
+  // A block of 128 MiB first, in one chunk; then a lone block of 100 MiB, over and over. The
+  // chunk reaches past its end, and stays mapped (a plan would keep it too: a chunk that
+  // straddles the height stays).
+  Fixture f("mode:vmm,vmm_max_chunk:1GiB,vmm_chunk_divisor:0", {.event_mode = EventMode::immediate});
+  f.alloc.deallocate(f.alloc.allocate(128 * MiB));
+  REQUIRE(f.device->counters().physical_creates == 1);
+  const auto one_block = [&] {
+    void* p = f.alloc.allocate(100 * MiB);
+    f.alloc.check_invariants();
+    f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+    return addr(p);
+  };
+  const Address base = one_block();
+  for (int run = 0; run < 3; ++run) REQUIRE(one_block() == base);
+  const DeviceCounters settled = f.device->counters();
+  const std::size_t reserved = f.reserved();
+  for (int run = 0; run < 4; ++run) {
+    INFO("run " << run);
+    REQUIRE(one_block() == base);
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(f.reserved() == reserved);
+  }
+  REQUIRE(reserved == 128 * MiB);
+  f.expect_all_given_back();
+}
+
 TEST_CASE("vmm: pages above a repeated plan's height are given back once its stream's work is done, never earlier",
           "[vmm][plan]") {
   // 2 MiB chunks, so that whole chunks lie above the plan's 100 MiB: the first run maps 140 MiB.
