@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstdint>
 #include <map>
+#include <memory_resource>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -340,8 +341,11 @@ class BestFitRange {
     by_size_.erase({size, lo});
   }
 
-  std::map<std::size_t, std::size_t> by_offset_;           // gap offset -> size
-  std::set<std::pair<std::size_t, std::size_t>> by_size_;  // (size, offset)
+  // Nodes from one arena, given back all at once with the range: a replay makes and drops a few
+  // per event, and the heap's allocator would cost as much as the trees.
+  std::pmr::monotonic_buffer_resource arena_;
+  std::pmr::map<std::size_t, std::size_t> by_offset_{&arena_};           // gap offset -> size
+  std::pmr::set<std::pair<std::size_t, std::size_t>> by_size_{&arena_};  // (size, offset)
   std::size_t top_ = 0;
 };
 
@@ -376,7 +380,8 @@ std::vector<std::size_t> online_layout(std::span<const RecordedBlock> blocks, co
 std::optional<std::vector<std::uint32_t>> link_below(std::span<const RecordedBlock> blocks,
                                                      const std::vector<std::size_t>& offsets, const Events& events) {
   std::vector<std::uint32_t> below(blocks.size(), PlannedLayout::kNone);
-  std::map<std::size_t, std::size_t> alive;  // offset -> block
+  std::pmr::monotonic_buffer_resource arena;  // nodes given back all at once (BestFitRange)
+  std::pmr::map<std::size_t, std::size_t> alive{&arena};  // offset -> block
   for (const auto& [tick, code] : events) {
     const std::size_t i = code / 2;
     const std::size_t off = offsets[i];
