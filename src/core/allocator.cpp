@@ -261,13 +261,24 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
   if (TP_UNLIKELY(b == nullptr)) return false;
   const Segment* seg = b->segment;
   if (TP_UNLIKELY(b->uses != nullptr || b->asleep ||
-                  (seg->epoch != nullptr && seg->epoch->one_live() && !source_->ends_epoch_in_place(b)))) {
+                  (seg->epoch != nullptr && seg->epoch->one_live() && !epoch_ends_in_heap(*seg->epoch, b)))) {
     shard.live.insert(addr, b);  // back as it was: the exclusive mode frees it
     return false;
   }
   shard.counters.count(&Stats::free_calls);
   shard.counters.on_free(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(b->requested));
   release_block(b);
+  return true;
+}
+
+// b is the last block allocated in its heap: whether its free ends the epoch inside the heap
+// (SegmentSource::epoch_end_of()). If so the answer is left in the heap's record for end_epoch(),
+// which the free reaches under the same lock; an end elsewhere is not left (the exclusive path
+// asks again).
+bool Allocator::Impl::epoch_ends_in_heap(detail::EpochLog& log, const Block* b) const {
+  const detail::EpochEnd end = source_->epoch_end_of(b);
+  if (end == detail::EpochEnd::elsewhere) return false;
+  log.end_known = end;
   return true;
 }
 

@@ -91,6 +91,7 @@ class Allocator::Impl : private detail::AllocatorState {
   // --- fast path (allocator.cpp) ---
   Block* allocate_cached(StreamState& ss, std::size_t size, std::size_t bytes);
   bool free_cached(detail::Shard& shard, Address addr);
+  bool epoch_ends_in_heap(detail::EpochLog& log, const Block* b) const;
   void* allocate_exclusive(std::size_t bytes, Stream stream);
   /// In the exclusive mode: an allocation for `key` / the free of allocated block b (out of line,
   /// for graph_capture.cpp; allocator.cpp inlines allocate_in and free_block into its own paths).

@@ -20,6 +20,14 @@
 
 namespace tensorpool::detail {
 
+/// How the free that leaves a heap empty ends its epoch (SegmentSource::epoch_end_of).
+enum class EpochEnd : std::uint8_t {
+  unknown,    // not asked: end_epoch() finds out
+  elsewhere,  // with device calls, the planner or other heaps: in the allocator's exclusive mode
+  to_index,   // the epoch's one block, as the one before it: the block goes to the free index
+  held,       // its plan repeats in place: the heap's pages are held and the plan followed again
+};
+
 struct EpochLog {
   static constexpr std::uint32_t kNoSlot = UINT32_MAX;
   static constexpr std::uint32_t kBaseSlot = UINT32_MAX - 1;  // a base block: live before the epoch
@@ -47,6 +55,10 @@ struct EpochLog {
   std::vector<RecordedBlock> entries;
   std::size_t fixed = 0;  // fixed entries at the end of `entries` (VmmHeaps::end_step_epoch)
   std::size_t high = 0;   // the highest end of a block of the epoch (base included), from the heap's start
+  /// An end inside the heap (to_index, held) that SegmentSource::epoch_end_of() answered the fast
+  /// path's free of the heap's last block, until the end_epoch() of that free reads it (under the
+  /// same lock); `unknown` otherwise.
+  EpochEnd end_known = EpochEnd::unknown;
 
   TP_ALWAYS_INLINE void on_alloc(Block* b, Address heap_start) {
     ++live;

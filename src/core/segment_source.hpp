@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/allocator_state.hpp"
+#include "core/epoch_log.hpp"
 #include "tensorpool/errors.hpp"
 
 namespace tensorpool::detail {
@@ -81,12 +82,13 @@ class SegmentSource {
   /// b, free and coalesced (in no index), is in a heap with nothing allocated: returns b for the
   /// free index, or nullptr when the source keeps it (held).
   virtual Block* end_epoch(Block* b) { return b; }
-  /// Whether freeing b, the last block allocated in its heap, ends the epoch without a device
-  /// call and without touching anything outside the heap (then the fast path may free it under
-  /// its shard's lock; shards.hpp).
-  virtual bool ends_epoch_in_place(const Block* b) const noexcept {
+  /// How freeing b, the last block allocated in its heap, ends the epoch: anything but
+  /// `elsewhere` makes no device call and touches nothing outside the heap (then the fast path
+  /// may free it under its shard's lock; shards.hpp). The fast path leaves such an answer in the
+  /// heap's EpochLog::end_known for end_epoch(), which so does not ask again.
+  virtual EpochEnd epoch_end_of(const Block* b) const noexcept {
     (void)b;
-    return false;
+    return EpochEnd::elsewhere;
   }
   /// Called before the free index while ss.follows_plan(pool): the block of exactly `size` bytes
   /// the heap's plan puts next (free, mapped, in no index), or nullptr when the request departs

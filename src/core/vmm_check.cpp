@@ -189,6 +189,8 @@ void VmmHeaps::check_epoch(const Heap& h) const {
   for (const RecordedBlock& e : log.entries) open_entries += e.end == 0 ? 1 : 0;
   if (open_entries != open) invariant_failed("the heap's epoch record has stale open entries");
   if (log.entries.size() > log.capacity) invariant_failed("the heap's epoch record is too long");
+  if (log.end_known != EpochEnd::unknown)
+    invariant_failed("the heap's epoch record keeps an answer of epoch_end_of() no free read");
   if (h.plans.recount_steps() != h.plans.steps()) invariant_failed("the heap's count of stored plan steps is wrong");
   if (seg.owner->plan_state[static_cast<int>(seg.pool)] != h.cursor.state_address())
     invariant_failed("the stream of the heap at " + hex(seg.addr) + " does not read the heap's plan state");

@@ -143,17 +143,21 @@ void VmmHeaps::release_held(Heap& heap) {
 // --- the end of an epoch --------------------------------------------------------------------
 
 // b, free and coalesced (in no index), leaves its heap with nothing allocated: the epoch ends.
-// All the heap's free mapped memory is held (b and every free block after an unmapped hole),
-// and the epoch just recorded is planned for the next one.
+// A lone block that repeats goes back to the index (epoch_end_of()); else all the heap's free
+// mapped memory is held (b and every free block after an unmapped hole), and the epoch just
+// recorded is planned for the next one. The fast path's answer is taken as it is (asked under
+// the same lock, a moment before); without one, the end asks.
 Block* VmmHeaps::end_epoch(Block* b) {
   Heap& heap = heap_of(b);
-  if (repeats_alone_trivially(heap)) {
+  const EpochEnd known = std::exchange(heap.epoch.end_known, EpochEnd::unknown);
+  const EpochEnd end = known != EpochEnd::unknown ? known : epoch_end_of(b);
+  if (end == EpochEnd::to_index) {
     if (heap.cursor.state() != PlanState::recording) heap.cursor.record();
     heap.begin_epoch();
     return b;  // to the free index, as any free block
   }
   hold_all(heap, b);
-  if (repeats_in_place_alone(heap)) {
+  if (end == EpochEnd::held) {
     // plan_next_epoch()'s first case, with the pages in place. Nothing was mapped and left unused:
     // the epoch's blocks lay where the plan puts them, up to its height, and nothing lies above.
     heap.cursor.follow_again();
@@ -260,12 +264,14 @@ void VmmHeaps::drop_event(DeviceEvent& e) noexcept {
   }
 }
 
-// The epoch of b's heap repeats its plan, whose pages are in place, with nothing mapped above its
-// height: its end holds the heap's free pages and follows the plan again, all inside the heap (no
-// device call, no chunk cache, no planner).
-bool VmmHeaps::ends_epoch_in_place(const Block* b) const noexcept {
+// Inside the heap (no device call, no chunk cache, no planner): a lone block that repeats goes
+// to the index (repeats_alone_trivially()); an epoch that repeats its plan, whose pages are in
+// place with nothing mapped above its height, holds the heap's free pages and follows the plan
+// again. Anything else ends elsewhere.
+EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
   const Heap& heap = heap_of(b);
-  return repeats_alone_trivially(heap) || repeats_in_place_alone(heap);
+  if (repeats_alone_trivially(heap)) return EpochEnd::to_index;
+  return repeats_in_place_alone(heap) ? EpochEnd::held : EpochEnd::elsewhere;
 }
 
 // --- step boundaries ------------------------------------------------------------------------

@@ -210,7 +210,7 @@ class VmmHeaps final : public SegmentSource {
   void destroy() override;
   void check(Recount& rc) const override;
   Block* end_epoch(Block* b) override;
-  bool ends_epoch_in_place(const Block* b) const noexcept override;
+  EpochEnd epoch_end_of(const Block* b) const noexcept override;
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size, PlannedPages pages) override;
   void step_boundary() override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
@@ -287,7 +287,7 @@ class VmmHeaps final : public SegmentSource {
     return repeats_its_plan(heap) && heap.mapped_prefix >= heap.cursor.plan()->height;
   }
   /// ... with nothing mapped above the height and no give-back waiting: exactly those pages, so
-  /// the end only follows the plan again (ends_epoch_in_place()).
+  /// the end only follows the plan again (epoch_end_of()).
   static bool repeats_in_place_alone(const Heap& heap) noexcept {
     return repeats_in_place(heap) && !has_pages_above_plan(heap) && heap.give_back_event == 0;
   }
@@ -295,7 +295,7 @@ class VmmHeaps final : public SegmentSource {
   /// nothing but the chunks that block reached, all from its start (nothing held, no chunk above,
   /// no event pending, no part asleep): the next epoch needs no plan and no held pages, since
   /// the free index puts its one block where a plan would (the heap's only free block, from its
-  /// start), and its end only hands the block to the index (ends_epoch_in_place()). (A chunk
+  /// start), and its end only hands the block to the index (epoch_end_of()). (A chunk
   /// that straddles the block's end stays mapped under a plan too: give_back_above_plan().)
   bool repeats_alone_trivially(const Heap& heap) const noexcept {
     const EpochLog& log = heap.epoch;
