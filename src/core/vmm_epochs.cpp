@@ -291,8 +291,10 @@ void VmmHeaps::step_boundary() {
     EpochLog& log = heap.epoch;
     if (log.live == 0 || heap.asleep || !heap.sleeping.empty()) continue;
     if (!log.at_step && ++log.boundaries < 2) continue;
+    // The blocks live now are the next epoch's base (nothing below allocates or frees one).
+    const std::uint64_t next_base = live_signature(heap);
     if (log.at_step && !log.full && !log.entries.empty()) {
-      end_step_epoch(heap);
+      end_step_epoch(heap, next_base);
     } else {
       // The epoch goes on over the boundary (or began where the heap was empty): what it recorded
       // plans nothing, and a plan it followed is left.
@@ -301,15 +303,16 @@ void VmmHeaps::step_boundary() {
       heap.cursor.record();
       heap.last_signature = log.signature;
     }
-    rebase(heap);
+    rebase(heap, next_base);
   }
 }
 
 // The step epoch ends: its record gets the base as fixed blocks (where they are, alive from its
 // start to their free or its end), the blocks it still holds count as alive to its end, the free
 // pages are held, and the next epoch's plan is chosen (map_plan() never moves pages under live
-// blocks: holes are mapped as the steps reach them).
-void VmmHeaps::end_step_epoch(Heap& heap) {
+// blocks: holes are mapped as the steps reach them). `next_base`: live_signature() of the blocks
+// live now, the next epoch's base.
+void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
   EpochLog& log = heap.epoch;
   const Address start = heap.segment->addr;
   for (RecordedBlock& e : log.entries)
@@ -322,7 +325,7 @@ void VmmHeaps::end_step_epoch(Heap& heap) {
   hold_all(heap, nullptr);
   log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
   log.fixed += log.freed_base.size();
-  choose_next_plan(heap, live_signature(heap) == log.base_signature ? NextBase::same : NextBase::moved);
+  choose_next_plan(heap, next_base == log.base_signature ? NextBase::same : NextBase::moved);
 }
 
 // Hashes the places and sizes of the heap's blocks in use, in address order.
@@ -335,8 +338,9 @@ std::uint64_t VmmHeaps::live_signature(const Heap& heap) noexcept {
   return hash;
 }
 
-// A new epoch begins at a step boundary: every block live now is its base.
-void VmmHeaps::rebase(Heap& heap) {
+// A new epoch begins at a step boundary: every block live now is its base (`base_signature`:
+// live_signature() of them).
+void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
   EpochLog& log = heap.epoch;
   heap.begin_epoch();
   log.at_step = true;
@@ -348,8 +352,8 @@ void VmmHeaps::rebase(Heap& heap) {
     log.high = std::max<std::size_t>(log.high, x->addr + x->size - heap.segment->addr);
   }
   // Two step epochs are alike only around the same base.
-  log.base_signature = live_signature(heap);
-  log.mix(log.base_signature);
+  log.base_signature = base_signature;
+  log.mix(base_signature);
   reserve_resident(log.freed_base, log.base);  // the fast path's frees of base blocks allocate nothing
 }
 

@@ -315,8 +315,8 @@ class VmmHeaps final : public SegmentSource {
     return heap.cursor.plan() != nullptr && heap.mapped_end > heap.segment->addr + heap.cursor.plan()->height;
   }
   void give_back_above_plan(Heap& heap);
-  void end_step_epoch(Heap& heap);
-  void rebase(Heap& heap);
+  void end_step_epoch(Heap& heap, std::uint64_t next_base);
+  void rebase(Heap& heap, std::uint64_t base_signature);
   void release_above(Heap& heap, Address top);
   void release_never_used(Heap& heap);
   /// Where the pages the current epoch mapped and no block of it used begin.
