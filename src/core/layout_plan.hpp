@@ -27,7 +27,7 @@
 // (test_layout_plan.cpp checks it block for block). On training steps that leaves out most of the
 // work (BM_PlanLayoutStep: about 10 ms for a gpt2-xl step of 7,153 blocks and for a Mixtral step of
 // 9,699); BM_PlanLayout's synthetic epoch of 8,192 blocks nests, and the online layout reaches its
-// peak in about 3 ms with no packing. Packing is bounded: it stops once its passes would have
+// peak in 2-3 ms with no packing. Packing is bounded: it stops once its passes would have
 // looked at kMaxPackSteps placed blocks (counted as if none were left out), what an epoch of
 // 32,768 blocks costs at most, and the best so far is kept. vmm_plan_max_blocks bounds n.
 #pragma once
