@@ -29,7 +29,8 @@
 //   vmm_reserve          0         vmm: free pages empty_cache() keeps mapped
 //   vmm_idle_limit       1GiB      vmm: idle free physical memory beyond which a growth remaps
 //                                  free pages instead of creating new ones (it always does when
-//                                  nothing more can be created) ...
+//                                  nothing more can be created; not pages that cycle with a
+//                                  varying step: docs/vmm.md, "Growth") ...
 //   vmm_idle_divisor     32        vmm: ... or beyond 1/N of what the pool holds, if that is less
 //   vmm_growth_divisor   128       vmm: a growth of the large pool maps at least 1/N of what the
 //                                  pool holds (fewer calls; at most 1/N mapped ahead of need)

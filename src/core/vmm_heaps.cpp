@@ -78,11 +78,16 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   // may be remapped here; but for the pages of heaps that follow a plan, unless under pressure
   // (they are about to be used where they lie). Too much idle memory is remapped from this heap
   // only: other streams' heaps want theirs back at their next step, and pages moved back and
-  // forth cost a synchronization each way every step.
+  // forth cost a synchronization each way every step (which is also why this heap's own stay
+  // when they cycle with its steps: idle_pages()).
   const Spare spare = pressure ? Spare::none : Spare::following;
   release_held(pool, spare);
-  if (pressure) reclaim_free_chunks(pool, 0, spare);
-  else if (idle_physical(pool) > idle_limit(pool) && !plan_asks_source(heap.cursor.state())) reclaim_heap(heap, 0);
+  if (pressure) {
+    reclaim_free_chunks(pool, 0, spare);
+  } else if (idle_pages(heap, size) == IdlePages::remap) {
+    heap.reserved_at_idle_reclaim = st_.counters.reserved(pool);
+    reclaim_heap(heap, 0);
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {
     const Placement where = place(heap, size);
     if (where.hole == nullptr) return nullptr;

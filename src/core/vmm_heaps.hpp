@@ -119,6 +119,8 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::size_t mapped_prefix = 0;       // [start, start + mapped_prefix) is covered by chunks
   Address mapped_end = 0;              // the end of the highest chunk (0: none)
   Address epoch_mapped_end = 0;        // mapped_end when the current epoch began (release_never_used)
+  std::size_t reserved_at_idle_reclaim = 0;  // the pool's reserved bytes at the heap's last idle
+                                             // reclaim (0: none): idle_pages()
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
   HeldPages held;
   bool asleep = false;                 // between sleep() and wake() (vmm_sleep.cpp)
@@ -193,6 +195,13 @@ enum class NextBase : std::uint8_t {
   moved,  // other blocks, or elsewhere: a plan made around this epoch's base would not fit it
 };
 
+/// What a growth does with the idle pages of its heap (VmmHeaps::idle_pages).
+enum class IdlePages : std::uint8_t {
+  keep,   // idle memory within the limit, or the heap follows a plan: they stay where they are
+  remap,  // unmapped (after synchronizing the stream) to serve the growth
+  cycle,  // they cycle with the heap's steps: they stay, and the growth creates what it lacks
+};
+
 /// What can be done now for a plan's pages (VmmHeaps::map_plan).
 enum class Layout : std::uint8_t {
   ready,       // mapped from the heap's start up to the plan's height
@@ -256,6 +265,7 @@ class VmmHeaps final : public SegmentSource {
   // --- pages (vmm_pages.cpp) ---
   std::size_t growth_step(Pool pool) const noexcept;
   std::size_t idle_limit(Pool pool) const noexcept;
+  IdlePages idle_pages(const Heap& heap, std::size_t size) const;
   Placement place(const Heap& heap, std::size_t size) const;
   std::size_t new_chunk_size(const Placement& where, Address at, Address end) const;
   std::size_t chunk_floor(bool past_block) const noexcept;

@@ -8,7 +8,8 @@
 // be larger (up to 1/N of the plan's height). Mapped memory stays mapped but for a reclaim:
 // a chunk entirely under a free block is unmapped into the cache (after synchronizing its heap's
 // stream: kernels may still use memory freed in stream order) when idle memory exceeds the idle
-// limit, under pressure, and on release.
+// limit (but not the pages of a heap whose idle pages cycle with its steps: idle_pages()), under
+// pressure, and on release.
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -103,6 +104,24 @@ std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
 // pool, so that a small pool does not keep a large share of itself idle while it grows.
 std::size_t VmmHeaps::idle_limit(Pool pool) const noexcept {
   return std::min(st_.config.vmm_idle_limit, st_.counters.reserved(pool) / st_.config.vmm_idle_divisor);
+}
+
+// What a growth of the heap by `size` bytes does with its own idle pages. It remaps them
+// (synchronizing its stream) rather than create memory when idle memory exceeds the idle limit
+// and the heap does not follow a plan (its free pages are about to be used where they lie). But
+// not when they cycle: nothing was created in the pool since the heap's last idle reclaim, so
+// what it lacks again is what that reclaim moved (a step whose shapes vary, such as an expert's
+// load, frees and needs back the same pages each step), and the growth maps at most the idle
+// limit. It then creates that rather than move pages (and synchronize) in every step; the next
+// growth that finds idle memory over the limit remaps again (the pool grew since).
+IdlePages VmmHeaps::idle_pages(const Heap& heap, std::size_t size) const {
+  const Pool pool = heap.pool();
+  const std::size_t limit = idle_limit(pool);
+  if (plan_asks_source(heap.cursor.state()) || idle_physical(pool) <= limit) return IdlePages::keep;
+  if (heap.reserved_at_idle_reclaim == 0 || st_.counters.reserved(pool) > heap.reserved_at_idle_reclaim)
+    return IdlePages::remap;
+  const Placement growth = place(heap, size);
+  return growth.hole == nullptr || growth.bytes > limit ? IdlePages::remap : IdlePages::cycle;
 }
 
 // The size of the next new chunk, mapped at `at` by a growth that maps up to `end`: at most
