@@ -140,6 +140,12 @@ TEST_CASE("randomized: virtual-memory mode, chunks of 1/8 of the request, at lea
   run_random(4243, 60000, "mode:vmm,memory_limit:1GiB,vmm_chunk_divisor:8,vmm_chunk_floor_divisor:64");
 }
 
+TEST_CASE("randomized: virtual-memory mode whose idle pages are remapped often, or cycle", "[random][vmm]") {
+  // A quarter of the pool may sit idle before a growth remaps it (vmm_idle_divisor:4), in small
+  // chunks: the growths decide often between remapping idle pages and creating (idle_pages()).
+  run_random(31, 40000, "mode:vmm,memory_limit:1GiB,vmm_idle_divisor:4,vmm_max_chunk:8MiB");
+}
+
 TEST_CASE("randomized: virtual-memory mode with a reserve", "[random][vmm]") {
   run_random(5, 40000, "mode:vmm,memory_limit:600MiB,vmm_reserve:64MiB");
 }
