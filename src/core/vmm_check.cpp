@@ -159,6 +159,12 @@ void VmmHeaps::check_asleep(const Heap& h, const Block* b) const {
 void VmmHeaps::check_epoch(const Heap& h) const {
   const Segment& seg = *h.segment;
   const EpochLog& log = h.epoch;
+  if (!h.recording) {
+    if (seg.epoch != nullptr || log.live != 0 || !log.entries.empty() || h.cursor.state() != PlanState::recording ||
+        h.asleep || h.give_back_event != 0)
+      invariant_failed("the heap at " + hex(seg.addr) + " records nothing but keeps an epoch, a plan or an event");
+    return;
+  }
   if (seg.epoch != &log) invariant_failed("the heap at " + hex(seg.addr) + " does not point to its epoch record");
   std::size_t in_use = 0;
   std::size_t open = 0;

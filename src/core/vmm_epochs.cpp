@@ -153,7 +153,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
   const EpochEnd end = known != EpochEnd::unknown ? known : epoch_end_of(b);
   if (end == EpochEnd::to_index) {
     if (heap.cursor.state() != PlanState::recording) heap.cursor.record();
-    heap.begin_epoch();
+    heap.stop_recording();
     return b;  // to the free index, as any free block
   }
   hold_all(heap, b);
@@ -288,6 +288,7 @@ EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
 // there as its base. O(the heap's blocks).
 void VmmHeaps::step_boundary() {
   for (auto& [start, heap] : heaps_) {
+    heap.resume_recording();
     EpochLog& log = heap.epoch;
     if (log.live == 0 || heap.asleep || !heap.sleeping.empty()) continue;
     if (!log.at_step && ++log.boundaries < 2) continue;

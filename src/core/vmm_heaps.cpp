@@ -70,6 +70,7 @@ std::size_t VmmHeaps::held_bytes(Pool pool) const {
 
 Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   Heap& heap = heap_for(ss, pool);
+  heap.resume_recording();  // the epoch that grows is planned when it ends
   if (Block* b = from_held(heap, size)) return b;
   st_.refuse_if_captured(ss.stream);  // what follows may unmap, synchronize, map
   const std::size_t want = round_up(size, page_);

@@ -134,7 +134,13 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   };
   std::map<Address, Kept> kept;        // sleep(keep): live asleep blocks' bytes in host memory
 
-  EpochLog epoch;                      // the current epoch's record (Segment::epoch points here)
+  EpochLog epoch;                      // the current epoch's record (Segment::epoch points here,
+                                       // while `recording`)
+  /// False after an epoch of one block that repeats (stop_recording()): the heap's allocations
+  /// and frees are then not recorded (Segment::epoch is null, `epoch` is empty), so it serves as a
+  /// fixed segment on its pages does, until a growth, a step boundary or a sleep resumes the
+  /// record (resume_recording()).
+  bool recording = true;
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
   PlanCache plans;                     // plans by the signature of the epoch before theirs
   PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
@@ -164,6 +170,27 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   void begin_epoch() {
     epoch.restart();
     epoch_mapped_end = mapped_end;
+  }
+  /// The heap is empty after an epoch of one block that repeats: the next ones go unrecorded.
+  void stop_recording() {
+    begin_epoch();
+    segment->epoch = nullptr;
+    recording = false;
+  }
+  /// The record resumes. With blocks in use (allocated while it was stopped) the epoch it
+  /// resumes in is counted but not recorded (as one past vmm_plan_max_blocks: no plan from it);
+  /// O(the heap's blocks).
+  void resume_recording() {
+    if (recording) return;
+    for (Block* b = segment->first; b != nullptr; b = b->next) {
+      if (b->state == BlockState::free) continue;
+      b->epoch_slot = EpochLog::kNoSlot;
+      ++epoch.live;
+      epoch.high = std::max<std::size_t>(epoch.high, b->addr + b->size - segment->addr);
+    }
+    epoch.full = epoch.live != 0;
+    segment->epoch = &epoch;
+    recording = true;
   }
   void clear_chunks() {
     chunks.clear();

@@ -33,6 +33,7 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
   std::vector<Heap*> chosen;
   for (auto& [base, heap] : heaps_)
     if (covered(heap, who) && !heap.asleep) chosen.push_back(&heap);
+  for (Heap* heap : chosen) heap->resume_recording();  // forget_asleep() counts frees in the record
   if (contents == Contents::keep && st_.device->holds_contents()) keep_contents(chosen);
   for (Heap* heap : chosen) {
     if (heap->layout_event != 0) abandon_layout(*heap);
