@@ -70,7 +70,7 @@ std::size_t VmmHeaps::held_bytes(Pool pool) const {
 
 Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   Heap& heap = heap_for(ss, pool);
-  heap.resume_recording();  // the epoch that grows is planned when it ends
+  heap.resume_recording();  // a heap that grows is recorded again (docs/vmm.md, "Planned layouts", 6)
   if (Block* b = from_held(heap, size)) return b;
   st_.refuse_if_captured(ss.stream);  // what follows may unmap, synchronize, map
   const std::size_t want = round_up(size, page_);

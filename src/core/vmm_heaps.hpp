@@ -137,8 +137,8 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   EpochLog epoch;                      // the current epoch's record (Segment::epoch points here,
                                        // while `recording`)
   /// False after an epoch of one block that repeats (stop_recording()): the heap's allocations
-  /// and frees are then not recorded (Segment::epoch is null, `epoch` is empty), so it serves as a
-  /// fixed segment on its pages does, until a growth, a step boundary or a sleep resumes the
+  /// and frees are then not recorded (Segment::epoch is null, `epoch` is empty): it serves them
+  /// on its pages as fixed segments do, until a growth, a step boundary or a sleep resumes the
   /// record (resume_recording()).
   bool recording = true;
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
