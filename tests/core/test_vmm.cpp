@@ -252,6 +252,44 @@ TEST_CASE("vmm: an epoch of one block that repeats needs no plan: its pages shri
   f.expect_all_given_back();
 }
 
+TEST_CASE("vmm: a heap that stopped recording resumes at a step boundary and at a sleep", "[vmm][plan][step]") {
+  // Lone blocks of 40 MiB until the heap stops recording; then a block that stays (8 MiB, within
+  // the heap's pages: no growth) and steps of one 16 MiB block, step() after each. The boundary
+  // resumes the record (the block that stays counted, unrecorded), and the steps come to follow
+  // a plan around it: the pages above its height are given back, then no device call. A sleep
+  // resumes the record too; the invariants hold throughout.
+  Fixture f("mode:vmm,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
+  for (int run = 0; run < 6; ++run) f.alloc.deallocate(f.alloc.allocate(40 * MiB));
+  const DeviceCounters settled = f.device->counters();
+  void* stays = f.alloc.allocate(8 * MiB);
+  std::vector<Address> steps;
+  std::vector<DeviceCounters> after;
+  for (int run = 0; run < 8; ++run) {
+    void* p = f.alloc.allocate(16 * MiB);
+    steps.push_back(addr(p));
+    f.alloc.deallocate(p);
+    f.alloc.step();
+    f.alloc.check_invariants();
+    after.push_back(f.device->counters());
+  }
+  for (const Address at : steps) REQUIRE(at == addr(stays) + 8 * MiB);
+  REQUIRE(after.front().maps == settled.maps);  // never a growth: all within the heap's 40 MiB
+  // The plan repeats, so the pages above its height (24 MiB) go; then nothing moves.
+  REQUIRE(f.reserved() == 24 * MiB);
+  for (std::size_t i = 4; i < after.size(); ++i) REQUIRE(same_calls(after[i], after[3]));
+  // Unrecorded again (lone blocks after the weights went), then asleep and awake.
+  f.alloc.deallocate(stays);
+  for (int run = 0; run < 6; ++run) f.alloc.deallocate(f.alloc.allocate(40 * MiB));
+  void* held = f.alloc.allocate(40 * MiB);
+  f.alloc.sleep();
+  f.alloc.check_invariants();
+  f.alloc.wake();
+  f.alloc.check_invariants();
+  f.alloc.deallocate(held);
+  f.alloc.check_invariants();
+  f.expect_all_given_back();
+}
+
 TEST_CASE("vmm: a lone block whose last chunk reaches past its end settles too", "[vmm][plan]") {
   // A block of 128 MiB first, in one chunk; then a lone block of 100 MiB, over and over. The
   // chunk reaches past its end, and stays mapped (a plan would keep it too: a chunk that
