@@ -179,9 +179,11 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   }
   /// The record resumes. With blocks in use (allocated while it was stopped) the epoch it
   /// resumes in is counted but not recorded (as one past vmm_plan_max_blocks: no plan from it);
-  /// O(the heap's blocks).
+  /// the pages mapped now are not its own (release_never_used() leaves them: blocks freed while
+  /// it was stopped may have used them). O(the heap's blocks).
   void resume_recording() {
     if (recording) return;
+    epoch_mapped_end = mapped_end;  // not as at stop_recording(): a release may have unmapped since
     for (Block* b = segment->first; b != nullptr; b = b->next) {
       if (b->state == BlockState::free) continue;
       b->epoch_slot = EpochLog::kNoSlot;
