@@ -5,9 +5,11 @@
 // CUB runs over cub_runtime_standin.cpp, a host-only stand-in for the nine runtime calls it
 // makes, each as cheap as a call can be: the CUB figures are CUB's own bookkeeping (a std::mutex,
 // a multiset of live blocks by address, a multiset of cached blocks by size). tensorpool runs on
-// its simulated device. Both are first filled with `live` blocks of mixed sizes (512 B .. 64 KiB,
-// every third freed again, so the caches hold fragments), then one block of the benchmark's size
-// per thread is allocated and freed once (cached from then on), then each iteration allocates and
+// its simulated device, whose events complete as they are recorded (the pairs queue no work, so
+// a GPU would have finished it; with events that never complete, a give-back above a plan would
+// wait forever). Both are first filled with `live` blocks of mixed sizes (512 B .. 64 KiB, every
+// third freed again, so the caches hold fragments), then one block of the benchmark's size per
+// thread is allocated and freed once (cached from then on), then each iteration allocates and
 // frees that size.
 //
 // Allocators compared:
@@ -50,7 +52,7 @@ enum class CubConfig { all_cached, defaults };
 class TensorpoolSide {
  public:
   explicit TensorpoolSide(Mode mode)
-      : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB})),
+      : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB, .event_mode = EventMode::immediate})),
         alloc_(device_, config(mode)) {
     for (int i = 0; i < 2; ++i) streams_.push_back(device_->create_stream());
   }

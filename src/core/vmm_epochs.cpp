@@ -154,7 +154,10 @@ Block* VmmHeaps::end_epoch(Block* b) {
   if (end == EpochEnd::to_index) {
     if (heap.cursor.state() != PlanState::recording) heap.cursor.record();
     heap.stop_recording();
-    return b;  // to the free index, as any free block
+    if (heap.held.empty()) return b;  // to the free index, as any free block
+    heap.held.hold(b, heap.blocks());  // a heap that keeps its pages: b and its held pages, joined
+    release_held(heap);
+    return nullptr;
   }
   hold_all(heap, b);
   if (end == EpochEnd::held) {
@@ -210,7 +213,7 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
 // plan's height and not what its first, unplanned run mapped. An epoch that departs drops the
 // event: the pages may have been used again.
 void VmmHeaps::give_back_above_plan(Heap& heap) {
-  if (!has_pages_above_plan(heap)) {
+  if (!has_pages_above_plan(heap) || heap.keeps_pages) {
     drop_event(heap.give_back_event);
     return;
   }
@@ -223,7 +226,9 @@ void VmmHeaps::give_back_above_plan(Heap& heap) {
     }
     if (!st_.device->query_event(heap.give_back_event)) return;  // at a later epoch's end
     drop_event(heap.give_back_event);
+    const std::size_t before = heap.chunk_bytes;
     release_above(heap, heap.segment->addr + heap.cursor.plan()->height);
+    heap.gave_back = heap.gave_back || heap.chunk_bytes < before;
   } catch (const DeviceError& e) {  // the heap stays consistent: what was not given back stays mapped
     drop_event(heap.give_back_event);
     log().warn("vmm: giving back the pages above a plan's height failed: {}", e.what());

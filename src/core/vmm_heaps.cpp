@@ -73,6 +73,9 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   heap.resume_recording();  // a heap that grows is recorded again (docs/vmm.md, "Planned layouts", 6)
   if (Block* b = from_held(heap, size)) return b;
   st_.refuse_if_captured(ss.stream);  // what follows may unmap, synchronize, map
+  // Pages given back above a plan are needed again: a give-back now would only cycle them
+  // (a release and a map again per change of step), so the heap keeps them from here on.
+  heap.keeps_pages = heap.keeps_pages || std::exchange(heap.gave_back, false);
   const std::size_t want = round_up(size, page_);
   const bool pressure = !st_.within_limit(want) || want > st_.device->free_memory();
   // Too few held pages: they join the free block before the hole, for place(), and other heaps'
@@ -102,6 +105,8 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
 // Unmaps every entirely free chunk (empty_cache: but the first vmm_reserve bytes of them, over
 // both pools) and releases every cached one.
 std::size_t VmmHeaps::release(ReleaseGoal goal) {
+  if (goal == ReleaseGoal::empty_cache)
+    for (auto& [base, heap] : heaps_) heap.keeps_pages = heap.gave_back = false;  // from here, as new
   release_held(Pool::small, Spare::none);
   release_held(Pool::large, Spare::none);
   const std::size_t keep = goal == ReleaseGoal::empty_cache ? st_.config.vmm_reserve : 0;

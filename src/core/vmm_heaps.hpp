@@ -148,6 +148,10 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   DeviceEvent layout_event = 0;        // while laying_out: after the stream's work on the pages
   DeviceEvent give_back_event = 0;     // while chunks above a repeated plan's height wait to be
                                        // released: after the stream's work on them
+  bool gave_back = false;              // give_back_above_plan() released chunks, and the heap has
+                                       // mapped none since
+  bool keeps_pages = false;            // a growth mapped pages again after a give-back: chunks
+                                       // above a plan stay mapped (until empty_cache())
 
   Pool pool() const noexcept { return segment->pool; }
   Stream stream() const noexcept { return segment->owner->stream; }
@@ -325,10 +329,11 @@ class VmmHeaps final : public SegmentSource {
   static bool repeats_in_place(const Heap& heap) noexcept {
     return repeats_its_plan(heap) && heap.mapped_prefix >= heap.cursor.plan()->height;
   }
-  /// ... with nothing mapped above the height and no give-back waiting: exactly those pages, so
-  /// the end only follows the plan again (epoch_end_of()).
+  /// ... with nothing mapped above the height (or pages above that the heap keeps: keeps_pages)
+  /// and no give-back waiting: the end only holds the pages and follows the plan again
+  /// (epoch_end_of()).
   static bool repeats_in_place_alone(const Heap& heap) noexcept {
-    return repeats_in_place(heap) && !has_pages_above_plan(heap) && heap.give_back_event == 0;
+    return repeats_in_place(heap) && (heap.keeps_pages || !has_pages_above_plan(heap)) && heap.give_back_event == 0;
   }
   /// The epoch that ends made one allocation, as the one before it did, and the heap maps
   /// nothing but the chunks that block reached, all from its start (nothing held, no chunk above,
@@ -336,12 +341,15 @@ class VmmHeaps final : public SegmentSource {
   /// the free index puts its one block where a plan would (the heap's only free block, from its
   /// start), and its end only hands the block to the index (epoch_end_of()). (A chunk
   /// that straddles the block's end stays mapped under a plan too: give_back_above_plan().)
+  /// A heap that keeps its pages (keeps_pages: nothing above a plan would be given back) may
+  /// hold pages and map chunks above the block: they go to the index with it (end_epoch()).
   bool repeats_alone_trivially(const Heap& heap) const noexcept {
     const EpochLog& log = heap.epoch;
     const Address start = heap.segment->addr;
-    return log.entries.size() == 1 && !log.at_step && log.signature == heap.last_signature && heap.held.empty() &&
+    return log.entries.size() == 1 && !log.at_step && log.signature == heap.last_signature &&
            heap.mapped_end == start + heap.mapped_prefix && heap.give_back_event == 0 &&
-           heap.cursor.state() != PlanState::laying_out && heap.sleeping.empty() && no_chunk_above(heap, log.high);
+           heap.cursor.state() != PlanState::laying_out && heap.sleeping.empty() &&
+           (heap.keeps_pages || (heap.held.empty() && no_chunk_above(heap, log.high)));
   }
   /// No chunk of the heap starts at or above the page `height` bytes from its start reach.
   bool no_chunk_above(const Heap& heap, std::size_t height) const noexcept {
