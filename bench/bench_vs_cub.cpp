@@ -52,7 +52,8 @@ enum class CubConfig { all_cached, defaults };
 class TensorpoolSide {
  public:
   explicit TensorpoolSide(Mode mode)
-      : device_(std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB, .event_mode = EventMode::immediate})),
+      : device_(std::make_shared<SimulatedDevice>(
+            SimulatedDeviceOptions{.capacity = 4 * TiB, .event_mode = EventMode::immediate})),
         alloc_(device_, config(mode)) {
     for (int i = 0; i < 2; ++i) streams_.push_back(device_->create_stream());
   }

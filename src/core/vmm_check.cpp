@@ -162,7 +162,8 @@ void VmmHeaps::check_epoch(const Heap& h) const {
   if (!h.recording) {
     if (seg.epoch != nullptr || log.live != 0 || !log.entries.empty() || h.cursor.state() != PlanState::recording ||
         h.asleep || h.give_back_event != 0 || !h.held.empty())
-      invariant_failed("the heap at " + hex(seg.addr) + " records nothing but keeps an epoch, a plan, an event or held pages");
+      invariant_failed("the heap at " + hex(seg.addr) +
+                       " records nothing but keeps an epoch, a plan, an event or held pages");
     return;
   }
   if (seg.epoch != &log) invariant_failed("the heap at " + hex(seg.addr) + " does not point to its epoch record");
