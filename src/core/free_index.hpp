@@ -2,8 +2,8 @@
 //
 // One FreeIndex per (stream, kind of block). Bins follow size_classes.hpp: bin (fl, sl) holds
 // free blocks whose size lies in [bin_lower, bin_upper). Two bitmaps say which bins are
-// non-empty, so the search is a bounded look at the request's own bin plus two count-trailing-
-// zeros: no step depends on how many blocks are cached.
+// non-empty, so the search is a bounded look at the request's own bin, two count-trailing-zeros
+// and a bounded look at the bin they find: no step depends on how many blocks are cached.
 //
 // Invariants (checked by Allocator::check_invariants):
 //  - a block is in exactly one list, the one of bins::bin_of(block->size), iff its state is free;
@@ -23,7 +23,8 @@ namespace tensorpool::detail {
 
 class FreeIndex {
  public:
-  /// Bounded best-fit look at the request's own bin before falling back to good fit.
+  /// Blocks a search looks at in one bin: a bounded best fit in the request's own bin, and in
+  /// the first non-empty bin above it when the own bin has no fit.
   static constexpr int kOwnBinScan = 4;
 
   void insert(Block* b) noexcept {
@@ -65,7 +66,7 @@ class FreeIndex {
       }
     }
     if (best != nullptr) return best;
-    return first_at_or_above(bins::bin_ceil(size));
+    return smallest_of_first(first_at_or_above(bins::bin_ceil(size)));
   }
 
   /// The largest listed block (scans the highest non-empty bin only).
@@ -103,6 +104,19 @@ class FreeIndex {
   }
 
  private:
+  // The smallest of the first kOwnBinScan blocks of the list that starts at `head` (all of them
+  // fit: a bin above the request's). Taking the head alone (good fit) split larger blocks than
+  // needed, where a smaller one lay next in the same bin: the vmm heaps' layouts reached up to
+  // 0.7% higher on a training step (docs/benchmarks.md, "Best fit in the bin above").
+  static Block* smallest_of_first(Block* head) noexcept {
+    Block* best = head;
+    int looked = 1;
+    for (Block* b = head != nullptr ? head->free_next : nullptr; b != nullptr && looked < kOwnBinScan;
+         b = b->free_next, ++looked)
+      if (b->size < best->size) best = b;
+    return best;
+  }
+
   Block* first_at_or_above(bins::Bin c) const noexcept {
     if (c.fl >= bins::kFirstLevels) return nullptr;
     const std::uint32_t sl = sl_map_[c.fl] & (~std::uint32_t{0} << c.sl);

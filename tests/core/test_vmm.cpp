@@ -901,6 +901,28 @@ TEST_CASE("vmm: another stream's held pages serve a growth when the device is fu
   f.alloc.check_invariants();
 }
 
+TEST_CASE("vmm: a request with no fit in its own bin takes the smallest of the first blocks in the bin above",
+          "[vmm]") {
+  // 65 MiB and 65.5 MiB share a bin (64-66 MiB); a 63 MiB request's own bin is empty. The larger
+  // block, freed last, heads the bin's list: good fit took it (and left 2.5 MiB free beside the
+  // request), best fit among the bin's first blocks takes the smaller one (2 MiB left).
+  Fixture f("mode:vmm");
+  void* base = f.alloc.allocate(2 * MiB);
+  void* smaller = f.alloc.allocate(65 * MiB);
+  void* sep1 = f.alloc.allocate(2 * MiB);
+  void* larger = f.alloc.allocate(65 * MiB + 512 * KiB);
+  void* sep2 = f.alloc.allocate(2 * MiB);
+  f.alloc.deallocate(smaller);
+  f.alloc.deallocate(larger);
+  f.alloc.check_invariants();
+  void* p = f.alloc.allocate(63 * MiB);
+  REQUIRE(addr(p) == addr(smaller));
+  f.alloc.check_invariants();
+  for (void* q : {p, base, sep1, sep2}) f.alloc.deallocate(q);
+  f.alloc.check_invariants();
+  f.expect_all_given_back();
+}
+
 TEST_CASE("vmm: a growth maps at least 1/vmm_growth_divisor of the pool, at most vmm_max_growth", "[vmm]") {
   // The pool holds 512 MiB, all live; a 2 MiB request then grows it by the step.
   for (const auto& [conf, step] : {std::pair{"mode:vmm", 4 * MiB}, std::pair{"mode:vmm,vmm_growth_divisor:8", 64 * MiB},
