@@ -105,9 +105,9 @@ class FreeIndex {
 
  private:
   // The smallest of the first kOwnBinScan blocks of the list that starts at `head` (all of them
-  // fit: a bin above the request's). Taking the head alone (good fit) split larger blocks than
-  // needed, where a smaller one lay next in the same bin: the vmm heaps' layouts reached up to
-  // 0.7% higher on a training step (docs/benchmarks.md, "Best fit in the bin above").
+  // fit: a bin above the request's). The head alone (good fit) is the block freed last, which
+  // may be larger than one lying next in the same list: splitting it leaves more memory beside
+  // the request (docs/benchmarks.md, "Best fit in the bin above").
   static Block* smallest_of_first(Block* head) noexcept {
     Block* best = head;
     int looked = 1;
