@@ -61,6 +61,12 @@
 //                                  heap's next epochs), or `synchronous`: the free that ends the
 //                                  epoch, so that the very next epoch can follow it
 //                                  (deterministic; what the replay targets use)
+//   vmm_find_steps       false     vmm: a program that never calls Allocator::step() gets the
+//                                  boundaries of its steps found from its requests (the sizes and
+//                                  the bytes in use repeat with the step's period; the boundary
+//                                  is put at the step's low point): docs/vmm.md, "Steps". The
+//                                  first step() call stops it. Off by default: step plans do not
+//                                  beat the online layout on every loop (docs/benchmarks.md)
 //   backend              async     the device backend of the per-device registry
 //                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
 //                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
@@ -114,6 +120,7 @@ struct Config {
   std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N
   std::size_t vmm_plan_max_blocks = 65536;     // epochs of at most N allocations get a planned layout
   PlannerMode vmm_planner = PlannerMode::background;
+  bool vmm_find_steps = false;  // without Allocator::step() calls, step boundaries found from the requests
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
   bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
   Backend backend = Backend::async;  // read by the registry only

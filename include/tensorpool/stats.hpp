@@ -55,6 +55,7 @@ struct Stats {
   std::uint64_t vm_unmaps = 0;                // virtual-memory mode: chunks unmapped
   std::uint64_t retries = 0;                  // allocations that had to free cached memory
   std::uint64_t ooms = 0;                     // OutOfMemoryError thrown
+  std::uint64_t steps_found = 0;              // vmm_find_steps: step boundaries found from the requests
   std::uint64_t asleep_bytes = 0;             // sleep(): physical bytes wake() maps back
   std::uint64_t asleep_allocated = 0;         // sleep(): bytes of live blocks without pages
   std::uint64_t graph_pools = 0;              // CUDA graph pools not yet given back

@@ -157,7 +157,15 @@ TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested)
   b->requested = requested;
   shard.live.insert(b->addr, b);
   shard.counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
-  if (TP_UNLIKELY(seg->epoch != nullptr)) seg->epoch->on_alloc(b, seg->addr);
+  if (TP_UNLIKELY(seg->epoch != nullptr)) {
+    seg->epoch->on_alloc(b, seg->addr);
+    StreamState& owner = *seg->owner;
+    const PoolStats& in_use = shard.counters.stats().total;
+    if (owner.step_finder != nullptr &&
+        owner.step_finder->on_alloc(b->size, static_cast<std::uint64_t>(in_use[Metric::allocated_bytes].current),
+                                    static_cast<std::uint64_t>(in_use[Metric::allocations].current)))
+      owner.step_due = true;
+  }
 }
 
 void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
@@ -180,7 +188,7 @@ void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
 // out; else nullptr, and nothing has changed but a plan the stream departed from (the exclusive
 // path then serves the request as it would have).
 TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::size_t size, std::size_t bytes) {
-  if (TP_UNLIKELY(pending_total_ != 0 || hooks.observed() || capture_underway())) return nullptr;
+  if (TP_UNLIKELY(pending_total_ != 0 || hooks.observed() || capture_underway() || ss.step_due)) return nullptr;
   detail::Shard& shard = *ss.shard;
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
   const auto requested = static_cast<std::int64_t>(bytes);
@@ -220,6 +228,7 @@ TP_ALWAYS_INLINE void* Allocator::Impl::allocate_in(std::size_t bytes, detail::S
   StreamState& ss = streams.get(key);
   shards.favour(ss.shard);
   remember_stream(ss);
+  if (TP_UNLIKELY(ss.step_due)) step_found(ss);
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
   Block* b = nullptr;
   if (TP_UNLIKELY(ss.follows_plan(pool)) &&
@@ -335,7 +344,10 @@ void Allocator::Impl::record_stream(void* ptr, Stream stream) {
 
 StreamState& detail::StreamTable::get_slow(StreamKey key) {
   auto& slot = map_[key];
-  if (!slot) slot = std::make_unique<StreamState>(key, shards_.next_for_stream());
+  if (!slot) {
+    slot = std::make_unique<StreamState>(key, shards_.next_for_stream());
+    if (find_steps_) slot->step_finder = std::make_unique<StepFinder>();
+  }
   last_key_ = key;
   last_state_ = slot.get();
   return *slot;

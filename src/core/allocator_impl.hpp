@@ -109,6 +109,8 @@ class Allocator::Impl : private detail::AllocatorState {
   std::size_t handed_size(const Block* b, std::size_t size) const noexcept;
   void hand_out(Block* b, std::size_t requested);
   void release_block(Block* b);
+  /// A boundary that ss's StepFinder found (vmm_find_steps): the step() the program did not call.
+  void step_found(StreamState& ss);
 
   // --- the OOM ladder (oom_ladder.cpp) ---
   Block* allocate_slow(StreamState& ss, Pool pool, std::size_t size, std::size_t bytes, Lock& lock);
@@ -170,6 +172,9 @@ class Allocator::Impl : private detail::AllocatorState {
   std::unique_ptr<detail::SegmentSource> source_;  // never null after construction
   std::size_t pending_total_ = 0;                // == sum of every stream's pending.size()
   std::vector<DeviceEvent> event_pool_;          // created events not in use
+  /// vmm_find_steps: the stream whose found steps are the allocator's (the first to find one;
+  /// the others stop looking), or null.
+  StreamState* stepping_ = nullptr;
 };
 
 }  // namespace tensorpool

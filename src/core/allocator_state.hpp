@@ -23,6 +23,7 @@
 #include "core/hooks.hpp"
 #include "core/plan_state.hpp"
 #include "core/shards.hpp"
+#include "core/step_finder.hpp"
 #include "core/tags.hpp"
 #include "tensorpool/config.hpp"
 #include "tensorpool/device.hpp"
@@ -64,7 +65,12 @@ struct alignas(64) StreamState {  // a cache line of its own: streams of other s
   std::array<const PlanState*, kNumPools> plan_state{};
   /// Per pool: this stream's vmm heap (vmm_heaps.hpp; null: none yet, or fixed segments).
   std::array<Heap*, kNumPools> vmm_heaps{};
-  TagId tag;  // last: the fields the fast path reads keep their places on the cache lines
+  TagId tag;  // the fields the fast path reads first keep their places on the cache lines
+  /// vmm_find_steps: what finds this stream's steps (step_finder.hpp; null: not looking), and
+  /// whether it found a boundary that the stream's next allocation makes first (in the exclusive
+  /// mode: the fast path declines while it is set).
+  std::unique_ptr<StepFinder> step_finder;
+  bool step_due = false;
 
   bool follows_plan(Pool pool) const noexcept {
     const PlanState* s = plan_state[static_cast<int>(pool)];
@@ -87,6 +93,17 @@ class StreamTable {
 
   explicit StreamTable(Shards& shards) : shards_(shards) {}
 
+  /// Whether the streams made from now on look for their steps (a StepFinder each).
+  void find_steps(bool on) noexcept { find_steps_ = on; }
+  /// No stream looks for steps any more (the program calls Allocator::step() itself).
+  void stop_finding_steps() noexcept {
+    find_steps_ = false;
+    for (auto& [key, state] : map_) {
+      state->step_finder.reset();
+      state->step_due = false;
+    }
+  }
+
   TP_ALWAYS_INLINE StreamState& get(StreamKey key) {
     if (last_state_ != nullptr && last_key_ == key) return *last_state_;
     return get_slow(key);
@@ -105,6 +122,7 @@ class StreamTable {
   Map map_;
   StreamKey last_key_;  // last_state_ == map_[last_key_] unless null
   StreamState* last_state_ = nullptr;
+  bool find_steps_ = false;
 };
 
 struct AllocatorState {

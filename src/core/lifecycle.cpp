@@ -31,6 +31,7 @@ Allocator::Impl::Impl(std::shared_ptr<DeviceBackend> device_backend, Config sett
     : AllocatorState(std::move(device_backend), std::move(settings)),
       source_(detail::make_segment_source(*this)) {
   limit = config.effective_limit(props.capacity);
+  streams.find_steps(config.mode == Mode::vmm && config.vmm_find_steps);
   detail::log().debug("allocator on {} ({}), config {}", props.name, format_bytes(props.capacity),
                       config.to_string());
 }
@@ -69,10 +70,28 @@ void Allocator::Impl::empty_cache() {
 
 void Allocator::Impl::step() {
   Lock lock(shards);
+  // The program says where its steps end: nothing looks for them any more.
+  streams.stop_finding_steps();
+  stepping_ = nullptr;
   if (capture_underway()) return;  // no event query, and a capture's pool is not a step's
   if (pending_total_ != 0) process_events();  // frees whose work is done count as frees
   source_->step_boundary();
   debug_check();
+}
+
+// Before the allocation that follows the found boundary (in the exclusive mode, events already
+// processed): what step() does. One stream's steps are the allocator's, the first stream's to
+// find one: two streams that each find theirs would end every heap's step twice per step.
+void Allocator::Impl::step_found(StreamState& ss) {
+  ss.step_due = false;
+  if (stepping_ == nullptr) stepping_ = &ss;
+  if (stepping_ != &ss) {
+    ss.step_finder.reset();
+    return;
+  }
+  if (capture_underway()) return;
+  counters.count(&Stats::steps_found);
+  source_->step_boundary();
 }
 
 // --- sleep and wake (the vmm source does the work: vmm_sleep.cpp) ---------------------------

@@ -35,6 +35,7 @@ void add_calls(Stats& to, const Stats& from) noexcept {
   to.vm_unmaps += from.vm_unmaps;
   to.retries += from.retries;
   to.ooms += from.ooms;
+  to.steps_found += from.steps_found;
 }
 
 }  // namespace

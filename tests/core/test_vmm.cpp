@@ -5,6 +5,7 @@
 #include <array>
 #include <memory>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -700,6 +701,69 @@ TEST_CASE("vmm: step() in fixed-segment mode or with nothing allocated changes n
   vmm.alloc.step();
   vmm.alloc.check_invariants();
   REQUIRE(vmm.device->counters().maps == 0);
+}
+
+namespace {
+
+// A training step over weights that stay (3 x 32 MiB): 40 layers each keep an activation of 2 MiB
+// and free a temporary of 4 MiB, abc_epoch's blocks run over them, and the activations are freed.
+// 83 allocations: long enough to be found as a step (StepFinder::kMinPeriod).
+std::vector<Address> layers_and_abc(Fixture& f) {
+  std::vector<void*> acts;
+  for (int l = 0; l < 40; ++l) {
+    acts.push_back(f.alloc.allocate(2 * MiB));
+    f.alloc.deallocate(f.alloc.allocate(4 * MiB));
+  }
+  std::vector<Address> at = abc_epoch(f);
+  at.push_back(addr(acts.front()));
+  for (auto it = acts.rbegin(); it != acts.rend(); ++it) f.alloc.deallocate(*it);
+  return at;
+}
+
+}  // namespace
+
+TEST_CASE("vmm: with vmm_find_steps, a program that never calls step() has its steps found and planned as if it did",
+          "[vmm][plan][step]") {
+  const std::string conf = "mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB";
+  const SimulatedDeviceOptions o{.event_mode = EventMode::immediate};
+  Fixture found((conf + ",vmm_find_steps:true").c_str(), o);
+  Fixture not_found(conf.c_str(), o);  // the default: no finding
+  Fixture told((conf + ",vmm_find_steps:true").c_str(), o);
+  for (Fixture* f : {&found, &not_found, &told})
+    for (int i = 0; i < 3; ++i) f->alloc.allocate(32 * MiB);  // the weights, kept
+  std::vector<std::uint64_t> found_per_step;
+  for (int s = 0; s < 12; ++s) {
+    INFO("step " << s);
+    layers_and_abc(found);
+    layers_and_abc(not_found);
+    layers_and_abc(told);
+    told.alloc.step();
+    found_per_step.push_back(found.alloc.stats().steps_found);
+    found.alloc.check_invariants();
+  }
+  // Online, c goes above b every step; planned around the weights, c takes a's place.
+  REQUIRE(not_found.reserved() == 96 * MiB + 80 * MiB + 140 * MiB);
+  REQUIRE(told.reserved() == 96 * MiB + 80 * MiB + 100 * MiB);
+  REQUIRE(found.reserved() == told.reserved());
+  // Found from the fourth step on (the first whole period the finder sees repeat is the second
+  // step's: confirmed in the third), once per step, just before the step's first request.
+  REQUIRE(found_per_step[2] == 0);
+  REQUIRE(found_per_step[3] == 1);
+  for (std::size_t s = 4; s < found_per_step.size(); ++s) REQUIRE(found_per_step[s] == found_per_step[s - 1] + 1);
+  REQUIRE(not_found.alloc.stats().steps_found == 0);
+  REQUIRE(told.alloc.stats().steps_found == 0);  // its first step() came before any was found
+  // Settled: the same places with no device call.
+  const DeviceCounters settled = found.device->counters();
+  const std::vector<Address> places = layers_and_abc(found);
+  REQUIRE(places[2] == places[0]);  // c at a's place
+  for (int run = 0; run < 3; ++run) REQUIRE(layers_and_abc(found) == places);
+  REQUIRE(same_calls(found.device->counters(), settled));
+  // The program's own step() stops the finding: its boundaries are the only ones.
+  const std::uint64_t before = found.alloc.stats().steps_found;
+  found.alloc.step();
+  for (int run = 0; run < 4; ++run) layers_and_abc(found);
+  REQUIRE(found.alloc.stats().steps_found == before);
+  found.alloc.check_invariants();
 }
 
 TEST_CASE("vmm: a plan whose memory is not mapped from the heap's start remaps the heap's pages there first",

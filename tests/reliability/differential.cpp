@@ -75,6 +75,7 @@ RunFigures& RunFigures::operator+=(const RunFigures& o) {
   upstream_allocs += o.upstream_allocs;
   stream_waits += o.stream_waits;
   syncs += o.syncs;
+  steps_found += o.steps_found;
   for (std::size_t i = 0; i < site_calls.size(); ++i) site_calls[i] += o.site_calls[i];
   return *this;
 }
@@ -101,12 +102,13 @@ class Generator {
     weights(ops);
     while (ops.size() < count) {
       const std::vector<Op> step = make_step();
-      for (std::uint64_t run = 2 + below(6); run > 0 && ops.size() < count; --run) {
+      const std::uint64_t runs = profile_.unmarked_steps ? 4 + below(6) : 2 + below(6);
+      for (std::uint64_t run = runs; run > 0 && ops.size() < count; --run) {
         std::vector<Op> ran = step;
         if (below(8) == 0) ran[below(ran.size())].value += 512;  // a departure (or a bigger free pick)
         if (below(4) == 0) ran.insert(ran.begin() + 1, Op{OpKind::empty_cache, 0, 0, 0});
         ops.insert(ops.end(), ran.begin(), ran.end());
-        if (below(4) != 0) ops.push_back(Op{OpKind::step, 0, 0, 0});
+        if (below(4) != 0 && !profile_.unmarked_steps) ops.push_back(Op{OpKind::step, 0, 0, 0});
         ops.push_back(between_runs());
         if (ops.back().kind == OpKind::drain) weights(ops);
       }
@@ -190,7 +192,7 @@ class Generator {
   // blocks also used on another stream, and every block freed by its end.
   std::vector<Op> make_step() {
     std::vector<Op> step;
-    const std::uint64_t allocs = 4 + below(40);
+    const std::uint64_t allocs = profile_.unmarked_steps ? 64 + below(96) : 4 + below(40);
     std::uint64_t live = 0;
     for (std::uint64_t made = 0; made < allocs;) {
       if (live == 0 || below(3) != 0) {
@@ -845,6 +847,7 @@ void Runner::teardown() {
   figures_.upstream_allocs = s.upstream_allocs;
   figures_.stream_waits = s.stream_waits;
   figures_.syncs = s.syncs;
+  figures_.steps_found = s.steps_found;
   dev_->before_release = nullptr;  // the destructor releases everything, by design
   alloc_.reset();
   const DeviceCounters c = sim_->counters();

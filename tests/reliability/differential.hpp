@@ -71,6 +71,9 @@ struct Profile {
   /// plans, from empty heaps and around their base, map holes and give pages back; the faults,
   /// misuse, limits and drains of the random mix come between the runs.
   bool repeated_steps = false;
+  /// With repeated_steps: no Allocator::step() call, and steps of 64 to 159 allocations run 4 to
+  /// 9 times in a row, long enough for vmm_find_steps to find them.
+  bool unmarked_steps = false;
 };
 
 /// `count` operations from `seed`: LLM-like size mixes in grow and shrink phases.
@@ -100,6 +103,7 @@ struct RunFigures {
   std::uint64_t upstream_allocs = 0;
   std::uint64_t stream_waits = 0;
   std::uint64_t syncs = 0;
+  std::uint64_t steps_found = 0;  // Stats::steps_found
   std::array<std::uint64_t, 4> site_calls{};  // upstream calls per FaultSite
   RunFigures& operator+=(const RunFigures& o);
 };

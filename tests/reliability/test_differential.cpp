@@ -40,12 +40,13 @@ struct Case {
   std::size_t ops_per_run;
   int threads = 1;  // RunOptions::threads
   bool repeated_steps = false;  // Profile::repeated_steps
+  bool unmarked_steps = false;  // Profile::unmarked_steps
 };
 
 void run_case(const Case& c) {
   RunOptions options{c.config};
   options.threads = c.threads;
-  const Profile profile{c.vmm, true, options.streams, options.capacity, c.repeated_steps};
+  const Profile profile{c.vmm, true, options.streams, options.capacity, c.repeated_steps, c.unmarked_steps};
   const auto ops_per_run = static_cast<std::size_t>(static_cast<double>(c.ops_per_run) * scale());
   std::uint64_t first = c.first_seed;
   int runs = c.runs;
@@ -64,18 +65,20 @@ void run_case(const Case& c) {
   }
   std::printf("differential [%s] %s, %d thread(s): %d runs, %llu ops, %llu faults injected, %llu OOMs, "
               "%llu DeviceErrors, %llu UsageErrors, %llu drains, %llu upstream allocs, "
-              "%llu stream waits, %llu syncs\n",
+              "%llu stream waits, %llu syncs, %llu steps found\n",
               c.name, c.config, c.threads, runs, static_cast<unsigned long long>(total.ops),
               static_cast<unsigned long long>(total.faults_injected),
               static_cast<unsigned long long>(total.ooms), static_cast<unsigned long long>(total.device_errors),
               static_cast<unsigned long long>(total.usage_errors), static_cast<unsigned long long>(total.drains),
               static_cast<unsigned long long>(total.upstream_allocs),
-              static_cast<unsigned long long>(total.stream_waits), static_cast<unsigned long long>(total.syncs));
+              static_cast<unsigned long long>(total.stream_waits), static_cast<unsigned long long>(total.syncs),
+              static_cast<unsigned long long>(total.steps_found));
   // The runs must exercise the paths under test.
   CHECK(total.ooms > 0);
   CHECK(total.faults_injected > 0);
   CHECK(total.usage_errors > 0);
   CHECK(total.drains > static_cast<std::uint64_t>(runs));
+  if (c.unmarked_steps) CHECK(total.steps_found > 0);
 }
 
 }  // namespace
@@ -105,6 +108,11 @@ TEST_CASE("differential: the default mode (vmm on the simulated device), 1 GiB l
 TEST_CASE("differential: vmm mode, repeated steps (plans followed, holes mapped, pages given back), 1 GiB limit",
           "[differential]") {
   run_case({"vmm-steps", "mode:vmm,memory_limit:1GiB", true, 14000, 6, 25000, 1, true});
+}
+
+TEST_CASE("differential: vmm mode, repeated steps that never call step(), found (vmm_find_steps), 1 GiB limit",
+          "[differential]") {
+  run_case({"vmm-found-steps", "mode:vmm,memory_limit:1GiB,vmm_find_steps:true", true, 16000, 6, 25000, 1, true, true});
 }
 
 // The planner thread: which epoch first follows a plan depends on when the thread made it, so a

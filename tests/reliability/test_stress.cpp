@@ -206,6 +206,70 @@ TEST_CASE("stress: threads on one allocator, vmm mode", "[stress]") { stress("mo
 
 namespace {
 
+// Each worker repeats one step of its own (80 to 120 allocations of fixed sizes, most freed
+// within the step) on a stream of its own, with vmm_find_steps: the finders of the streams run
+// side by side under their shards' locks, the first to find a step makes the boundaries (in the
+// exclusive mode, before its stream's next allocation), the others stop looking; the device
+// thread completes work and checks the invariants meanwhile.
+void stepping_worker(Shared& s, Stream stream, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::size_t> step(80 + rng() % 41);
+  for (std::size_t& bytes : step) bytes = stress_size(rng);
+  try {
+    for (int run = 0; run < 60 && !s.failed; ++run) {
+      std::vector<Held> live;
+      for (std::size_t i = 0; i < step.size(); ++i) {
+        void* p = s.alloc->allocate(step[i], stream);
+        if (!s.registry.add(p, step[i])) s.fail("overlapping blocks");
+        live.push_back({p, step[i]});
+        if (i % 3 == 2) {  // two of three freed at once, in the same order every step
+          release(s, live[live.size() - 2]);
+          live.erase(live.end() - 2);
+        }
+        ++s.ops;
+      }
+      for (const Held& h : live) release(s, h);
+    }
+  } catch (const std::exception& e) {
+    s.fail(std::string("stepping worker: ") + e.what());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stress: threads that repeat their steps on streams of their own, steps found", "[stress]") {
+  Shared s;
+  s.sim = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * GiB});
+  s.alloc = std::make_unique<Allocator>(s.sim, Config::parse("mode:vmm,vmm_find_steps:true"));
+  s.streams = {kDefaultStream, s.sim->create_stream(), s.sim->create_stream(), s.sim->create_stream()};
+  std::atomic<bool> stop{false};
+  std::thread device([&] {
+    while (!stop) {
+      s.sim->complete_all();
+      s.alloc->check_invariants();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  });
+  std::vector<std::thread> workers;
+  for (int i = 0; i < kWorkers; ++i)
+    workers.emplace_back([&s, i] { stepping_worker(s, s.streams[static_cast<std::size_t>(i)], 300 + static_cast<std::uint64_t>(i)); });
+  for (auto& t : workers) t.join();
+  stop = true;
+  device.join();
+  INFO(s.message);
+  REQUIRE_FALSE(s.failed);
+  const std::uint64_t found = s.alloc->stats().steps_found;
+  CHECK(found > 0);
+  s.sim->complete_all();
+  s.alloc->empty_cache();
+  s.alloc->check_invariants();
+  CHECK(s.alloc->usage().reserved == 0);
+  std::printf("stress [steps found]: %d workers, %llu ops, %llu boundaries found\n", kWorkers,
+              static_cast<unsigned long long>(s.ops.load()), static_cast<unsigned long long>(found));
+}
+
+namespace {
+
 // One thread begins and ends captures on its stream, allocating and freeing inside each from a
 // new or a shared graph pool and releasing pools; the others allocate and free on their own
 // streams (the fast path steps aside during captures), some blocks also used on the captured

@@ -100,6 +100,29 @@ TEST_CASE("replay: --step-at-iterations calls tensorpool's step() at each iterat
   REQUIRE(replayed(true).final_reserved == stepped.final_reserved);  // deterministic
 }
 
+TEST_CASE("replay: steps, called or found, never hold more than the online run on a PyTorch loop", "[replay][step]") {
+  // GPT-2 small in the PyTorch loop, 16 steps: the kept logits move each step's base, so plans
+  // made around two bases take turns, and one's repeat gives back pages the other's height covers.
+  // A plan followed with those holes mapped held both, 1.5 GiB above the online peak; such a plan
+  // is not followed.
+  const trace::Trace t = generated("model:gpt2,framework:pytorch,micro_batch:8,seq:512,steps:16");
+  const auto replayed = [&](bool steps, const char* conf) {
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = "tensorpool-vmm";
+    o.target.conf = conf;
+    o.step_at_iterations = steps;
+    return tensorpool::replay::replay(source, o).total;
+  };
+  const ReplayResult online = replayed(false, "");
+  const ReplayResult called = replayed(true, "");
+  const ReplayResult found = replayed(false, "vmm_find_steps:true");
+  REQUIRE(online.per_iteration.size() == 16);
+  REQUIRE(called.peak_reserved <= online.peak_reserved);
+  REQUIRE(found.peak_reserved <= online.peak_reserved);
+  REQUIRE(found.upstream.total() <= online.upstream.total());
+}
+
 TEST_CASE("replay: --device-lag runs tensorpool's device behind the host", "[replay][plan]") {
   // tptest::plan_that_moves_pages(): at once, the plan's pages move at the end of the first
   // epoch. With a device that completes its work only every 1000 allocations, the event recorded
