@@ -157,12 +157,11 @@ TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested)
   b->requested = requested;
   shard.live.insert(b->addr, b);
   shard.counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
-  if (TP_UNLIKELY(seg->epoch != nullptr)) {
-    seg->epoch->on_alloc(b, seg->addr);
-    StreamState& owner = *seg->owner;
+  if (TP_UNLIKELY(seg->epoch != nullptr)) seg->epoch->on_alloc(b, seg->addr);
+  // vmm_find_steps: every allocation of the stream, in heaps that record their epochs or not.
+  if (StreamState& owner = *seg->owner; TP_UNLIKELY(owner.step_finder != nullptr)) {
     const PoolStats& in_use = shard.counters.stats().total;
-    if (owner.step_finder != nullptr &&
-        owner.step_finder->on_alloc(b->size, static_cast<std::uint64_t>(in_use[Metric::allocated_bytes].current),
+    if (owner.step_finder->on_alloc(b->size, static_cast<std::uint64_t>(in_use[Metric::allocated_bytes].current),
                                     static_cast<std::uint64_t>(in_use[Metric::allocations].current)))
       owner.step_due = true;
   }

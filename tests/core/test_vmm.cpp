@@ -766,6 +766,43 @@ TEST_CASE("vmm: with vmm_find_steps, a program that never calls step() has its s
   found.alloc.check_invariants();
 }
 
+TEST_CASE("vmm: with vmm_find_steps on two streams that both repeat, one stream's steps make the boundaries",
+          "[vmm][plan][step]") {
+  // Two streams run steps of their own in turn: the default stream layers_and_abc (83
+  // allocations), the other 60 pairs of 3 MiB kept and 1 MiB freed at once (120 allocations; its
+  // small pool's heap soon stops recording its one-block epochs, and the finder still sees them).
+  const auto other_step = [](Fixture& f, Stream s) {
+    std::vector<void*> kept;
+    for (int i = 0; i < 60; ++i) {
+      kept.push_back(f.alloc.allocate(3 * MiB, s));
+      f.alloc.deallocate(f.alloc.allocate(MiB, s));
+    }
+    for (void* p : kept) f.alloc.deallocate(p);
+  };
+  // Alone, the other stream's steps are found, one boundary per step.
+  Fixture alone("mode:vmm,vmm_find_steps:true", {.event_mode = EventMode::immediate});
+  const Stream a1 = alone.device->create_stream();
+  for (int round = 0; round < 12; ++round) other_step(alone, a1);
+  REQUIRE(alone.alloc.stats().steps_found >= 8);
+  // Together, each stream's finder finds its period, but the heaps' steps end once per step of
+  // the first stream to find one; the other stops looking (two would end every step twice).
+  Fixture f("mode:vmm,vmm_find_steps:true", {.event_mode = EventMode::immediate});
+  const Stream s1 = f.device->create_stream();
+  f.alloc.allocate(32 * MiB);
+  std::vector<std::uint64_t> found;
+  for (int round = 0; round < 12; ++round) {
+    layers_and_abc(f);
+    other_step(f, s1);
+    found.push_back(f.alloc.stats().steps_found);
+  }
+  REQUIRE(found[4] >= 1);
+  for (std::size_t r = 5; r < found.size(); ++r) {
+    INFO("round " << r);
+    REQUIRE(found[r] == found[r - 1] + 1);
+  }
+  f.alloc.check_invariants();
+}
+
 TEST_CASE("vmm: a plan whose memory is not mapped from the heap's start remaps the heap's pages there first",
           "[vmm][plan]") {
   // With the default idle rule, c's growth unmaps a's free chunk and maps it above b: the heap
