@@ -211,7 +211,7 @@ Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::
   std::uint64_t clock_end = 1;
   for (std::size_t i = 0; i < n; ++i) {
     clock_end = std::max(clock_end, blocks[i].end);
-    if (!blocks[i].fixed) order.push_back(i);
+    if (!blocks[i].fixed && !blocks[i].pinned) order.push_back(i);
   }
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
@@ -224,7 +224,7 @@ Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::
   std::size_t height = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const RecordedBlock& b = blocks[i];
-    if (!b.fixed) continue;
+    if (!b.fixed && !b.pinned) continue;
     out.offsets[i] = b.recorded;
     place(b, b.recorded);
     height = std::max(height, b.recorded + b.size);
@@ -356,7 +356,7 @@ std::vector<std::size_t> online_layout(std::span<const RecordedBlock> blocks, co
   std::vector<std::size_t> offsets(blocks.size(), 0);
   std::vector<std::pair<std::size_t, std::size_t>> fixed;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (!blocks[i].fixed) continue;
+    if (!blocks[i].fixed && !blocks[i].pinned) continue;  // pinned: held from the start too
     offsets[i] = blocks[i].recorded;
     fixed.emplace_back(blocks[i].recorded, blocks[i].recorded + blocks[i].size);
   }
@@ -364,7 +364,7 @@ std::vector<std::size_t> online_layout(std::span<const RecordedBlock> blocks, co
   BestFitRange range(fixed);
   for (const auto& [tick, code] : events) {
     const std::size_t i = code / 2;
-    if (is_allocation(code) && blocks[i].fixed) continue;  // held from the start
+    if (is_allocation(code) && (blocks[i].fixed || blocks[i].pinned)) continue;  // held from the start
     if (is_allocation(code)) {
       offsets[i] = range.allocate(blocks[i].size);
     } else {
@@ -423,10 +423,16 @@ PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max
   // Each candidate replaces the best so far only when it is lower (ties: the earlier one), and
   // the next is tried only while the best is above the floor.
   std::vector<std::size_t> online = online_layout(blocks, events);
-  if (const std::size_t height = height_of(blocks, online); !recorded_below || height < best.height) {
+  // Pinned blocks held from the start may overlap a fixed block freed before they come: then the
+  // online candidate overlaps itself and is not one.
+  const bool pinned = std::any_of(blocks.begin(), blocks.end(), [](const RecordedBlock& b) { return b.pinned; });
+  const bool online_apart = !pinned || link_below(blocks, online, events).has_value();
+  if (const std::size_t height = height_of(blocks, online); online_apart && (!recorded_below || height < best.height)) {
     best.offsets = std::move(online);
     best.height = height;
     best.source = LayoutSource::online;
+  } else if (!recorded_below) {
+    best.height = SIZE_MAX;  // no candidate yet: the packing's, however high
   }
   if (best.height > floor) {
     Packing packing = pack(blocks, max_pack_steps, best.height);
@@ -437,6 +443,7 @@ PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max
     }
   }
   if (best.source == LayoutSource::recorded) {
+    if (!recorded_below) throw std::runtime_error("plan_layout: no candidate keeps the blocks apart within the packing bound");
     best.below = std::move(*recorded_below);
     return best;
   }

@@ -13,11 +13,13 @@
 //   online    the epoch replayed in clock order against an ideal online allocator: best fit
 //             among the gaps between the blocks alive at the time (coalesced on every free), else
 //             the top. O(n log n). An epoch whose blocks nest (a forward pass kept for the
-//             backward pass, with temporaries freed at once) reaches the live peak this way;
+//             backward pass, with temporaries freed at once) reaches the live peak this way.
+//             Fixed and pinned blocks are held where they were from the epoch's start (a pinned
+//             block that overlaps a fixed one freed before it makes this candidate none);
 //   packed    greedy by size: blocks in decreasing size (ties: earlier first) each take the
 //             smallest gap between the already placed blocks alive at the same time that fits
-//             it (ties: the lowest), else the top of them; fixed blocks are placed first, where
-//             they were. It sees a step's whole future, so it places what an online rule cannot
+//             it (ties: the lowest), else the top of them; fixed and pinned blocks are placed
+//             first, where they were. It sees a step's whole future, so it places what an online rule cannot
 //             (on training steps whose gradients and activations interleave it is the lowest).
 // Packing costs O(n^2) simple steps at most (each block passes over the placed ones in offset
 // order). The pass leaves out placed blocks that cannot change its answer (all below what it has
@@ -50,6 +52,10 @@ struct RecordedBlock {
   /// A block the epoch did not allocate (live before it began and after it ended: a step's
   /// weights): every layout keeps it at `recorded`, and the others are placed around it.
   bool fixed = false;
+  /// An allocation of the epoch that lives on past its end (a step's output the program keeps
+  /// over the boundary): every layout keeps it at `recorded` too, so that the epoch that follows
+  /// the plan leaves it where the next epoch's base had it when that one was planned.
+  bool pinned = false;
 };
 
 /// Which candidate a layout is (see the file comment).

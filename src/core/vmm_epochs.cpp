@@ -322,7 +322,10 @@ void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
   EpochLog& log = heap.epoch;
   const Address start = heap.segment->addr;
   for (RecordedBlock& e : log.entries)
-    if (e.end == 0) e.end = log.clock;  // allocated by the epoch, live over the boundary
+    if (e.end == 0) {  // allocated by the epoch, live over the boundary: where the next base has it
+      e.end = log.clock;
+      e.pinned = true;
+    }
   for (const Block* x = heap.segment->first; x != nullptr; x = x->next) {
     if (x->state == BlockState::free || x->epoch_slot != EpochLog::kBaseSlot) continue;
     log.entries.push_back(RecordedBlock{x->size, 0, log.clock, x->addr - start, true});
