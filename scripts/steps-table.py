@@ -9,7 +9,7 @@ Usage: scripts/steps-table.py [--tensorpool BIN] [--work DIR] [--capacity 80GiB]
 Each loop is made by `tensorpool generate` (LOOPS below) and replayed once with
 `tensorpool compare --allocators tensorpool-vmm --json` at the capacity; the figures: utilization
 (peak requested / peak reserved), upstream calls and synchronizations in all and from the third
-iteration on (the steady loop), and the peak reserved.
+iteration on (the steady loop), and the reserved bytes at the peak and at the end.
 Exit status 0, or 2 on a usage or tool error.
 """
 import argparse
@@ -29,6 +29,8 @@ LOOPS = [
       "micro_batch:4,seq:1024,steps:14"]),
     ("gpt2-xl-12", "GPT-2 1.5B, PyTorch loop, micro-batch 4, 12 steps",
      ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:4,steps:12"]),
+    ("gpt2-xl-24", "the same, 24 steps",
+     ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:4,steps:24"]),
     ("gpt2-xl-accum", "GPT-2 1.5B, 4 micro-batches of 2 per step, 4 steps",
      ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:2,global_batch:8,steps:4"]),
     ("llama2-7b-serve", "Llama 2 7B serving 64 requests, paged KV cache, batches of 8",
@@ -41,7 +43,7 @@ def figures(result):
     its = result.get("per_iteration", [])[2:]
     return {"util": result["utilization"], "calls": result["upstream_ops"], "syncs": result["syncs"],
             "loop_calls": sum(i["upstream_ops"] for i in its), "loop_syncs": sum(i["syncs"] for i in its),
-            "peak": result["peak_reserved_bytes"] / 2**30}
+            "peak": result["peak_reserved_bytes"] / 2**30, "final": result["final_reserved_bytes"] / 2**30}
 
 
 def main():
@@ -51,7 +53,7 @@ def main():
     ap.add_argument("--capacity", default="80GiB")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    rows = ["| loop | steps | utilization | calls / syncs | from the 3rd iteration | peak reserved GiB |",
+    rows = ["| loop | steps | utilization | calls / syncs | from the 3rd iteration | reserved GiB: peak / at the end |",
             "|---|---|---|---|---|---|"]
     try:
         for name, what, gen in LOOPS:
@@ -62,9 +64,9 @@ def main():
                 out = subprocess.run([args.tensorpool, "compare", path, "--allocators", "tensorpool-vmm", "--capacity",
                                       args.capacity, "--json"] + extra, check=True, capture_output=True, text=True)
                 f = figures(json.loads(out.stdout)["allocators"][0])
-                rows.append("| %s | %s | %.4f | %d / %d | %d / %d | %.3f |" % (
+                rows.append("| %s | %s | %.4f | %d / %d | %d / %d | %.3f / %.3f |" % (
                     what if way == "none" else "", way, f["util"], f["calls"], f["syncs"], f["loop_calls"],
-                    f["loop_syncs"], f["peak"]))
+                    f["loop_syncs"], f["peak"], f["final"]))
     except (subprocess.CalledProcessError, OSError, ValueError, KeyError) as e:
         print("steps-table: %s" % e, file=sys.stderr)
         return 2

@@ -23,8 +23,9 @@
 // its height mapped; holes there (empty_cache()) are mapped as the steps reach them
 // (map_planned()); pages that lie elsewhere (remapped under pressure) are mapped back there once
 // the stream's work on them is done (an event, never a wait: map_plan(), at once or at the next
-// epoch's first request; PlanCursor `laying_out` meanwhile). Once an epoch repeats its plan, the
-// chunks above the plan's height are released, behind an event too (give_back_above_plan()). A
+// epoch's first request; PlanCursor `laying_out` meanwhile). Once an epoch repeats its plan (or
+// two plans take turns), the chunks above the plans' heights are released, behind an event too
+// (give_back_above_plan()). A
 // request the plan did not foresee departs from it for the rest of the epoch (the held pages
 // serve it), and that epoch is planned afresh. A program that repeats its steps from an empty
 // heap so runs them at the height its plan reaches, with no device call (docs/vmm.md,
@@ -191,19 +192,26 @@ void VmmHeaps::release_never_used(Heap& heap) {
 // The end of an epoch that does not simply repeat its plan in place: the next epoch's plan, and
 // the give-back of the pages above a plan that is followed again.
 void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
-  // The plan this epoch followed to the end, if it did: when the next epoch follows it again,
-  // what lies above its height can go (give_back_above_plan()).
-  const EpochPlan* followed = heap.cursor.matched(heap.epoch.allocations()) ? heap.cursor.plan().get() : nullptr;
+  // The plan this epoch followed to the end, if it did: when the next epoch follows it again, or
+  // follows the plan the epoch before this one followed (two plans in turn: a step whose base
+  // takes turns between two layouts), what lies above their heights can go
+  // (give_back_above_plan()).
+  std::shared_ptr<const EpochPlan> followed;
+  if (heap.cursor.matched(heap.epoch.allocations())) followed = heap.cursor.plan();
   if (repeats_in_place(heap)) {
     heap.cursor.follow_again();
   } else {
     plan_next_epoch(heap, next_base);
   }
-  if (followed != nullptr && heap.cursor.plan().get() == followed && heap.cursor.state() == PlanState::following) {
-    give_back_above_plan(heap);
+  const EpochPlan* next = heap.cursor.plan().get();
+  const bool in_turn = followed != nullptr && heap.cursor.state() == PlanState::following &&
+                       (next == followed.get() || next == heap.followed_before.get());
+  if (in_turn) {
+    give_back_above_plan(heap, std::max(followed->height, next->height));
   } else {
     drop_event(heap.give_back_event);
   }
+  heap.followed_before = std::move(followed);
 }
 
 // Once an epoch has repeated its plan (the next one follows it again), the chunks that lie
@@ -212,8 +220,8 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
 // the first such epoch end, queried at each; never a wait), so that a repeated step holds the
 // plan's height and not what its first, unplanned run mapped. An epoch that departs drops the
 // event: the pages may have been used again.
-void VmmHeaps::give_back_above_plan(Heap& heap) {
-  if (!has_pages_above_plan(heap) || heap.keeps_pages) {
+void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
+  if (heap.mapped_end <= heap.segment->addr + height || heap.keeps_pages) {
     drop_event(heap.give_back_event);
     return;
   }
@@ -227,7 +235,7 @@ void VmmHeaps::give_back_above_plan(Heap& heap) {
     if (!st_.device->query_event(heap.give_back_event)) return;  // at a later epoch's end
     drop_event(heap.give_back_event);
     const std::size_t before = heap.chunk_bytes;
-    release_above(heap, heap.segment->addr + heap.cursor.plan()->height);
+    release_above(heap, heap.segment->addr + height);
     heap.gave_back = heap.gave_back || heap.chunk_bytes < before;
   } catch (const DeviceError& e) {  // the heap stays consistent: what was not given back stays mapped
     drop_event(heap.give_back_event);

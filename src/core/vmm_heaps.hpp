@@ -152,6 +152,9 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
                                        // mapped none since
   bool keeps_pages = false;            // a growth mapped pages again after a give-back: chunks
                                        // above a plan stay mapped (until empty_cache())
+  /// The plan the last epoch followed to its end (null: it did not), kept alive for the
+  /// comparison: plans followed in turn give back what lies above both (choose_next_plan()).
+  std::shared_ptr<const EpochPlan> followed_before;
 
   Pool pool() const noexcept { return segment->pool; }
   Stream stream() const noexcept { return segment->owner->stream; }
@@ -361,7 +364,8 @@ class VmmHeaps final : public SegmentSource {
   static bool has_pages_above_plan(const Heap& heap) noexcept {
     return heap.cursor.plan() != nullptr && heap.mapped_end > heap.segment->addr + heap.cursor.plan()->height;
   }
-  void give_back_above_plan(Heap& heap);
+  /// `height`: the highest of the plans the heap follows (one, or two in turn).
+  void give_back_above_plan(Heap& heap, std::size_t height);
   void end_step_epoch(Heap& heap, std::uint64_t next_base);
   void rebase(Heap& heap, std::uint64_t base_signature);
   void release_above(Heap& heap, Address top);
