@@ -1,6 +1,6 @@
 // The differential test: long seeded random operation lists run against tensorpool (fixed and
 // vmm modes, and the default one, several configurations) and judged step by step by the
-// reference model of differential.cpp. About 1.3M operations in all in the default build; on a
+// reference model of differential.cpp. About 1.8M operations in all in the default build; on a
 // failure the report gives the seed and the delta-debugged (shrunk) operation list.
 //
 // Environment: TENSORPOOL_DIFF_SEED=N runs only seed N of each case; TENSORPOOL_DIFF_SCALE=x
