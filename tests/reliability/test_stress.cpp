@@ -4,7 +4,9 @@
 // modes. A shared registry (its own mutex) checks that live blocks never overlap; at the end
 // everything is freed and nothing may remain reserved. A second case captures CUDA graphs on one
 // stream (graph pools) while other threads allocate and free on theirs, some of their blocks
-// used on the captured stream. Labelled `stress`: brief in the normal
+// used on the captured stream. A third has each thread repeat a step of its own on its own
+// stream with vmm_find_steps (the finders side by side, one stream's boundaries made in the
+// exclusive mode). Labelled `stress`: brief in the normal
 // suite, the test the tsan preset runs (make test-tsan, with test_shards.cpp) to look for data
 // races.
 #include <catch2/catch.hpp>
