@@ -211,7 +211,7 @@ Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::
   std::uint64_t clock_end = 1;
   for (std::size_t i = 0; i < n; ++i) {
     clock_end = std::max(clock_end, blocks[i].end);
-    if (!blocks[i].fixed && !blocks[i].pinned) order.push_back(i);
+    if (!blocks[i].stays_where_recorded()) order.push_back(i);
   }
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
@@ -224,7 +224,7 @@ Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::
   std::size_t height = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const RecordedBlock& b = blocks[i];
-    if (!b.fixed && !b.pinned) continue;
+    if (!b.stays_where_recorded()) continue;
     out.offsets[i] = b.recorded;
     place(b, b.recorded);
     height = std::max(height, b.recorded + b.size);
@@ -356,7 +356,7 @@ std::vector<std::size_t> online_layout(std::span<const RecordedBlock> blocks, co
   std::vector<std::size_t> offsets(blocks.size(), 0);
   std::vector<std::pair<std::size_t, std::size_t>> fixed;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (!blocks[i].fixed && !blocks[i].pinned) continue;  // pinned: held from the start too
+    if (!blocks[i].stays_where_recorded()) continue;  // pinned ones too: held from the start
     offsets[i] = blocks[i].recorded;
     fixed.emplace_back(blocks[i].recorded, blocks[i].recorded + blocks[i].size);
   }
@@ -364,7 +364,7 @@ std::vector<std::size_t> online_layout(std::span<const RecordedBlock> blocks, co
   BestFitRange range(fixed);
   for (const auto& [tick, code] : events) {
     const std::size_t i = code / 2;
-    if (is_allocation(code) && (blocks[i].fixed || blocks[i].pinned)) continue;  // held from the start
+    if (is_allocation(code) && blocks[i].stays_where_recorded()) continue;  // held from the start
     if (is_allocation(code)) {
       offsets[i] = range.allocate(blocks[i].size);
     } else {

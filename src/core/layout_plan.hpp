@@ -56,6 +56,9 @@ struct RecordedBlock {
   /// over the boundary): every layout keeps it at `recorded` too, so that the epoch that follows
   /// the plan leaves it where the next epoch's base had it when that one was planned.
   bool pinned = false;
+
+  /// Every layout keeps it at `recorded`.
+  bool stays_where_recorded() const noexcept { return fixed || pinned; }
 };
 
 /// Which candidate a layout is (see the file comment).

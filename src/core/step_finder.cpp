@@ -5,7 +5,7 @@
 
 namespace tensorpool::detail {
 
-bool StepFinder::sample(std::uint64_t live) noexcept {
+void StepFinder::sample(std::uint64_t live) noexcept {
   ++samples_;
   const Sighting last = exchange_last_sighting();
   const std::uint64_t distance = last.at == 0 ? 0 : count_ - last.at;
@@ -15,14 +15,14 @@ bool StepFinder::sample(std::uint64_t live) noexcept {
     // say nothing, hence the mark on the hash.
     backoff_ = std::min(kMaxBackoff, std::max<std::uint64_t>(2, backoff_ * 2));
     next_sample_ = count_ + backoff_;
-    return false;
+    return;
   }
   backoff_ = 0;
   if (distance != 0 && distance <= period_ / 2 && count_ - last_agreed_ <= period_) {
     // A loop inside the step (a model's layers in the optimizer's update, where the bytes in use
     // come back to the same count every layer): it neither confirms nor breaks the period, as
     // long as some sample agreed with it less than a period ago.
-    return false;
+    return;
   }
   if (distance == 0 || distance != period_) {
     // A hash not seen before, or seen at another distance: the period under test fails, and this
@@ -31,7 +31,7 @@ bool StepFinder::sample(std::uint64_t live) noexcept {
     period_ = distance;
     agreed_since_ = count_;
     last_agreed_ = count_;
-    return false;
+    return;
   }
   last_agreed_ = count_;
   if (!confirmed_ && count_ - agreed_since_ >= period_ && period_ * kLiveBlocksPerAllocation >= live) {
@@ -41,7 +41,6 @@ bool StepFinder::sample(std::uint64_t live) noexcept {
     boundary_at_ = low_at_ - 1;
     while (boundary_at_ <= count_) boundary_at_ += period_;
   }
-  return false;
 }
 
 StepFinder::Sighting StepFinder::exchange_last_sighting() noexcept {

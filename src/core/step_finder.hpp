@@ -58,8 +58,8 @@ class StepFinder {
       low_in_use_ = before;
       low_at_ = count_;
     }
-    if (TP_LIKELY((hash_ >> (64 - kSampleBits)) != 0 || count_ < next_sample_)) return count_ == boundary_at_ && next_boundary();
-    return sample(live) || (count_ == boundary_at_ && next_boundary());
+    if (TP_UNLIKELY((hash_ >> (64 - kSampleBits)) == 0 && count_ >= next_sample_)) sample(live);
+    return count_ == boundary_at_ && next_boundary();
   }
 
   /// The period confirmed (allocations per step), or 0 while none is.
@@ -81,9 +81,8 @@ class StepFinder {
   static TP_ALWAYS_INLINE std::uint64_t mixed(std::uint64_t size, std::uint64_t in_use) noexcept {
     return (size ^ (in_use * 0x9e3779b97f4a7c15ull)) * 0xbf58476d1ce4e5b9ull;
   }
-  /// The sample at count_ tests the period (false: a boundary is never due at a sample but at
-  /// boundary_at_).
-  bool sample(std::uint64_t live) noexcept;
+  /// The sample at count_ tests the period (and sets boundary_at_ when it confirms one).
+  void sample(std::uint64_t live) noexcept;
   /// At boundary_at_: the next one a period later; true.
   bool next_boundary() noexcept {
     boundary_at_ += period_;

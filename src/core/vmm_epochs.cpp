@@ -324,8 +324,8 @@ void VmmHeaps::step_boundary() {
 // The step epoch ends: its record gets the base as fixed blocks (where they are, alive from its
 // start to their free or its end), the blocks it still holds count as alive to its end, the free
 // pages are held, and the next epoch's plan is chosen (map_plan() never moves pages under live
-// blocks, and follows a plan only where its pages are all mapped). `next_base`: live_signature()
-// of the blocks live now, the next epoch's base.
+// blocks, and follows no plan with holes below its height while chunks lie above it).
+// `next_base`: live_signature() of the blocks live now, the next epoch's base.
 void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
   EpochLog& log = heap.epoch;
   const Address start = heap.segment->addr;
@@ -474,12 +474,12 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   // Holes below the height and no chunk above it (empty_cache() or a reclaim unmapped pages in
   // place): the epoch maps the holes as its steps reach them (map_planned()), nothing moves.
   if (heap.mapped_prefix >= height || heap.mapped_end <= heap.segment->addr + height) return Layout::ready;
-  // A step epoch's base (vmm_epochs.cpp, step boundaries): nothing moves under it, and what lies
-  // above the height goes only once the plan repeats. So a plan with holes under its height (pages
-  // given back above another plan) is not followed: mapping them would hold both until then (up
-  // to 1.5 GiB above the online peak on the loops of docs/benchmarks.md, "Steps found from the
-  // requests"). The step runs online, with the pages it has.
-  if (heap.epoch.live != 0) return unmapped_below(heap, height) == 0 ? Layout::ready : Layout::impossible;
+  // Here the heap has holes below the height and chunks above it. A step epoch's base
+  // (vmm_epochs.cpp, step boundaries): nothing moves under it, and what lies above the height goes
+  // only once the plan repeats, so mapping the holes would hold both until then (up to 1.5 GiB
+  // above the online peak on the loops of docs/benchmarks.md, "Steps found from the requests"):
+  // the plan is not followed, and the step runs online, with the pages it has.
+  if (heap.epoch.live != 0) return Layout::impossible;
   if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
   DeviceEvent e = 0;
@@ -498,15 +498,6 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
     return Layout::impossible;
   }
   return lay_out(heap, height) ? Layout::ready : Layout::impossible;
-}
-
-// The bytes of [start, start + height) that no chunk of the heap covers. O(its chunks there).
-std::size_t VmmHeaps::unmapped_below(const Heap& heap, std::size_t height) {
-  const Address top = heap.segment->addr + height;
-  std::size_t mapped = 0;
-  for (auto it = heap.chunks.begin(); it != heap.chunks.end() && it->first < top; ++it)
-    mapped += std::min(it->second.end(), top) - it->first;
-  return height - mapped;
 }
 
 // map_plan() once the stream's work on the heap's pages is done: unmap everything (the heap is

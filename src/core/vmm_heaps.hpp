@@ -383,7 +383,6 @@ class VmmHeaps final : public SegmentSource {
   void hand_to_planner(Heap& heap);
   void collect_plans(Heap& heap);
   Layout map_plan(Heap& heap, std::size_t height);
-  static std::size_t unmapped_below(const Heap& heap, std::size_t height);
   bool lay_out(Heap& heap, std::size_t height);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);
