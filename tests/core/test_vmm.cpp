@@ -699,6 +699,61 @@ TEST_CASE("vmm: an output kept over the boundary moves the base every step: no p
   f.expect_all_given_back();
 }
 
+TEST_CASE("vmm: a step that follows no plan is served as it would be without step()", "[vmm][plan][step]") {
+  // Weights, then steps whose sequence lengths vary (no step repeats another, so no plan is ever
+  // followed), each making its output while the last step's still lives: a forward pass that
+  // keeps its activations, a backward pass that frees them in reverse. With step() at every
+  // boundary the steps must land where they land without it (the free index, not the held pages
+  // a growth from an empty heap would take), make the same device calls and hold the same.
+  Fixture with_steps("mode:vmm", {.event_mode = EventMode::immediate});
+  Fixture without("mode:vmm", {.event_mode = EventMode::immediate});
+  std::mt19937_64 rng(7);
+  struct Run {
+    Fixture& f;
+    bool steps;
+    std::vector<void*> weights;
+    void* out = nullptr;
+  };
+  std::vector<Run> runs = {{with_steps, true, {}, nullptr}, {without, false, {}, nullptr}};
+  for (Run& r : runs) {
+    for (int i = 0; i < 6; ++i) r.weights.push_back(r.f.alloc.allocate(24 * MiB));
+    r.out = r.f.alloc.allocate(30 * MiB);
+  }
+  for (int step = 0; step < 12; ++step) {
+    INFO("step " << step);
+    const std::size_t tokens = 1 + rng() % 8;  // this step's sequence length, in units
+    std::vector<std::vector<Address>> places;
+    for (Run& r : runs) {
+      std::vector<Address> at;
+      void* next = r.f.alloc.allocate(tokens * 6 * MiB);
+      std::vector<void*> acts;
+      for (int layer = 0; layer < 6; ++layer) {
+        acts.push_back(r.f.alloc.allocate(tokens * 5 * MiB));
+        void* tmp = r.f.alloc.allocate(tokens * 9 * MiB);
+        at.push_back(addr(acts.back()));
+        at.push_back(addr(tmp));
+        r.f.alloc.deallocate(tmp);
+      }
+      r.f.alloc.deallocate(r.out);
+      r.out = next;
+      at.push_back(addr(next));
+      for (auto it = acts.rbegin(); it != acts.rend(); ++it) r.f.alloc.deallocate(*it);
+      if (r.steps) r.f.alloc.step();
+      r.f.alloc.check_invariants();
+      places.push_back(std::move(at));
+    }
+    REQUIRE(places[0] == places[1]);
+    REQUIRE(with_steps.reserved() == without.reserved());
+    REQUIRE(same_calls(with_steps.device->counters(), without.device->counters()));
+  }
+  for (Run& r : runs) {
+    r.f.alloc.deallocate(r.out);
+    for (void* w : r.weights) r.f.alloc.deallocate(w);
+    r.f.alloc.check_invariants();
+    r.f.expect_all_given_back();
+  }
+}
+
 TEST_CASE("vmm: step() in fixed-segment mode or with nothing allocated changes nothing",
           "[vmm][plan][step]") {
   Fixture fixed("mode:fixed");
