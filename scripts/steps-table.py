@@ -35,6 +35,8 @@ LOOPS = [
      ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:2,global_batch:8,steps:4"]),
     ("llama2-7b-serve", "Llama 2 7B serving 64 requests, paged KV cache, batches of 8",
      ["--model", "llama2-7b", "--options", "framework:pytorch,mode:inference,max_batch:8,steps:2"]),
+    ("gpt2-forward-12", "GPT-2 small, forward passes under no_grad, 16 x 1024, 12 steps",
+     ["--model", "gpt2", "--options", "framework:pytorch,mode:forward,micro_batch:16,seq:1024,steps:12"]),
 ]
 WAYS = [("none", []), ("step() called", ["--step-at-iterations"]), ("found", ["--conf", "vmm_find_steps:true"])]
 
