@@ -7,10 +7,15 @@ variant, each in a fresh process (an allocator can only be installed before CUDA
   tensorpool-async   tensorpool.install("backend:async")
   tensorpool-malloc  tensorpool.install("backend:malloc")
   tensorpool-vmm     tensorpool.install("backend:vmm,mode:vmm")
+  tensorpool-vmm-steps  the same, with tensorpool.step_after_optimizer() (a step boundary after
+                     every optimizer.step(); docs/vmm.md, "Steps")
 and checks that every variant's losses agree with PyTorch's to bf16 tolerance (deterministic
 kernels are requested, so they should agree to the bit; the tolerance covers kernels that are
 not). Prints, for docs/benchmarks.md, each variant's peak reserved and allocated bytes and
-its median step time. The tensorpool-async run also records its history, dumps a snapshot and
+its median step time, and what the step boundaries changed: the loop keeps its logits and loss
+over the boundary (Python rebinds them only in the next step), so its steps follow no plan for a
+while, and such steps must hold what the loop holds without them (docs/benchmarks.md, "Steps that
+follow no plan"; replayed, they hold the same bytes with the same calls). The tensorpool-async run also records its history, dumps a snapshot and
 renders it with torch.cuda._memory_viz; every tensorpool run ends with an OOM probe that records
 what PyTorch does when the allocator returns nullptr.
 
@@ -42,6 +47,7 @@ VARIANTS = {
     "tensorpool-async": "backend:async",
     "tensorpool-malloc": "backend:malloc",
     "tensorpool-vmm": "backend:vmm,mode:vmm",
+    "tensorpool-vmm-steps": "backend:vmm,mode:vmm",  # and tensorpool.step_after_optimizer()
 }
 # bf16 keeps 8 bits of mantissa: two runs that differ only in reduction order agree to a few
 # units in the last place of the loss.
@@ -74,6 +80,8 @@ def train(args):
     if conf is not None:
         import tensorpool
         tensorpool.install(conf)
+        if args.variant.endswith("-steps"):
+            tensorpool.step_after_optimizer()
     import torch
     import torch.nn as nn
 
@@ -130,6 +138,7 @@ def train(args):
     result["peak_reserved"] = stats["reserved_bytes.all.peak"]
     result["peak_allocated"] = stats["allocated_bytes.all.peak"]
     result["num_device_alloc"] = stats["num_device_alloc"]
+    result["num_sync_all_streams"] = stats["num_sync_all_streams"]
     if args.variant == "tensorpool-async":
         result["snapshot"] = check_snapshot(args, tensorpool)
     result["oom_probe"] = oom_probe(torch, tensorpool)
@@ -268,6 +277,8 @@ def dry_run(args):
         problems.append(f"the tensorpool module does not import: {e}")
     for name, conf in VARIANTS.items():
         how = "PyTorch's allocator" if conf is None else f"tensorpool.install({conf!r})"
+        if name.endswith("-steps"):
+            how += " + step_after_optimizer()"
         print(f"  would run {name:<18} {how}, {args.steps} steps of a {args.layers}-layer "
               f"transformer (hidden {args.hidden}, batch {args.batch}, seq {args.seq}, bf16)")
     for name, (conf, probe) in PROBES.items():
@@ -361,6 +372,12 @@ def main():
             if "snapshot" in r:
                 print(f"  {name}: snapshot {r['snapshot']['path']}: {r['snapshot']['events']} events, "
                       f"rendered by torch.cuda._memory_viz")
+    steps, plain = results.get("tensorpool-vmm-steps"), results.get("tensorpool-vmm")
+    if steps and plain:  # reported, not judged: a real run's planner thread makes its timing
+        print(f"  tensorpool-vmm-steps: peak reserved {steps['peak_reserved'] / 2**20:.1f} MiB against "
+              f"{plain['peak_reserved'] / 2**20:.1f} without step boundaries; device calls "
+              f"{steps['num_device_alloc']} against {plain['num_device_alloc']}; synchronizations "
+              f"{steps['num_sync_all_streams']} against {plain['num_sync_all_streams']}")
     probes = run_probes(args, env)
     ok = ok and all(p.get("ok") for p in probes.values())
     with open(os.path.join(args.out, "torch-check.json"), "w") as f:
