@@ -15,9 +15,10 @@ not). Prints, for docs/benchmarks.md, each variant's peak reserved and allocated
 its median step time, and what the step boundaries changed: the loop keeps its logits and loss
 over the boundary (Python rebinds them only in the next step), so its steps follow no plan for a
 while, and such steps must hold what the loop holds without them (docs/benchmarks.md, "Steps that
-follow no plan"; replayed, they hold the same bytes with the same calls). The tensorpool-async run also records its history, dumps a snapshot and
-renders it with torch.cuda._memory_viz; every tensorpool run ends with an OOM probe that records
-what PyTorch does when the allocator returns nullptr.
+follow no plan"; replayed, they hold the same bytes with the same calls). The tensorpool-async
+run also records its history, dumps a snapshot and renders it with torch.cuda._memory_viz; every
+tensorpool run ends with an OOM probe that records what PyTorch does when the allocator returns
+nullptr.
 
     scripts/gpu/torch_check.py --out DIR --library build/cuda/libtensorpool_torch.so
     scripts/gpu/torch_check.py --dry-run ...   # no GPU, no torch needed: checks the setup,
