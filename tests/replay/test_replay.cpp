@@ -29,13 +29,17 @@ TraceEvent ev(Op op, std::uint64_t addr, std::uint64_t size, std::uint64_t strea
   return {.op = op, .device = device, .stream = stream, .addr = addr, .size = size};
 }
 
+// Whether the replay calls tensorpool's step() at the trace's iteration markers.
+enum class Steps { none, at_iterations };
+
 ReplayReport run(const trace::Trace& t, const std::string& allocator, std::size_t capacity = 80 * GiB,
-                 const std::string& conf = "") {
+                 const std::string& conf = "", Steps steps = Steps::none) {
   TraceSource source(t);
   ReplayOptions o;
   o.allocator = allocator;
   o.target.capacity = capacity;
   o.target.conf = conf;
+  o.step_at_iterations = steps == Steps::at_iterations;
   return tensorpool::replay::replay(source, o);
 }
 
@@ -82,22 +86,17 @@ TEST_CASE("replay: --step-at-iterations calls tensorpool's step() at each iterat
   // tptest::weights_and_steps(): online the steps reach 96 + 140 MiB; planned around the weights
   // at the step boundaries they need 96 + 100 MiB, and the pages above go once the plan repeats.
   const trace::Trace t = tptest::weights_and_steps();
-  const auto replayed = [&](bool steps) {
-    TraceSource source(t);
-    ReplayOptions o;
-    o.allocator = "tensorpool-vmm";
-    o.target.conf = "vmm_max_chunk:2MiB,vmm_idle_divisor:1";
-    o.step_at_iterations = steps;
-    return tensorpool::replay::replay(source, o).total;
+  const auto replayed = [&](Steps steps) {
+    return run(t, "tensorpool-vmm", 80 * GiB, "vmm_max_chunk:2MiB,vmm_idle_divisor:1", steps).total;
   };
-  const ReplayResult online = replayed(false);
-  const ReplayResult stepped = replayed(true);
+  const ReplayResult online = replayed(Steps::none);
+  const ReplayResult stepped = replayed(Steps::at_iterations);
   REQUIRE(online.peak_reserved == (96 + 140) * MiB);
   REQUIRE(online.final_reserved == (96 + 140) * MiB);
   REQUIRE(stepped.peak_reserved == (96 + 140) * MiB);  // the first steps run online
   REQUIRE(stepped.final_reserved == (96 + 100) * MiB);
   REQUIRE(stepped.upstream.syncs == 0);
-  REQUIRE(replayed(true).final_reserved == stepped.final_reserved);  // deterministic
+  REQUIRE(replayed(Steps::at_iterations).final_reserved == stepped.final_reserved);  // deterministic
 }
 
 TEST_CASE("replay: steps, called or found, never hold more than the online run on a PyTorch loop", "[replay][step]") {
@@ -106,17 +105,9 @@ TEST_CASE("replay: steps, called or found, never hold more than the online run o
   // A plan followed with those holes mapped held both, 1.5 GiB above the online peak; such a plan
   // is not followed.
   const trace::Trace t = generated("model:gpt2,framework:pytorch,micro_batch:8,seq:512,steps:16");
-  const auto replayed = [&](bool steps, const char* conf) {
-    TraceSource source(t);
-    ReplayOptions o;
-    o.allocator = "tensorpool-vmm";
-    o.target.conf = conf;
-    o.step_at_iterations = steps;
-    return tensorpool::replay::replay(source, o).total;
-  };
-  const ReplayResult online = replayed(false, "");
-  const ReplayResult called = replayed(true, "");
-  const ReplayResult found = replayed(false, "vmm_find_steps:true");
+  const ReplayResult online = run(t, "tensorpool-vmm").total;
+  const ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
+  const ReplayResult found = run(t, "tensorpool-vmm", 80 * GiB, "vmm_find_steps:true").total;
   REQUIRE(online.per_iteration.size() == 16);
   REQUIRE(called.peak_reserved <= online.peak_reserved);
   REQUIRE(found.peak_reserved <= online.peak_reserved);
@@ -130,22 +121,14 @@ TEST_CASE("replay: steps that follow no plan run as the loop does without step()
   // logits and activations elsewhere than the free index does: 4.11 GiB held and 531 calls from
   // the third step, against 3.95 GiB and 164 calls online.
   const trace::Trace t = generated("model:gpt2,framework:pytorch,mode:forward,micro_batch:16,seq:1024,steps:12");
-  const auto replayed = [&](bool steps, const char* conf) {
-    TraceSource source(t);
-    ReplayOptions o;
-    o.allocator = "tensorpool-vmm";
-    o.target.conf = conf;
-    o.step_at_iterations = steps;
-    return tensorpool::replay::replay(source, o).total;
-  };
   const auto calls_from_third = [](const ReplayResult& r) {
     std::uint64_t calls = 0;
     for (std::size_t i = 2; i < r.per_iteration.size(); ++i) calls += r.per_iteration[i].upstream.total();
     return calls;
   };
-  const ReplayResult online = replayed(false, "");
-  const ReplayResult called = replayed(true, "");
-  const ReplayResult found = replayed(false, "vmm_find_steps:true");
+  const ReplayResult online = run(t, "tensorpool-vmm").total;
+  const ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
+  const ReplayResult found = run(t, "tensorpool-vmm", 80 * GiB, "vmm_find_steps:true").total;
   REQUIRE(online.per_iteration.size() == 12);
   for (const ReplayResult* r : {&called, &found}) {
     REQUIRE(r->peak_reserved <= online.peak_reserved);
