@@ -157,6 +157,7 @@ TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested)
   b->requested = requested;
   shard.live.insert(b->addr, b);
   shard.counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
+  b->born = ++shard.handed_out[static_cast<int>(seg->pool)];
   if (TP_UNLIKELY(seg->epoch != nullptr)) seg->epoch->on_alloc(b, seg->addr);
   // vmm_find_steps: every allocation of the stream, in heaps that record their epochs or not.
   if (StreamState& owner = *seg->owner; TP_UNLIKELY(owner.step_finder != nullptr)) {
@@ -205,7 +206,7 @@ TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::s
   const std::size_t handed = handed_size(b, size);
   if (TP_UNLIKELY(!shard.fits(pool, static_cast<std::int64_t>(handed), requested))) return nullptr;
   shard.counters.count(&Stats::alloc_calls);
-  return take(b, handed, bytes);
+  return take(b, handed, bytes, FreeFrom::index);
 }
 
 void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
@@ -235,8 +236,12 @@ TP_ALWAYS_INLINE void* Allocator::Impl::allocate_in(std::size_t bytes, detail::S
     hand_out(b, bytes);
   } else {
     b = bytes <= kMaxAllocationSize ? find_cached(ss, pool, size) : nullptr;
-    if (TP_UNLIKELY(b == nullptr)) b = allocate_slow(ss, pool, size, bytes, lock);
-    b = take(b, handed_size(b, size), bytes);
+    FreeFrom from = FreeFrom::index;
+    if (TP_UNLIKELY(b == nullptr)) {
+      b = allocate_slow(ss, pool, size, bytes, lock);
+      from = FreeFrom::growth;
+    }
+    b = take(b, handed_size(b, size), bytes, from);
   }
   if (TP_UNLIKELY(b->segment->owner != &ss)) add_use(b, stream);  // taken from another stream
   if (TP_UNLIKELY(hooks.observed())) hooks.notify(EventType::alloc, b->addr, bytes, b->size, stream, ss.tag);
@@ -361,14 +366,45 @@ Block* Allocator::Impl::find_cached(StreamState& ss, Pool pool, std::size_t size
   return ss.index[detail::kLargeIndex].find(size);
 }
 
-// Removes free block b from its index and hands out its first `handed` bytes (handed_size());
-// the free remainder of a split goes back to the index.
-Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested) {
+// Removes free block b from its index and hands out its first `handed` bytes (handed_size()), or
+// its last ones where the request replaces a kept neighbour (replaces_kept_neighbour()); the free
+// remainder of a split goes back to the index.
+Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested, FreeFrom from) {
   Segment* seg = b->segment;
   seg->index->remove(b);
-  if (handed < b->size) seg->index->insert(blocks_of(seg).split_at(b, handed));
+  if (handed < b->size) {
+    if (TP_UNLIKELY(seg->vmm != nullptr && from == FreeFrom::index && replaces_kept_neighbour(b, handed))) {
+      Block* top = blocks_of(seg).split_at(b, b->size - handed);
+      seg->index->insert(b);
+      b = top;
+    } else {
+      seg->index->insert(blocks_of(seg).split_at(b, handed));
+    }
+  }
   hand_out(b, requested);
   return b;
+}
+
+// Whether a request of `handed` bytes, served from free block b of a vmm heap's large pool, is
+// the successor of an output the program keeps over a step: the live block just below b has its
+// size and is older than the live set (handed out more allocations ago than the pool now has
+// live blocks: whatever was made beside it has been freed since, so it is not one of a run of
+// blocks made together, as layers' weights or activations are), and b is the heap's top mapped
+// block. PyTorch's loop makes its logits while the previous step's are alive and frees those
+// right after (`logits = model(x)`). Served from b's start, the new block would sit between the
+// old one and the free pages, and the old one's pages would become a hole that the next, larger
+// requests (the loss's upcast) cannot use: the heap grows or remaps every step. Served from b's
+// end, the old block's pages join the free ones below the new block once it is freed.
+bool Allocator::Impl::replaces_kept_neighbour(const Block* b, std::size_t handed) const noexcept {
+  const Segment* seg = b->segment;
+  const Block* below = b->prev;
+  if (seg->pool != Pool::large || below == nullptr || below->size != handed ||
+      below->state != BlockState::allocated || (b->next != nullptr && b->next->mapped))
+    return false;
+  const detail::Shard& shard = shard_of(seg);
+  const int large = static_cast<int>(Pool::large);
+  const std::int64_t live = shard.counters.stats().pool[large][Metric::allocations].current;
+  return shard.handed_out[large] - below->born > static_cast<std::uint64_t>(std::max<std::int64_t>(live, 0));
 }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.

@@ -105,7 +105,11 @@ class Allocator::Impl : private detail::AllocatorState {
   StreamState* last_stream() const noexcept;
   void remember_stream(StreamState& ss) const noexcept;
   Block* find_cached(StreamState& ss, Pool pool, std::size_t size) const noexcept;
-  Block* take(Block* b, std::size_t handed, std::size_t requested);
+  /// Where the free block a request is served from came from: the free index, or a growth (or
+  /// the OOM ladder's other sources), whose pages were mapped for the request at their start.
+  enum class FreeFrom { index, growth };
+  Block* take(Block* b, std::size_t handed, std::size_t requested, FreeFrom from);
+  bool replaces_kept_neighbour(const Block* b, std::size_t handed) const noexcept;
   std::size_t handed_size(const Block* b, std::size_t size) const noexcept;
   void hand_out(Block* b, std::size_t requested);
   void release_block(Block* b);

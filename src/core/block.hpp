@@ -53,6 +53,7 @@ struct Block {
   std::uint32_t epoch_slot = UINT32_MAX;  // while allocated in a vmm heap: its entry in the
                                           // heap's EpochLog (UINT32_MAX: none)
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
+  std::uint64_t born = 0;  // while allocated: its pool's Shard::handed_out when it was handed out
 };
 
 /// Which FreeIndex of a stream a segment's free blocks go to.

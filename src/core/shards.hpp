@@ -49,6 +49,7 @@ struct alignas(64) Shard {
   Counters counters; // the shard metrics of those blocks and this shard's calls (nothing reserved)
   std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> ceiling{};
   bool bounded = false;  // whether `ceiling` applies (false: shard 0 while alone, and unused shards)
+  std::array<std::uint64_t, kNumPools> handed_out{};  // per pool, blocks handed out so far: Block::born
 
   /// Whether handing out a block of `size` bytes (`requested` asked for) keeps every counter of
   /// `pool` and of the total at or below its ceiling.
