@@ -389,8 +389,10 @@ Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested
 // the successor of an output the program keeps over a step: the live block just below b has its
 // size and is older than the live set (handed out more allocations ago than the pool now has
 // live blocks: whatever was made beside it has been freed since, so it is not one of a run of
-// blocks made together, as layers' weights or activations are), and b is the heap's top mapped
-// block. PyTorch's loop makes its logits while the previous step's are alive and frees those
+// blocks made together, as layers' weights or activations are), b is the heap's top mapped
+// block, and the request is at least the pool's growth step (1/vmm_growth_divisor of what it
+// holds, at most vmm_max_growth: a per-layer tensor is smaller; its twins, a weight and its
+// gradient or checkpoints of equal size, are not replacements). PyTorch's loop makes its logits while the previous step's are alive and frees those
 // right after (`logits = model(x)`). Served from b's start, the new block would sit between the
 // old one and the free pages, and the old one's pages would become a hole that the next, larger
 // requests (the loss's upcast) cannot use: the heap grows or remaps every step. Served from b's
@@ -399,7 +401,8 @@ bool Allocator::Impl::replaces_kept_neighbour(const Block* b, std::size_t handed
   const Segment* seg = b->segment;
   const Block* below = b->prev;
   if (seg->pool != Pool::large || below == nullptr || below->size != handed ||
-      below->state != BlockState::allocated || (b->next != nullptr && b->next->mapped))
+      below->state != BlockState::allocated || (b->next != nullptr && b->next->mapped) ||
+      handed < std::min(counters.reserved(Pool::large) / config.vmm_growth_divisor, config.vmm_max_growth))
     return false;
   const detail::Shard& shard = shard_of(seg);
   const int large = static_cast<int>(Pool::large);
