@@ -392,11 +392,12 @@ Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested
 // blocks made together, as layers' weights or activations are), b is the heap's top mapped
 // block, and the request is at least the pool's growth step (1/vmm_growth_divisor of what it
 // holds, at most vmm_max_growth: a per-layer tensor is smaller; its twins, a weight and its
-// gradient or checkpoints of equal size, are not replacements). PyTorch's loop makes its logits while the previous step's are alive and frees those
-// right after (`logits = model(x)`). Served from b's start, the new block would sit between the
-// old one and the free pages, and the old one's pages would become a hole that the next, larger
-// requests (the loss's upcast) cannot use: the heap grows or remaps every step. Served from b's
-// end, the old block's pages join the free ones below the new block once it is freed.
+// gradient or checkpoints of equal size, are not replacements). PyTorch's loop makes its logits
+// while the previous step's are alive and frees those right after (`logits = model(x)`). Served
+// from b's start, the new block would sit between the old one and the free pages, and the old
+// one's pages would become a hole that the next, larger requests (the loss's upcast) cannot use:
+// the heap grows or remaps every step. Served from b's end, the old block's pages join the free
+// ones below the new block once it is freed.
 bool Allocator::Impl::replaces_kept_neighbour(const Block* b, std::size_t handed) const noexcept {
   const Segment* seg = b->segment;
   const Block* below = b->prev;
