@@ -33,7 +33,9 @@
 //                                  varying step: docs/vmm.md, "Growth") ...
 //   vmm_idle_divisor     32        vmm: ... or beyond 1/N of what the pool holds, if that is less
 //   vmm_growth_divisor   128       vmm: a growth of the large pool maps at least 1/N of what the
-//                                  pool holds (fewer calls; at most 1/N mapped ahead of need)
+//                                  pool holds (fewer calls; at most 1/N mapped ahead of need);
+//                                  also the least a kept output's successor must be to be cut
+//                                  from the top of its free block (docs/vmm.md, "Design")
 //   vmm_max_growth       128MiB    vmm: ... but never more than this ahead of need
 //   vmm_max_chunk        128MiB    vmm: the largest physical chunk (one create + one map each).
 //                                  Chunks unmap only whole: smaller chunks let free pages beside
