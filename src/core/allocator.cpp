@@ -403,12 +403,19 @@ bool Allocator::Impl::replaces_kept_neighbour(const Block* b, std::size_t handed
   const Block* below = b->prev;
   if (seg->pool != Pool::large || below == nullptr || below->size != handed ||
       below->state != BlockState::allocated || (b->next != nullptr && b->next->mapped) ||
-      handed < std::min(counters.reserved(Pool::large) / config.vmm_growth_divisor, config.vmm_max_growth))
+      handed < least_kept_output())
     return false;
   const detail::Shard& shard = shard_of(seg);
   const int large = static_cast<int>(Pool::large);
   const std::int64_t live = shard.counters.stats().pool[large][Metric::allocations].current;
   return shard.handed_out[large] - below->born > static_cast<std::uint64_t>(std::max<std::int64_t>(live, 0));
+}
+
+// The growth step of the large pool (VmmHeaps::growth_step()) from what the fast path may read:
+// the pool's reserved bytes, which only the exclusive mode writes. growth_step() itself also
+// sums the heaps' held pages, which an epoch that ends in place changes under one shard's lock.
+std::size_t Allocator::Impl::least_kept_output() const noexcept {
+  return std::min(counters.reserved(Pool::large) / config.vmm_growth_divisor, config.vmm_max_growth);
 }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.

@@ -110,6 +110,7 @@ class Allocator::Impl : private detail::AllocatorState {
   enum class FreeFrom { index, growth };
   Block* take(Block* b, std::size_t handed, std::size_t requested, FreeFrom from);
   bool replaces_kept_neighbour(const Block* b, std::size_t handed) const noexcept;
+  std::size_t least_kept_output() const noexcept;
   std::size_t handed_size(const Block* b, std::size_t size) const noexcept;
   void hand_out(Block* b, std::size_t requested);
   void release_block(Block* b);
