@@ -355,7 +355,7 @@ def table_gpu(_):
         return ("**Not yet run on a GPU.** `scripts/gpu-check.sh` with `scripts/gpu/run.sh` is ready and was "
                 "dry-run here (no GPU: it builds the programs and says so). Its results (OUT/gpu/) go to "
                 "docs/results/gpu/, and this script then fills these tables: per-call costs, replays on the "
-                "GPU next to the simulated figures, pinned staging.\n")
+                "GPU next to the simulated figures, pinned staging, sleep and wake.\n")
     out = []
     costs = os.path.join(gpu, "call-costs.json")
     if os.path.exists(costs):
@@ -388,6 +388,15 @@ def table_gpu(_):
         out += ["", "Pinned staging (medians):\n", "| size | buffer | allocate + free ns | H2D GB/s |", "|---|---|---|---|"]
         for r in json.load(open(pinned))["rows"]:
             out.append("| %d MiB | %s | %.0f | %.2f |" % (r["mib"], r["how"], r["alloc_free_ns"], r["h2d_gb_per_s"]))
+    sleep = os.path.join(gpu, "sleep.json")
+    if os.path.exists(sleep):
+        out += ["", "Sleep and wake on the vmm backend (`cuda/gpu/sleep_wake.cpp`, medians of the rounds):\n",
+                "| held | contents | sleep ms | wake ms | sleep ms per GiB | wake ms per GiB | free memory back (least) | checks |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in json.load(open(sleep))["rows"]:
+            out.append("| %d MiB | %s | %.2f | %.2f | %.2f | %.2f | %.3f GiB | %s |" % (
+                r["mib"], r["contents"], r["sleep_ms"], r["wake_ms"], r["sleep_ms_per_gib"], r["wake_ms_per_gib"],
+                r["least_freed_bytes"] / GIB, "passed" if r["checks_ok"] else "**failed**"))
     return "\n".join(out) + "\n"
 
 

@@ -13,7 +13,8 @@
 #      scripts/gpu/loop_check.py: the generator's PyTorch loop against the same loop's measured
 #      peak (within 3%);
 #   4. the GPU measurements of scripts/gpu/run.sh (call costs -> OUT_DIR/gpu/cost-model.txt,
-#      trace replays on the GPU, pinned staging), each part under its own timeout; RMM's pool
+#      trace replays on the GPU, pinned staging, sleep and wake per GiB -> OUT_DIR/gpu/sleep.json),
+#      each part under its own timeout; RMM's pool
 #      too when the librmm-cu13 and rapids-logger wheels are in .whl/ (carried to the GPU host);
 #   5. build and run every benchmark program under bench/ (or, failing that, the binaries
 #      already in build-release/bench/), each with --benchmark_out=OUT_DIR/bench-NAME.json.
@@ -104,7 +105,8 @@ if ! step configure 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=ON; the
     { log "RESULT: configure failed"; exit 2; }
 fi
 CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info
-  tensorpool_test_cub_vs_model tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned tensorpool_cli
+  tensorpool_test_cub_vs_model tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned tensorpool_gpu_sleep
+  tensorpool_cli
   tensorpool_torch)
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" ||
   { log "RESULT: build failed"; exit 2; }

@@ -12,7 +12,10 @@
 #      RMM's pool when built with it) -> replay-TRACE.jsonl, and the simulated figures for the
 #      same traces with the measured cost model -> simulated-TRACE.json;
 #   c. pinned staging: CudaPinnedHostBackend through the allocator vs cudaHostAlloc vs pageable ->
-#      pinned.json.
+#      pinned.json;
+#   d. sleep and wake of 1 and 4 GiB in 64 MiB blocks, contents kept and discarded, per GiB, with
+#      the checks of issue 28 (free memory back, addresses and contents kept) -> sleep.json; run
+#      right after a (it takes seconds), so that the replays' time cannot leave it out.
 #
 #   scripts/gpu/run.sh OUT_DIR BUILD_DIR [SECONDS]
 # BUILD_DIR has the cuda/gpu programs (-DTENSORPOOL_GPU_BENCH=ON) and tools/tensorpool. Traces:
@@ -44,7 +47,7 @@ part() {  # part NAME MAX_SECONDS OUTFILE CMD...
 }
 
 BIN=$BUILD/cuda/gpu
-for p in tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned; do
+for p in tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned tensorpool_gpu_sleep; do
   [ -x "$BIN/$p" ] || { say "missing $BIN/$p (configure with -DTENSORPOOL_GPU_BENCH=ON)"; exit 2; }
 done
 if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -54,6 +57,10 @@ fi
 
 # a. call costs -> the cost model
 part call-costs 120 "$OUT/call-costs.log" "$BIN/tensorpool_gpu_call_costs" "$OUT" 11
+
+# d. sleep and wake per GiB, before the replays take the time left (exit 1: a check failed; the
+# JSON says which row)
+part sleep 60 "$OUT/sleep.json" "$BIN/tensorpool_gpu_sleep" 1024,4096 3
 
 # b. replays on the GPU, and the simulator's figures for the same traces
 TRACES=()
@@ -76,5 +83,6 @@ done
 
 # c. pinned staging
 part pinned 60 "$OUT/pinned.json" "$BIN/tensorpool_gpu_pinned" 9
+
 say "done; results in $OUT"
 exit 0
