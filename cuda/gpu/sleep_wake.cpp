@@ -10,7 +10,8 @@
 //   sleep(discard) + wake()   the same without the copies.
 // Each round also checks what the issue asks: the GPU's free memory grows by at least what
 // sleeps (cudaMemGetInfo), every block keeps its address and is awake after wake(). Medians of
-// the rounds; one JSON object on stdout, and exit status 1 if a check failed.
+// the rounds; one JSON object on stdout once every size has run, and exit status 1 if a check
+// failed (or, with no JSON, if a call or an allocation failed: stderr says which).
 //
 //   sleep_wake [MIB_LIST] [REPS]      (default: 1024,4096 and 3)
 //
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -136,21 +138,23 @@ void round_of(Allocator& alloc, const Held& held, Row& row) {
   row.checks_ok = row.checks_ok && ok;
 }
 
-void print(const Row& row, bool first) {
+// The row as JSON.
+std::string json(const Row& row) {
   const double gib = static_cast<double>(row.asleep_bytes) / static_cast<double>(GiB);
   const double s = median(row.sleep_ms);
   const double w = median(row.wake_ms);
-  std::printf("%s\n  {\"mib\": %zu, \"contents\": \"%s\", \"asleep_bytes\": %zu, \"least_freed_bytes\": %zu, "
-              "\"sleep_ms\": %.3f, \"wake_ms\": %.3f, \"sleep_ms_per_gib\": %.3f, \"wake_ms_per_gib\": %.3f, "
-              "\"rounds\": %zu, \"checks_ok\": %s}",
-              first ? "" : ",", row.mib, row.contents == Contents::keep ? "keep" : "discard", row.asleep_bytes,
-              row.min_freed == SIZE_MAX ? 0 : row.min_freed, s, w, gib > 0 ? s / gib : 0.0,
-              gib > 0 ? w / gib : 0.0, row.sleep_ms.size(), row.checks_ok ? "true" : "false");
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "{\"mib\": %zu, \"contents\": \"%s\", \"asleep_bytes\": %zu, \"least_freed_bytes\": %zu, "
+                "\"sleep_ms\": %.3f, \"wake_ms\": %.3f, \"sleep_ms_per_gib\": %.3f, \"wake_ms_per_gib\": %.3f, "
+                "\"rounds\": %zu, \"checks_ok\": %s}",
+                row.mib, row.contents == Contents::keep ? "keep" : "discard", row.asleep_bytes,
+                row.min_freed == SIZE_MAX ? 0 : row.min_freed, s, w, gib > 0 ? s / gib : 0.0, gib > 0 ? w / gib : 0.0,
+                row.sleep_ms.size(), row.checks_ok ? "true" : "false");
+  return text;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const std::vector<std::size_t> sizes = parse_sizes(argc > 1 ? argv[1] : "1024,4096");
   const int reps = argc > 2 ? std::atoi(argv[2]) : 3;
   if (reps < 1) {
@@ -161,8 +165,7 @@ int main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   bool all_ok = true;
-  bool first = true;
-  std::printf("{\"block_bytes\": %zu, \"rows\": [", kBlock);
+  std::string rows;  // printed whole at the end: a run that fails half-way writes no JSON
   for (const std::size_t mib : sizes) {
     Allocator alloc(make_cuda_backend(CudaBackendKind::vmm, 0), Config::parse("mode:vmm"));
     const Held held = fill(alloc, mib * MiB, stream);
@@ -173,14 +176,24 @@ int main(int argc, char** argv) {
       row.mib = mib;
       row.contents = contents;
       for (int r = 0; r < reps; ++r) round_of(alloc, held, row);
-      print(row, first);
-      first = false;
+      rows += (rows.empty() ? "\n  " : ",\n  ") + json(row);
       all_ok = all_ok && row.checks_ok;
     }
     for (void* p : held.blocks) alloc.deallocate(p);
     alloc.empty_cache();
   }
-  std::printf("\n]}\n");
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  std::printf("{\"block_bytes\": %zu, \"rows\": [%s\n]}\n", kBlock, rows.c_str());
   return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // out of device or host memory, a device error
+    std::fprintf(stderr, "sleep_wake: %s\n", e.what());
+    return 1;
+  }
 }
