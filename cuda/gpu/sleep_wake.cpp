@@ -7,7 +7,8 @@
 //                             copied back (this program then reads 4 KiB at each end of every
 //                             block back and compares);
 // and REPS rounds of
-//   sleep(discard) + wake()   the same without the copies.
+//   sleep(discard) + wake()   the same without the copies (this program then writes 4 KiB at each
+//                             end of every block and reads them back).
 // Each round also checks what the issue asks: the GPU's free memory grows by at least what
 // sleeps (cudaMemGetInfo), every block keeps its address and is awake after wake(). Medians of
 // the rounds; one JSON object on stdout once every size has run, and exit status 1 if a check
@@ -110,6 +111,21 @@ bool contents_kept(const Held& held) {
   return true;
 }
 
+// Every block's new pages take a write and read it back, at both ends (after a discarded wake).
+bool pages_usable(const Held& held) {
+  std::vector<unsigned char> probe(kProbe, 0xa5);
+  std::vector<unsigned char> back(kProbe);
+  for (void* p : held.blocks) {
+    auto* base = static_cast<unsigned char*>(p);
+    for (unsigned char* at : {base, base + kBlock - kProbe}) {
+      check(cudaMemcpy(at, probe.data(), kProbe, cudaMemcpyHostToDevice), "cudaMemcpy (write probe)");
+      check(cudaMemcpy(back.data(), at, kProbe, cudaMemcpyDeviceToHost), "cudaMemcpy (read probe)");
+      if (back != probe) return false;
+    }
+  }
+  return true;
+}
+
 struct Row {
   std::size_t mib = 0;
   Contents contents = Contents::discard;
@@ -134,7 +150,7 @@ void round_of(Allocator& alloc, const Held& held, Row& row) {
   alloc.wake();
   row.wake_ms.push_back(ms_since(t1));
   for (void* p : held.blocks) ok = ok && !alloc.is_asleep(p);
-  if (row.contents == Contents::keep) ok = ok && contents_kept(held);
+  ok = ok && (row.contents == Contents::keep ? contents_kept(held) : pages_usable(held));
   row.checks_ok = row.checks_ok && ok;
 }
 
