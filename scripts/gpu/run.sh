@@ -83,6 +83,5 @@ done
 
 # c. pinned staging
 part pinned 60 "$OUT/pinned.json" "$BIN/tensorpool_gpu_pinned" 9
-
 say "done; results in $OUT"
 exit 0
