@@ -411,11 +411,11 @@ bool Allocator::Impl::replaces_kept_neighbour(const Block* b, std::size_t handed
   return shard.handed_out[large] - below->born > static_cast<std::uint64_t>(std::max<std::int64_t>(live, 0));
 }
 
-// The growth step of the large pool (VmmHeaps::growth_step()) from what the fast path may read:
+// The growth share of the large pool (VmmHeaps::growth_step()) from what the fast path may read:
 // the pool's reserved bytes, which only the exclusive mode writes. growth_step() itself also
 // sums the heaps' held pages, which an epoch that ends in place changes under one shard's lock.
 std::size_t Allocator::Impl::least_kept_output() const noexcept {
-  return std::min(counters.reserved(Pool::large) / config.vmm_growth_divisor, config.vmm_max_growth);
+  return growth_share(counters.reserved(Pool::large));
 }
 
 // b's user is done with it and no stream event is outstanding: make it reusable.

@@ -9,6 +9,7 @@
 // every function here but the fast path's runs in it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <deque>
@@ -166,6 +167,11 @@ struct AllocatorState {
   /// Whether `bytes` more of reserved memory stay within the memory limit.
   bool within_limit(std::size_t bytes) const noexcept {
     return limit == 0 || counters.reserved() + bytes <= limit;
+  }
+  /// vmm: the share of a pool exposing `exposed` bytes that a growth maps at least (before the
+  /// page bounds of VmmHeaps::growth_step()): 1/vmm_growth_divisor of it, at most vmm_max_growth.
+  std::size_t growth_share(std::size_t exposed) const noexcept {
+    return std::min(exposed / config.vmm_growth_divisor, config.vmm_max_growth);
   }
   /// The free index of `ss` that a segment of this kind puts its free blocks in.
   static FreeIndex& index_for(StreamState& ss, Pool pool, bool oversize) noexcept {

@@ -95,8 +95,7 @@ std::size_t VmmHeaps::growth_step(Pool pool) const noexcept {
   // What the pool has exposed (held pages aside): the same figure at the same point of a
   // repeated step as when the pool grew there.
   const std::size_t exposed = st_.counters.reserved(pool) - held_bytes(pool);
-  const Config& c = st_.config;
-  return round_up(std::clamp(exposed / c.vmm_growth_divisor, page_, std::max(page_, c.vmm_max_growth)), page_);
+  return round_up(std::max(page_, st_.growth_share(exposed)), page_);
 }
 
 // Idle physical memory (free chunks, cached or mapped under free blocks) a growth tolerates
