@@ -82,48 +82,46 @@ std::vector<std::size_t> parse_sizes(const char* list) {
 // The byte block i holds.
 unsigned char pattern(std::size_t i) { return static_cast<unsigned char>(0x11 + 37 * i); }
 
-struct Held {
+std::vector<void*> fill(Allocator& alloc, std::size_t bytes, cudaStream_t stream) {
   std::vector<void*> blocks;
-};
-
-Held fill(Allocator& alloc, std::size_t bytes, cudaStream_t stream) {
-  Held held;
   std::vector<unsigned char> host(kBlock);
   for (std::size_t i = 0; i < bytes / kBlock; ++i) {
     void* p = alloc.allocate(kBlock, to_stream(stream));
     std::fill(host.begin(), host.end(), pattern(i));
     check(cudaMemcpy(p, host.data(), kBlock, cudaMemcpyHostToDevice), "cudaMemcpy (fill)");
-    held.blocks.push_back(p);
+    blocks.push_back(p);
   }
-  return held;
+  return blocks;
+}
+
+// Whether probe(i, at) holds at both ends (the first and the last kProbe bytes) of every block i.
+template <class Probe>
+bool at_both_ends(const std::vector<void*>& blocks, Probe probe) {
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    auto* base = static_cast<unsigned char*>(blocks[i]);
+    if (!probe(i, base) || !probe(i, base + kBlock - kProbe)) return false;
+  }
+  return true;
 }
 
 // Every block still reads its own byte at both ends.
-bool contents_kept(const Held& held) {
-  std::vector<unsigned char> probe(kProbe);
-  for (std::size_t i = 0; i < held.blocks.size(); ++i) {
-    auto* base = static_cast<unsigned char*>(held.blocks[i]);
-    for (unsigned char* at : {base, base + kBlock - kProbe}) {
-      check(cudaMemcpy(probe.data(), at, kProbe, cudaMemcpyDeviceToHost), "cudaMemcpy (probe)");
-      if (!std::all_of(probe.begin(), probe.end(), [&](unsigned char c) { return c == pattern(i); })) return false;
-    }
-  }
-  return true;
+bool contents_kept(const std::vector<void*>& blocks) {
+  std::vector<unsigned char> back(kProbe);
+  return at_both_ends(blocks, [&](std::size_t i, unsigned char* at) {
+    check(cudaMemcpy(back.data(), at, kProbe, cudaMemcpyDeviceToHost), "cudaMemcpy (probe)");
+    return std::all_of(back.begin(), back.end(), [&](unsigned char c) { return c == pattern(i); });
+  });
 }
 
 // Every block's new pages take a write and read it back, at both ends (after a discarded wake).
-bool pages_usable(const Held& held) {
-  std::vector<unsigned char> probe(kProbe, 0xa5);
+bool pages_usable(const std::vector<void*>& blocks) {
+  const std::vector<unsigned char> probe(kProbe, 0xa5);
   std::vector<unsigned char> back(kProbe);
-  for (void* p : held.blocks) {
-    auto* base = static_cast<unsigned char*>(p);
-    for (unsigned char* at : {base, base + kBlock - kProbe}) {
-      check(cudaMemcpy(at, probe.data(), kProbe, cudaMemcpyHostToDevice), "cudaMemcpy (write probe)");
-      check(cudaMemcpy(back.data(), at, kProbe, cudaMemcpyDeviceToHost), "cudaMemcpy (read probe)");
-      if (back != probe) return false;
-    }
-  }
-  return true;
+  return at_both_ends(blocks, [&](std::size_t, unsigned char* at) {
+    check(cudaMemcpy(at, probe.data(), kProbe, cudaMemcpyHostToDevice), "cudaMemcpy (write probe)");
+    check(cudaMemcpy(back.data(), at, kProbe, cudaMemcpyDeviceToHost), "cudaMemcpy (read probe)");
+    return back == probe;
+  });
 }
 
 struct Row {
@@ -135,7 +133,7 @@ struct Row {
   bool checks_ok = true;
 };
 
-void round_of(Allocator& alloc, const Held& held, Row& row) {
+void round_of(Allocator& alloc, const std::vector<void*>& blocks, Row& row) {
   const std::size_t before = free_memory();
   const auto t0 = Clock::now();
   const SleepReport r = alloc.sleep(row.contents);
@@ -144,13 +142,13 @@ void round_of(Allocator& alloc, const Held& held, Row& row) {
   const std::size_t freed = after > before ? after - before : 0;
   row.asleep_bytes = r.asleep_bytes;
   row.min_freed = std::min(row.min_freed, freed);
-  bool ok = r.asleep_blocks == held.blocks.size() && freed >= r.asleep_bytes;
-  for (void* p : held.blocks) ok = ok && alloc.is_asleep(p);
+  bool ok = r.asleep_blocks == blocks.size() && freed >= r.asleep_bytes;
+  for (void* p : blocks) ok = ok && alloc.is_asleep(p);
   const auto t1 = Clock::now();
   alloc.wake();
   row.wake_ms.push_back(ms_since(t1));
-  for (void* p : held.blocks) ok = ok && !alloc.is_asleep(p);
-  ok = ok && (row.contents == Contents::keep ? contents_kept(held) : pages_usable(held));
+  for (void* p : blocks) ok = ok && !alloc.is_asleep(p);
+  ok = ok && (row.contents == Contents::keep ? contents_kept(blocks) : pages_usable(blocks));
   row.checks_ok = row.checks_ok && ok;
 }
 
@@ -184,18 +182,18 @@ int run(int argc, char** argv) {
   std::string rows;  // printed whole at the end: a run that fails half-way writes no JSON
   for (const std::size_t mib : sizes) {
     Allocator alloc(make_cuda_backend(CudaBackendKind::vmm, 0), Config::parse("mode:vmm"));
-    const Held held = fill(alloc, mib * MiB, stream);
+    const std::vector<void*> blocks = fill(alloc, mib * MiB, stream);
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     // The kept rounds first: a discarded sleep loses what the blocks held.
     for (const Contents contents : {Contents::keep, Contents::discard}) {
       Row row;
       row.mib = mib;
       row.contents = contents;
-      for (int r = 0; r < reps; ++r) round_of(alloc, held, row);
+      for (int r = 0; r < reps; ++r) round_of(alloc, blocks, row);
       rows += (rows.empty() ? "\n  " : ",\n  ") + json(row);
       all_ok = all_ok && row.checks_ok;
     }
-    for (void* p : held.blocks) alloc.deallocate(p);
+    for (void* p : blocks) alloc.deallocate(p);
     alloc.empty_cache();
   }
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
