@@ -11,19 +11,25 @@
 #include <random>
 #include <vector>
 
+#include "driver_args.hpp"
 #include "tensorpool/tensorpool.hpp"
 
 using namespace tensorpool;
 
 int main(int argc, char** argv) {
-  if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: %s SIZE PAIRS [CONF]\n", argv[0]);
-    return 2;
+  constexpr const char* kUsage = "SIZE PAIRS [CONF]";
+  if (argc != 3 && argc != 4) return bench::usage_error(argv[0], kUsage, "expected two or three arguments");
+  const auto size = bench::count_argument(argv[1], 1);
+  const auto pairs = bench::count_argument(argv[2], 0);
+  if (!size || !pairs) return bench::usage_error(argv[0], kUsage, "SIZE (at least 1) and PAIRS are whole numbers");
+  Config config;
+  try {
+    if (argc == 4) config = Config::parse(argv[3]);
+  } catch (const Error& e) {
+    return bench::usage_error(argv[0], kUsage, e.what());
   }
-  const std::size_t size = std::strtoull(argv[1], nullptr, 10);
-  const long pairs = std::atol(argv[2]);
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 4 * TiB});
-  Allocator alloc(device, argc == 4 ? Config::parse(argv[3]) : Config{});
+  Allocator alloc(device, config);
   std::vector<void*> held;
   std::mt19937_64 rng(1);
   for (std::size_t i = 0; i < 1500; ++i) {
@@ -33,9 +39,9 @@ int main(int argc, char** argv) {
       held.erase(held.end() - 2);
     }
   }
-  alloc.deallocate(alloc.allocate(size));  // warm: the block is cached from here on
-  for (long i = 0; i < pairs; ++i) {
-    void* p = alloc.allocate(size);
+  alloc.deallocate(alloc.allocate(*size));  // warm: the block is cached from here on
+  for (unsigned long long i = 0; i < *pairs; ++i) {
+    void* p = alloc.allocate(*size);
     asm volatile("" : : "r"(p) : "memory");  // keep the pair
     alloc.deallocate(p);
   }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "driver_args.hpp"
 #include "mixed_fill.hpp"
 #include "tensorpool/tensorpool.hpp"
 #ifndef TP_CORE_ONLY
@@ -34,12 +35,28 @@ struct NoOp final : Observer {
 bool is_nvtx(const std::string& v) { return v.rfind("nvtx", 0) == 0; }
 #endif
 
+// The variants this build measures.
+bool known_variant(const std::string& v) {
+  if (v == "plain" || v == "observer") return true;
+#ifndef TP_CORE_ONLY
+  if (v == "recording") return true;
+#if TP_BENCH_NVTX
+  if (v == "nvtx_off" || v == "nvtx" || v == "nvtx_mem" || v == "nvtx_both") return true;
+#endif
+#endif
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return 2;
-  const long n = std::atol(argv[1]);
+  constexpr const char* kUsage = "N VARIANT";
+  if (argc != 3) return bench::usage_error(argv[0], kUsage, "expected two arguments");
+  const auto n = bench::count_argument(argv[1], 0);
   const std::string variant = argv[2];
+  if (!n) return bench::usage_error(argv[0], kUsage, "N is a whole number");
+  if (!known_variant(variant))
+    return bench::usage_error(argv[0], kUsage, "VARIANT is one this build measures (see the file's banner)");
   // Fixed segments, as when the layers' figures of docs/benchmarks.md were measured.
   const Config config = Config::parse(variant == "nvtx"        ? "mode:fixed,nvtx:on"
                                       : variant == "nvtx_mem"  ? "mode:fixed,nvtx_mem:on"
@@ -62,7 +79,7 @@ int main(int argc, char** argv) {
   Recording rec;
   if (variant == "recording") rec = start_recording(alloc, "/dev/null");
 #endif
-  for (long i = 0; i < n; ++i) {
+  for (unsigned long long i = 0; i < *n; ++i) {
     void* p = alloc.allocate(MiB);
     asm volatile("" : : "r"(p) : "memory");
     alloc.deallocate(p);

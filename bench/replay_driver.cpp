@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "driver_args.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/workload/setup.hpp"
 
@@ -26,25 +27,28 @@ struct Nothing final : replay::ReplayObserver {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: %s STEPS REPLAYS [observe]\n", argv[0]);
-    return 2;
-  }
+  constexpr const char* kUsage = "STEPS REPLAYS [observe]";
+  if (argc != 3 && argc != 4) return bench::usage_error(argv[0], kUsage, "expected two or three arguments");
+  const auto steps = bench::count_argument(argv[1], 0);
+  const auto replays = bench::count_argument(argv[2], 1);
+  if (!steps || *steps > 1000 || !replays)
+    return bench::usage_error(argv[0], kUsage, "STEPS (0 to 1000) and REPLAYS (at least 1) are whole numbers");
+  if (argc == 4 && std::strcmp(argv[3], "observe") != 0)
+    return bench::usage_error(argv[0], kUsage, "the third argument, if any, is `observe`");
   workload::WorkloadSetup setup = workload::WorkloadSetup::for_model("custom");
   setup.apply("framework:megatron,micro_batch:4,seq:2048,seq_dist:uniform,dp:2", "replay_driver");
-  setup.steps = std::atoi(argv[1]);
+  setup.steps = static_cast<int>(*steps);
   const trace::Trace t = workload::generate_workload(setup);
-  const long replays = std::atol(argv[2]);
   replay::ReplayOptions o;
 #ifdef TENSORPOOL_DRIVER_OBSERVER
   Nothing nothing;
   if (argc > 3 && std::strcmp(argv[3], "observe") == 0) o.observer = &nothing;
 #endif
   std::size_t peak = 0;
-  for (long i = 0; i < replays; ++i) {
+  for (unsigned long long i = 0; i < *replays; ++i) {
     replay::TraceSource source(t);
     peak += replay::replay(source, o).total.peak_reserved;
   }
-  std::printf("%zu events, %ld replays, peak reserved %zu\n", t.events.size(), replays, peak / static_cast<std::size_t>(replays));
+  std::printf("%zu events, %llu replays, peak reserved %zu\n", t.events.size(), *replays, peak / static_cast<std::size_t>(*replays));
   return 0;
 }

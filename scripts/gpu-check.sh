@@ -3,11 +3,14 @@
 # (written for an H200, sm_90; no network needed) and records what it found.
 #
 #   scripts/gpu-check.sh OUT_DIR
+# On a lent machine without network or the C++ libraries, run scripts/gpu/device-run.sh instead
+# (after scripts/gpu/prepare-carry.sh here): it calls this script with what .gpu-carry/ holds.
 #
 # Steps, all within an 8-minute budget (every step runs under `timeout` with what is left):
 #   1. record the machine: date, git commit, nvidia-smi, driver/runtime versions, GPU name;
 #   2. configure a fresh Release build with nvcc (-DTENSORPOOL_CUDA=ON
-#      -DTENSORPOOL_CUDA_REAL_TESTS=ON, CMAKE_CUDA_ARCHITECTURES=90) and build the CUDA tests;
+#      -DTENSORPOOL_CUDA_REAL_TESTS=ON, CMAKE_CUDA_ARCHITECTURES=90) and build the CUDA tests
+#      (tensorpool_cuda_tests: every program of tests/cuda);
 #   3. run `ctest -L cuda`: the backends on the test double and on the real runtime; then
 #      scripts/gpu/torch_check.py: PyTorch with its allocator and with tensorpool (losses agree);
 #      scripts/gpu/loop_check.py: the generator's PyTorch loop against the same loop's measured
@@ -15,15 +18,17 @@
 #   4. the GPU measurements of scripts/gpu/run.sh (call costs -> OUT_DIR/gpu/cost-model.txt,
 #      trace replays on the GPU, pinned staging, sleep and wake per GiB -> OUT_DIR/gpu/sleep.json),
 #      each part under its own timeout; RMM's pool
-#      too when the librmm-cu13 and rapids-logger wheels are in .whl/ (carried to the GPU host);
-#   5. build and run every benchmark program under bench/ (or, failing that, the binaries
-#      already in build-release/bench/), each with --benchmark_out=OUT_DIR/bench-NAME.json.
+#      too when the librmm-cu13 and rapids-logger wheels are in .gpu-carry/whl/ or .whl/ (carried
+#      to the GPU host);
+#   5. build every program under bench/ and run the Google Benchmark ones among them (or, failing
+#      that, those already in build-release/bench/), each with --benchmark_out=OUT_DIR/bench-NAME.json.
 # Exit status: 0 when the build and every cuda test passed; 1 when a test failed; 2 when the
 # configure or build failed. Benchmark failures are reported in summary.txt only.
 #
 # Environment: TP_GPU_CHECK_BUDGET (seconds, default 480), TP_CUDA_ARCHS (default 90),
 # TP_GPU_BUILD_DIR (default build-gpu-check), JOBS (default nproc), NVCC (default: found),
-# TP_BENCH_MIN_TIME (seconds per benchmark, default 0.05).
+# TP_BENCH_MIN_TIME (seconds per benchmark, default 0.05), TP_GPU_COMMIT (the commit to record
+# where the tree has no .git: device-run.sh sets it from .gpu-carry/commit).
 set -uo pipefail
 
 if [ $# -ne 1 ]; then
@@ -68,7 +73,7 @@ step() {
 # --- 1. the machine -------------------------------------------------------------------------
 record_environment() {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo "${TP_GPU_COMMIT:-unknown}")"
   echo "worktree: $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed or untracked paths (git-status.txt)"
   echo "host: $(uname -srm)"
   echo "gpu: $(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader 2>&1)"
@@ -91,10 +96,15 @@ CMAKE_ARGS=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release
   -DTENSORPOOL_BUILD_TOOLS=ON -DTENSORPOOL_GPU_BENCH=ON
   -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCHS")
 rm -rf "$BUILD"
-# RMM's pool for the GPU replay: the wheels in .whl/ (pip download librmm-cu13 rapids-logger).
-if ls "$ROOT"/.whl/librmm_cu13-*.whl "$ROOT"/.whl/rapids_logger-*.whl >/dev/null 2>&1; then
+# RMM's pool for the GPU replay: the wheels in .gpu-carry/whl/ (scripts/gpu/prepare-carry.sh) or
+# .whl/ (pip download librmm-cu13 rapids-logger).
+WHEELS=
+for d in "$ROOT/.gpu-carry/whl" "$ROOT/.whl"; do
+  if [ -z "$WHEELS" ] && ls "$d"/librmm_cu13-*.whl "$d"/rapids_logger-*.whl >/dev/null 2>&1; then WHEELS=$d; fi
+done
+if [ -n "$WHEELS" ]; then
   mkdir -p "$BUILD-rmm"
-  for w in "$ROOT"/.whl/librmm_cu13-*.whl "$ROOT"/.whl/rapids_logger-*.whl; do python3 -m zipfile -e "$w" "$BUILD-rmm"; done
+  for w in "$WHEELS"/librmm_cu13-*.whl "$WHEELS"/rapids_logger-*.whl; do python3 -m zipfile -e "$w" "$BUILD-rmm"; done
   CMAKE_ARGS+=(-DTENSORPOOL_RMM_ROOT="$BUILD-rmm")
   export LD_LIBRARY_PATH="$BUILD-rmm/librmm/lib64:$BUILD-rmm/rapids_logger/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
@@ -104,10 +114,10 @@ if ! step configure 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=ON; the
   step configure-without-bench 90 cmake "${CMAKE_ARGS[@]}" -DTENSORPOOL_BUILD_BENCH=OFF ||
     { log "RESULT: configure failed"; exit 2; }
 fi
-CUDA_TARGETS=(tensorpool_test_cuda tensorpool_test_cuda_ptds tensorpool_test_cuda_real tensorpool_cuda_info
-  tensorpool_test_cub_vs_model tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned tensorpool_gpu_sleep
-  tensorpool_cli
-  tensorpool_torch)
+# tensorpool_cuda_tests: every program of tests/cuda, which `ctest -L cuda` runs (one not built
+# fails as Not Run); then the GPU measurements' programs, the CLI and PyTorch's library.
+CUDA_TARGETS=(tensorpool_cuda_tests tensorpool_gpu_call_costs tensorpool_gpu_replay tensorpool_gpu_pinned
+  tensorpool_gpu_sleep tensorpool_cli tensorpool_torch)
 step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${CUDA_TARGETS[@]}" ||
   { log "RESULT: build failed"; exit 2; }
 
@@ -151,6 +161,12 @@ fi
 ran=0
 for bin in "${BENCH_BINS[@]}"; do
   name=$(basename "$bin")
+  # Google Benchmark programs only: the callgrind drivers and the latency replay take arguments
+  # of their own (docs/benchmarks.md) and refuse these.
+  if ! timeout 20 "$bin" --benchmark_list_tests=true >/dev/null 2>&1; then
+    log "bench-$name: not a Google Benchmark program: not run"
+    continue
+  fi
   ran=1
   step "bench-$name" 120 "$bin" --benchmark_out="$OUT/bench-$name.json" \
     --benchmark_out_format=json --benchmark_min_time="$MIN_TIME" ||
@@ -160,7 +176,7 @@ done
 
 # --- result ---------------------------------------------------------------------------------
 if [ "$test_rc" -ne 0 ]; then
-  log "RESULT: FAILED (ctest exit $test_rc); details in $OUT/ctest.log"
+  log "RESULT: FAILED (ctest exit $test_rc); details in ctest.log"
   exit 1
 fi
 log "RESULT: passed; everything is in $OUT"
