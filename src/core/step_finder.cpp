@@ -54,14 +54,14 @@ StepFinder::Sighting StepFinder::exchange_last_sighting() noexcept {
     Slot& slot = table_[(start + i) & (kTableSize - 1)];
     if (slot.at != 0 && slot.hash == hash_) {
       const Sighting last{slot.at, slot.in_short_loop != 0 || count_ - slot.at < kMinPeriod};
-      slot.at = count_;
+      slot.at = count_ & Slot::kAtMask;
       slot.in_short_loop = last.in_short_loop;
       return last;
     }
     if (oldest == nullptr || slot.at < oldest->at) oldest = &slot;
   }
   oldest->hash = hash_;
-  oldest->at = count_;
+  oldest->at = count_ & Slot::kAtMask;
   oldest->in_short_loop = 0;
   return {};
 }

@@ -70,6 +70,7 @@ class StepFinder {
  private:
   struct Slot {
     std::uint64_t hash = 0;
+    static constexpr std::uint64_t kAtMask = (std::uint64_t{1} << 63) - 1;  // count_ stays below 2^63
     std::uint64_t at : 63 = 0;        // count_ when it was sampled last (0: empty)
     std::uint64_t in_short_loop : 1 = 0;  // it was seen again fewer than kMinPeriod allocations later
   };
