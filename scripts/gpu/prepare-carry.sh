@@ -27,9 +27,13 @@ for p in "${PACKAGES[@]}"; do
   ls "$CARRY/debs/${p}_"*.deb >/dev/null 2>&1 || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
-  # apt-get download writes into the current directory; as root it warns that _apt cannot.
-  (cd "$CARRY/debs" && apt-get download "${missing[@]}" 2>&1 | grep -v '^W: Download is performed unsandboxed') ||
-    { echo "prepare-carry: apt-get download ${missing[*]} failed" >&2; exit 1; }
+  # apt-get download writes into the current directory (as root it warns that _apt cannot).
+  if ! (cd "$CARRY/debs" && apt-get download "${missing[@]}") >"$CARRY/apt.log" 2>&1; then
+    cat "$CARRY/apt.log" >&2
+    echo "prepare-carry: apt-get download ${missing[*]} failed" >&2
+    exit 1
+  fi
+  grep -v '^W: Download is performed unsandboxed' "$CARRY/apt.log"
 fi
 for deb in "$CARRY"/debs/*.deb; do dpkg -x "$deb" "$CARRY/deps" || exit 1; done
 for config in usr/lib/x86_64-linux-gnu/cmake/spdlog/spdlogConfig.cmake usr/lib/x86_64-linux-gnu/cmake/fmt/fmt-config.cmake \
