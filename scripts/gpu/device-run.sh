@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# scripts/gpu/device-run.sh: the one command to give a lent GPU machine (the device tool's `run`,
-# with `carry: [".gpu-carry"]` made by scripts/gpu/prepare-carry.sh). It points the build at what
+# scripts/gpu/device-run.sh: the one command to give a lent GPU machine (the device tool's `run`:
+# `bash scripts/gpu/device-run.sh`, with `carry: [".gpu-carry"]` made by
+# scripts/gpu/prepare-carry.sh). It points the build at what
 # .gpu-carry holds (the C++ dependencies, the traces, RMM's wheels), runs scripts/gpu-check.sh
 # into a scratch folder, and leaves in OUT_DIR what the tool brings back (at most 8 files):
 #
