@@ -36,6 +36,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   grep -v '^W: Download is performed unsandboxed' "$CARRY/apt.log"
 fi
 for deb in "$CARRY"/debs/*.deb; do dpkg -x "$deb" "$CARRY/deps" || exit 1; done
+# The libraries' version links (libfmt.so -> libfmt.so.9 -> ...) become copies: whatever carries
+# the folder need not keep links.
+find "$CARRY/deps" -type l | while read -r link; do
+  target=$(readlink -f "$link") && [ -f "$target" ] && cp --remove-destination "$target" "$link"
+done
 for config in usr/lib/x86_64-linux-gnu/cmake/spdlog/spdlogConfig.cmake usr/lib/x86_64-linux-gnu/cmake/fmt/fmt-config.cmake \
   usr/lib/cmake/Catch2/Catch2Config.cmake usr/share/cmake/CLI11/CLI11Config.cmake \
   usr/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake usr/lib/x86_64-linux-gnu/cmake/benchmark/benchmarkConfig.cmake; do
