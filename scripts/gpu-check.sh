@@ -128,6 +128,9 @@ test_rc=0
 step ctest 240 ctest --test-dir "$BUILD" -L cuda --output-on-failure --timeout 300 \
   --output-junit "$OUT/ctest-junit.xml" || test_rc=$?
 grep -E "tests passed|tests failed" "$OUT/ctest.log" | tee -a "$SUMMARY"
+# Which ones failed or did not run, by name (summary.txt is what a reader sees first).
+sed -n '/^The following tests/,/^Errors while running CTest/p' "$OUT/ctest.log" |
+  grep -E '^\s+[0-9]+ - ' | sed 's/^\s*/ctest: /' | tee -a "$SUMMARY"
 # PyTorch trained with its allocator and with tensorpool on each backend (exit 3: no torch/GPU).
 torch_rc=0; step torch 200 python3 "$ROOT/scripts/gpu/torch_check.py" --out "$OUT" --library "$BUILD/cuda/libtensorpool_torch.so" || torch_rc=$?
 grep -E "^(variant|pytorch|tensorpool-|  tensorpool-|torch_check)" "$OUT/torch.log" | tee -a "$SUMMARY"; [ "$torch_rc" -eq 1 ] && test_rc=1
