@@ -2,8 +2,9 @@
 # scripts/gpu/prepare-carry.sh: gathers here (Debian 12, with the package registries in reach)
 # what a lent GPU machine lacks for scripts/gpu-check.sh, into .gpu-carry/ (gitignored), which
 # travels with the working tree when the device tool's `run` names it in `carry`. The GPU
-# machine reaches no network and its image holds CUDA, PyTorch, CMake and ninja, but not the
-# C++ libraries the build finds with find_package (docs/gpu-validation.md, "On a lent machine"):
+# machine reaches no network, and its image is described as holding CUDA, PyTorch, CMake and
+# ninja, not the C++ libraries the build finds with find_package (docs/gpu-validation.md, "On a
+# lent machine (the device tool)"); carried, they are used whether or not the image has its own:
 #
 #   .gpu-carry/deps/    Debian 12's packages of spdlog, fmt, Catch2 (v2), CLI11, nlohmann-json
 #                       and Google Benchmark, unpacked (dpkg -x): the prefix deps/usr goes into
