@@ -19,11 +19,12 @@ using namespace tensorpool;
 int main(int argc, char** argv) {
   constexpr const char* kUsage = "SIZE PAIRS [CONF]";
   if (argc != 3 && argc != 4) return bench::usage_error(argv[0], kUsage, "expected two or three arguments");
-  const auto size = bench::count_argument(argv[1], 1);
-  const auto pairs = bench::count_argument(argv[2], 0);
-  if (!size || !pairs) return bench::usage_error(argv[0], kUsage, "SIZE (at least 1) and PAIRS are whole numbers");
+  std::uint64_t size = 0;
+  std::uint64_t pairs = 0;
   Config config;
   try {
+    size = bench::count_argument(argv[1], "SIZE", 1);
+    pairs = bench::count_argument(argv[2], "PAIRS", 0);
     if (argc == 4) config = Config::parse(argv[3]);
   } catch (const Error& e) {
     return bench::usage_error(argv[0], kUsage, e.what());
@@ -39,9 +40,9 @@ int main(int argc, char** argv) {
       held.erase(held.end() - 2);
     }
   }
-  alloc.deallocate(alloc.allocate(*size));  // warm: the block is cached from here on
-  for (unsigned long long i = 0; i < *pairs; ++i) {
-    void* p = alloc.allocate(*size);
+  alloc.deallocate(alloc.allocate(size));  // warm: the block is cached from here on
+  for (std::uint64_t i = 0; i < pairs; ++i) {
+    void* p = alloc.allocate(size);
     asm volatile("" : : "r"(p) : "memory");  // keep the pair
     alloc.deallocate(p);
   }

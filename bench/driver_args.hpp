@@ -1,24 +1,22 @@
 // driver_args.hpp: the arguments of the callgrind drivers (alloc_pair_driver, replay_driver,
-// pair_instructions). A count is digits only, so that a driver given anything else (a typo, a
-// Google Benchmark flag from a script that runs every program under bench/) says so and exits
-// 2 instead of running with 0.
+// pair_instructions). A count is read as a settings list's whole number is (digits only, within
+// bounds: tensorpool::whole_number), so that a driver given anything else (a typo, a Google
+// Benchmark flag from a script that runs every program under bench/) says so and exits 2
+// instead of running with 0.
 #pragma once
 
-#include <cerrno>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <optional>
+#include <limits>
+
+#include "tensorpool/key_values.hpp"
 
 namespace tensorpool::bench {
 
-/// The whole number `text` spells, if it is one of at least `least`.
-inline std::optional<unsigned long long> count_argument(const char* text, unsigned long long least) {
-  if (text == nullptr || *text < '0' || *text > '9') return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  if (errno != 0 || *end != '\0' || value < least) return std::nullopt;
-  return value;
+/// The whole number in [lo, hi] that argument `name` spells; throws ConfigError naming it.
+inline std::uint64_t count_argument(const char* text, const char* name, std::uint64_t lo,
+                                    std::uint64_t hi = std::numeric_limits<std::uint64_t>::max()) {
+  return whole_number("arguments", KeyValue{name, text, 0}, lo, hi);
 }
 
 /// Prints what was wrong and the usage line; the driver's exit status.

@@ -52,9 +52,13 @@ bool known_variant(const std::string& v) {
 int main(int argc, char** argv) {
   constexpr const char* kUsage = "N VARIANT";
   if (argc != 3) return bench::usage_error(argv[0], kUsage, "expected two arguments");
-  const auto n = bench::count_argument(argv[1], 0);
+  std::uint64_t n = 0;
+  try {
+    n = bench::count_argument(argv[1], "N", 0);
+  } catch (const Error& e) {
+    return bench::usage_error(argv[0], kUsage, e.what());
+  }
   const std::string variant = argv[2];
-  if (!n) return bench::usage_error(argv[0], kUsage, "N is a whole number");
   if (!known_variant(variant))
     return bench::usage_error(argv[0], kUsage, "VARIANT is one this build measures (see the file's banner)");
   // Fixed segments, as when the layers' figures of docs/benchmarks.md were measured.
@@ -79,7 +83,7 @@ int main(int argc, char** argv) {
   Recording rec;
   if (variant == "recording") rec = start_recording(alloc, "/dev/null");
 #endif
-  for (unsigned long long i = 0; i < *n; ++i) {
+  for (std::uint64_t i = 0; i < n; ++i) {
     void* p = alloc.allocate(MiB);
     asm volatile("" : : "r"(p) : "memory");
     alloc.deallocate(p);

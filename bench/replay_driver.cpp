@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "driver_args.hpp"
+#include "tensorpool/errors.hpp"
 #include "tensorpool/replay/replay.hpp"
 #include "tensorpool/workload/setup.hpp"
 
@@ -29,15 +30,19 @@ struct Nothing final : replay::ReplayObserver {
 int main(int argc, char** argv) {
   constexpr const char* kUsage = "STEPS REPLAYS [observe]";
   if (argc != 3 && argc != 4) return bench::usage_error(argv[0], kUsage, "expected two or three arguments");
-  const auto steps = bench::count_argument(argv[1], 0);
-  const auto replays = bench::count_argument(argv[2], 1);
-  if (!steps || *steps > 1000 || !replays)
-    return bench::usage_error(argv[0], kUsage, "STEPS (0 to 1000) and REPLAYS (at least 1) are whole numbers");
+  std::uint64_t steps = 0;
+  std::uint64_t replays = 0;
+  try {
+    steps = bench::count_argument(argv[1], "STEPS", 0, 1000);
+    replays = bench::count_argument(argv[2], "REPLAYS", 1);
+  } catch (const Error& e) {
+    return bench::usage_error(argv[0], kUsage, e.what());
+  }
   if (argc == 4 && std::strcmp(argv[3], "observe") != 0)
     return bench::usage_error(argv[0], kUsage, "the third argument, if any, is `observe`");
   workload::WorkloadSetup setup = workload::WorkloadSetup::for_model("custom");
   setup.apply("framework:megatron,micro_batch:4,seq:2048,seq_dist:uniform,dp:2", "replay_driver");
-  setup.steps = static_cast<int>(*steps);
+  setup.steps = static_cast<int>(steps);
   const trace::Trace t = workload::generate_workload(setup);
   replay::ReplayOptions o;
 #ifdef TENSORPOOL_DRIVER_OBSERVER
@@ -45,10 +50,11 @@ int main(int argc, char** argv) {
   if (argc > 3 && std::strcmp(argv[3], "observe") == 0) o.observer = &nothing;
 #endif
   std::size_t peak = 0;
-  for (unsigned long long i = 0; i < *replays; ++i) {
+  for (std::uint64_t i = 0; i < replays; ++i) {
     replay::TraceSource source(t);
     peak += replay::replay(source, o).total.peak_reserved;
   }
-  std::printf("%zu events, %llu replays, peak reserved %zu\n", t.events.size(), *replays, peak / static_cast<std::size_t>(*replays));
+  std::printf("%zu events, %llu replays, peak reserved %zu\n", t.events.size(),
+              static_cast<unsigned long long>(replays), peak / static_cast<std::size_t>(replays));
   return 0;
 }
