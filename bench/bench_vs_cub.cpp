@@ -27,7 +27,11 @@
 // stream, which holds the fill) or each on its own (/own_streams: streams that hold nothing but
 // the pair; CUB is given distinct stream handles, which its stand-in ignores). One thread on its
 // own stream is the baseline of two: in the vmm mode a pair on an otherwise empty heap is an
-// epoch (held pages, a plan), a different path from a pair beside the fill.
+// epoch (held pages, a plan), a different path from a pair beside the fill. /shared_segment
+// (tensorpool only, 64 and 100 MiB, live 1000): the same stream, with one block of twice the size
+// cached instead of one per thread, so that one thread and two run on the same layout (each pair
+// splits that block and its free merges it back: the cost a heap shared by two threads' blocks
+// pays even when one thread runs alone).
 // Counters: live_blocks, upstream_in_loop (cudaMalloc / segment allocations made inside the timed
 // loop: 0 when the pair is served from the cache).
 #include <benchmark/benchmark.h>
@@ -111,7 +115,10 @@ struct Filled {
   std::vector<void*> held;
 };
 
-enum class Lanes { same_stream, own_streams };
+// shared_segment: the same stream, and the warm-up caches one block of twice the size instead of
+// one per thread, so that one thread and two run on the same layout (each pair splits that block
+// and its free merges it again; in fixed mode one segment, in the vmm mode a heap that maps both).
+enum class Lanes { same_stream, own_streams, shared_segment };
 int lane_of(Lanes lanes, int thread) { return lanes == Lanes::own_streams ? thread : -1; }
 
 template <class Side, class... Args>
@@ -122,7 +129,11 @@ void pair_benchmark(benchmark::State& state, Lanes lanes, Args... args) {
   if (state.thread_index() == 0) {
     shared = std::make_unique<Filled<Side>>(static_cast<std::size_t>(state.range(1)), args...);
     std::vector<void*> warm;  // one cached block of `size` per thread, on its stream
-    for (int t = 0; t < state.threads(); ++t) warm.push_back(shared->side.allocate(size, lane_of(lanes, t)));
+    if (lanes == Lanes::shared_segment) {
+      warm.push_back(shared->side.allocate(2 * size, -1));
+    } else {
+      for (int t = 0; t < state.threads(); ++t) warm.push_back(shared->side.allocate(size, lane_of(lanes, t)));
+    }
     for (void* p : warm) shared->side.deallocate(p);
     upstream_before = shared->side.upstream_allocs();
   }
@@ -138,6 +149,12 @@ void pair_benchmark(benchmark::State& state, Lanes lanes, Args... args) {
         static_cast<double>(shared->side.upstream_allocs() - upstream_before);
     shared.reset();
   }
+}
+
+void shared_segment_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"size", "live"});
+  for (std::int64_t size : {64 * MiB, 100 * MiB}) b->Args({size, 1000});
+  b->UseRealTime();
 }
 
 void pair_args(benchmark::internal::Benchmark* b) {
@@ -164,6 +181,14 @@ int main(int argc, char** argv) {
           [lanes](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, lanes, Mode::vmm); }, threads);
       add("pair/cub" + suffix,
           [lanes](benchmark::State& st) { pair_benchmark<CubSide>(st, lanes, CubConfig::all_cached); }, threads);
+    }
+  }
+  for (int threads : {1, 2}) {
+    for (const Mode mode : {Mode::fixed, Mode::vmm}) {
+      const std::string name = mode == Mode::fixed ? "pair/tensorpool-fixed/shared_segment" : "pair/tensorpool-vmm/shared_segment";
+      benchmark::RegisterBenchmark(name.c_str(), [mode](benchmark::State& st) {
+        pair_benchmark<TensorpoolSide>(st, Lanes::shared_segment, mode);
+      })->Apply(shared_segment_args)->Threads(threads);
     }
   }
   add("pair/cub-default/same_stream",

@@ -454,6 +454,19 @@ def table_threads(_):
                 out.append("| %s | %dk | %s | %.0f ns | %s | %s | %s | %s | %s |" % (
                     size_text(size), live // 1000, name, one["real_time"], *cell(same, one),
                     "%.0f ns" % one_own["real_time"] if one_own else "-", *cell(own, one_own)))
+    shared = [(a, size) for size in sizes for a in ("tensorpool", "tensorpool-vmm")
+              if r.get((a, size, 1000, 1, "shared_segment"))]
+    if shared:
+        out.append("\nOn one layout (`/shared_segment`: the warm-up caches one block of twice the size on the "
+                   "default stream, so that one thread and two split and merge the same block; live 1k):\n")
+        out.append("| size | allocator | 1 thread | 2 threads | x 1 thread |")
+        out.append("|---|---|---|---|---|")
+        for a, size in shared:
+            one, two = r.get((a, size, 1000, 1, "shared_segment")), r.get((a, size, 1000, 2, "shared_segment"))
+            name = {"tensorpool": "tensorpool, mode:fixed", "tensorpool-vmm": "tensorpool, default (vmm)"}[a]
+            out.append("| %s | %s | %.0f ns | %s | %s |" % (
+                size_text(size), name, one["real_time"], "%.0f ns" % two["real_time"] if two else "-",
+                "%.2f" % (one["real_time"] / two["real_time"]) if two else "-"))
     out.append("\nThe pair, one thread, the default mode against mode:fixed and CUB (wall time, medians):\n")
     out.append("| size | live | default (vmm) | mode:fixed | default / fixed | default / CUB |")
     out.append("|---|---|---|---|---|---|")

@@ -84,9 +84,7 @@ struct alignas(64) Segment {  // a cache line of its own: segments of other stre
 class BlockPool {
  public:
   Block* acquire() {
-    if (TP_UNLIKELY(free_ == nullptr)) return fresh();
-    Block* b = free_;
-    free_ = b->free_next;
+    Block* b = take_storage();
     *b = Block{};
     return b;
   }
@@ -100,14 +98,14 @@ class BlockPool {
   /// Cuts b after `offset` bytes; the new block (returned) has b's state and mapping. No index
   /// is touched.
   TP_ALWAYS_INLINE Block* split_at(Block* b, std::size_t offset) {
-    Block* rest = acquire();
-    rest->addr = b->addr + offset;
-    rest->size = b->size - offset;
-    rest->segment = b->segment;
-    rest->state = b->state;
-    rest->mapped = b->mapped;
-    rest->prev = b;
-    rest->next = b->next;
+    Block* rest = take_storage();
+    *rest = Block{.addr = b->addr + offset,
+                  .size = b->size - offset,
+                  .segment = b->segment,
+                  .prev = b,
+                  .next = b->next,
+                  .state = b->state,
+                  .mapped = b->mapped};
     if (b->next != nullptr) b->next->prev = rest;
     b->next = rest;
     b->size = offset;
@@ -137,6 +135,13 @@ class BlockPool {
   struct FreeStorage {
     void operator()(Block* p) const noexcept { CacheLineAllocator<Block>{}.deallocate(p, kChunk); }
   };
+  // A Block to be assigned whole: one released before, or fresh storage.
+  TP_ALWAYS_INLINE Block* take_storage() {
+    if (TP_UNLIKELY(free_ == nullptr)) return fresh();
+    Block* b = free_;
+    free_ = b->free_next;
+    return b;
+  }
   __attribute__((noinline)) Block* fresh() {
     if (bump_ == bump_end_) {
       chunks_.emplace_back(CacheLineAllocator<Block>{}.allocate(kChunk));
