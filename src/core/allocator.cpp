@@ -329,7 +329,7 @@ TP_ALWAYS_INLINE void Allocator::Impl::free_block(Block* b) {
 }
 
 void Allocator::Impl::record_stream(void* ptr, Stream stream) {
-  Lock lock(shards);
+  const detail::Shards::View view(shards);  // a stream of use changes no counter
   const auto addr = reinterpret_cast<Address>(ptr);
   // A graph pool's blocks are reused in the order of the graph's captures, whatever the streams
   // that use them: nothing to record.

@@ -42,7 +42,7 @@ Stats Allocator::Impl::stats() const {
 }
 
 MemoryUsage Allocator::Impl::usage() const {
-  Lock lock(shards);
+  const detail::Shards::View view(shards);
   const auto cur = [&](Metric m) { return static_cast<std::size_t>(shards.total_current(m)); };
   return {counters.reserved(), cur(Metric::allocated_bytes), cur(Metric::requested_bytes), cur(Metric::active_bytes)};
 }
@@ -54,7 +54,7 @@ void Allocator::Impl::reset_peaks() {
 }
 
 FragmentationReport Allocator::Impl::fragmentation() const {
-  Lock lock(shards);
+  const detail::Shards::View view(shards);
   FragmentationReport r;
   const PoolStats total = shards.merged(counters.stats()).total;
   const auto cur = [&](Metric m) { return static_cast<std::size_t>(total[m].current); };
@@ -93,7 +93,7 @@ FragmentationReport Allocator::Impl::fragmentation() const {
 }
 
 Snapshot Allocator::Impl::snapshot() const {
-  Lock lock(shards);
+  const detail::Shards::View view(shards);
   Snapshot snap;
   snap.segments.reserve(segments.size());
   for (const auto& [addr, seg] : segments) {

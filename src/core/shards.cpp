@@ -60,7 +60,7 @@ Shard& Shards::next_for_stream() noexcept {
   return shards_[i];
 }
 
-std::int64_t Shards::current(std::size_t shard, int row, Metric m) const noexcept {
+TP_ALWAYS_INLINE std::int64_t Shards::current(std::size_t shard, int row, Metric m) const noexcept {
   return row_of(shards_[shard].counters.stats(), row)[m].current;
 }
 

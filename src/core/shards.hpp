@@ -16,7 +16,9 @@
 // all shards sum to at most the recorded peak, so no interleaving of fast paths can pass it. An
 // allocation that would pass a ceiling takes the exclusive mode, whose unlock (settle()) sums
 // the shards, raises the peak to the total if it is higher and hands the room below the peak to
-// the shard that asked (taking back the others' room only when it must). Invariants
+// the shard that asked (taking back the others' room only when it must). A call in the exclusive
+// mode that changes no counter (usage(), fragmentation(), snapshot(), record_stream()) leaves it
+// without settling (Shards::View): there is nothing to settle. Invariants
 // (check_invariants()): every current value at or below its shard's ceiling; per statistic, the
 // ceilings sum to at most the peak, and the peak is at least the sum of the current values.
 #pragma once
@@ -95,6 +97,24 @@ class Shards {
     favoured_ = nullptr;
     for (std::size_t i = locked_; i-- > 0;) shards_[i].lock.unlock();
   }
+  /// Leaves an exclusive mode that changed no counter, ceiling or favour (a view: usage(),
+  /// snapshot()): nothing to settle, since the exclusive mode before it settled at its end and
+  /// fast paths stay within their ceilings (the peaks and ceilings are as settle() would leave
+  /// them). Saves a view the O(shards x metrics) settle().
+  void unlock_unchanged() noexcept {
+    for (std::size_t i = locked_; i-- > 0;) shards_[i].lock.unlock();
+  }
+  /// The exclusive mode for such a view, as a scope.
+  class View {
+   public:
+    explicit View(Shards& shards) noexcept : shards_(shards) { shards_.lock(); }
+    ~View() { shards_.unlock_unchanged(); }
+    View(const View&) = delete;
+    View& operator=(const View&) = delete;
+
+   private:
+    Shards& shards_;
+  };
   /// In the exclusive mode: the shard for the next new stream (round robin; its lock is taken
   /// at once, as the exclusive mode holds every shard in use).
   Shard& next_for_stream() noexcept;
