@@ -8,6 +8,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace tensorpool::trace::pytorch {
@@ -80,52 +81,90 @@ Frame read_frame(const Value& v) {
 
 bool is_python_file(std::string_view filename) { return filename.ends_with(".py"); }
 
-// The innermost C++ frame whose name starts with `prefix`, its argument list dropped.
-std::optional<Frame> first_cpp_frame(const pickle::ElementRange& list, std::string_view prefix) {
-  for (const Value f : list) {
-    const std::string_view name = f["name"].as_string();
-    if (!name.starts_with(prefix)) continue;
-    Frame frame = read_frame(f);
-    frame.name = std::string(name.substr(0, name.find('(')));
-    return frame;
-  }
-  return std::nullopt;
-}
+// The frame chosen for each stack of one snapshot. PyTorch pickles each distinct frame once and
+// refers to it from every stack that holds it (a memo reference: one node), and stacks repeat too
+// (cs336-2.7b: 19,342 stacks, 12,665 distinct, 704,899 frame references to 668 frames), so each
+// stack is chosen once and each frame's filename and name are read once, by node. The reads are
+// made in the order they would be without the caches, so a malformed frame fails at the same
+// place, with the same path.
+class FrameChooser {
+ public:
+  explicit FrameChooser(FrameChoice choice) : choice_(choice) {}
+  FrameChoice choice() const noexcept { return choice_; }
 
-std::optional<Frame> choose_frame(const Value& frames, FrameChoice choice) {
-  if (choice == FrameChoice::none || frames.is_none()) return std::nullopt;
-  const pickle::ElementRange list = frames.elements();
-  if (list.size() == 0) return std::nullopt;
-  if (choice == FrameChoice::first_python) {
-    for (const Value f : list) {
-      if (is_python_file(f["filename"].as_string())) return read_frame(f);
+  std::optional<Frame> choose(const Value& frames) {
+    if (choice_ == FrameChoice::none || frames.is_none()) return std::nullopt;
+    if (const auto it = stacks_.find(frames.node_id()); it != stacks_.end()) return it->second;
+    std::optional<Frame> chosen = choose_uncached(frames);
+    stacks_.emplace(frames.node_id(), chosen);
+    return chosen;
+  }
+
+ private:
+  struct Seen {
+    std::optional<bool> python;            // its filename ends with ".py"
+    std::optional<std::string_view> name;  // into the document's bytes
+  };
+
+  std::optional<Frame> choose_uncached(const Value& frames) {
+    const pickle::ElementRange list = frames.elements();
+    if (list.size() == 0) return std::nullopt;
+    if (choice_ == FrameChoice::first_python) {
+      for (const Value f : list) {
+        if (is_python(f)) return read_frame(f);
+      }
+      if (auto node = first_cpp_frame(list, "torch::autograd::generated::")) return node;
+      if (auto op = first_cpp_frame(list, "at::_ops::")) return op;
     }
-    if (auto node = first_cpp_frame(list, "torch::autograd::generated::")) return node;
-    if (auto op = first_cpp_frame(list, "at::_ops::")) return op;
+    return read_frame(frames[0]);
   }
-  return read_frame(frames[0]);
-}
+  bool is_python(const Value& f) {
+    Seen& seen = frames_[f.node_id()];
+    if (!seen.python) seen.python = is_python_file(f["filename"].as_string());
+    return *seen.python;
+  }
+  std::string_view name(const Value& f) {
+    Seen& seen = frames_[f.node_id()];
+    if (!seen.name) seen.name = f["name"].as_string();
+    return *seen.name;
+  }
+  // The innermost C++ frame whose name starts with `prefix`, its argument list dropped.
+  std::optional<Frame> first_cpp_frame(const pickle::ElementRange& list, std::string_view prefix) {
+    for (const Value f : list) {
+      const std::string_view frame_name = name(f);
+      if (!frame_name.starts_with(prefix)) continue;
+      Frame frame = read_frame(f);
+      frame.name = std::string(frame_name.substr(0, frame_name.find('(')));
+      return frame;
+    }
+    return std::nullopt;
+  }
 
-std::optional<Frame> entry_frame(const Value& entry, FrameChoice choice) {
-  if (choice == FrameChoice::none) return std::nullopt;
+  FrameChoice choice_;
+  std::unordered_map<std::uint32_t, std::optional<Frame>> stacks_;  // by the stack's node
+  std::unordered_map<std::uint32_t, Seen> frames_;                  // by the frame's node
+};
+
+std::optional<Frame> entry_frame(const Value& entry, FrameChooser& chooser) {
+  if (chooser.choice() == FrameChoice::none) return std::nullopt;
   const std::optional<Value> frames = entry.find("frames");
-  return frames ? choose_frame(*frames, choice) : std::nullopt;
+  return frames ? chooser.choose(*frames) : std::nullopt;
 }
 
 // New snapshots give a block its allocation stack in "frames"; old ones in "history" (the last
 // entry is the current allocation).
-std::optional<Frame> block_frame(const Value& block, FrameChoice choice) {
-  if (choice == FrameChoice::none) return std::nullopt;
-  if (block.contains("frames")) return entry_frame(block, choice);
+std::optional<Frame> block_frame(const Value& block, FrameChooser& chooser) {
+  if (chooser.choice() == FrameChoice::none) return std::nullopt;
+  if (block.contains("frames")) return entry_frame(block, chooser);
   const std::optional<Value> history = block.find("history");
   if (!history || history->is_none()) return std::nullopt;
   const std::size_t n = history->elements().size();
-  return n == 0 ? std::nullopt : entry_frame((*history)[n - 1], choice);
+  return n == 0 ? std::nullopt : entry_frame((*history)[n - 1], chooser);
 }
 
 // `next` is where the block starts when the snapshot has no "address" (state-only snapshots of
 // old PyTorch versions): blocks tile their segment in order.
-Block read_block(const Value& v, std::uint64_t next, FrameChoice choice) {
+Block read_block(const Value& v, std::uint64_t next, FrameChooser& chooser) {
   Block b;
   b.size = get_uint(v, "size");
   b.requested_size = opt_uint(v, "requested_size", b.size);
@@ -136,11 +175,11 @@ Block read_block(const Value& v, std::uint64_t next, FrameChoice choice) {
     b.address = next;
     b.address_computed = true;
   }
-  b.frame = block_frame(v, choice);
+  b.frame = block_frame(v, chooser);
   return b;
 }
 
-Segment read_segment(const Value& v, FrameChoice choice) {
+Segment read_segment(const Value& v, FrameChooser& chooser) {
   Segment s;
   const Value device = v["device"];
   if (device.as_uint() >= kMaxDevices) device.fail("device index above 65535");
@@ -161,7 +200,7 @@ Segment read_segment(const Value& v, FrameChoice choice) {
   }
   std::uint64_t next = s.address;
   for (const Value bv : v["blocks"].elements()) {
-    Block b = read_block(bv, next, choice);
+    Block b = read_block(bv, next, chooser);
     // Written so that no sum can wrap around: the values are untrusted.
     const bool inside = b.address >= s.address && b.size <= s.total_size &&
                         b.address - s.address <= s.total_size - b.size;
@@ -175,7 +214,7 @@ Segment read_segment(const Value& v, FrameChoice choice) {
   return s;
 }
 
-TraceEntry read_entry(const Value& v, FrameChoice choice) {
+TraceEntry read_entry(const Value& v, FrameChooser& chooser) {
   TraceEntry e;
   const Value action = v["action"];
   if (!parse_action(action.as_string(), e.action)) {
@@ -187,7 +226,7 @@ TraceEntry read_entry(const Value& v, FrameChoice choice) {
   e.size = e.action == Action::snapshot ? opt_uint(v, "size", 0) : get_uint(v, "size");
   e.stream = opt_uint(v, "stream", 0);
   if (const std::optional<Value> t = v.find("time_us"); t && !t->is_none()) e.time_us = t->as_int();
-  e.frame = entry_frame(v, choice);
+  e.frame = entry_frame(v, chooser);
   return e;
 }
 
@@ -257,8 +296,9 @@ Snapshot read_snapshot(const Value& root, const ReadOptions& options) {
     root.fail_expected("dict (a PyTorch memory snapshot)");
   }
   const Value segments = bare_segments ? root : root["segments"];
+  FrameChooser chooser(options.frame);
   for (const Value seg : segments.elements())
-    s.segments.push_back(read_segment(seg, options.frame));
+    s.segments.push_back(read_segment(seg, chooser));
   if (bare_segments) return s;
   if (const std::optional<Value> traces = root.find("device_traces");
       traces && !traces->is_none()) {
@@ -266,7 +306,7 @@ Snapshot read_snapshot(const Value& root, const ReadOptions& options) {
       auto& list = s.device_traces.emplace_back();
       const pickle::ElementRange entries = device.elements();
       list.reserve(entries.size());
-      for (const Value e : entries) list.push_back(read_entry(e, options.frame));
+      for (const Value e : entries) list.push_back(read_entry(e, chooser));
     }
   }
   if (const std::optional<Value> settings = root.find("allocator_settings")) {

@@ -120,6 +120,7 @@ def write_refused(out):
 PY_FRAME_1 = {"name": "step", "filename": "/src/train.py", "line": 10}
 PY_FRAME_2 = {"name": "forward", "filename": "/src/model.py", "line": 42}
 CPP_FRAME = {"name": "torch::unwind::unwind()", "filename": "??", "line": 0}
+NO_FILENAME = {"name": "f", "line": 1}
 # A backward-pass stack (no Python frame), innermost first, as PyTorch records it.
 CPP_BACKWARD = [CPP_FRAME, {"name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long, CUstream_st*)", "filename": "CUDACachingAllocator.cpp", "line": 0},
                 {"name": "at::_ops::div_Tensor::call(at::Tensor const&, at::Tensor const&)", "filename": "??", "line": 0},
@@ -254,6 +255,16 @@ def snap_state_only():
     return {"segments": segments, "device_traces": [stray]}
 
 
+def snap_shared_stacks():
+    """Stacks and frames shared by several events, as PyTorch pickles them (one object, memo
+    references): the same list for events 0 and 2 (and 1 and 3), CPP_FRAME in every stack."""
+    python_stack = [CPP_FRAME, PY_FRAME_1]
+    return {"segments": [], "device_traces": [[
+        event("alloc", 0x1000, 512, 1, python_stack), event("alloc", 0x2000, 512, 2, CPP_OP),
+        event("alloc", 0x3000, 512, 3, python_stack), event("alloc", 0x4000, 512, 4, CPP_OP),
+        event("alloc", 0x5000, 512, 5, [CPP_FRAME])]]}
+
+
 def not_snapshots():
     good = segment(0, 0x1000, [block(0x1000, 4096, "inactive")])
     bad = segment(0, 0x9000, [block(0x9000, 4096, "inactive")])
@@ -269,6 +280,10 @@ def not_snapshots():
         "snap_missing_key.pickle": {"segments": [missing], "device_traces": []},
         "snap_root_int.pickle": 42,
         "snap_bad_action.pickle": {"segments": [], "device_traces": [[event("teleport", 1, 2)]]},
+        # A frame without a filename, shared by the stacks of events 1 and 2.
+        "snap_shared_bad_frame.pickle": {"segments": [], "device_traces": [[
+            event("alloc", 0x1000, 512, 1, [PY_FRAME_1]), event("alloc", 0x2000, 512, 2, [NO_FILENAME, PY_FRAME_2]),
+            event("alloc", 0x3000, 512, 3, [NO_FILENAME])]]},
         "snap_inconsistent.pickle": {"segments": [], "device_traces": [[event("alloc", 5, 5),
                                                                         event("segment_alloc", 0x5000, 2 * MIB)]]},
     }
@@ -309,6 +324,7 @@ def write_snapshots(out):
         "snap_cpp_stacks.pickle": {"segments": [], "device_traces": [[
             event("alloc", 0x1000, 512, 1, CPP_BACKWARD), event("alloc", 0x2000, 512, 2, CPP_OP),
             event("alloc", 0x3000, 512, 3, [CPP_FRAME])]]},
+        "snap_shared_stacks.pickle": snap_shared_stacks(),
     }
     # torch.cuda.memory_snapshot() returns the bare list of segments.
     snaps["snap_bare_segments.pickle"] = [segment(0, 0x300000, [block(0x300000, 2 * MIB, "active_allocated", 7)],

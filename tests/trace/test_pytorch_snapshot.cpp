@@ -411,6 +411,34 @@ TEST_CASE("pytorch: stacks without Python frames are named by autograd node, the
         "torch::unwind::unwind() (??:0)");
 }
 
+// PyTorch pickles a frame once and refers to it from every stack that holds it; the reader
+// chooses each stack and reads each frame once, by node (pytorch_snapshot_reader.cpp).
+TEST_CASE("pytorch: stacks and frames shared by several events are named as when apart", "[pytorch]") {
+  const pytorch::Snapshot snap = pytorch::load_snapshot(fixture("snap_shared_stacks.pickle"));
+  REQUIRE(snap.device_traces.size() == 1);
+  const auto& events = snap.device_traces[0];
+  REQUIRE(events.size() == 5);
+  for (const std::size_t i : {0, 2}) CHECK(events[i].frame->label() == "step (/src/train.py:10)");
+  for (const std::size_t i : {1, 3}) CHECK(events[i].frame->label() == "at::_ops::mm::call (??:0)");
+  CHECK(events[4].frame->label() == "torch::unwind::unwind() (??:0)");
+  pytorch::ReadOptions top;
+  top.frame = pytorch::FrameChoice::top;
+  const pytorch::Snapshot tops = pytorch::load_snapshot(fixture("snap_shared_stacks.pickle"), top);
+  for (const auto& e : tops.device_traces[0]) CHECK(e.frame->label() == "torch::unwind::unwind() (??:0)");
+  pytorch::ReadOptions none;
+  none.frame = pytorch::FrameChoice::none;
+  const pytorch::Snapshot unnamed = pytorch::load_snapshot(fixture("snap_shared_stacks.pickle"), none);
+  for (const auto& e : unnamed.device_traces[0]) CHECK_FALSE(e.frame.has_value());
+  // A bad frame fails at its first reference, whichever frame the choice reads first.
+  for (const pytorch::FrameChoice choice : {pytorch::FrameChoice::first_python, pytorch::FrameChoice::top}) {
+    pytorch::ReadOptions options;
+    options.frame = choice;
+    const auto e = snapshot_error([&] { (void)pytorch::load_snapshot(fixture("snap_shared_bad_frame.pickle"), options); });
+    CHECK(e.path() == "device_traces[0][1].frames[0]");
+    CHECK(e.reason() == "missing key 'filename'");
+  }
+}
+
 TEST_CASE("pytorch: pickles that are not snapshots name the bad value's path", "[pytorch]") {
   auto e =
       snapshot_error([] { (void)pytorch::load_snapshot(fixture("snap_bad_block_size.pickle")); });
