@@ -770,6 +770,12 @@ Value Value::operator[](std::size_t index) const {
   return child(data_->children[n.payload + index], static_cast<std::uint32_t>(index));
 }
 
+std::uint32_t Value::element_id(std::size_t index) const {
+  expect_container(Kind::list, Kind::tuple);
+  if (index >= count()) fail(fmt::format("index {} out of range (size {})", index, count()));
+  return data_->children[node_of(data_, node_).payload + index];
+}
+
 std::optional<Value> Value::find(std::string_view key) const {
   expect(Kind::dict);
   const Node& n = node_of(data_, node_);

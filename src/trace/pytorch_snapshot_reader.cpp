@@ -84,9 +84,10 @@ bool is_python_file(std::string_view filename) { return filename.ends_with(".py"
 // The frame chosen for each stack of one snapshot. PyTorch pickles each distinct frame once and
 // refers to it from every stack that holds it (a memo reference: one node), and stacks repeat too
 // (cs336-2.7b: 19,342 stacks, 12,665 distinct, 704,899 frame references to 668 frames), so each
-// stack is chosen once and each frame's filename and name are read once, by node. The reads are
-// made in the order they would be without the caches, so a malformed frame fails at the same
-// place, with the same path.
+// stack is chosen once and each frame's filename, name and fields are read once, by node; a
+// stack's elements are looked at by node id (Value::element_id()), and a Value is made only for
+// a frame not read before. The reads are made in the order they would be without the caches, so
+// a malformed frame fails at the same place, with the same path.
 class FrameChooser {
  public:
   explicit FrameChooser(FrameChoice choice) : choice_(choice) {}
@@ -104,38 +105,44 @@ class FrameChooser {
   struct Seen {
     std::optional<bool> python;            // its filename ends with ".py"
     std::optional<std::string_view> name;  // into the document's bytes
+    std::optional<Frame> frame;            // read_frame()
   };
 
   std::optional<Frame> choose_uncached(const Value& frames) {
-    const pickle::ElementRange list = frames.elements();
-    if (list.size() == 0) return std::nullopt;
+    const std::size_t n = frames.elements().size();  // a list or tuple, else the error
+    if (n == 0) return std::nullopt;
     if (choice_ == FrameChoice::first_python) {
-      for (const Value f : list) {
-        if (is_python(f)) return read_frame(f);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (is_python(frames, i)) return frame(frames, i);
       }
-      if (auto node = first_cpp_frame(list, "torch::autograd::generated::")) return node;
-      if (auto op = first_cpp_frame(list, "at::_ops::")) return op;
+      if (auto node = first_cpp_frame(frames, n, "torch::autograd::generated::")) return node;
+      if (auto op = first_cpp_frame(frames, n, "at::_ops::")) return op;
     }
-    return read_frame(frames[0]);
+    return frame(frames, 0);
   }
-  bool is_python(const Value& f) {
-    Seen& seen = frames_[f.node_id()];
-    if (!seen.python) seen.python = is_python_file(f["filename"].as_string());
+  bool is_python(const Value& frames, std::size_t i) {
+    Seen& seen = frames_[frames.element_id(i)];
+    if (!seen.python) seen.python = is_python_file(frames[i]["filename"].as_string());
     return *seen.python;
   }
-  std::string_view name(const Value& f) {
-    Seen& seen = frames_[f.node_id()];
-    if (!seen.name) seen.name = f["name"].as_string();
+  std::string_view name(const Value& frames, std::size_t i) {
+    Seen& seen = frames_[frames.element_id(i)];
+    if (!seen.name) seen.name = frames[i]["name"].as_string();
     return *seen.name;
   }
+  const Frame& frame(const Value& frames, std::size_t i) {
+    Seen& seen = frames_[frames.element_id(i)];
+    if (!seen.frame) seen.frame = read_frame(frames[i]);
+    return *seen.frame;
+  }
   // The innermost C++ frame whose name starts with `prefix`, its argument list dropped.
-  std::optional<Frame> first_cpp_frame(const pickle::ElementRange& list, std::string_view prefix) {
-    for (const Value f : list) {
-      const std::string_view frame_name = name(f);
+  std::optional<Frame> first_cpp_frame(const Value& frames, std::size_t n, std::string_view prefix) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string_view frame_name = name(frames, i);
       if (!frame_name.starts_with(prefix)) continue;
-      Frame frame = read_frame(f);
-      frame.name = std::string(frame_name.substr(0, frame_name.find('(')));
-      return frame;
+      Frame chosen = frame(frames, i);
+      chosen.name = std::string(frame_name.substr(0, frame_name.find('(')));
+      return chosen;
     }
     return std::nullopt;
   }

@@ -125,6 +125,8 @@ class Value {
 
   /// Identity of the underlying node: equal for memo-shared references.
   std::uint32_t node_id() const noexcept { return node_; }
+  /// node_id() of list/tuple element `index`, without making its Value (throws as operator[]).
+  std::uint32_t element_id(std::size_t index) const;
 
  private:
   friend class Document;
