@@ -206,6 +206,10 @@ void check_long_and_shared(const Value& v) {
   CHECK(shared[2][1].as_int() == 2);
   CHECK(v["shared_str"][0].node_id() == v["shared_str"][1].node_id());
   CHECK(v["shared_str"][1].as_string() == "shared-string");
+  // element_id(i) is element i's node_id() without making its Value.
+  for (std::size_t k = 0; k < shared.size(); ++k) CHECK(shared.element_id(k) == shared[k].node_id());
+  CHECK(shared.element_id(0) == shared.element_id(1));
+  CHECK(shared.element_id(0) != shared.element_id(2));
   const Value again = v["again"];
   CHECK(again[0].as_string() == "k500");
   CHECK(again[1].as_string() == "k1000");
@@ -302,6 +306,11 @@ TEST_CASE("pickle: the Value API reports paths on type mismatches", "[pickle]") 
   CHECK(e.reason() == "missing key 'zz'");
   e = value_error([&] { (void)v["tuples"][7]; });
   CHECK(e.reason() == "index 7 out of range (size 4)");
+  e = value_error([&] { (void)v["tuples"].element_id(7); });
+  CHECK(e.path() == "tuples");
+  CHECK(e.reason() == "index 7 out of range (size 4)");
+  e = value_error([&] { (void)v["nested"].element_id(0); });
+  CHECK(e.reason() == "expected list or tuple, got dict");
   e = value_error([&] { (void)v["uints"][0].as_int(); });
   CHECK_THAT(e.reason(), Catch::Contains("does not fit in int64"));
   e = value_error([&] { (void)v["ints"][6].as_uint(); });
