@@ -115,9 +115,7 @@ struct Filled {
   std::vector<void*> held;
 };
 
-// shared_segment: the same stream, and the warm-up caches one block of twice the size instead of
-// one per thread, so that one thread and two run on the same layout (each pair splits that block
-// and its free merges it again; in fixed mode one segment, in the vmm mode a heap that maps both).
+// shared_segment: the same stream, one block of twice the size cached (the file's banner).
 enum class Lanes { same_stream, own_streams, shared_segment };
 int lane_of(Lanes lanes, int thread) { return lanes == Lanes::own_streams ? thread : -1; }
 
@@ -169,30 +167,30 @@ void pair_args(benchmark::internal::Benchmark* b) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  const auto add = [](const std::string& name, auto fn, int threads) {
-    benchmark::RegisterBenchmark(name.c_str(), fn)->Apply(pair_args)->Threads(threads);
+  const auto add = [](const std::string& name, auto fn, int threads, auto args) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)->Apply(args)->Threads(threads);
   };
   for (int threads : {1, 2}) {
     for (const Lanes lanes : {Lanes::same_stream, Lanes::own_streams}) {
       const std::string suffix = lanes == Lanes::same_stream ? "/same_stream" : "/own_streams";
       add("pair/tensorpool-fixed" + suffix,
-          [lanes](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, lanes, Mode::fixed); }, threads);
+          [lanes](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, lanes, Mode::fixed); }, threads, pair_args);
       add("pair/tensorpool-vmm" + suffix,
-          [lanes](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, lanes, Mode::vmm); }, threads);
+          [lanes](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, lanes, Mode::vmm); }, threads, pair_args);
       add("pair/cub" + suffix,
-          [lanes](benchmark::State& st) { pair_benchmark<CubSide>(st, lanes, CubConfig::all_cached); }, threads);
+          [lanes](benchmark::State& st) { pair_benchmark<CubSide>(st, lanes, CubConfig::all_cached); }, threads, pair_args);
     }
   }
   for (int threads : {1, 2}) {
-    for (const Mode mode : {Mode::fixed, Mode::vmm}) {
-      const std::string name = mode == Mode::fixed ? "pair/tensorpool-fixed/shared_segment" : "pair/tensorpool-vmm/shared_segment";
-      benchmark::RegisterBenchmark(name.c_str(), [mode](benchmark::State& st) {
-        pair_benchmark<TensorpoolSide>(st, Lanes::shared_segment, mode);
-      })->Apply(shared_segment_args)->Threads(threads);
-    }
+    add("pair/tensorpool-fixed/shared_segment",
+        [](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, Lanes::shared_segment, Mode::fixed); }, threads,
+        shared_segment_args);
+    add("pair/tensorpool-vmm/shared_segment",
+        [](benchmark::State& st) { pair_benchmark<TensorpoolSide>(st, Lanes::shared_segment, Mode::vmm); }, threads,
+        shared_segment_args);
   }
   add("pair/cub-default/same_stream",
-      [](benchmark::State& st) { pair_benchmark<CubSide>(st, Lanes::same_stream, CubConfig::defaults); }, 1);
+      [](benchmark::State& st) { pair_benchmark<CubSide>(st, Lanes::same_stream, CubConfig::defaults); }, 1, pair_args);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -429,6 +429,9 @@ def table_latency(_):
     return "\n".join(out) + "\n"
 
 
+TENSORPOOL_NAMES = {"tensorpool": "tensorpool, mode:fixed", "tensorpool-vmm": "tensorpool, default (vmm)"}
+
+
 def table_threads(_):
     data, meta = load("bench-cub-threads")
     if not data:
@@ -448,7 +451,7 @@ def table_threads(_):
                 one_own, own = r.get((a, size, live, 1, "own_streams")), r.get((a, size, live, 2, "own_streams"))
                 if not one:
                     continue
-                name = {"tensorpool": "tensorpool, mode:fixed", "tensorpool-vmm": "tensorpool, default (vmm)"}.get(a, "CUB")
+                name = TENSORPOOL_NAMES.get(a, "CUB")
                 cell = lambda b, base: (("%.0f ns" % b["real_time"], "%.2f" % (base["real_time"] / b["real_time"]))
                                         if b and base else ("-", "-"))
                 out.append("| %s | %dk | %s | %.0f ns | %s | %s | %s | %s | %s |" % (
@@ -463,7 +466,7 @@ def table_threads(_):
         out.append("|---|---|---|---|---|")
         for a, size in shared:
             one, two = r.get((a, size, 1000, 1, "shared_segment")), r.get((a, size, 1000, 2, "shared_segment"))
-            name = {"tensorpool": "tensorpool, mode:fixed", "tensorpool-vmm": "tensorpool, default (vmm)"}[a]
+            name = TENSORPOOL_NAMES[a]
             out.append("| %s | %s | %.0f ns | %s | %s |" % (
                 size_text(size), name, one["real_time"], "%.0f ns" % two["real_time"] if two else "-",
                 "%.2f" % (one["real_time"] / two["real_time"]) if two else "-"))

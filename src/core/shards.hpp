@@ -95,7 +95,7 @@ class Shards {
   void unlock() noexcept {
     settle();
     favoured_ = nullptr;
-    for (std::size_t i = locked_; i-- > 0;) shards_[i].lock.unlock();
+    unlock_unchanged();
   }
   /// Leaves an exclusive mode that changed no counter, ceiling or favour (a view: usage(),
   /// snapshot()): nothing to settle, since the exclusive mode before it settled at its end and
