@@ -101,6 +101,10 @@ struct ThreadState {
 };
 thread_local ThreadState tls;
 
+// This thread, for Block::freed_by: an address no other running thread has (the fast path
+// has it at hand already).
+TP_ALWAYS_INLINE const void* this_thread() noexcept { return &tls; }
+
 std::atomic<std::uint64_t> next_allocator_id{1};
 
 }  // namespace
@@ -155,6 +159,7 @@ TP_ALWAYS_INLINE void Allocator::Impl::hand_out(Block* b, std::size_t requested)
   detail::Shard& shard = shard_of(seg);
   b->state = BlockState::allocated;
   b->requested = requested;
+  b->from_seam = false;  // take_from_seam() sets it after
   shard.live.insert(b->addr, b);
   shard.counters.on_alloc(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(requested));
   b->born = ++shard.handed_out[static_cast<int>(seg->pool)];
@@ -192,6 +197,8 @@ TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::s
   detail::Shard& shard = *ss.shard;
   const Pool pool = size <= config.small_size ? Pool::small : Pool::large;
   const auto requested = static_cast<std::int64_t>(bytes);
+  if (TP_UNLIKELY(shard.seam != nullptr))
+    if (Block* b = take_from_seam(ss, pool, size, bytes)) return b;
   if (TP_UNLIKELY(ss.follows_plan(pool))) {
     if (!ss.plan_ready(pool) || !shard.fits(pool, static_cast<std::int64_t>(size), requested)) return nullptr;
     if (Block* b = source_->take_planned(ss, pool, size, detail::PlannedPages::mapped_only)) {
@@ -207,6 +214,26 @@ TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::s
   if (TP_UNLIKELY(!shard.fits(pool, static_cast<std::int64_t>(handed), requested))) return nullptr;
   shard.counters.count(&Stats::alloc_calls);
   return take(b, handed, bytes, FreeFrom::index);
+}
+
+// Under ss's shard's lock, which has a seam (shards.hpp): its lower twin, handed out whole, when
+// the request asks for its size on its stream and keeps the shard below its ceilings; else
+// nullptr, with the seam merged first (what every other request finds).
+TP_ALWAYS_INLINE Block* Allocator::Impl::take_from_seam(StreamState& ss, Pool pool, std::size_t size,
+                                                       std::size_t bytes) {
+  detail::Shard& shard = *ss.shard;
+  Block* lower = shard.seam;
+  const detail::FreeIndex& index = ss.index[pool == Pool::small ? detail::kSmallIndex : detail::kLargeIndex];
+  if (lower->size != size || lower->segment->index != &index || ss.follows_plan(pool) ||
+      !shard.fits(pool, static_cast<std::int64_t>(size), static_cast<std::int64_t>(bytes))) {
+    shard.close_seam();
+    return nullptr;
+  }
+  shard.seam = nullptr;
+  shard.counters.count(&Stats::alloc_calls);
+  Block* b = take(lower, size, bytes, FreeFrom::index);
+  b->from_seam = true;
+  return b;
 }
 
 void* Allocator::Impl::allocate_exclusive(std::size_t bytes, Stream stream) {
@@ -280,8 +307,41 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
   }
   shard.counters.count(&Stats::free_calls);
   shard.counters.on_free(seg->pool, static_cast<std::int64_t>(b->size), static_cast<std::int64_t>(b->requested));
-  release_block(b);
+  release_cached(shard, b);
   return true;
+}
+
+// The fast path's release_block(): the shard's seam is merged first, and in a segment that records
+// no epoch b is kept apart from a free twin as the shard's new seam where keeps_apart() says so
+// (shards.hpp).
+TP_ALWAYS_INLINE void Allocator::Impl::release_cached(detail::Shard& shard, Block* b) {
+  if (TP_UNLIKELY(shard.seam != nullptr)) shard.close_seam();
+  Segment* seg = b->segment;
+  if (TP_UNLIKELY(seg->epoch != nullptr)) {
+    release_block(b);
+    return;
+  }
+  count_free_completed(b);
+  b->state = BlockState::free;
+  b->requested = 0;
+  const bool below = merges_with(b->prev, b);
+  const bool above = merges_with(b->next, b);
+  if (TP_UNLIKELY(below != above) && keeps_apart(b, below ? b->prev : b->next)) {
+    seg->index->insert(b);
+    shard.seam = below ? b->prev : b;
+  } else {
+    b = merge_neighbours(b, below, above);
+    seg->index->insert(b);
+  }
+  b->freed_by = this_thread();
+}
+
+// Whether b, being freed, stays apart from `twin`, the only free block it would merge with: the
+// twin has b's size, and another thread freed it, or b came from a seam (the two threads' blocks
+// still take turns).
+TP_ALWAYS_INLINE bool Allocator::Impl::keeps_apart(const Block* b, const Block* twin) noexcept {
+  return twin->size == b->size &&
+         (b->from_seam || (twin->freed_by != nullptr && twin->freed_by != this_thread()));
 }
 
 // b is the last block allocated in its heap: whether its free ends the epoch inside the heap

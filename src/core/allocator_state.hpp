@@ -178,19 +178,38 @@ struct AllocatorState {
     return ss.index[pool == Pool::small ? kSmallIndex : oversize ? kOversizeIndex : kLargeIndex];
   }
 
+  /// Whether free block b merges with its neighbour x: x is free, of the same mapping, and not
+  /// held (a vmm heap's held pages, in no index, stay apart).
+  TP_ALWAYS_INLINE static bool merges_with(const Block* x, const Block* b) noexcept {
+    return x != nullptr && x->state == BlockState::free && x->mapped == b->mapped && !x->held;
+  }
   /// Merges free block b (in no index) with its free neighbours of the same mapping, taking them
-  /// out of their index; returns the merged block (in no index). A held neighbour (a vmm heap's
-  /// held pages, in no index) stays apart.
+  /// out of their index; returns the merged block (in no index).
   TP_ALWAYS_INLINE static Block* coalesce(Block* b) {
     Segment* seg = b->segment;
     BlockPool& blocks = blocks_of(seg);
-    if (Block* p = b->prev; p != nullptr && p->state == BlockState::free && p->mapped == b->mapped && !p->held) {
+    if (Block* p = b->prev; merges_with(p, b)) {
       seg->index->remove(p);
       b = p;
       blocks.absorb_next(b);
     }
-    if (Block* n = b->next; n != nullptr && n->state == BlockState::free && n->mapped == b->mapped && !n->held) {
+    if (Block* n = b->next; merges_with(n, b)) {
       seg->index->remove(n);
+      blocks.absorb_next(b);
+    }
+    return b;
+  }
+  /// coalesce() with its answers known: whether b merges with the block below it and above it.
+  TP_ALWAYS_INLINE static Block* merge_neighbours(Block* b, bool below, bool above) {
+    Segment* seg = b->segment;
+    BlockPool& blocks = blocks_of(seg);
+    if (below) {
+      seg->index->remove(b->prev);
+      b = b->prev;
+      blocks.absorb_next(b);
+    }
+    if (above) {
+      seg->index->remove(b->next);
       blocks.absorb_next(b);
     }
     return b;

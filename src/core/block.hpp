@@ -7,7 +7,8 @@
 // Invariants (checked by Allocator::check_invariants):
 //  - first->addr == segment->addr; b->next->addr == b->addr + b->size; the sizes sum to size;
 //  - no two address-adjacent blocks with the same `mapped` and `held` are both free (frees
-//    coalesce at once);
+//    coalesce at once), but for a shard's seam (shards.hpp): two free twins kept apart between
+//    two fast-path calls;
 //  - every block's size is a multiple of kMinBlockSize; blocks == number of blocks;
 //  - a block of an oversize segment is never split (blocks == 1);
 //  - a block with mapped == false is free and lies in a heap;
@@ -49,11 +50,16 @@ struct Block {
   bool asleep = false;             // its pages were released by sleep() and come back at wake()
                                    // (vmm_sleep.cpp): allocated, or free with mapped == false and
                                    // in no index and no unmapped list
+  bool from_seam = false;          // while allocated: handed out whole from its shard's seam
+                                   // (shards.hpp), so its free keeps the seam
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
   std::uint32_t epoch_slot = UINT32_MAX;  // while allocated in a vmm heap: its entry in the
                                           // heap's EpochLog (UINT32_MAX: none)
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
   std::uint64_t born = 0;  // while allocated: its pool's Shard::handed_out when it was handed out
+  const void* freed_by = nullptr;  // while free: the thread whose fast-path free left it so (an
+                                   // address of that thread's: allocator.cpp); null: unknown (a
+                                   // growth, a split, or a free outside the fast path)
 };
 
 /// Which FreeIndex of a stream a segment's free blocks go to.

@@ -4,6 +4,7 @@
 // state, reserved bytes) is the segment source's own check().
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/allocator_impl.hpp"
 #include "core/util.hpp"
@@ -133,14 +134,37 @@ void Allocator::Impl::throw_bad_pointer(Address addr, const char* operation) con
 // --- check_invariants -----------------------------------------------------------------------
 
 void Allocator::Impl::check_invariants() const {
-  Lock lock(shards);
+  // As the fast paths left it: seams included (lock() would merge them).
+  shards.lock_as_is();
+  struct Unlock {
+    detail::Shards& shards;
+    ~Unlock() { shards.unlock_unchanged(); }
+  } unlock{shards};
   check_invariants_locked();
 }
 
 namespace {
 
+// The shards' seams (shards.hpp), each checked: the free blocks allowed to lie beside a free twin.
+std::vector<const Block*> checked_seams(const detail::Shards& shards) {
+  std::vector<const Block*> seams;
+  for (std::size_t i = 0; i < shards.in_use(); ++i) {
+    const Block* lower = shards[i].seam;
+    if (lower == nullptr) continue;
+    const Block* upper = lower->next;
+    const auto merges = detail::AllocatorState::merges_with;
+    if (upper == nullptr || lower->state != BlockState::free || upper->state != BlockState::free ||
+        lower->size != upper->size || !lower->mapped || !upper->mapped || lower->held || upper->held ||
+        lower->segment->epoch != nullptr || merges(lower->prev, lower) || merges(upper->next, upper))
+      fail("the seam at " + hex(lower->addr) + " is not two free twins apart from other free blocks");
+    if (lower->segment->owner->shard != &shards[i]) fail("the seam at " + hex(lower->addr) + " is another shard's");
+    seams.push_back(lower);
+  }
+  return seams;
+}
+
 // The tiling of one segment by its blocks, and the recount of what its blocks hold.
-void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
+void check_segment(const Segment& seg, const std::vector<const Block*>& seams, Recount& rc, std::size_t& free_blocks) {
   if (seg.first == nullptr || seg.first->prev != nullptr || seg.first->addr != seg.addr)
     fail("segment " + hex(seg.addr) + " does not start with its first block");
   std::size_t count = 0;
@@ -153,7 +177,8 @@ void check_segment(const Segment& seg, Recount& rc, std::size_t& free_blocks) {
     if (b->addr != seg.addr + covered) fail("gap or overlap before block " + hex(b->addr));
     if (b->next != nullptr && b->next->prev != b) fail("broken prev link after " + hex(b->addr));
     if (b->next != nullptr && b->state == BlockState::free && b->next->state == BlockState::free &&
-        b->mapped == b->next->mapped && b->held == b->next->held && b->asleep == b->next->asleep)
+        b->mapped == b->next->mapped && b->held == b->next->held && b->asleep == b->next->asleep &&
+        std::find(seams.begin(), seams.end(), b) == seams.end())
       fail("adjacent free blocks at " + hex(b->addr) + " were not coalesced");
     if (b->held && (b->state != BlockState::free || !b->mapped || !seg.is_heap()))
       fail("held block " + hex(b->addr) + " is not a free mapped block of a heap");
@@ -188,13 +213,14 @@ void Allocator::Impl::check_invariants_locked() const {
   Recount rc;
   std::size_t free_blocks = 0;
   Address previous_end = 0;
+  const std::vector<const Block*> seams = checked_seams(shards);
   for (const auto& [addr, seg] : segments) {
     if (addr != seg->addr) fail("segment map key differs from segment address " + hex(seg->addr));
     if (seg->addr < previous_end) fail("segment " + hex(seg->addr) + " overlaps the previous one");
     if (seg->index != &AllocatorState::index_for(*seg->owner, seg->pool, seg->oversize))
       fail("segment " + hex(seg->addr) + " points to the wrong free index");
     previous_end = seg->end();
-    check_segment(*seg, rc, free_blocks);
+    check_segment(*seg, seams, rc, free_blocks);
   }
   source_->check(rc);  // reserved bytes and segments, mapping state
   // Free indexes: exactly the free mapped blocks, each in its own bin of its segment's index.

@@ -21,6 +21,18 @@
 // without settling (Shards::View): there is nothing to settle. Invariants
 // (check_invariants()): every current value at or below its shard's ceiling; per statistic, the
 // ceilings sum to at most the peak, and the peak is at least the sum of the current values.
+//
+// Seams. Threads on one stream share its shard, and their blocks of one size often lie side by
+// side. Once one thread's block has been freed, the other's free would merge the two, and the
+// next request of that size would split them again: a split and a merge per pair while one thread
+// runs alone (about 190 instructions; docs/benchmarks.md, "Threads"). So a fast-path free whose
+// block has a free neighbour of its size that another thread freed (or whose block came from a
+// seam) leaves the two apart in the free index and records them as its shard's seam (at most one
+// a shard). The shard's next fast-path call takes the lower twin whole if it asks for that size on
+// that stream, else merges the two first (close_seam()); the exclusive mode merges every seam
+// when it begins, so everything outside the fast path sees coalesced blocks. Invariants: `seam`
+// and its next block are free, of equal size, mapped and not held, both in their segment's free
+// index, in a segment that records no epoch, and neither block beside the pair merges with it.
 #pragma once
 
 #include <array>
@@ -29,6 +41,7 @@
 
 #include "core/block.hpp"
 #include "core/counters.hpp"
+#include "core/free_index.hpp"
 #include "core/lock.hpp"
 #include "core/pointer_map.hpp"
 
@@ -52,6 +65,18 @@ struct alignas(64) Shard {
   std::array<std::array<std::int64_t, kNumMetrics>, kNumRows> ceiling{};
   bool bounded = false;  // whether `ceiling` applies (false: shard 0 while alone, and unused shards)
   std::array<std::uint64_t, kNumPools> handed_out{};  // per pool, blocks handed out so far: Block::born
+  Block* seam = nullptr;  // the lower of two free twins kept apart (file comment), or null
+
+  /// Merges the seam's two blocks, as the free that made it would have (file comment).
+  void close_seam() noexcept {
+    Block* lower = seam;
+    seam = nullptr;
+    FreeIndex& index = *lower->segment->index;
+    index.remove(lower);
+    index.remove(lower->next);
+    blocks.absorb_next(lower);
+    index.insert(lower);
+  }
 
   /// Whether handing out a block of `size` bytes (`requested` asked for) keeps every counter of
   /// `pool` and of the total at or below its ceiling.
@@ -86,7 +111,15 @@ class Shards {
   /// The exclusive mode: the lock of every shard in use, in index order (a shard no stream has
   /// runs no fast path; streams are only handed out in this mode, which holds shard 0, so the
   /// count read after taking shard 0's lock stays put).
+  /// It begins with every seam merged.
   void lock() noexcept {
+    lock_as_is();
+    for (std::size_t i = 0; i < locked_; ++i)
+      if (shards_[i].seam != nullptr) shards_[i].close_seam();
+  }
+  /// The exclusive mode with the seams left as they are, for check_invariants() (which checks
+  /// them): the mode the fast paths left behind.
+  void lock_as_is() noexcept {
     shards_[0].lock.lock();
     locked_ = in_use();
     for (std::size_t i = 1; i < locked_; ++i) shards_[i].lock.lock();

@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -107,6 +111,95 @@ void alternate(const char* mode) {
   a.join();
   b.join();
   alloc.check_invariants();  // every shard at or below its ceilings, which sum to at most the peak
+  check_peaks(alloc, expected);
+  CHECK(alloc.stats().alloc_calls == allocations.load());
+  CHECK(alloc.stats().free_calls == allocations.load());
+}
+
+// A thread that runs what it is given, one job at a time, while the caller waits: a test can
+// interleave the calls of several threads in an order it chooses, each thread keeping its own
+// thread-local state (its fast path's stream cache, its tag for seams) from job to job.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    run(nullptr);
+    thread_.join();
+  }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  /// Runs job on the worker and returns when it is done (null: the worker stops).
+  void run(std::function<void()> job) {
+    std::unique_lock lock(mutex_);
+    job_ = std::move(job);
+    pending_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !pending_; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [this] { return pending_; });
+      const bool stop = !job_;
+      if (job_) job_();
+      pending_ = false;
+      changed_.notify_all();
+      if (stop) return;
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;
+  bool pending_ = false;
+  std::thread thread_;  // last: started once the members it uses exist
+};
+
+// Two threads on one stream, taking turns (strictly alternating), with blocks of a few sizes, so
+// that one thread's block is often freed beside a free twin the other freed (seams, shards.hpp).
+// Every few turns the invariants are checked as the fast paths left them (seams included); the
+// statistics are exact at the end.
+void alternate_on_one_stream(const char* mode) {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 64 * GiB});
+  Allocator alloc(device, settings(mode));
+  Expected expected;
+  std::atomic<int> turn{0};
+  std::atomic<std::uint64_t> allocations{0};
+  constexpr int kSteps = 4000;
+  constexpr std::array<std::size_t, 3> kSizes = {MiB, 2 * MiB, 64 * MiB};
+  auto run = [&](int me) {
+    std::mt19937_64 rng(7 + static_cast<std::uint64_t>(me));
+    std::vector<Held> mine;
+    for (int step = me; step < kSteps; step += 2) {
+      while (turn.load(std::memory_order_acquire) != step) std::this_thread::yield();
+      if (mine.empty() || (mine.size() < 6 && rng() % 2 == 0)) {
+        const std::size_t bytes = kSizes[rng() % kSizes.size()];
+        mine.push_back({alloc.allocate(bytes), bytes});
+        ++allocations;
+        expected.change(pool_of(alloc, bytes), static_cast<std::int64_t>(bytes), 1);
+      } else {
+        const std::size_t i = rng() % mine.size();
+        alloc.deallocate(mine[i].ptr);
+        expected.change(pool_of(alloc, mine[i].bytes), -static_cast<std::int64_t>(mine[i].bytes), -1);
+        mine[i] = mine.back();
+        mine.pop_back();
+      }
+      if (step % 16 == 0) alloc.check_invariants();
+      turn.store(step + 1, std::memory_order_release);
+    }
+    while (turn.load(std::memory_order_acquire) != kSteps + me) std::this_thread::yield();
+    for (const Held& h : mine) {
+      alloc.deallocate(h.ptr);
+      expected.change(pool_of(alloc, h.bytes), -static_cast<std::int64_t>(h.bytes), -1);
+    }
+    turn.store(kSteps + me + 1, std::memory_order_release);
+  };
+  std::thread a(run, 0);
+  std::thread b(run, 1);
+  a.join();
+  b.join();
+  alloc.check_invariants();
   check_peaks(alloc, expected);
   CHECK(alloc.stats().alloc_calls == allocations.load());
   CHECK(alloc.stats().free_calls == allocations.load());
@@ -224,5 +317,122 @@ TEST_CASE("shards: a second stream joins after the first set its peak alone", "[
   for (void* p : held) alloc.deallocate(p);
   alloc.reset_peaks();
   CHECK(alloc.stats().total[Metric::requested_bytes].peak == 0);
+  alloc.check_invariants();
+}
+
+TEST_CASE("shards: a block freed beside its free twin from another thread is kept apart for the next request of its size",
+          "[allocator][threads]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB});
+  Allocator alloc(device, settings("fixed"));  // 2 MiB blocks, one after another in a 20 MiB segment
+  Worker a;
+  Worker b;
+  void* lower = nullptr;
+  void* upper = nullptr;
+  a.run([&] { lower = alloc.allocate(2 * MiB); });
+  b.run([&] { upper = alloc.allocate(2 * MiB); });
+  void* gap = alloc.allocate(2 * MiB);
+  void* lone = alloc.allocate(2 * MiB);  // an exact fit elsewhere, for the request below
+  void* top = alloc.allocate(2 * MiB);
+  const auto offset = [&](void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) - reinterpret_cast<std::uintptr_t>(lower);
+  };
+  REQUIRE(offset(upper) == 2 * MiB);
+  REQUIRE(offset(gap) == 4 * MiB);
+  REQUIRE(offset(lone) == 6 * MiB);
+  REQUIRE(offset(top) == 8 * MiB);
+  alloc.deallocate(lone);  // free, between two live blocks
+  a.run([&] { alloc.deallocate(lower); });
+  b.run([&] { alloc.deallocate(upper); });  // beside `lower`, which the other thread freed: kept apart
+  alloc.check_invariants();                 // as the fast path left it
+  // Merged, the two would make a 4 MiB block, and a 2 MiB request would get `lone` (an exact fit,
+  // in its own bin); kept apart, it gets `lower` whole.
+  void* p = alloc.allocate(2 * MiB);
+  CHECK(p == lower);
+  alloc.check_invariants();
+  // A block handed out from a seam keeps the seam when freed, whoever frees it.
+  alloc.deallocate(p);
+  alloc.check_invariants();
+  CHECK(alloc.allocate(2 * MiB) == lower);
+  alloc.deallocate(lower);
+  // Any other request merges the two first: 4 MiB fits where they lie.
+  void* both = alloc.allocate(4 * MiB);
+  CHECK(both == lower);
+  alloc.check_invariants();
+  alloc.deallocate(both);
+  alloc.deallocate(gap);
+  a.run([&] { alloc.deallocate(alloc.allocate(6 * MiB)); });  // the merged 6 MiB at `lower`
+  alloc.deallocate(top);
+  const Stats st = alloc.stats();
+  CHECK(st.total[Metric::allocations].current == 0);
+  CHECK(st.alloc_calls == 9);
+  CHECK(st.free_calls == 9);
+  CHECK(alloc.fragmentation().free_blocks == 1);  // the segment, whole again
+  alloc.check_invariants();
+}
+
+TEST_CASE("shards: a free that merges with a twin freed by the same thread keeps no seam", "[allocator][threads]") {
+  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB});
+  Allocator alloc(device, settings("fixed"));
+  void* lower = alloc.allocate(2 * MiB);
+  void* upper = alloc.allocate(2 * MiB);
+  void* gap = alloc.allocate(2 * MiB);
+  void* lone = alloc.allocate(2 * MiB);
+  void* top = alloc.allocate(2 * MiB);
+  alloc.deallocate(lone);
+  alloc.deallocate(lower);
+  alloc.deallocate(upper);  // one thread: merged at once, as always
+  CHECK(alloc.allocate(2 * MiB) == lone);
+  for (void* q : {gap, lone, top}) alloc.deallocate(q);
+  CHECK(alloc.fragmentation().free_blocks == 1);
+  alloc.check_invariants();
+}
+
+TEST_CASE("shards: two threads taking turns on one stream keep every count and invariant", "[allocator][threads]") {
+  SECTION("fixed") { alternate_on_one_stream("fixed"); }
+  SECTION("vmm") { alternate_on_one_stream("vmm"); }
+}
+
+TEST_CASE("shards: two threads' blocks in a vmm heap that no longer records are kept apart too", "[allocator][threads]") {
+  auto device = std::make_shared<SimulatedDevice>(
+      SimulatedDeviceOptions{.capacity = 8 * GiB, .event_mode = EventMode::immediate});
+  Allocator alloc(device, Config::parse("vmm_planner:synchronous"));
+  Worker a;
+  Worker b;
+  void* first = nullptr;
+  void* second = nullptr;
+  const auto both_then_free = [&] {
+    a.run([&] { first = alloc.allocate(64 * MiB); });
+    b.run([&] { second = alloc.allocate(64 * MiB); });
+    a.run([&] { alloc.deallocate(first); });
+    b.run([&] { alloc.deallocate(second); });  // beside the other thread's free block
+  };
+  // Epochs of one block that repeat: the heap gives back the pages above one block and stops
+  // recording (vmm.md, "Planned layouts", 5 and 6); two blocks map them again, and from then on it
+  // keeps them.
+  for (int warm = 0; warm < 2; ++warm) {
+    both_then_free();
+    for (int i = 0; i < 16; ++i) a.run([&] { alloc.deallocate(alloc.allocate(64 * MiB)); });
+  }
+  const std::uint64_t maps = device->counters().maps;
+  for (int round = 0; round < 32; ++round) {
+    both_then_free();
+    REQUIRE(std::max(first, second) == static_cast<char*>(std::min(first, second)) + 64 * MiB);
+    alloc.check_invariants();  // as the fast paths left it
+    void* lower = std::min(first, second);
+    a.run([&] {
+      for (int i = 0; i < 4; ++i) {
+        void* p = alloc.allocate(64 * MiB);
+        CHECK(p == lower);
+        alloc.deallocate(p);
+      }
+    });
+    alloc.check_invariants();
+  }
+  CHECK(device->counters().maps == maps);  // the pairs ran on the pages the heap holds
+  void* whole = alloc.allocate(128 * MiB);  // the two merged: where they lay
+  CHECK(whole == std::min(first, second));
+  alloc.deallocate(whole);
+  CHECK(device->counters().maps == maps);
+  CHECK(alloc.stats().total[Metric::allocations].current == 0);
   alloc.check_invariants();
 }
