@@ -134,12 +134,7 @@ void Allocator::Impl::throw_bad_pointer(Address addr, const char* operation) con
 // --- check_invariants -----------------------------------------------------------------------
 
 void Allocator::Impl::check_invariants() const {
-  // As the fast paths left it: seams included (lock() would merge them).
-  shards.lock_as_is();
-  struct Unlock {
-    detail::Shards& shards;
-    ~Unlock() { shards.unlock_unchanged(); }
-  } unlock{shards};
+  const detail::Shards::Inspection as_left(shards);  // seams included (lock() would merge them)
   check_invariants_locked();
 }
 

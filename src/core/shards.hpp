@@ -148,6 +148,18 @@ class Shards {
    private:
     Shards& shards_;
   };
+  /// The exclusive mode with the seams as the fast paths left them, as a scope: for
+  /// check_invariants(), which checks them (it settles before it reads the peaks).
+  class Inspection {
+   public:
+    explicit Inspection(Shards& shards) noexcept : shards_(shards) { shards_.lock_as_is(); }
+    ~Inspection() { shards_.unlock_unchanged(); }
+    Inspection(const Inspection&) = delete;
+    Inspection& operator=(const Inspection&) = delete;
+
+   private:
+    Shards& shards_;
+  };
   /// In the exclusive mode: the shard for the next new stream (round robin; its lock is taken
   /// at once, as the exclusive mode holds every shard in use).
   Shard& next_for_stream() noexcept;
