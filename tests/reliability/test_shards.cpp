@@ -118,7 +118,7 @@ void alternate(const char* mode) {
 
 // A thread that runs what it is given, one job at a time, while the caller waits: a test can
 // interleave the calls of several threads in an order it chooses, each thread keeping its own
-// thread-local state (its fast path's stream cache, its tag for seams) from job to job.
+// thread-local state (its fast path's stream cache, the identity a seam compares) from job to job.
 class Worker {
  public:
   Worker() : thread_([this] { loop(); }) {}
