@@ -311,16 +311,16 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
   return true;
 }
 
-// The fast path's release_block(): the shard's seam is merged first, and in a segment that records
-// no epoch b is kept apart from a free twin as the shard's new seam where keeps_apart() says so
-// (shards.hpp).
+// The fast path's release_block(). In a segment that records no epoch (the only ones seams lie
+// in), the shard's seam is merged first and b is kept apart from a free twin as the shard's new
+// seam where keeps_apart() says so (shards.hpp).
 TP_ALWAYS_INLINE void Allocator::Impl::release_cached(detail::Shard& shard, Block* b) {
-  if (TP_UNLIKELY(shard.seam != nullptr)) shard.close_seam();
   Segment* seg = b->segment;
   if (TP_UNLIKELY(seg->epoch != nullptr)) {
     release_block(b);
     return;
   }
+  if (TP_UNLIKELY(shard.seam != nullptr)) shard.close_seam();
   count_free_completed(b);
   b->state = BlockState::free;
   b->requested = 0;

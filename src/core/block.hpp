@@ -50,11 +50,11 @@ struct Block {
   bool asleep = false;             // its pages were released by sleep() and come back at wake()
                                    // (vmm_sleep.cpp): allocated, or free with mapped == false and
                                    // in no index and no unmapped list
-  bool from_seam = false;          // while allocated: handed out whole from its shard's seam
-                                   // (shards.hpp), so its free keeps the seam
   std::uint32_t pending_events = 0;  // outstanding stream events while pending_free
   std::uint32_t epoch_slot = UINT32_MAX;  // while allocated in a vmm heap: its entry in the
                                           // heap's EpochLog (UINT32_MAX: none)
+  bool from_seam = false;          // while allocated: handed out whole from its shard's seam
+                                   // (shards.hpp), so its free keeps the seam
   std::vector<Stream>* uses = nullptr;  // streams other than the owner's that used the block
   std::uint64_t born = 0;  // while allocated: its pool's Shard::handed_out when it was handed out
   const void* freed_by = nullptr;  // while free: the thread whose fast-path free left it so (an
