@@ -190,8 +190,8 @@ void* Allocator::Impl::allocate(std::size_t bytes, Stream stream) {
 }
 
 // Under ss's shard's lock: a block cached for ss that keeps the shard below its ceilings, handed
-// out; else nullptr, and nothing has changed but a plan the stream departed from (the exclusive
-// path then serves the request as it would have).
+// out; else nullptr, and nothing has changed but a plan the stream departed from and the shard's
+// seam, merged (the exclusive path then serves the request as it would have).
 TP_ALWAYS_INLINE Block* Allocator::Impl::allocate_cached(StreamState& ss, std::size_t size, std::size_t bytes) {
   if (TP_UNLIKELY(pending_total_ != 0 || hooks.observed() || capture_underway() || ss.step_due)) return nullptr;
   detail::Shard& shard = *ss.shard;
@@ -294,11 +294,14 @@ void Allocator::Impl::deallocate(void* ptr) {
 }
 
 // Under the shard's lock: frees the block at addr if the shard maps it and the free needs no
-// stream event, no observer and no end of an epoch (true); else changes nothing (false).
+// stream event, no observer and no end of an epoch outside its heap (true); else changes nothing
+// but the shard's seam, merged as the exclusive mode would (false).
 TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address addr) {
   if (TP_UNLIKELY(hooks.observed())) return false;
   Block* b = shard.live.erase(addr);
   if (TP_UNLIKELY(b == nullptr)) return false;
+  // First: what follows looks at b's neighbours and heap, where the seam may lie.
+  if (TP_UNLIKELY(shard.seam != nullptr)) shard.close_seam();
   const Segment* seg = b->segment;
   if (TP_UNLIKELY(b->uses != nullptr || b->asleep ||
                   (seg->epoch != nullptr && seg->epoch->one_live() && !epoch_ends_in_heap(*seg->epoch, b)))) {
@@ -311,19 +314,20 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
   return true;
 }
 
-// The fast path's release_block(). In a segment that records no epoch (the only ones seams lie
-// in), the shard's seam is merged first and b is kept apart from a free twin as the shard's new
-// seam where keeps_apart() says so (shards.hpp).
+// The fast path's release_block() (the free that empties a heap takes release_block() itself, for
+// the epoch's end): b merges with its free neighbours, or is kept apart from a free twin as the
+// shard's new seam where keeps_apart() says so (shards.hpp; free_cached() merged the old one).
 TP_ALWAYS_INLINE void Allocator::Impl::release_cached(detail::Shard& shard, Block* b) {
   Segment* seg = b->segment;
-  if (TP_UNLIKELY(seg->epoch != nullptr)) {
+  detail::EpochLog* log = seg->epoch;
+  if (TP_UNLIKELY(log != nullptr) && log->one_live()) {  // the free ends the heap's epoch
     release_block(b);
     return;
   }
-  if (TP_UNLIKELY(shard.seam != nullptr)) shard.close_seam();
   count_free_completed(b);
   b->state = BlockState::free;
   b->requested = 0;
+  if (TP_UNLIKELY(log != nullptr)) log->on_release(b, seg->addr);  // not the last: false
   const bool below = merges_with(b->prev, b);
   const bool above = merges_with(b->next, b);
   if (TP_UNLIKELY(below != above) && keeps_apart(b, below ? b->prev : b->next)) {
@@ -486,6 +490,7 @@ void Allocator::Impl::release_block(Block* b) {
   b->requested = 0;
   const bool heap_emptied = TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->on_release(b, seg->addr);
   b = coalesce(b);
+  b->freed_by = this_thread();
   // A vmm heap with nothing allocated any more: it may hold its pages and plan the next epoch
   // (vmm_heaps.cpp, end_epoch()).
   if (TP_UNLIKELY(heap_emptied) && (b = source_->end_epoch(b)) == nullptr) return;

@@ -16,7 +16,8 @@
 //   vmm_heaps.cpp       the virtual-memory source
 //
 // Locking (shards.hpp): allocate and deallocate try the fast path under their stream's shard's
-// lock (allocate_cached, free_cached: they change nothing when they decline) and otherwise take
+// lock (allocate_cached, free_cached: when they decline they change nothing but merge the shard's
+// seam, which the exclusive mode would merge anyway) and otherwise take
 // the exclusive mode (every shard's lock), as every other public function does (but state(),
 // whose config and device do not change after construction). Every private member function but
 // those of the fast path runs in the exclusive mode.

@@ -150,7 +150,7 @@ std::vector<const Block*> checked_seams(const detail::Shards& shards) {
     const auto merges = detail::AllocatorState::merges_with;
     if (upper == nullptr || lower->state != BlockState::free || upper->state != BlockState::free ||
         lower->size != upper->size || !lower->mapped || !upper->mapped || lower->held || upper->held ||
-        lower->segment->epoch != nullptr || merges(lower->prev, lower) || merges(upper->next, upper))
+        merges(lower->prev, lower) || merges(upper->next, upper))
       fail("the seam at " + hex(lower->addr) + " is not two free twins apart from other free blocks");
     if (lower->segment->owner->shard != &shards[i]) fail("the seam at " + hex(lower->addr) + " is another shard's");
     seams.push_back(lower);

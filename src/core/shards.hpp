@@ -28,13 +28,13 @@
 // runs alone (about 190 instructions; docs/benchmarks.md, "Threads"). So a fast-path free whose
 // block has a free neighbour of its size that another thread freed (or whose block came from a
 // seam) leaves the two apart in the free index and records them as its shard's seam (at most one
-// a shard). The shard's next fast-path allocation takes the lower twin whole if it asks for that
-// size on that stream, else merges the two first (close_seam()), as does its next fast-path free
-// in a segment that records no epoch (a neighbour of the free block may be a twin); the exclusive
-// mode merges every seam when it begins, so everything outside the fast path sees coalesced
-// blocks. Invariants: `seam`
-// and its next block are free, of equal size, mapped and not held, both in their segment's free
-// index, in a segment that records no epoch, and neither block beside the pair merges with it.
+// a shard; never the free that empties a vmm heap, which ends its epoch). The shard's next
+// fast-path allocation takes the lower twin whole if it asks for that size on that stream, else
+// merges the two first (close_seam()), as does its next fast-path free; the exclusive mode merges
+// every seam when it begins, so everything outside the fast path (growth, reclaim, epoch ends,
+// plans, views) sees coalesced blocks. Invariants: `seam` and its next block are free, of equal
+// size, mapped and not held, both in their segment's free index, and neither block beside the
+// pair merges with it.
 #pragma once
 
 #include <array>
