@@ -314,20 +314,26 @@ TP_ALWAYS_INLINE bool Allocator::Impl::free_cached(detail::Shard& shard, Address
   return true;
 }
 
+// b's user is done with it and no stream event is outstanding: counted, free, and released in its
+// heap's epoch record. Whether that left the heap with nothing allocated.
+TP_ALWAYS_INLINE bool Allocator::Impl::mark_free(Block* b) {
+  Segment* seg = b->segment;
+  count_free_completed(b);
+  b->state = BlockState::free;
+  b->requested = 0;
+  return TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->on_release(b, seg->addr);
+}
+
 // The fast path's release_block() (the free that empties a heap takes release_block() itself, for
 // the epoch's end): b merges with its free neighbours, or is kept apart from a free twin as the
 // shard's new seam where keeps_apart() says so (shards.hpp; free_cached() merged the old one).
 TP_ALWAYS_INLINE void Allocator::Impl::release_cached(detail::Shard& shard, Block* b) {
   Segment* seg = b->segment;
-  detail::EpochLog* log = seg->epoch;
-  if (TP_UNLIKELY(log != nullptr) && log->one_live()) {  // the free ends the heap's epoch
+  if (TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->one_live()) {  // the free ends the heap's epoch
     release_block(b);
     return;
   }
-  count_free_completed(b);
-  b->state = BlockState::free;
-  b->requested = 0;
-  if (TP_UNLIKELY(log != nullptr)) log->on_release(b, seg->addr);  // not the last: false
+  mark_free(b);  // not the heap's last block: its epoch goes on
   const bool below = merges_with(b->prev, b);
   const bool above = merges_with(b->next, b);
   if (TP_UNLIKELY(below != above) && keeps_apart(b, below ? b->prev : b->next)) {
@@ -485,10 +491,7 @@ std::size_t Allocator::Impl::least_kept_output() const noexcept {
 // b's user is done with it and no stream event is outstanding: make it reusable.
 void Allocator::Impl::release_block(Block* b) {
   Segment* seg = b->segment;
-  count_free_completed(b);
-  b->state = BlockState::free;
-  b->requested = 0;
-  const bool heap_emptied = TP_UNLIKELY(seg->epoch != nullptr) && seg->epoch->on_release(b, seg->addr);
+  const bool heap_emptied = mark_free(b);
   b = coalesce(b);
   b->freed_by = this_thread();
   // A vmm heap with nothing allocated any more: it may hold its pages and plan the next epoch

@@ -94,6 +94,7 @@ class Allocator::Impl : private detail::AllocatorState {
   Block* take_from_seam(StreamState& ss, Pool pool, std::size_t size, std::size_t bytes);
   bool free_cached(detail::Shard& shard, Address addr);
   void release_cached(detail::Shard& shard, Block* b);
+  bool mark_free(Block* b);
   static bool keeps_apart(const Block* b, const Block* twin) noexcept;
   bool epoch_ends_in_heap(detail::EpochLog& log, const Block* b) const;
   void* allocate_exclusive(std::size_t bytes, Stream stream);

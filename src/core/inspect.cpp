@@ -134,7 +134,7 @@ void Allocator::Impl::throw_bad_pointer(Address addr, const char* operation) con
 // --- check_invariants -----------------------------------------------------------------------
 
 void Allocator::Impl::check_invariants() const {
-  const detail::Shards::Inspection as_left(shards);  // seams included (lock() would merge them)
+  const detail::Shards::View view(shards, detail::Shards::Seams::as_left);
   check_invariants_locked();
 }
 

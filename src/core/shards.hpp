@@ -139,25 +139,20 @@ class Shards {
   void unlock_unchanged() noexcept {
     for (std::size_t i = locked_; i-- > 0;) shards_[i].lock.unlock();
   }
+  /// What a view does with the seams as it enters: merge them (lock(), what every view but one
+  /// wants), or leave them as the fast paths left them (check_invariants(), which checks them
+  /// and settles before it reads the peaks).
+  enum class Seams { merged, as_left };
   /// The exclusive mode for such a view, as a scope.
   class View {
    public:
-    explicit View(Shards& shards) noexcept : shards_(shards) { shards_.lock(); }
+    explicit View(Shards& shards, Seams seams = Seams::merged) noexcept : shards_(shards) {
+      if (seams == Seams::merged) shards_.lock();
+      else shards_.lock_as_is();
+    }
     ~View() { shards_.unlock_unchanged(); }
     View(const View&) = delete;
     View& operator=(const View&) = delete;
-
-   private:
-    Shards& shards_;
-  };
-  /// The exclusive mode with the seams as the fast paths left them, as a scope: for
-  /// check_invariants(), which checks them (it settles before it reads the peaks).
-  class Inspection {
-   public:
-    explicit Inspection(Shards& shards) noexcept : shards_(shards) { shards_.lock_as_is(); }
-    ~Inspection() { shards_.unlock_unchanged(); }
-    Inspection(const Inspection&) = delete;
-    Inspection& operator=(const Inspection&) = delete;
 
    private:
     Shards& shards_;

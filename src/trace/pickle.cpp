@@ -764,10 +764,7 @@ Value Value::child(std::uint32_t node, std::uint32_t position) const noexcept {
 }
 
 Value Value::operator[](std::size_t index) const {
-  expect_container(Kind::list, Kind::tuple);
-  if (index >= count()) fail(fmt::format("index {} out of range (size {})", index, count()));
-  const Node& n = node_of(data_, node_);
-  return child(data_->children[n.payload + index], static_cast<std::uint32_t>(index));
+  return child(element_id(index), static_cast<std::uint32_t>(index));
 }
 
 std::uint32_t Value::element_id(std::size_t index) const {
