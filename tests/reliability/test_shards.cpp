@@ -63,25 +63,39 @@ void check_peaks(const Allocator& a, const Expected& e) {
   }
 }
 
-// Two threads, each on its own stream, take turns (one operation each, strictly alternating), so
-// the program's history is one known sequence and its peaks are known exactly; both threads run
-// their own shard's fast path most of the time.
-void alternate(const char* mode) {
+// How two threads take turns (take_turns()).
+struct Turns {
+  enum class Streams { own, one };
+  Streams streams;
+  int steps;
+  std::uint64_t seed;
+  bool (*grows)(int me, std::size_t held, std::mt19937_64& rng);  // else it frees a block it holds
+  std::size_t (*bytes)(std::mt19937_64& rng);
+  bool reset_peaks_halfway = false;
+  int check_every = 0;  // turns between invariant checks (0: only at the end)
+};
+
+// Two threads take turns (one operation each, strictly alternating), so the program's history is
+// one known sequence and its peaks are known exactly; each runs its shard's fast path most of the
+// time. On streams of their own, each has its own shard; on one stream they share it, and their
+// blocks are often freed beside a free twin the other freed (seams, shards.hpp), whose invariants
+// check_invariants() checks as the fast paths left them.
+void take_turns(const char* mode, const Turns& turns) {
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 64 * GiB});
   Allocator alloc(device, settings(mode));
-  const std::array<Stream, 2> streams = {device->create_stream(), device->create_stream()};
+  const std::array<Stream, 2> streams = turns.streams == Turns::Streams::own
+                                            ? std::array<Stream, 2>{device->create_stream(), device->create_stream()}
+                                            : std::array<Stream, 2>{kDefaultStream, kDefaultStream};
   Expected expected;
   std::atomic<int> turn{0};
   std::atomic<std::uint64_t> allocations{0};
-  constexpr int kSteps = 3000;
   auto run = [&](int me) {
-    std::mt19937_64 rng(41 + static_cast<std::uint64_t>(me));
+    std::mt19937_64 rng(turns.seed + static_cast<std::uint64_t>(me));
     std::vector<Held> mine;
-    for (int step = me; step < kSteps; step += 2) {
+    for (int step = me; step < turns.steps; step += 2) {
       while (turn.load(std::memory_order_acquire) != step) std::this_thread::yield();
-      const bool grow = mine.empty() || rng() % 100 < (me == 0 ? 55 : 45);
-      if (grow) {
-        const std::size_t bytes = 1 + rng() % (rng() % 4 == 0 ? 8 * MiB : 64 * KiB);
+      if (turns.grows(me, mine.size(), rng)) {
+        const std::size_t bytes = turns.bytes(rng);
         mine.push_back({alloc.allocate(bytes, streams[static_cast<std::size_t>(me)]), bytes});
         ++allocations;
         expected.change(pool_of(alloc, bytes), static_cast<std::int64_t>(bytes), 1);
@@ -92,19 +106,20 @@ void alternate(const char* mode) {
         mine[i] = mine.back();
         mine.pop_back();
       }
-      if (step == kSteps / 2) {  // peaks start again from the current values
+      if (turns.reset_peaks_halfway && step == turns.steps / 2) {  // peaks start again from the current values
         alloc.reset_peaks();
         expected.requested_peak = expected.requested;
         expected.allocations_peak = expected.allocations;
       }
+      if (turns.check_every != 0 && step % turns.check_every == 0) alloc.check_invariants();
       turn.store(step + 1, std::memory_order_release);
     }
-    while (turn.load(std::memory_order_acquire) != kSteps + me) std::this_thread::yield();
+    while (turn.load(std::memory_order_acquire) != turns.steps + me) std::this_thread::yield();
     for (const Held& h : mine) {
       alloc.deallocate(h.ptr);
       expected.change(pool_of(alloc, h.bytes), -static_cast<std::int64_t>(h.bytes), -1);
     }
-    turn.store(kSteps + me + 1, std::memory_order_release);
+    turn.store(turns.steps + me + 1, std::memory_order_release);
   };
   std::thread a(run, 0);
   std::thread b(run, 1);
@@ -114,6 +129,35 @@ void alternate(const char* mode) {
   check_peaks(alloc, expected);
   CHECK(alloc.stats().alloc_calls == allocations.load());
   CHECK(alloc.stats().free_calls == allocations.load());
+}
+
+// Each on a stream of its own: blocks of any size up to 8 MiB, peaks reset halfway.
+void alternate(const char* mode) {
+  take_turns(mode, {.streams = Turns::Streams::own,
+                    .steps = 3000,
+                    .seed = 41,
+                    .grows = [](int me, std::size_t held, std::mt19937_64& rng) {
+                      return held == 0 || rng() % 100 < (me == 0 ? 55u : 45u);
+                    },
+                    .bytes = [](std::mt19937_64& rng) -> std::size_t {
+                      return 1 + rng() % (rng() % 4 == 0 ? 8 * MiB : 64 * KiB);
+                    },
+                    .reset_peaks_halfway = true});
+}
+
+// On one stream: blocks of three sizes (twins are common), invariants every 16 turns.
+void alternate_on_one_stream(const char* mode) {
+  take_turns(mode, {.streams = Turns::Streams::one,
+                    .steps = 4000,
+                    .seed = 7,
+                    .grows = [](int, std::size_t held, std::mt19937_64& rng) {
+                      return held == 0 || (held < 6 && rng() % 2 == 0);
+                    },
+                    .bytes = [](std::mt19937_64& rng) -> std::size_t {
+                      constexpr std::array<std::size_t, 3> kSizes = {MiB, 2 * MiB, 64 * MiB};
+                      return kSizes[rng() % kSizes.size()];
+                    },
+                    .check_every = 16});
 }
 
 // A thread that runs what it is given, one job at a time, while the caller waits: a test can
@@ -155,55 +199,6 @@ class Worker {
   bool pending_ = false;
   std::thread thread_;  // last: started once the members it uses exist
 };
-
-// Two threads on one stream, taking turns (strictly alternating), with blocks of a few sizes, so
-// that one thread's block is often freed beside a free twin the other freed (seams, shards.hpp).
-// Every few turns the invariants are checked as the fast paths left them (seams included); the
-// statistics are exact at the end.
-void alternate_on_one_stream(const char* mode) {
-  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 64 * GiB});
-  Allocator alloc(device, settings(mode));
-  Expected expected;
-  std::atomic<int> turn{0};
-  std::atomic<std::uint64_t> allocations{0};
-  constexpr int kSteps = 4000;
-  constexpr std::array<std::size_t, 3> kSizes = {MiB, 2 * MiB, 64 * MiB};
-  auto run = [&](int me) {
-    std::mt19937_64 rng(7 + static_cast<std::uint64_t>(me));
-    std::vector<Held> mine;
-    for (int step = me; step < kSteps; step += 2) {
-      while (turn.load(std::memory_order_acquire) != step) std::this_thread::yield();
-      if (mine.empty() || (mine.size() < 6 && rng() % 2 == 0)) {
-        const std::size_t bytes = kSizes[rng() % kSizes.size()];
-        mine.push_back({alloc.allocate(bytes), bytes});
-        ++allocations;
-        expected.change(pool_of(alloc, bytes), static_cast<std::int64_t>(bytes), 1);
-      } else {
-        const std::size_t i = rng() % mine.size();
-        alloc.deallocate(mine[i].ptr);
-        expected.change(pool_of(alloc, mine[i].bytes), -static_cast<std::int64_t>(mine[i].bytes), -1);
-        mine[i] = mine.back();
-        mine.pop_back();
-      }
-      if (step % 16 == 0) alloc.check_invariants();
-      turn.store(step + 1, std::memory_order_release);
-    }
-    while (turn.load(std::memory_order_acquire) != kSteps + me) std::this_thread::yield();
-    for (const Held& h : mine) {
-      alloc.deallocate(h.ptr);
-      expected.change(pool_of(alloc, h.bytes), -static_cast<std::int64_t>(h.bytes), -1);
-    }
-    turn.store(kSteps + me + 1, std::memory_order_release);
-  };
-  std::thread a(run, 0);
-  std::thread b(run, 1);
-  a.join();
-  b.join();
-  alloc.check_invariants();
-  check_peaks(alloc, expected);
-  CHECK(alloc.stats().alloc_calls == allocations.load());
-  CHECK(alloc.stats().free_calls == allocations.load());
-}
 
 }  // namespace
 
