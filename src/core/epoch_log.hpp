@@ -93,6 +93,10 @@ struct EpochLog {
     return --live == 0;
   }
 
+  /// The epoch ran from an empty heap to an empty heap with no step boundary inside it: the
+  /// whole of what the program did with the heap, which a plan of it lays out.
+  bool empty_to_empty() const noexcept { return !at_step && boundaries == 0; }
+
   /// A new epoch begins (the heap is empty).
   void restart() {
     entries.clear();

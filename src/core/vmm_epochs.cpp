@@ -24,9 +24,9 @@
 // (map_planned()); pages that lie elsewhere (remapped under pressure) are mapped back there once
 // the stream's work on them is done (an event, never a wait: map_plan(), at once or at the next
 // epoch's first request; PlanCursor `laying_out` meanwhile). Once an epoch repeats its plan (or
-// two plans take turns), the chunks above the plans' heights are released, behind an event too
-// (give_back_above_plan()). A
-// request the plan did not foresee departs from it for the rest of the epoch (the held pages
+// two plans take turns), or the next epoch follows the plan of one that ran from an empty heap to
+// an empty heap, the chunks above the plans' heights are released, behind an event too
+// (give_back_above_plan()). A request the plan did not foresee departs from it for the rest of the epoch (the held pages
 // serve it), and that epoch is planned afresh. A program that repeats its steps from an empty
 // heap so runs them at the height its plan reaches, with no device call (docs/vmm.md,
 // "Planned layouts").
@@ -190,12 +190,17 @@ void VmmHeaps::release_never_used(Heap& heap) {
 }
 
 // The end of an epoch that does not simply repeat its plan in place: the next epoch's plan, and
-// the give-back of the pages above a plan that is followed again.
+// the give-back of the pages above a plan that is followed again, or followed for the first time
+// after the whole run it lays out.
 void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
   // The plan this epoch followed to the end, if it did: when the next epoch follows it again, or
   // follows the plan the epoch before this one followed (two plans in turn: a step whose base
   // takes turns between two layouts), what lies above their heights can go
-  // (give_back_above_plan()).
+  // (give_back_above_plan()). An epoch that followed no plan but ran from an empty heap to an
+  // empty heap, over no step boundary, is all the program did with the heap: the next epoch that
+  // follows its plan is a repeat, and what lies above that plan can go too, once the work this
+  // epoch queued there is done (a new event). The remainder of a run after a step boundary is
+  // not: its plan lays out only its own blocks.
   std::shared_ptr<const EpochPlan> followed;
   if (heap.cursor.matched(heap.epoch.allocations())) followed = heap.cursor.plan();
   if (repeats_in_place(heap)) {
@@ -204,22 +209,27 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
     plan_next_epoch(heap, next_base);
   }
   const EpochPlan* next = heap.cursor.plan().get();
-  const bool in_turn = followed != nullptr && heap.cursor.state() == PlanState::following &&
+  const bool follows = heap.cursor.state() == PlanState::following && next != nullptr;
+  const bool in_turn = follows && followed != nullptr &&
                        (next == followed.get() || next == heap.followed_before.get());
+  const bool repeats_whole_run = follows && followed == nullptr && heap.epoch.empty_to_empty();
   if (in_turn) {
     give_back_above_plan(heap, std::max(followed->height, next->height));
+  } else if (repeats_whole_run) {
+    drop_event(heap.give_back_event);  // recorded before this epoch, which may have used those pages
+    give_back_above_plan(heap, next->height);
   } else {
     drop_event(heap.give_back_event);
   }
   heap.followed_before = std::move(followed);
 }
 
-// Once an epoch has repeated its plan (the next one follows it again), the chunks that lie
-// entirely above the plan's height are never touched while the plan is followed: they are
-// unmapped and released once the work the stream queued on them is done (an event recorded at
-// the first such epoch end, queried at each; never a wait), so that a repeated step holds the
-// plan's height and not what its first, unplanned run mapped. An epoch that departs drops the
-// event: the pages may have been used again.
+// Once the next epoch follows a plan again, or follows the plan of a whole run
+// (choose_next_plan()), the chunks that lie entirely above the plan's height are never touched
+// while the plan is followed: they are unmapped and released once the work the stream queued on
+// them is done (an event recorded at the first such epoch end, queried at each; never a wait), so
+// that a repeated step holds the plan's height and not what its first, unplanned run mapped. An
+// epoch that departs drops the event: the pages may have been used again.
 void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
   if (heap.mapped_end <= heap.segment->addr + height || heap.keeps_pages) {
     drop_event(heap.give_back_event);

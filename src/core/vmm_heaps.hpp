@@ -146,7 +146,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
   PlanMailbox mailbox;                 // with the planner thread (vmm_planner:background)
   DeviceEvent layout_event = 0;        // while laying_out: after the stream's work on the pages
-  DeviceEvent give_back_event = 0;     // while chunks above a repeated plan's height wait to be
+  DeviceEvent give_back_event = 0;     // while chunks above a followed plan's height wait to be
                                        // released: after the stream's work on them
   bool gave_back = false;              // give_back_above_plan() released chunks, and the heap has
                                        // mapped none since
