@@ -51,13 +51,15 @@
 //                                  the device's capacity (or of memory_limit, if lower) in whole
 //                                  pages, twice that past the request's block; 0 = no floor
 //                                  (chunks down to one page)
-//   vmm_plan_max_blocks  65536     vmm: when a heap has nothing allocated any more, the epoch it
+//   vmm_plan_max_blocks  131072    vmm: when a heap has nothing allocated any more, the epoch it
 //                                  just ended (up to N allocations) is planned offline and, if it
 //                                  runs again, served at the planned offsets with no device call;
 //                                  0 = never (docs/vmm.md, "Planned layouts"). What planning one
 //                                  epoch costs is bounded apart from N (layout_plan.hpp); N bounds
 //                                  the host memory reserved per heap for its records (128 bytes an
-//                                  allocation: 8 MiB at 65536, touched only as far as epochs reach)
+//                                  allocation: 16 MiB at 131072, touched only as far as epochs
+//                                  reach, but for the background planner's two spare records of
+//                                  40 bytes an allocation, written whole: 10 MiB)
 //   vmm_planner          background  vmm: who plans an epoch: a thread of the allocator's own,
 //                                  off the caller's path (the plan is followed from one of the
 //                                  heap's next epochs), or `synchronous`: the free that ends the
@@ -120,7 +122,7 @@ struct Config {
   std::size_t vmm_idle_divisor = 32;
   std::size_t vmm_chunk_divisor = 16;  // N: chunks of request/N (see above); 0: of vmm_max_chunk
   std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N
-  std::size_t vmm_plan_max_blocks = 65536;     // epochs of at most N allocations get a planned layout
+  std::size_t vmm_plan_max_blocks = 131072;    // epochs of at most N allocations get a planned layout
   PlannerMode vmm_planner = PlannerMode::background;
   bool vmm_find_steps = false;  // without Allocator::step() calls, step boundaries found from the requests
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core

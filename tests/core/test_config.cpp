@@ -48,7 +48,7 @@ TEST_CASE("Config::parse sets every key", "[config]") {
   REQUIRE(Config().vmm_chunk_floor_divisor == 2048);
   REQUIRE(Config::parse("vmm_chunk_floor_divisor:0").vmm_chunk_floor_divisor == 0);
   REQUIRE(Config::parse("vmm_chunk_floor_divisor:512").vmm_chunk_floor_divisor == 512);
-  REQUIRE(Config().vmm_plan_max_blocks == 65536);
+  REQUIRE(Config().vmm_plan_max_blocks == 131072);
   REQUIRE(Config::parse("vmm_plan_max_blocks:0").vmm_plan_max_blocks == 0);
   REQUIRE_THROWS_WITH(Config::parse("vmm_plan_max_blocks:-1"), Contains("vmm_plan_max_blocks"));
   REQUIRE_THROWS_WITH(Config::parse("vmm_plan_max_blocks:99999999"), Contains("vmm_plan_max_blocks"));
