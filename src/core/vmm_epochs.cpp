@@ -26,10 +26,10 @@
 // epoch's first request; PlanCursor `laying_out` meanwhile). Once an epoch repeats its plan (or
 // two plans take turns), or the next epoch follows the plan of one that ran from an empty heap to
 // an empty heap, the chunks above the plans' heights are released, behind an event too
-// (give_back_above_plan()). A request the plan did not foresee departs from it for the rest of the epoch (the held pages
-// serve it), and that epoch is planned afresh. A program that repeats its steps from an empty
-// heap so runs them at the height its plan reaches, with no device call (docs/vmm.md,
-// "Planned layouts").
+// (give_back_above_plan()). A request the plan did not foresee departs from it for the rest of
+// the epoch (the held pages serve it), and that epoch is planned afresh. A program that repeats
+// its steps from an empty heap so runs them at the height its plan reaches, with no device call
+// (docs/vmm.md, "Planned layouts").
 #include <algorithm>
 #include <exception>
 #include <memory>

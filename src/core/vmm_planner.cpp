@@ -2,6 +2,7 @@
 // makes them off the caller's path.
 #include "core/vmm_planner.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -163,7 +164,8 @@ void EpochPlanner::run() {
         plan = std::shared_ptr<const EpochPlan>(made.release(), [graveyard = graveyard_](EpochPlan* p) { graveyard->bury(p); });
     }
     job.record.clear();
-    if (job.pages == Pages::fresh) reserve_resident(job.record, job.record.capacity());  // the fast path appends to it
+    if (job.pages == Pages::fresh)  // the fast path appends to it
+      reserve_resident(job.record, std::min(job.record.capacity(), kResidentBlocks));
     lock.lock();
     if (plan) job.mailbox->finished.push_back(FinishedPlan{job.key, job.signature, std::move(plan)});
     job.mailbox->buffers.push_back(std::move(job.record));

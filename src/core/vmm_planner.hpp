@@ -107,6 +107,12 @@ class EpochPlanner {
   /// The plans finished for `mailbox` since the last call, in order; none when the thread holds
   /// the mutex (they are collected next time): the caller never waits.
   std::vector<FinishedPlan> try_collect(PlanMailbox& mailbox);
+  /// The places of a spare buffer the thread writes before a heap gets it (the fast path then
+  /// takes no page fault filling them): 2.5 MiB, whatever vmm_plan_max_blocks. An epoch longer
+  /// than that faults in the rest of a buffer once, the first time it reaches there (1-3 us a
+  /// page of about 100 places); writing all of a large capacity would hold the heap's first plans
+  /// back on a busy host, where the thread (SCHED_IDLE) gets little time.
+  static constexpr std::size_t kResidentBlocks = 65536;
   /// How many spare buffers `mailbox` holds now (tests: the thread puts them there).
   std::size_t spare_buffers(const PlanMailbox& mailbox);
   /// Stops the thread (after the job it is planning); the jobs still queued are dropped, and the
@@ -123,8 +129,8 @@ class EpochPlanner {
     deliver_spare,  // only leave the (empty) buffer in the mailbox
   };
   enum class Pages : std::uint8_t {
-    written,  // every page of the buffer's capacity has been written
-    fresh,    // some may never have been: the thread writes them all before the buffer goes back
+    written,  // the pages of the buffer's first kResidentBlocks places have been written
+    fresh,    // some may never have been: the thread writes them before the buffer goes back
   };
   struct Job {
     PlanMailbox* mailbox;

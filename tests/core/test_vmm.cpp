@@ -758,8 +758,8 @@ TEST_CASE("vmm: a step that follows no plan is served as it would be without ste
 
 TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from its second time, a run cut by steps keeps its pages",
           "[vmm][plan][step]") {
-  // A run: weights, then three steps of activations (the third layer's place taken by a block
-  // that outlives the second, so the run's online layout is higher than its plan), then the
+  // A run: weights, then three steps of activations (c, larger than a, cannot take a's place
+  // while b lies above it, so the run's online layout is higher than its plan), then the
   // weights freed: the heap empties. Run once without step(): the second run follows the plan of
   // the first, and the pages above that plan go at the first run's end. With step() after every
   // step, the epoch that ends where the heap empties is the remainder of the run after its last

@@ -134,6 +134,17 @@ TEST_CASE("vmm planner: the spare record buffers are in memory before the fast p
   REQUIRE(kept[2].size == 512);
   REQUIRE(kept.capacity() >= kEntries);
   REQUIRE(pages_not_resident(kept.data(), kEntries * sizeof(detail::RecordedBlock)) == 0);
+  // A capacity past kResidentBlocks: the thread writes the first kResidentBlocks places only, so
+  // that a large vmm_plan_max_blocks does not hold the first plans back.
+  constexpr std::size_t kLarge = 4 * detail::EpochPlanner::kResidentBlocks;
+  detail::PlanMailbox large;
+  planner.prepare(large, 1, kLarge);
+  wait_until([&] { return planner.spare_buffers(large) == 1; });
+  const auto& b = large.buffers.front();
+  REQUIRE(b.capacity() >= kLarge);
+  constexpr std::size_t kWritten = detail::EpochPlanner::kResidentBlocks * sizeof(detail::RecordedBlock);
+  REQUIRE(pages_not_resident(b.data(), kWritten) == 0);
+  REQUIRE(pages_not_resident(b.data() + 2 * detail::EpochPlanner::kResidentBlocks, kWritten) > 0);
 #else
   TP_SKIP("mincore() is Linux's");
 #endif
