@@ -792,7 +792,7 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
     f.alloc.reset_peaks();
     run(f, false);
     REQUIRE(same_calls(f.device->counters(), settled));
-    REQUIRE(peak_reserved() == std::int64_t{planned});
+    REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
     f.expect_all_given_back();
   }
   SECTION("cut by step boundaries") {
