@@ -209,7 +209,7 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
     plan_next_epoch(heap, next_base);
   }
   const EpochPlan* next = heap.cursor.plan().get();
-  const bool follows = heap.cursor.state() == PlanState::following && next != nullptr;
+  const bool follows = heap.cursor.state() == PlanState::following;  // with a plan: next
   const bool in_turn = follows && followed != nullptr &&
                        (next == followed.get() || next == heap.followed_before.get());
   const bool repeats_whole_run = follows && followed == nullptr && heap.epoch.empty_to_empty();
