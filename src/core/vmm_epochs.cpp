@@ -484,8 +484,10 @@ void VmmHeaps::collect_plans(Heap& heap) {
 // height is covered. No memory is created for a plan. The pages move only once the work the
 // heap's stream queued on them is done: an event is recorded (never a wait here); the layout is
 // made at once if the event has completed, else at the next epoch's first request if it has by
-// then (finish_layout()), else the plan is dropped for that epoch.
+// then (finish_layout()), else the plan is dropped for that epoch. A heap whose pages
+// empty_cache() cycles gets its plan's pages in fresh, larger chunks instead (rechunks()).
 Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
+  if (rechunks(heap, height)) return lay_out(heap, height, Chunks::fresh) ? Layout::ready : Layout::impossible;
   // Holes below the height and no chunk above it (empty_cache() or a reclaim unmapped pages in
   // place): the epoch maps the holes as its steps reach them (map_planned()), nothing moves.
   if (heap.mapped_prefix >= height || heap.mapped_end <= heap.segment->addr + height) return Layout::ready;
@@ -517,20 +519,60 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
 
 // map_plan() once the stream's work on the heap's pages is done: unmap everything (the heap is
 // empty: every chunk lies under a free block), so the heap is one unmapped hole as when it was
-// made, and map it again from its start.
-bool VmmHeaps::lay_out(Heap& heap, std::size_t height) {
+// made, and map it again from its start: with the chunks it had and the cached ones, or, for
+// Chunks::fresh, with new chunks of a planned growth's size once those are released.
+bool VmmHeaps::lay_out(Heap& heap, std::size_t height, Chunks chunks) {
   try {
     release_held(heap);
     reclaim_heap(heap, 0, StreamWork::done);
+    if (chunks == Chunks::fresh) release_chunks(cached_.take_all(heap.pool()));
     Block* hole = heap.segment->first;
     if (hole->mapped || hole->state != BlockState::free) return false;
-    const Mapped mapped = map_into(heap, {.hole = hole, .bytes = height, .need = height});
+    Placement where{.hole = hole, .bytes = height, .need = height};
+    if (chunks == Chunks::fresh) {
+      where.request = height;
+      where.growth = Growth::plan;
+    }
+    const Mapped mapped = map_into(heap, where);
     if (mapped.block == nullptr) return false;
     heap.index().remove(mapped.block);
     heap.held.hold(mapped.block, heap.blocks());
     return mapped.complete;
   } catch (const DeviceError& e) {  // the heap stays consistent, partly mapped; no plan then
     log().warn("vmm: laying out the pages of a planned heap failed: {}", e.what());
+    return false;
+  }
+}
+
+// Whether map_plan() lays the plan's pages out afresh, in chunks of planned_chunk_size(): when
+// empty_cache() released pages of the heap in the epoch that ends (cycles_pages: a program that
+// empties its cache in its steps does again), every chunk under free pages costs four calls per
+// step (unmap and release there, create and map when the step needs the pages again), and the
+// heap has more chunks than those would make (those an unplanned growth made, sized for the
+// requests and for the fit, vmm_pages.cpp). Costs two calls per chunk now and two per new one,
+// and no new memory: only when the heap and the cache hold the plan's height, and never a wait
+// (the stream's work on the pages is done already: stream_work_done()).
+bool VmmHeaps::rechunks(const Heap& heap, std::size_t height) {
+  if (!heap.cycles_pages || heap.epoch.live != 0 || st_.capture_underway()) return false;
+  if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return false;
+  const std::size_t planned = planned_chunk_size(height);
+  return heap.chunks.size() > (height + planned - 1) / planned && stream_work_done(heap);
+}
+
+// Whether the work queued on the heap's stream so far has completed (an event recorded now, and
+// queried: never a wait). False if the device refuses the event.
+bool VmmHeaps::stream_work_done(const Heap& heap) {
+  DeviceEvent e = 0;
+  try {
+    e = st_.device->create_event();
+    st_.device->record_event(e, heap.stream());
+    st_.counters.count(&Stats::events_recorded);
+    const bool done = st_.device->query_event(e);
+    st_.device->destroy_event(std::exchange(e, 0));
+    return done;
+  } catch (const DeviceError& err) {
+    if (e != 0) drop_event(e);
+    log().warn("vmm: an event to lay out a planned heap afresh failed: {}", err.what());
     return false;
   }
 }

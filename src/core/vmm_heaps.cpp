@@ -12,6 +12,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/logging.hpp"
 #include "core/util.hpp"
@@ -110,8 +111,14 @@ std::size_t VmmHeaps::release(ReleaseGoal goal) {
   release_held(Pool::small, Spare::none);
   release_held(Pool::large, Spare::none);
   const std::size_t keep = goal == ReleaseGoal::empty_cache ? st_.config.vmm_reserve : 0;
+  std::vector<std::size_t> held_before;
+  for (const auto& [base, heap] : heaps_) held_before.push_back(heap.chunk_bytes);
   const Reclaimed small = reclaim_free_chunks(Pool::small, keep, Spare::none);
   reclaim_free_chunks(Pool::large, small.keep_left, Spare::none);
+  if (goal == ReleaseGoal::empty_cache) {  // the program empties its cache: it will again
+    auto before = held_before.begin();
+    for (auto& [base, heap] : heaps_) heap.cycles_pages = heap.cycles_pages || heap.chunk_bytes < *before++;
+  }
   return release_cached_chunks();
 }
 

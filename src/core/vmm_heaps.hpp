@@ -64,6 +64,8 @@ class ChunkCache {
   std::size_t bytes(Pool pool) const noexcept;
   /// Removes and returns every chunk (to be released).
   std::vector<Chunk> take_all() noexcept { return std::exchange(chunks_, {}); }
+  /// Takes every cached chunk of `pool`.
+  std::vector<Chunk> take_all(Pool pool);
   const std::vector<Chunk>& chunks() const noexcept { return chunks_; }
 
  private:
@@ -152,6 +154,9 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
                                        // mapped none since
   bool keeps_pages = false;            // a growth mapped pages again after a give-back: chunks
                                        // above a plan stay mapped (until empty_cache())
+  bool cycles_pages = false;           // empty_cache() released chunks of the heap in the current
+                                       // epoch: its pages go to the device and back every step
+                                       // (map_plan() lays a plan out in fewer chunks)
   /// The plan the last epoch followed to its end (null: it did not), kept alive for the
   /// comparison: plans followed in turn give back what lies above both (choose_next_plan()).
   std::shared_ptr<const EpochPlan> followed_before;
@@ -176,6 +181,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   /// A new epoch begins: an empty record, and the mapped end it began with (release_never_used()).
   void begin_epoch() {
     epoch.restart();
+    cycles_pages = false;
     epoch_mapped_end = mapped_end;
   }
   /// The heap is empty after an epoch of one block that repeats: the next ones go unrecorded.
@@ -236,6 +242,12 @@ enum class IdlePages : std::uint8_t {
   keep,   // idle memory within the limit, or the heap follows a plan: they stay where they are
   remap,  // unmapped (after synchronizing the stream) to serve the growth
   cycle,  // they cycle with the heap's steps: they stay, and the growth creates what it lacks
+};
+
+/// Whose chunks lay_out() maps a plan's pages with.
+enum class Chunks : std::uint8_t {
+  reuse,  // the heap's own and the cached ones: no memory created
+  fresh,  // new ones, as large as a planned growth makes (the heap's and the cached ones released)
 };
 
 /// What can be done now for a plan's pages (VmmHeaps::map_plan).
@@ -304,6 +316,7 @@ class VmmHeaps final : public SegmentSource {
   IdlePages idle_pages(const Heap& heap, std::size_t size) const;
   Placement place(const Heap& heap, std::size_t size) const;
   std::size_t new_chunk_size(const Placement& where, Address at, Address end) const;
+  std::size_t planned_chunk_size(std::size_t height) const noexcept;
   std::size_t chunk_floor(bool past_block) const noexcept;
   Mapped map_into(Heap& heap, const Placement& where);
   std::optional<Chunk> create_chunk(std::size_t bytes, Pool pool);
@@ -313,6 +326,7 @@ class VmmHeaps final : public SegmentSource {
   Block* unmap_chunk(Heap& heap, Block* free_block, const Chunk& chunk);
   void mark_unmapped(Heap& heap, Block* b);
   std::size_t release_cached_chunks();
+  std::size_t release_chunks(std::vector<Chunk> chunks);
   void release_chunk(const Chunk& c);
 
   // --- epochs: held pages and planned layouts (vmm_epochs.cpp) ---
@@ -383,7 +397,9 @@ class VmmHeaps final : public SegmentSource {
   void hand_to_planner(Heap& heap);
   void collect_plans(Heap& heap);
   Layout map_plan(Heap& heap, std::size_t height);
-  bool lay_out(Heap& heap, std::size_t height);
+  bool lay_out(Heap& heap, std::size_t height, Chunks chunks = Chunks::reuse);
+  bool rechunks(const Heap& heap, std::size_t height);
+  bool stream_work_done(const Heap& heap);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);
   Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;

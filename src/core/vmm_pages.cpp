@@ -57,6 +57,16 @@ std::optional<Chunk> ChunkCache::take_handle(PhysicalHandle handle) {
   return c;
 }
 
+std::vector<Chunk> ChunkCache::take_all(Pool pool) {
+  std::vector<Chunk> taken;
+  std::erase_if(chunks_, [&](const Chunk& c) {
+    if (c.pool != pool) return false;
+    taken.push_back(c);
+    return true;
+  });
+  return taken;
+}
+
 std::size_t ChunkCache::bytes(Pool pool) const noexcept {
   std::size_t bytes = 0;
   for (const Chunk& c : chunks_)
@@ -135,13 +145,9 @@ IdlePages VmmHeaps::idle_pages(const Heap& heap, std::size_t size) const {
 // vmm_max_chunk. The height, not the hole: a hole a step maps after empty_cache() may be a small
 // part of a plan whose weights fill the rest.
 std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address end) const {
+  if (where.growth == Growth::plan) return std::min(end - at, planned_chunk_size(where.request));
   std::size_t limit = std::max(page_, round_up(st_.config.vmm_max_chunk, page_));
   const std::size_t divisor = st_.config.vmm_chunk_divisor;
-  if (where.growth == Growth::plan) {
-    std::size_t pow2 = page_;
-    while (divisor != 0 && pow2 <= where.request / divisor / 2) pow2 *= 2;
-    return std::min(end - at, std::max(limit, pow2));
-  }
   if (divisor == 0) return std::min(end - at, limit);
   const Address last_page = where.block_end / page_ * page_;  // page holding the block's end
   const Address past_block = round_up(where.block_end, page_);
@@ -155,6 +161,15 @@ std::size_t VmmHeaps::new_chunk_size(const Placement& where, Address at, Address
   else if (at < last_page) limit = std::min<std::size_t>(limit, last_page - at);
   else if (at < past_block) limit = std::min<std::size_t>(limit, past_block - at);
   return std::min(end - at, limit);
+}
+
+// The chunks of a growth for a plan `height` bytes high: the largest power of two of pages not
+// above height/vmm_chunk_divisor, raised to vmm_max_chunk.
+std::size_t VmmHeaps::planned_chunk_size(std::size_t height) const noexcept {
+  const std::size_t divisor = st_.config.vmm_chunk_divisor;
+  std::size_t pow2 = page_;
+  while (divisor != 0 && pow2 <= height / divisor / 2) pow2 *= 2;
+  return std::max({page_, round_up(st_.config.vmm_max_chunk, page_), pow2});
 }
 
 // The smallest chunk vmm_chunk_divisor makes: 1/vmm_chunk_floor_divisor of the memory the
@@ -356,9 +371,12 @@ void VmmHeaps::mark_unmapped(Heap& heap, Block* b) {
   heap.unmapped[b->addr] = b;
 }
 
-std::size_t VmmHeaps::release_cached_chunks() {
+std::size_t VmmHeaps::release_cached_chunks() { return release_chunks(cached_.take_all()); }
+
+// Releases `chunks` (unmapped, taken from the cache); on a DeviceError those not released go
+// back to the cache, accounted for.
+std::size_t VmmHeaps::release_chunks(std::vector<Chunk> chunks) {
   std::size_t released = 0;
-  std::vector<Chunk> chunks = cached_.take_all();
   while (!chunks.empty()) {
     try {
       release_chunk(chunks.back());

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -504,6 +505,103 @@ TEST_CASE("vmm: a plan's holes are mapped in chunks of up to 1/16 of the plan's 
     REQUIRE(now.physical_releases - before.physical_releases == 3);
   }
   f.expect_all_given_back();
+}
+
+TEST_CASE("vmm: a heap whose steps empty the cache gets its plan's pages in fresh, larger chunks once its work is done",
+          "[vmm][plan]") {
+  // A run: weights, then three steps that each begin with empty_cache() (the activations' pages
+  // go back to the device) and map 128 MiB of activations again; then the weights go and the heap
+  // empties. Online, vmm_max_chunk:2MiB makes 2 MiB chunks: 96 of them at the run's end for the
+  // plan's 192 MiB. A plan 192 MiB high is mapped in chunks of 8 MiB (the largest power of two
+  // of pages not above 192/16 MiB): 24. Laid out in those at the run's end, each later
+  // empty_cache() unmaps and releases 16 chunks, not 64, and the steps map 16 again.
+  const auto run = [](Fixture& f, bool empty_cache, const std::function<void()>& before_heap_empties = {}) {
+    void* w = f.alloc.allocate(64 * MiB);
+    std::vector<Address> at{addr(w)};
+    for (int step = 0; step < 3; ++step) {
+      if (empty_cache) f.alloc.empty_cache();
+      void* a = f.alloc.allocate(96 * MiB);
+      void* b = f.alloc.allocate(32 * MiB);
+      at.push_back(addr(a));
+      at.push_back(addr(b));
+      f.alloc.deallocate(a);
+      f.alloc.deallocate(b);
+    }
+    if (before_heap_empties) before_heap_empties();
+    f.alloc.deallocate(w);
+    f.alloc.check_invariants();
+    return at;
+  };
+  const auto chunks_held = [](const Fixture& f) {
+    const DeviceCounters c = f.device->counters();
+    return c.physical_creates - c.physical_releases;
+  };
+  constexpr const char* kConf = "mode:vmm,vmm_max_chunk:2MiB";
+  SECTION("the stream's work is done when the heap empties: laid out afresh") {
+    Fixture f(kConf, {.event_mode = EventMode::immediate});
+    run(f, true);
+    REQUIRE(f.reserved() == 192 * MiB);
+    REQUIRE(chunks_held(f) == 24);
+    const std::vector<Address> planned = run(f, true);
+    for (int again = 0; again < 2; ++again) {
+      INFO("run " << again);
+      const DeviceCounters before = f.device->counters();
+      REQUIRE(run(f, true) == planned);
+      const DeviceCounters now = f.device->counters();
+      // Each of the three steps: 16 chunks unmapped and released, 16 created and mapped.
+      REQUIRE(now.physical_releases - before.physical_releases == 3 * 16);
+      REQUIRE(now.unmaps - before.unmaps == 3 * 16);
+      REQUIRE(now.physical_creates - before.physical_creates == 3 * 16);
+      REQUIRE(now.maps - before.maps == 3 * 16);
+      REQUIRE(chunks_held(f) == 24);
+    }
+    f.expect_all_given_back();
+  }
+  SECTION("the stream's work may still run: the chunks stay, never a wait") {
+    Fixture f(kConf);  // events complete only when the test or a synchronization says so
+    std::uint64_t syncs = 0;
+    run(f, true, [&f, &syncs] { syncs = f.device->counters().syncs(); });
+    REQUIRE(chunks_held(f) == 96);
+    REQUIRE(f.device->counters().syncs() == syncs);  // the free that empties the heap
+    f.expect_all_given_back();
+  }
+  // What the device refuses during the move loses nothing: the heap stays consistent, and the
+  // next run's end moves the pages.
+  SECTION("a failed event: the chunks stay") {
+    Fixture f(kConf, {.event_mode = EventMode::immediate});
+    run(f, true, [&f] { f.device->fail_nth(FaultSite::event_create, 1); });
+    REQUIRE(f.device->counters().faults_injected == 1);
+    REQUIRE(chunks_held(f) == 96);
+    REQUIRE(f.reserved() == 192 * MiB);
+    run(f, true);
+    REQUIRE(chunks_held(f) == 24);
+    f.expect_all_given_back();
+  }
+  SECTION("failed creates: the old chunks are released, the plan is not followed") {
+    Fixture f(kConf, {.event_mode = EventMode::immediate});
+    run(f, true, [&f] { f.device->fail_allocations_above(4 * MiB); });
+    REQUIRE(f.device->counters().faults_injected > 0);
+    REQUIRE(chunks_held(f) == 0);
+    REQUIRE(f.reserved() == 0);
+    f.device->fail_allocations_above(0);
+    run(f, true);  // online again, from an empty heap
+    REQUIRE(chunks_held(f) == 24);
+    REQUIRE(f.reserved() == f.device->used_bytes());
+    const std::vector<Address> planned = run(f, true);
+    REQUIRE(run(f, true) == planned);
+    f.expect_all_given_back();
+  }
+  SECTION("no empty_cache() in the run: the chunks stay") {
+    Fixture f(kConf, {.event_mode = EventMode::immediate});
+    run(f, false);
+    const std::uint64_t held = chunks_held(f);
+    REQUIRE(held > 24);
+    const DeviceCounters settled = f.device->counters();
+    run(f, false);
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(chunks_held(f) == held);
+    f.expect_all_given_back();
+  }
 }
 
 TEST_CASE("vmm: the pages an epoch mapped ahead of need and never used go when its heap empties", "[vmm][plan]") {
