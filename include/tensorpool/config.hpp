@@ -48,9 +48,10 @@
 //                                  closer to the device's capacity, for more calls; 0 = off,
 //                                  chunks of vmm_max_chunk (docs/vmm.md)
 //   vmm_chunk_floor_divisor 2048   vmm, with vmm_chunk_divisor: a new chunk is at least 1/N of
-//                                  the device's capacity (or of memory_limit, if lower) in whole
-//                                  pages, twice that past the request's block; 0 = no floor
-//                                  (chunks down to one page)
+//                                  the device's capacity (or of memory_limit, if lower; or of
+//                                  four times what is left of it, once under a quarter is) in
+//                                  whole pages, twice that past the request's block; 0 = no
+//                                  floor (chunks down to one page)
 //   vmm_plan_max_blocks  131072    vmm: when a heap has nothing allocated any more, the epoch it
 //                                  just ended (up to N allocations) is planned offline and, if it
 //                                  runs again, served at the planned offsets with no device call;
@@ -121,7 +122,7 @@ struct Config {
   std::size_t vmm_max_chunk = 128 * 1024 * 1024;
   std::size_t vmm_idle_divisor = 32;
   std::size_t vmm_chunk_divisor = 16;  // N: chunks of request/N (see above); 0: of vmm_max_chunk
-  std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N
+  std::size_t vmm_chunk_floor_divisor = 2048;  // with vmm_chunk_divisor: chunks >= capacity/N (vmm.md)
   std::size_t vmm_plan_max_blocks = 131072;    // epochs of at most N allocations get a planned layout
   PlannerMode vmm_planner = PlannerMode::background;
   bool vmm_find_steps = false;  // without Allocator::step() calls, step boundaries found from the requests

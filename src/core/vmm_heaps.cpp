@@ -78,7 +78,8 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   // (a release and a map again per change of step), so the heap keeps them from here on.
   heap.keeps_pages = heap.keeps_pages || std::exchange(heap.gave_back, false);
   const std::size_t want = round_up(size, page_);
-  const bool pressure = !st_.within_limit(want) || want > st_.device->free_memory();
+  const std::size_t left = room_left();
+  const bool pressure = want > left;
   // Too few held pages: they join the free block before the hole, for place(), and other heaps'
   // may be remapped here; but for the pages of heaps that follow a plan, unless under pressure
   // (they are about to be used where they lie). Too much idle memory is remapped from this heap
@@ -94,7 +95,8 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
     reclaim_heap(heap, 0);
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
-    const Placement where = place(heap, size);
+    Placement where = place(heap, size);
+    where.left = left;
     if (where.hole == nullptr) return nullptr;
     const Mapped mapped = map_into(heap, where);
     if (mapped.complete && mapped.block != nullptr && mapped.block->size >= size) return mapped.block;

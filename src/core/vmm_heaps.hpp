@@ -292,6 +292,8 @@ class VmmHeaps final : public SegmentSource {
     std::size_t request = 0;  // the request's size (Growth::plan: the plan's height)
     Address block_end = 0;    // where the request's block will end, if it is placed here
     Growth growth = Growth::request;
+    std::size_t left = SIZE_MAX;  // what the allocator could still create when the growth began
+                                  // (room_left(); SIZE_MAX: not asked): chunk_floor()
   };
   /// What map_into() mapped.
   struct Mapped {
@@ -317,7 +319,10 @@ class VmmHeaps final : public SegmentSource {
   Placement place(const Heap& heap, std::size_t size) const;
   std::size_t new_chunk_size(const Placement& where, Address at, Address end) const;
   std::size_t planned_chunk_size(std::size_t height) const noexcept;
-  std::size_t chunk_floor(bool past_block) const noexcept;
+  /// chunk_floor() counts the memory left times this once the device is fuller than 1 - 1/this.
+  static constexpr std::size_t kFloorShareOfLeft = 4;
+  std::size_t chunk_floor(bool past_block, std::size_t left) const noexcept;
+  std::size_t room_left();
   Mapped map_into(Heap& heap, const Placement& where);
   std::optional<Chunk> create_chunk(std::size_t bytes, Pool pool);
   std::size_t idle_physical(Pool pool) const;

@@ -134,6 +134,32 @@ TEST_CASE("vmm: vmm_chunk_divisor's chunks are at least a share of the device, t
   }
 }
 
+TEST_CASE("vmm: once the device is three-quarters full, the chunk floor is a share of what is left", "[vmm]") {
+  // The growth of the test above (a 5 MiB request after 512 MiB, vmm_chunk_divisor:1), with the
+  // rest of the 80 GiB device used by someone else but for `left`. Plenty left: the floor of the
+  // capacity (40 MiB, 80 past the block), [0, 6), [6, 64). 8 GiB left (under a quarter): the
+  // floor of 4 x 8 GiB (16 MiB, 32 past the block), [0, 6), [6, 38), [38, 64), as under a limit.
+  // 1 GiB left: 2 MiB, 4 past the block, no larger than the chunks of the request itself, so as
+  // with no floor: [0, 4), [4, 6), then 15 for the 58 MiB after the block.
+  struct Case {
+    std::size_t left;
+    std::uint64_t chunks;
+  };
+  for (const Case& c : {Case{40 * GiB, 6}, Case{8 * GiB, 7}, Case{1 * GiB, 21}}) {
+    Fixture f("mode:vmm,vmm_growth_divisor:8,vmm_chunk_divisor:1");
+    INFO("left " << c.left / GiB << " GiB");
+    void* big = f.alloc.allocate(512 * MiB);  // 4 chunks of 128 MiB
+    f.device->set_external_usage(80 * GiB - 512 * MiB - c.left);
+    void* small = f.alloc.allocate(5 * MiB);
+    REQUIRE(f.reserved() == 576 * MiB);
+    REQUIRE(f.device->counters().physical_creates == c.chunks);
+    f.alloc.check_invariants();
+    for (void* p : {big, small}) f.alloc.deallocate(p);
+    f.device->set_external_usage(0);
+    f.expect_all_given_back();
+  }
+}
+
 TEST_CASE("vmm: a heap left with nothing allocated holds its pages and grows from them as it first grew", "[vmm]") {
   // No remapping of idle chunks, and no planned layout (tested below: it would place the second
   // step lower).
