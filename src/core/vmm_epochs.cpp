@@ -479,13 +479,14 @@ void VmmHeaps::collect_plans(Heap& heap) {
 }
 
 // Makes [start, start + height) of the empty heap mapped (and held), if the physical memory
-// the heap and the cache hold can: when it is not already, every chunk of the heap is unmapped
-// and chunks are mapped back from the heap's start, its own and the cached ones, until the plan's
-// height is covered. No memory is created for a plan. The pages move only once the work the
-// heap's stream queued on them is done: an event is recorded (never a wait here); the layout is
-// made at once if the event has completed, else at the next epoch's first request if it has by
-// then (finish_layout()), else the plan is dropped for that epoch. A heap whose pages
-// empty_cache() cycles gets its plan's pages in fresh, larger chunks instead (rechunks()).
+// the heap and the cache hold can (or, after an epoch that remapped idle pages, with what it
+// lacks created: affords_layout()): when it is not already, every chunk of the heap is unmapped
+// and chunks are mapped back from the heap's start, its own and the cached ones (then new ones),
+// until the plan's height is covered. The pages move only once the work the heap's stream queued
+// on them is done: an event is recorded (never a wait here); the layout is made at once if the
+// event has completed, else at the next epoch's first request if it has by then
+// (finish_layout()), else the plan is dropped for that epoch. A heap whose pages empty_cache()
+// cycles gets its plan's pages in fresh, larger chunks instead (rechunks()).
 Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   if (rechunks(heap, height)) return lay_out(heap, height, Chunks::fresh) ? Layout::ready : Layout::impossible;
   // Holes below the height and no chunk above it (empty_cache() or a reclaim unmapped pages in
@@ -497,7 +498,7 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   // above the online peak on the loops of docs/benchmarks.md, "Steps found from the requests"):
   // the plan is not followed, and the step runs online, with the pages it has.
   if (heap.epoch.live != 0) return Layout::impossible;
-  if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return Layout::impossible;
+  if (!affords_layout(heap, height)) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
   DeviceEvent e = 0;
   try {
@@ -515,6 +516,17 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
     return Layout::impossible;
   }
   return lay_out(heap, height) ? Layout::ready : Layout::impossible;
+}
+
+// Whether map_plan() may lay out a plan `height` bytes high in the empty heap: with the physical
+// memory the heap and the cache hold; or, after an epoch that remapped idle pages of the heap
+// (Heap::remapped_idle: a synchronization each time, which a repeat run online from the held
+// pages makes again), by creating what they lack, up to the height that epoch's own layout
+// reached (the planner's recorded candidate, never above it): memory instead of a
+// synchronization per repeat, as PyTorch's allocator keeps its segments rather than free them.
+bool VmmHeaps::affords_layout(const Heap& heap, std::size_t height) const noexcept {
+  if (heap.chunk_bytes + cached_.bytes(heap.pool()) >= height) return true;
+  return heap.remapped_idle && height <= heap.epoch.high;
 }
 
 // map_plan() once the stream's work on the heap's pages is done: unmap everything (the heap is

@@ -92,7 +92,7 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
     reclaim_free_chunks(pool, 0, spare);
   } else if (idle_pages(heap, size) == IdlePages::remap) {
     heap.reserved_at_idle_reclaim = st_.counters.reserved(pool);
-    reclaim_heap(heap, 0);
+    if (reclaim_heap(heap, 0).bytes != 0) heap.remapped_idle = true;
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
     Placement where = place(heap, size);

@@ -154,6 +154,9 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
                                        // mapped none since
   bool keeps_pages = false;            // a growth mapped pages again after a give-back: chunks
                                        // above a plan stay mapped (until empty_cache())
+  bool remapped_idle = false;         // a growth of the current epoch unmapped idle pages of the
+                                       // heap to map them elsewhere (a synchronization):
+                                       // affords_layout()
   bool cycles_pages = false;           // empty_cache() released chunks of the heap in the current
                                        // epoch: its pages go to the device and back every step
                                        // (map_plan() lays a plan out in fewer chunks)
@@ -182,6 +185,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   void begin_epoch() {
     epoch.restart();
     cycles_pages = false;
+    remapped_idle = false;
     epoch_mapped_end = mapped_end;
   }
   /// The heap is empty after an epoch of one block that repeats: the next ones go unrecorded.
@@ -404,6 +408,7 @@ class VmmHeaps final : public SegmentSource {
   Layout map_plan(Heap& heap, std::size_t height);
   bool lay_out(Heap& heap, std::size_t height, Chunks chunks = Chunks::reuse);
   bool rechunks(const Heap& heap, std::size_t height);
+  bool affords_layout(const Heap& heap, std::size_t height) const noexcept;
   bool stream_work_done(const Heap& heap);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);

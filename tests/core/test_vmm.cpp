@@ -931,6 +931,46 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
   }
 }
 
+TEST_CASE("vmm: a run that remapped idle pages is repeated on its plan, with the pages the plan lacks created",
+          "[vmm][plan]") {
+  // a and b (36 MiB each), a freed, c (20) in a's place, d (24) does not fit the 16 MiB left
+  // there: online, the growth for d unmaps those 16 MiB of idle pages (vmm_idle_limit:2MiB) and
+  // maps them above b, a synchronization, and the run holds 80 MiB with its top at 96. No layout
+  // fixed in advance holds less than 92 (b, c and d live together, and a with b): the plan puts
+  // d in a's place and c above b. Repeated online from the held pages, the run remapped again
+  // every time (60 calls and 2 synchronizations a run before); now the plan is laid out at the
+  // first run's end, with the 12 MiB it lacks created, and every repeat makes no call.
+  Fixture f("mode:vmm,vmm_idle_limit:2MiB,vmm_chunk_divisor:0,vmm_max_chunk:2MiB",
+            {.event_mode = EventMode::immediate});
+  const auto run = [&f] {
+    void* a = f.alloc.allocate(36 * MiB);
+    void* b = f.alloc.allocate(36 * MiB);
+    f.alloc.deallocate(a);
+    void* c = f.alloc.allocate(20 * MiB);
+    void* d = f.alloc.allocate(24 * MiB);
+    const std::vector<Address> at{addr(a), addr(b), addr(c), addr(d)};
+    for (void* p : {b, c, d}) f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+    return at;
+  };
+  const auto peak_reserved = [&f] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
+  const std::vector<Address> online = run();
+  REQUIRE(f.device->counters().syncs() >= 1);  // the remap
+  REQUIRE(online[3] >= online[1] + 36 * MiB);  // d above b
+  REQUIRE(f.reserved() == 92 * MiB);           // the plan's pages, laid out
+  const DeviceCounters settled = f.device->counters();
+  const Address base = online[0];
+  const std::vector<Address> planned = {base, base + 36 * MiB, base + 72 * MiB, base};
+  for (int again = 0; again < 3; ++again) {
+    INFO("run " << again);
+    f.alloc.reset_peaks();
+    REQUIRE(run() == planned);
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(peak_reserved() == std::int64_t{92 * MiB});
+  }
+  f.expect_all_given_back();
+}
+
 TEST_CASE("vmm: an output kept over a step is replaced at the top of the free pages, so its old place is reused",
           "[vmm]") {
   // PyTorch's loop: each step's forward pass makes its logits while the last step's are alive
