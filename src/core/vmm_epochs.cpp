@@ -522,8 +522,8 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
 // memory the heap and the cache hold; or, after an epoch that remapped idle pages of the heap
 // (Heap::remapped_idle: a synchronization each time, which a repeat run online from the held
 // pages makes again), by creating what they lack, up to the height that epoch's own layout
-// reached (the planner's recorded candidate, never above it): memory instead of a
-// synchronization per repeat, as PyTorch's allocator keeps its segments rather than free them.
+// reached (a bound its plans keep: that layout is one of the planner's candidates): memory
+// instead of a synchronization per repeat, as PyTorch's allocator keeps its segments.
 bool VmmHeaps::affords_layout(const Heap& heap, std::size_t height) const noexcept {
   if (heap.chunk_bytes + cached_.bytes(heap.pool()) >= height) return true;
   return heap.remapped_idle && height <= heap.epoch.high;

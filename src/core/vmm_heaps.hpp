@@ -154,7 +154,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
                                        // mapped none since
   bool keeps_pages = false;            // a growth mapped pages again after a give-back: chunks
                                        // above a plan stay mapped (until empty_cache())
-  bool remapped_idle = false;         // a growth of the current epoch unmapped idle pages of the
+  bool remapped_idle = false;          // a growth of the current epoch unmapped idle pages of the
                                        // heap to map them elsewhere (a synchronization):
                                        // affords_layout()
   bool cycles_pages = false;           // empty_cache() released chunks of the heap in the current
