@@ -525,8 +525,12 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
 // reached (a bound its plans keep: that layout is one of the planner's candidates): memory
 // instead of a synchronization per repeat, as PyTorch's allocator keeps its segments.
 bool VmmHeaps::affords_layout(const Heap& heap, std::size_t height) const noexcept {
-  if (heap.chunk_bytes + cached_.bytes(heap.pool()) >= height) return true;
-  return heap.remapped_idle && height <= heap.epoch.high;
+  return holds_pages_for(heap, height) || (heap.remapped_idle && height <= heap.epoch.high);
+}
+
+// Whether the heap's chunks and the cached ones of its pool cover `height` bytes.
+bool VmmHeaps::holds_pages_for(const Heap& heap, std::size_t height) const noexcept {
+  return heap.chunk_bytes + cached_.bytes(heap.pool()) >= height;
 }
 
 // map_plan() once the stream's work on the heap's pages is done: unmap everything (the heap is
@@ -566,7 +570,7 @@ bool VmmHeaps::lay_out(Heap& heap, std::size_t height, Chunks chunks) {
 // (the stream's work on the pages is done already: stream_work_done()).
 bool VmmHeaps::rechunks(const Heap& heap, std::size_t height) {
   if (!heap.cycles_pages || heap.epoch.live != 0 || st_.capture_underway()) return false;
-  if (heap.chunk_bytes + cached_.bytes(heap.pool()) < height) return false;
+  if (!holds_pages_for(heap, height)) return false;
   const std::size_t planned = planned_chunk_size(height);
   return heap.chunks.size() > (height + planned - 1) / planned && stream_work_done(heap);
 }

@@ -409,6 +409,7 @@ class VmmHeaps final : public SegmentSource {
   bool lay_out(Heap& heap, std::size_t height, Chunks chunks = Chunks::reuse);
   bool rechunks(const Heap& heap, std::size_t height);
   bool affords_layout(const Heap& heap, std::size_t height) const noexcept;
+  bool holds_pages_for(const Heap& heap, std::size_t height) const noexcept;
   bool stream_work_done(const Heap& heap);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);
