@@ -389,9 +389,10 @@ void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
   reserve_resident(log.freed_base, log.base);  // the fast path's frees of base blocks allocate nothing
 }
 
-// The heap is empty and its epoch recorded. Its plan is stored under the signature of the epoch
-// before it (an epoch that followed its plan to the end, with nothing more, keeps that plan: the
-// same requests in the same order, no planning cost). The next epoch gets the plan stored after
+// The heap is empty and its epoch recorded (or a step epoch ended). Its plan (a step epoch's only
+// once one like it ended among the heap's last Heap::kStepsSeen: sight_step()) is stored under
+// the signature of the epoch before it (an epoch that followed its plan to the end, with nothing
+// more, keeps that plan: the same requests in the same order, no planning cost). The next epoch gets the plan stored after
 // an epoch like this one, if any, else this one's again (synchronous planner) or the latest plan
 // of an epoch like this one (background planner: this one's is not made yet), but those two only
 // when the next epoch begins with this one's base (`next_base`), when the memory from the heap's
@@ -422,6 +423,11 @@ void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
   std::shared_ptr<const EpochPlan> mine;
   if (matched) {
     mine = cursor.release_plan();
+  } else if (heap.epoch.at_step && heap.sight_step(signature) == Heap::StepSighting::first) {
+    // A step epoch like none of the heap's last ones (a decode step whose KV cache grew, a new
+    // sequence length) is not planned: a plan is followed only by a step that repeats one, and
+    // planning a step costs O(its base), which a server that calls step() per decode step paid
+    // for plans never followed. A loop is planned from its second step epoch of a kind.
   } else if (st_.config.vmm_planner == PlannerMode::synchronous) {
     mine = plan_now(heap);
   } else {

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -144,6 +145,11 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   /// record (resume_recording()).
   bool recording = true;
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
+  /// The signatures of the last kStepsSeen step epochs that ended (0: none), oldest overwritten
+  /// first: a step epoch is planned only when one of them is its own (sight_step()).
+  static constexpr std::size_t kStepsSeen = 8;
+  std::array<std::uint64_t, kStepsSeen> steps_seen{};
+  std::size_t steps_seen_next = 0;
   PlanCache plans;                     // plans by the signature of the epoch before theirs
   PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
   PlanMailbox mailbox;                 // with the planner thread (vmm_planner:background)
@@ -166,6 +172,16 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
 
   Pool pool() const noexcept { return segment->pool; }
   Stream stream() const noexcept { return segment->owner->stream; }
+
+  /// A step epoch with `signature` ended: a repeat if one with it ended among the last
+  /// kStepsSeen, else the first of its kind (and noted).
+  enum class StepSighting : std::uint8_t { first, repeat };
+  StepSighting sight_step(std::uint64_t signature) noexcept {
+    if (std::find(steps_seen.begin(), steps_seen.end(), signature) != steps_seen.end()) return StepSighting::repeat;
+    steps_seen[steps_seen_next] = signature;
+    steps_seen_next = (steps_seen_next + 1) % kStepsSeen;
+    return StepSighting::first;
+  }
 
   void add_chunk(const Chunk& c) {
     chunks.emplace(c.addr, c);

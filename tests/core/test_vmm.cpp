@@ -309,7 +309,7 @@ TEST_CASE("vmm: a heap that stopped recording resumes at a step boundary and at 
   REQUIRE(after.front().maps == settled.maps);  // never a growth: all within the heap's 40 MiB
   // The plan repeats, so the pages above its height (24 MiB) go; then nothing moves.
   REQUIRE(f.reserved() == 24 * MiB);
-  for (std::size_t i = 4; i < after.size(); ++i) REQUIRE(same_calls(after[i], after[3]));
+  for (std::size_t i = 5; i < after.size(); ++i) REQUIRE(same_calls(after[i], after[4]));
   // Unrecorded again (lone blocks after the weights went), then asleep and awake.
   f.alloc.deallocate(stays);
   for (int run = 0; run < 6; ++run) f.alloc.deallocate(f.alloc.allocate(40 * MiB));
@@ -707,12 +707,16 @@ TEST_CASE("vmm: steps around weights that never leave the heap are planned at st
     f.alloc.check_invariants();
     return at;
   };
-  REQUIRE(step() == std::vector<Address>{base + 96 * MiB, base + 136 * MiB, base + 176 * MiB});
+  const std::vector<Address> online = {base + 96 * MiB, base + 136 * MiB, base + 176 * MiB};
+  REQUIRE(step() == online);
   REQUIRE(f.reserved() == 236 * MiB);
   // The first boundary leaves the epoch that began with the weights alone; the second starts the
-  // steps' own epochs, around the weights; the third plans the step between them.
+  // steps' own epochs, around the weights; the third ends the first of them, which is not planned
+  // (no step epoch like it ended before: a step that never repeats is never planned), so the
+  // fourth step runs online; the fourth boundary plans the second, a repeat.
   step();
   step();
+  REQUIRE(step() == online);
   const std::vector<Address> planned = {base + 96 * MiB, base + 156 * MiB, base + 96 * MiB};
   REQUIRE(step() == planned);  // follows the plan: its end finds the 40 MiB above it free
   REQUIRE(f.reserved() == 196 * MiB);
@@ -759,14 +763,14 @@ TEST_CASE("vmm: a boundary before zero_grad(): last step's gradients, freed earl
   };
   std::vector<Address> last = step();
   int same = 0;
-  for (int run = 0; run < 12 && same < 3; ++run) {
+  // c at a's place: the plan, not the online order (which put c above b)
+  for (int run = 0; run < 12 && (same < 3 || last[2] != last[0]); ++run) {
     const DeviceCounters before = f.device->counters();
     const std::vector<Address> now = step();
     same = now == last && same_calls(f.device->counters(), before) ? same + 1 : 0;
     last = now;
   }
-  REQUIRE(same == 3);  // the same places, with no device call, three steps in a row
-  // c at a's place: the plan, not the online order (which put c above b)
+  REQUIRE(same >= 3);  // the same places, with no device call, three steps in a row
   REQUIRE(last[2] == last[0]);
   for (void* g : grads) f.alloc.deallocate(g);
   f.alloc.deallocate(weights);
