@@ -506,18 +506,12 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   if (heap.epoch.live != 0) return Layout::impossible;
   if (!affords_layout(heap, height)) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
-  DeviceEvent e = 0;
   try {
-    e = st_.device->create_event();
-    st_.device->record_event(e, heap.stream());
-    st_.counters.count(&Stats::events_recorded);
-    if (!st_.device->query_event(e)) {
-      heap.layout_event = std::exchange(e, 0);
+    if (const DeviceEvent pending = event_pending_on(heap); pending != 0) {
+      heap.layout_event = pending;
       return Layout::waiting;
     }
-    st_.device->destroy_event(std::exchange(e, 0));
   } catch (const DeviceError& err) {  // no layout, no plan: the heap runs unplanned
-    if (e != 0) st_.device->destroy_event(e);
     log().warn("vmm: an event to lay out a planned heap failed: {}", err.what());
     return Layout::impossible;
   }
@@ -581,22 +575,35 @@ bool VmmHeaps::rechunks(const Heap& heap, std::size_t height) {
   return heap.chunks.size() > (height + planned - 1) / planned && stream_work_done(heap);
 }
 
-// Whether the work queued on the heap's stream so far has completed (an event recorded now, and
-// queried: never a wait). False if the device refuses the event.
+// Whether the work queued on the heap's stream so far has completed (event_pending_on(): never a
+// wait). False if the device refuses the event.
 bool VmmHeaps::stream_work_done(const Heap& heap) {
-  DeviceEvent e = 0;
   try {
-    e = st_.device->create_event();
-    st_.device->record_event(e, heap.stream());
-    st_.counters.count(&Stats::events_recorded);
-    const bool done = st_.device->query_event(e);
-    st_.device->destroy_event(std::exchange(e, 0));
+    DeviceEvent pending = event_pending_on(heap);
+    const bool done = pending == 0;
+    drop_event(pending);
     return done;
   } catch (const DeviceError& err) {
-    if (e != 0) drop_event(e);
     log().warn("vmm: an event to lay out a planned heap afresh failed: {}", err.what());
     return false;
   }
+}
+
+// An event recorded now on the heap's stream, and queried (never a wait): 0 once the work queued
+// there so far has completed (the event given back), else the event, for the caller to query
+// again and give back. Throws the device's error with no event left behind.
+DeviceEvent VmmHeaps::event_pending_on(const Heap& heap) {
+  DeviceEvent e = st_.device->create_event();
+  try {
+    st_.device->record_event(e, heap.stream());
+    st_.counters.count(&Stats::events_recorded);
+    if (!st_.device->query_event(e)) return e;
+    st_.device->destroy_event(std::exchange(e, 0));
+  } catch (const DeviceError&) {
+    drop_event(e);
+    throw;
+  }
+  return 0;
 }
 
 // At the first request of an epoch waiting to lay its plan's pages out: the event is given back

@@ -427,6 +427,7 @@ class VmmHeaps final : public SegmentSource {
   bool affords_layout(const Heap& heap, std::size_t height) const noexcept;
   bool holds_pages_for(const Heap& heap, std::size_t height) const noexcept;
   bool stream_work_done(const Heap& heap);
+  DeviceEvent event_pending_on(const Heap& heap);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);
   Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;

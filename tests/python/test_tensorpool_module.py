@@ -196,7 +196,10 @@ class StatsTest(unittest.TestCase):
         # the C++ and C tests check place by place) they reserve nothing more from step to step.
         weights = self.w.alloc(64 * MiB)
         reserved = []
-        for _ in range(8):
+        # The planner is a thread here (the default): a plan is followed a step or more after the
+        # step it plans, later on a loaded machine; a step epoch is planned from its second of a
+        # kind on. 16 steps leave room for both.
+        for _ in range(16):
             a = self.w.alloc(40 * MiB)
             b = self.w.alloc(40 * MiB)
             self.w.free(a)
