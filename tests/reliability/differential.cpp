@@ -93,8 +93,9 @@ class Generator {
     for (int i = 0; i < 24; ++i) palette_.push_back(fresh_size());
   }
 
-  // Profile::repeated_steps: a few blocks that stay (weights), then each step run 2 to 7 times in
-  // a row on stream 0, most runs ended by Allocator::step(); between runs, now and then, work
+  // Profile::repeated_steps: a few blocks that stay (weights), then each step run 4 to 11 times
+  // in a row on stream 0 (a step epoch is planned from the second of its kind on), most runs
+  // ended by Allocator::step(); between runs, now and then, work
   // completes, a fault is armed (Profile::faults), the allocator is misused, the limit changes,
   // or everything is drained (and new weights are made).
   std::vector<Op> repeated_steps(std::size_t count) {
@@ -102,13 +103,13 @@ class Generator {
     weights(ops);
     while (ops.size() < count) {
       const std::vector<Op> step = make_step();
-      const std::uint64_t runs = profile_.unmarked_steps ? 4 + below(6) : 2 + below(6);
+      const std::uint64_t runs = profile_.unmarked_steps ? 4 + below(6) : 4 + below(8);
       for (std::uint64_t run = runs; run > 0 && ops.size() < count; --run) {
         std::vector<Op> ran = step;
         if (below(8) == 0) ran[below(ran.size())].value += 512;  // a departure (or a bigger free pick)
         if (below(4) == 0) ran.insert(ran.begin() + 1, Op{OpKind::empty_cache, 0, 0, 0});
         ops.insert(ops.end(), ran.begin(), ran.end());
-        if (below(4) != 0 && !profile_.unmarked_steps) ops.push_back(Op{OpKind::step, 0, 0, 0});
+        if (below(8) != 0 && !profile_.unmarked_steps) ops.push_back(Op{OpKind::step, 0, 0, 0});
         ops.push_back(between_runs());
         if (ops.back().kind == OpKind::drain) weights(ops);
       }
