@@ -392,12 +392,12 @@ void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
 // The heap is empty and its epoch recorded (or a step epoch ended). Its plan (a step epoch's only
 // once one like it ended among the heap's last Heap::kStepsSeen: sight_step()) is stored under
 // the signature of the epoch before it (an epoch that followed its plan to the end, with nothing
-// more, keeps that plan: the same requests in the same order, no planning cost). The next epoch gets the plan stored after
-// an epoch like this one, if any, else this one's again (synchronous planner) or the latest plan
-// of an epoch like this one (background planner: this one's is not made yet), but those two only
-// when the next epoch begins with this one's base (`next_base`), when the memory from the heap's
-// start up to its height is mapped (map_plan()); without one it runs unplanned from the held
-// pages.
+// more, keeps that plan: the same requests in the same order, no planning cost). The next epoch
+// gets the plan stored after an epoch like this one, if any, else this one's again (synchronous
+// planner) or the latest plan of an epoch like this one (background planner: this one's is not
+// made yet), but those two only when the next epoch begins with this one's base (`next_base`),
+// when the memory from the heap's start up to its height is mapped (map_plan()); without one it
+// runs unplanned from the held pages.
 void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
   PlanCursor& cursor = heap.cursor;
   // Another stream took a block of the heap (oom_ladder.cpp) and gave it back before the heap's
