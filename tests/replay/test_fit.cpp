@@ -287,7 +287,7 @@ TEST_CASE("fit and largest_fitting replay the program as the target says: step()
 
   // fit: the device the steps fit on (their live peak, 96 + 100 MiB) is the same either way, but
   // at that capacity the online steps keep remapping pages under pressure, where the planned ones
-  // settle (656 calls and 8 syncs against 296 and 2).
+  // settle (656 calls and 8 syncs against 356 and 3).
   FitOptions o;
   o.targets = {online, stepped};
   o.threads = 2;
