@@ -334,11 +334,11 @@ void VmmHeaps::step_boundary() {
 // The step epoch ends: its record gets the base as fixed blocks (where they are, alive from its
 // start to their free or its end), the blocks it still holds count as alive to its end, and the
 // next epoch's plan is chosen (map_plan() never moves pages under live blocks, and follows no plan
-// with holes below its height while chunks lie above it). The free pages stay held only for a next
-// epoch that follows a plan. One that does not runs from the free index, as the program would
-// without step(): held pages replay a growth from an empty heap, which a heap with a base never
-// was, and served that way a loop's steps land elsewhere than online, higher and with remaps
-// (docs/vmm.md, "Steps").
+// with holes below its height while chunks lie above it). The free pages are held (once the plan
+// is chosen: a walk of the heap) only for a next epoch that follows a plan. One that does not runs
+// from the free index, as the program would without step(): held pages replay a growth from an
+// empty heap, which a heap with a base never was, and served that way a loop's steps land
+// elsewhere than online, higher and with remaps (docs/vmm.md, "Steps").
 // `next_base`: live_signature() of the blocks live now, the next epoch's base.
 void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
   EpochLog& log = heap.epoch;
@@ -353,11 +353,10 @@ void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
     log.entries.push_back(RecordedBlock{x->size, 0, log.clock, x->addr - start, true});
     ++log.fixed;
   }
-  hold_all(heap, nullptr);
   log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
   log.fixed += log.freed_base.size();
   choose_next_plan(heap, next_base == log.base_signature ? NextBase::same : NextBase::moved);
-  if (!plan_asks_source(heap.cursor.state())) release_held(heap);
+  if (plan_asks_source(heap.cursor.state())) hold_all(heap, nullptr);
 }
 
 // Hashes the places and sizes of the heap's blocks in use, in address order.
