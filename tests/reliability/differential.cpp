@@ -95,9 +95,9 @@ class Generator {
 
   // Profile::repeated_steps: a few blocks that stay (weights), then each step run 4 to 11 times
   // in a row on stream 0 (a step epoch is planned from the second of its kind on), most runs
-  // ended by Allocator::step(); between runs, now and then, work
-  // completes, a fault is armed (Profile::faults), the allocator is misused, the limit changes,
-  // or everything is drained (and new weights are made).
+  // ended by Allocator::step(); between runs, now and then, work completes, a fault is armed
+  // (Profile::faults), the allocator is misused, the limit changes, or everything is drained (and
+  // new weights are made).
   std::vector<Op> repeated_steps(std::size_t count) {
     std::vector<Op> ops;
     weights(ops);
