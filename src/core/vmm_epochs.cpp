@@ -388,8 +388,8 @@ void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
   reserve_resident(log.freed_base, log.base);  // the fast path's frees of base blocks allocate nothing
 }
 
-// The heap is empty and its epoch recorded (or a step epoch ended). Its plan (a step epoch's only
-// once one like it ended among the heap's last Heap::kStepsSeen: sight_step()) is stored under
+// The heap is empty and its epoch recorded (or a step epoch ended). Its plan (a step epoch's not
+// after a run of Heap::kStepsSeen step epochs like none before them: sight_step()) is stored under
 // the signature of the epoch before it (an epoch that followed its plan to the end, with nothing
 // more, keeps that plan: the same requests in the same order, no planning cost). The next epoch
 // gets the plan stored after an epoch like this one, if any, else this one's again (synchronous
@@ -422,11 +422,13 @@ void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
   std::shared_ptr<const EpochPlan> mine;
   if (matched) {
     mine = cursor.release_plan();
-  } else if (heap.epoch.at_step && heap.sight_step(signature) == Heap::StepSighting::first) {
-    // A step epoch like none of the heap's last ones (a decode step whose KV cache grew, a new
-    // sequence length) is not planned: a plan is followed only by a step that repeats one, and
-    // planning a step costs O(its base), which a server that calls step() per decode step paid
-    // for plans never followed. A loop is planned from its second step epoch of a kind.
+    heap.new_steps_in_a_row = 0;  // a step epoch that followed a plan repeated one
+  } else if (heap.epoch.at_step && heap.sight_step(signature) == Heap::StepSighting::new_skip) {
+    // The last Heap::kStepsSeen step epochs were each like none before them (a decode step whose
+    // KV cache grew, a new sequence length every step): the steps do not repeat, and a plan is
+    // followed only by a step that repeats one, while planning a step costs O(its base), which a
+    // server that calls step() per decode step paid for plans never followed. New steps are
+    // planned again once one repeats.
   } else if (st_.config.vmm_planner == PlannerMode::synchronous) {
     mine = plan_now(heap);
   } else {

@@ -146,10 +146,11 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   bool recording = true;
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
   /// The signatures of the last kStepsSeen step epochs that ended (0: none), oldest overwritten
-  /// first: a step epoch is planned only when one of them is its own (sight_step()).
+  /// first, and how many step epochs in a row ended like none before them (sight_step()).
   static constexpr std::size_t kStepsSeen = 8;
   std::array<std::uint64_t, kStepsSeen> steps_seen{};
   std::size_t steps_seen_next = 0;
+  std::size_t new_steps_in_a_row = 0;
   PlanCache plans;                     // plans by the signature of the epoch before theirs
   PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
   PlanMailbox mailbox;                 // with the planner thread (vmm_planner:background)
@@ -174,13 +175,19 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   Stream stream() const noexcept { return segment->owner->stream; }
 
   /// A step epoch with `signature` ended: a repeat if one with it ended among the last
-  /// kStepsSeen, else the first of its kind (and noted).
-  enum class StepSighting : std::uint8_t { first, repeat };
+  /// kStepsSeen; else new, and noted. New steps are planned (new_plan) until kStepsSeen of them
+  /// came in a row: then the steps do not repeat (a server whose KV cache grows every decode
+  /// step), and new ones are not planned (new_skip) until one repeats or follows its plan.
+  enum class StepSighting : std::uint8_t { repeat, new_plan, new_skip };
   StepSighting sight_step(std::uint64_t signature) noexcept {
-    if (std::find(steps_seen.begin(), steps_seen.end(), signature) != steps_seen.end()) return StepSighting::repeat;
+    if (std::find(steps_seen.begin(), steps_seen.end(), signature) != steps_seen.end()) {
+      new_steps_in_a_row = 0;
+      return StepSighting::repeat;
+    }
     steps_seen[steps_seen_next] = signature;
     steps_seen_next = (steps_seen_next + 1) % kStepsSeen;
-    return StepSighting::first;
+    new_steps_in_a_row = std::min(new_steps_in_a_row + 1, kStepsSeen + 1);
+    return new_steps_in_a_row > kStepsSeen ? StepSighting::new_skip : StepSighting::new_plan;
   }
 
   void add_chunk(const Chunk& c) {

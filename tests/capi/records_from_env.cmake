@@ -40,11 +40,11 @@ string(JSON _devices GET "${_json}" devices)
 string(REGEX REPLACE "[ \n\t]" "" _devices "${_devices}")
 expect("devices" "${_devices}" "[0,3,256,258,259]")
 # 16 allocations on device 0 (its zero-byte request makes no block), 4 on device 256, 1 on
-# device 3, 1 on device 258 (the graph pool's range: its blocks are not events) and 28 on device
-# 259 (steps(): a block that stays, then 9 steps of 3); one OOM each (device 0's memory
+# device 3, 1 on device 258 (the graph pool's range: its blocks are not events) and 19 on device
+# 259 (steps(): a block that stays, then 6 steps of 3); one OOM each (device 0's memory
 # fraction, device 3's memory_limit); one empty_cache call each.
 string(JSON _allocs GET "${_json}" ops alloc)
-expect("alloc events" "${_allocs}" "50")
+expect("alloc events" "${_allocs}" "41")
 string(JSON _ooms GET "${_json}" ops oom)
 expect("oom events" "${_ooms}" "2")
 string(JSON _record_stream GET "${_json}" ops record_stream)
