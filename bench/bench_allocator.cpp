@@ -177,12 +177,14 @@ std::vector<detail::RecordedBlock> generated_step(const std::string& model, cons
 
 // The planner on one step of a generated training run (the gpt2-xl step of the generated suite's
 // PyTorch loop, Mixtral's of its MoE run): real sizes, lifetimes and a base, unlike
-// BM_PlanLayout's synthetic epoch.
-void BM_PlanLayoutStep(benchmark::State& state, const std::string& model, const std::string& options) {
+// BM_PlanLayout's synthetic epoch. The base's runs of fixed blocks planned as one block each (the
+// planner's way) and, for comparison in the same run, block by block (the same layout).
+void BM_PlanLayoutStep(benchmark::State& state, const std::string& model, const std::string& options,
+                       detail::FixedRuns runs) {
   const std::vector<detail::RecordedBlock> epoch = generated_step(model, options);
   std::size_t height = 0;
   for (auto _ : state) {
-    height = detail::plan_layout(epoch).height;
+    height = detail::plan_layout(epoch, detail::kMaxPackSteps, runs).height;
   }
   state.counters["blocks"] = static_cast<double>(epoch.size());
   state.counters["height_over_live_peak"] =
@@ -226,10 +228,19 @@ BENCHMARK(BM_AllocFreePairVmm)
     ->ArgsProduct({{4096, 1 << 20, 64 << 20}, {1000, 100000}});
 BENCHMARK(BM_AllocFreeMixed)->ArgNames({"live"})->Arg(1000)->Arg(100000);
 BENCHMARK(BM_PlanLayout)->ArgNames({"blocks"})->Arg(1024)->Arg(4096)->Arg(8192)->Arg(16384)->Arg(65536)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_PlanLayoutStep, gpt2_xl_torch_loop, "gpt2-xl", "framework:pytorch,micro_batch:4,steps:3")
+BENCHMARK_CAPTURE(BM_PlanLayoutStep, gpt2_xl_torch_loop, "gpt2-xl", "framework:pytorch,micro_batch:4,steps:3",
+                  detail::FixedRuns::as_one_block)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PlanLayoutStep, gpt2_xl_torch_loop_block_by_block, "gpt2-xl",
+                  "framework:pytorch,micro_batch:4,steps:3", detail::FixedRuns::as_blocks)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_PlanLayoutStep, mixtral_8x7b, "mixtral-8x7b",
-                  "framework:megatron,zero:3,dp:32,checkpointing:full,micro_batch:2,steps:3")
+                  "framework:megatron,zero:3,dp:32,checkpointing:full,micro_batch:2,steps:3",
+                  detail::FixedRuns::as_one_block)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PlanLayoutStep, mixtral_8x7b_block_by_block, "mixtral-8x7b",
+                  "framework:megatron,zero:3,dp:32,checkpointing:full,micro_batch:2,steps:3",
+                  detail::FixedRuns::as_blocks)
     ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

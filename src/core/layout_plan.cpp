@@ -204,7 +204,9 @@ std::size_t best_fit(const PlacedBlocks& placed, const RecordedBlock& b) {
 // at least as high as the recorded one is not kept), or once the passes would have looked at
 // more than `max_steps` placed blocks (counted as if none were skipped, so that what is cut
 // short does not depend on the data's shape).
-Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::size_t stop_at) {
+// `hidden`: blocks the input stands for beyond its own (fixed runs merged: FixedRuns), placed
+// before the pass, so that the bound counts what it would block by block.
+Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::size_t stop_at, std::size_t hidden) {
   const std::size_t n = blocks.size();
   std::vector<std::size_t> order;
   order.reserve(n);
@@ -232,7 +234,7 @@ Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::
   std::size_t steps = 0;
   for (const std::size_t i : order) {
     if (height >= stop_at) return {PackEnd::not_lower, {}};
-    steps += placed.size();
+    steps += placed.size() + hidden;
     if (steps > max_steps) return {PackEnd::too_costly, {}};
     const RecordedBlock& b = blocks[i];
     const std::size_t at = best_fit(placed, b);
@@ -401,13 +403,63 @@ std::optional<std::vector<std::uint32_t>> link_below(std::span<const RecordedBlo
   return below;
 }
 
-}  // namespace
+// The input with each run of fixed blocks (consecutive, each starting where the one before it
+// ends, with one lifetime) as one block, and the layout of that spread back over the input.
+// Within a run, block k's link below is block k - 1 (they start on one tick, in input order); a
+// link to a run is to its last block, the one that ends closest below.
+class MergedRuns {
+ public:
+  explicit MergedRuns(std::span<const RecordedBlock> blocks) : blocks_(blocks) {
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (continues_run(i)) {
+        merged_.back().size += blocks[i].size;
+        continue;
+      }
+      merged_.push_back(blocks[i]);
+      first_.push_back(static_cast<std::uint32_t>(i));
+    }
+    first_.push_back(static_cast<std::uint32_t>(blocks.size()));
+  }
 
-std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) { return peak_of(blocks, events_in_order(blocks)); }
+  std::span<const RecordedBlock> merged() const { return merged_; }
+  /// Input blocks beyond one per merged block.
+  std::size_t hidden() const { return blocks_.size() - merged_.size(); }
 
-PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps) {
-  check_input(blocks);
-  if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");
+  PlannedLayout spread(const PlannedLayout& m) const {
+    PlannedLayout out;
+    out.height = m.height;
+    out.source = m.source;
+    out.offsets.resize(blocks_.size());
+    out.below.resize(blocks_.size());
+    for (std::size_t j = 0; j < merged_.size(); ++j) {
+      const std::uint32_t first = first_[j];
+      for (std::uint32_t i = first; i < first_[j + 1]; ++i) {
+        out.offsets[i] = m.offsets[j] + (blocks_[i].recorded - blocks_[first].recorded);
+        out.below[i] = i == first ? last_of(m.below[j]) : i - 1;
+      }
+    }
+    return out;
+  }
+
+ private:
+  bool continues_run(std::size_t i) const {
+    if (i == 0) return false;
+    const RecordedBlock& b = blocks_[i];
+    const RecordedBlock& before = blocks_[i - 1];
+    return b.fixed && before.fixed && b.start == before.start && b.end == before.end &&
+           b.recorded == before.recorded + before.size;
+  }
+  std::uint32_t last_of(std::uint32_t merged) const {
+    return merged == PlannedLayout::kNone ? merged : first_[merged + 1] - 1;
+  }
+
+  std::span<const RecordedBlock> blocks_;
+  std::vector<RecordedBlock> merged_;
+  std::vector<std::uint32_t> first_;  // per merged block, its first input block; then the input's size
+};
+
+// plan_layout() on checked blocks; `hidden` as for pack().
+PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, std::size_t hidden) {
   const Events events = events_in_order(blocks);
   const std::size_t floor = peak_of(blocks, events);  // no layout is lower
   PlannedLayout best;
@@ -435,7 +487,7 @@ PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max
     best.height = SIZE_MAX;  // no candidate yet: the packing's, however high
   }
   if (best.height > floor) {
-    Packing packing = pack(blocks, max_pack_steps, best.height);
+    Packing packing = pack(blocks, max_pack_steps, best.height, hidden);
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
@@ -451,6 +503,19 @@ PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max
   if (!below) throw std::logic_error("plan_layout: the planned layout overlaps itself");
   best.below = std::move(*below);
   return best;
+}
+
+}  // namespace
+
+std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) { return peak_of(blocks, events_in_order(blocks)); }
+
+PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, FixedRuns runs) {
+  check_input(blocks);
+  if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");
+  if (runs == FixedRuns::as_blocks) return plan_blocks(blocks, max_pack_steps, 0);
+  const MergedRuns merged(blocks);
+  if (merged.hidden() == 0) return plan_blocks(blocks, max_pack_steps, 0);
+  return merged.spread(plan_blocks(merged.merged(), max_pack_steps, merged.hidden()));
 }
 
 }  // namespace tensorpool::detail

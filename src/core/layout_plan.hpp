@@ -26,9 +26,11 @@
 // covered, alive at other times, or a gapless run of blocks all alive with it, which only raises
 // the top) and stops at a gap of exactly the block's size; packing stops as soon as its height
 // reaches the best so far (it would not be kept). The layout is the plain scan's either way
-// (test_layout_plan.cpp checks it block for block). On training steps that leaves out most of the
-// work (BM_PlanLayoutStep: about 10 ms for a gpt2-xl step of 7,153 blocks and for a Mixtral step of
-// 9,699); BM_PlanLayout's synthetic epoch of 8,192 blocks nests, and the online layout reaches its
+// (test_layout_plan.cpp checks it block for block). A run of fixed blocks side by side with one
+// lifetime (a step's base: weights, a KV cache) is one block to every candidate (FixedRuns; the
+// same layout, checked against block by block). On training steps that leaves out most of the
+// work (BM_PlanLayoutStep: about 10 ms for a gpt2-xl step of 7,153 blocks, 6.5 ms for a Mixtral
+// step of 9,699); BM_PlanLayout's synthetic epoch of 8,192 blocks nests, and the online layout reaches its
 // peak in 2-3 ms with no packing. Packing is bounded: it stops once its passes would have
 // looked at kMaxPackSteps placed blocks (counted as if none were left out), what an epoch of
 // 32,768 blocks costs at most, and the best so far is kept. vmm_plan_max_blocks bounds n.
@@ -78,9 +80,18 @@ struct PlannedLayout {
 /// n = 32768, so that no epoch of up to 32,768 blocks is ever cut short.
 inline constexpr std::size_t kMaxPackSteps = std::size_t{32768} * 32767 / 2;
 
+/// How plan_layout() treats a run of fixed blocks (consecutive in the input, each starting where
+/// the one before it ends, all with one lifetime): as one block, or block by block. Nothing else
+/// is ever alive in a run's range and no gap opens inside it, so every candidate is the same
+/// either way (the offsets, the links below, the height, the packing's bound), and one block is
+/// cheaper: a step's base of thousands of tensors is a few runs. `blocks` is for the tests that
+/// check that.
+enum class FixedRuns : std::uint8_t { as_one_block, as_blocks };
+
 /// Plans the layout (there always is one: the online candidate). Throws std::invalid_argument
 /// when a block breaks RecordedBlock's invariants.
-PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps = kMaxPackSteps);
+PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps = kMaxPackSteps,
+                          FixedRuns runs = FixedRuns::as_one_block);
 
 /// The largest sum of sizes of blocks alive at one tick: no layout reaches lower.
 std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks);

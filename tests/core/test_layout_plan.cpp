@@ -361,3 +361,106 @@ TEST_CASE("layout plan: pinned blocks (allocated by a step, kept past its end) s
   }
   REQUIRE(pinned_blocks >= 40);
 }
+
+namespace {
+
+// A step epoch as VmmHeaps::end_step_epoch() records it: the step's allocations first
+// (activations freed mostly in reverse order, temporaries, now and then one pinned: alive to the end, kept where it was), then
+// the base blocks still alive at the end, in address order (side by side, now and then a hole),
+// then the base blocks the step freed, in the order it freed them. Every base block starts on
+// tick 0. `recorded_valid`: the step's blocks lie above the base, apart (a valid recorded
+// layout, high); else all at the base's top, overlapping (no recorded candidate), but the pinned
+// ones, which every layout keeps where they were.
+std::vector<RecordedBlock> base_and_step(std::mt19937_64& rng, std::size_t steps, std::size_t base,
+                                         bool recorded_valid) {
+  const auto size = [&] { return std::size_t{512} << (rng() % 10); };
+  std::vector<RecordedBlock> kept;
+  std::vector<RecordedBlock> freed;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < base; ++i) {
+    if (rng() % 8 == 0) at += size();  // a hole
+    RecordedBlock b{size(), 0, 0, at, true};
+    at += b.size;
+    (rng() % 6 == 0 ? freed : kept).push_back(b);
+  }
+  std::vector<RecordedBlock> blocks;
+  std::vector<std::size_t> saved;
+  std::uint64_t clock = 1;
+  std::size_t top = at;
+  while (blocks.size() < steps) {
+    const std::size_t kind = rng() % 5;
+    if (kind == 0 && !saved.empty()) {  // not always the latest: the online layout is not the lowest
+      const std::size_t k = rng() % std::min<std::size_t>(saved.size(), 3);
+      blocks[saved[saved.size() - 1 - k]].end = clock++;
+      saved.erase(saved.end() - 1 - static_cast<std::ptrdiff_t>(k));
+      continue;
+    }
+    RecordedBlock b{size(), clock++, 0, at};
+    b.pinned = kind == 4 && rng() % 4 == 0;
+    if (recorded_valid || b.pinned) b.recorded = top;  // pinned blocks never overlap: they stay
+    top += b.size;
+    if (kind == 1 || kind == 2) saved.push_back(blocks.size());
+    if (kind == 3 || (kind == 4 && !b.pinned)) b.end = clock++;
+    blocks.push_back(b);
+  }
+  for (const std::size_t s : saved) blocks[s].end = clock++;
+  const std::uint64_t end = clock + freed.size() + 1;
+  for (RecordedBlock& b : blocks)
+    if (b.end == 0) b.end = end;  // pinned: alive past the end
+  for (RecordedBlock& b : kept) b.end = end;
+  for (RecordedBlock& b : freed) b.end = 1 + rng() % (end - 1);
+  std::sort(freed.begin(), freed.end(), [](const RecordedBlock& a, const RecordedBlock& b) { return a.end < b.end; });
+  blocks.insert(blocks.end(), kept.begin(), kept.end());
+  blocks.insert(blocks.end(), freed.begin(), freed.end());
+  return blocks;
+}
+
+}  // namespace
+
+TEST_CASE("layout plan: a run of fixed blocks planned as one block gives the layout planned block by block",
+          "[plan][step]") {
+  using detail::FixedRuns;
+  std::mt19937_64 rng(4242);
+  int runs = 0;
+  int packed = 0;
+  int cut_short = 0;
+  for (int round = 0; round < 200; ++round) {
+    std::vector<RecordedBlock> blocks;
+    if (round % 2 == 0) {
+      blocks = base_and_step(rng, 1 + rng() % 120, rng() % 400, round % 4 == 0);
+    } else {
+      // step_epoch()'s blocks in the record's order: the step's, then the fixed ones by address.
+      blocks = step_epoch(rng, 1 + rng() % 600);
+      std::stable_partition(blocks.begin(), blocks.end(), [](const RecordedBlock& b) { return !b.fixed; });
+    }
+    // Where the whole packing is kept, now and then a bound that may cut it short: somewhere in
+    // what its passes look at block by block (each placed block, fixed ones included), which the
+    // bound must count for the blocks a run stands for.
+    const std::size_t n = blocks.size();
+    std::size_t bound = detail::kMaxPackSteps;
+    const bool packs = detail::plan_layout(blocks).source == detail::LayoutSource::packed;
+    if (packs && round % 3 != 0) {
+      const auto stays = static_cast<std::size_t>(
+          std::count_if(blocks.begin(), blocks.end(), [](const RecordedBlock& b) { return b.stays_where_recorded(); }));
+      const std::size_t m = n - stays;
+      bound = rng() % (m * stays + m * (m - 1) / 2 + 1);
+    }
+    INFO("round " << round << ": " << n << " blocks, bound " << bound);
+    const PlannedLayout apart = detail::plan_layout(blocks, bound, FixedRuns::as_blocks);
+    const PlannedLayout merged = detail::plan_layout(blocks, bound, FixedRuns::as_one_block);
+    REQUIRE(merged.offsets == apart.offsets);
+    REQUIRE(merged.below == apart.below);
+    REQUIRE(merged.height == apart.height);
+    REQUIRE(merged.source == apart.source);
+    for (std::size_t i = 1; i < n; ++i)
+      runs += blocks[i].fixed && blocks[i - 1].fixed && blocks[i].end == blocks[i - 1].end &&
+              blocks[i].recorded == blocks[i - 1].recorded + blocks[i - 1].size;
+    packed += packs;
+    cut_short += packs && merged.source != detail::LayoutSource::packed;
+  }
+  // The rounds merge runs, and reach the packing, and the packing's bound.
+  INFO(runs << " blocks continue a run; " << packed << " rounds pack, " << cut_short << " of them cut short");
+  REQUIRE(runs > 10000);
+  REQUIRE(packed >= 30);
+  REQUIRE(cut_short >= 10);
+}

@@ -16,6 +16,7 @@
 #include "tensorpool/tensorpool.hpp"
 
 #if defined(__linux__)
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
@@ -137,6 +138,12 @@ TEST_CASE("vmm planner: the spare record buffers are in memory before the fast p
   // A capacity past kResidentBlocks: the thread writes the first kResidentBlocks places only, so
   // that a large vmm_plan_max_blocks does not hold the first plans back.
   constexpr std::size_t kLarge = 4 * detail::EpochPlanner::kResidentBlocks;
+#if defined(__GLIBC__)
+  // The buffer may come from memory other test cases of this process freed (glibc serves a large
+  // block from its free chunks before it maps fresh pages), whose pages were written: those go
+  // back to the system first, so that only what the thread writes is resident.
+  malloc_trim(0);
+#endif
   detail::PlanMailbox large;
   planner.prepare(large, 1, kLarge);
   wait_until([&] { return planner.spare_buffers(large) == 1; });
