@@ -30,9 +30,9 @@
 // lifetime (a step's base: weights, a KV cache) is one block to every candidate (FixedRuns; the
 // same layout, checked against block by block). On training steps that leaves out most of the
 // work (BM_PlanLayoutStep: about 10 ms for a gpt2-xl step of 7,153 blocks, 6.5 ms for a Mixtral
-// step of 9,699); BM_PlanLayout's synthetic epoch of 8,192 blocks nests, and the online layout reaches its
-// peak in 2-3 ms with no packing. Packing is bounded: it stops once its passes would have
-// looked at kMaxPackSteps placed blocks (counted as if none were left out), what an epoch of
+// step of 9,699); BM_PlanLayout's synthetic epoch of 8,192 blocks nests, and the online layout
+// reaches its peak in 2-3 ms with no packing. Packing is bounded: it stops once its passes would
+// have looked at kMaxPackSteps placed blocks (counted as if none were left out), what an epoch of
 // 32,768 blocks costs at most, and the best so far is kept. vmm_plan_max_blocks bounds n.
 #pragma once
 
@@ -84,8 +84,8 @@ inline constexpr std::size_t kMaxPackSteps = std::size_t{32768} * 32767 / 2;
 /// the one before it ends, all with one lifetime): as one block, or block by block. Nothing else
 /// is ever alive in a run's range and no gap opens inside it, so every candidate is the same
 /// either way (the offsets, the links below, the height, the packing's bound), and one block is
-/// cheaper: a step's base of thousands of tensors is a few runs. `blocks` is for the tests that
-/// check that.
+/// cheaper: a step's base of thousands of tensors is a few runs. `as_blocks` is for the test and
+/// the benchmark that compare the two.
 enum class FixedRuns : std::uint8_t { as_one_block, as_blocks };
 
 /// Plans the layout (there always is one: the online candidate). Throws std::invalid_argument
