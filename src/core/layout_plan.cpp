@@ -1,5 +1,6 @@
 // layout_plan.cpp: the planner of layout_plan.hpp (the recorded layout, an ideal online allocator
-// replayed in clock order, and greedy by size over lifetimes: the lowest).
+// replayed in clock order, greedy by size over lifetimes, and the same with blocks on the place of
+// the block they replace: the lowest).
 #include "core/layout_plan.hpp"
 
 #include <algorithm>
@@ -197,6 +198,21 @@ std::size_t best_fit(const PlacedBlocks& placed, const RecordedBlock& b) {
   return best_gap != SIZE_MAX ? best_at : top;
 }
 
+// Whether [lo, lo + b.size) is clear of every placed block alive with b.
+bool clear_at(const PlacedBlocks& placed, const RecordedBlock& b, std::size_t lo) {
+  const std::size_t hi = lo + b.size;
+  const PlacedBlocks::Stretches when = placed.stretches(b.start, b.end);
+  for (const PlacedBlocks::Chunk& c : placed.chunks()) {
+    if (c.blocks.front().lo >= hi) break;  // chunks and their blocks go by offset
+    if (c.max_hi <= lo) continue;
+    for (std::uint64_t maybe = c.maybe_alive(when); maybe != 0; maybe &= maybe - 1) {
+      const PlacedBlocks::Placed& p = c.blocks[static_cast<std::size_t>(std::countr_zero(maybe))];
+      if (p.start < b.end && b.start < p.end && p.lo < hi && lo < p.hi) return false;
+    }
+  }
+  return true;
+}
+
 // Greedy by size: blocks in decreasing size (ties: earlier first), each where best_fit() puts
 // it, after the fixed blocks where they were. O(n^2) simple steps at most (each block passes
 // over the placed ones); the chunks' bounds skip most of them on real epochs. The layout's
@@ -241,6 +257,115 @@ Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::
     out.offsets[i] = at;
     height = std::max(height, at + b.size);
     place(b, at);
+  }
+  if (height >= stop_at) return {PackEnd::not_lower, {}};
+  return out;
+}
+
+// A block replaces the largest block at least half its size freed within this many ticks
+// (events of the epoch) before its allocation (a choice: docs/vmm.md, "Planned layouts"); a
+// chain of blocks each replacing the next is placed this many at a time at most.
+constexpr std::uint64_t kReplacedWithin = 8;
+constexpr std::size_t kReplacedChain = 8;
+
+// Per block, the block it replaces (kNone: none, or it stays where recorded); see
+// kReplacedWithin. O(n log n).
+std::vector<std::uint32_t> replaced_blocks(std::span<const RecordedBlock> blocks) {
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> by_end;  // (free tick, block)
+  by_end.reserve(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i) by_end.emplace_back(blocks[i].end, static_cast<std::uint32_t>(i));
+  std::sort(by_end.begin(), by_end.end());
+  std::vector<std::uint32_t> replaced(blocks.size(), PlannedLayout::kNone);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const RecordedBlock& b = blocks[i];
+    if (b.stays_where_recorded()) continue;
+    const std::uint64_t from = b.start > kReplacedWithin ? b.start - kReplacedWithin : 0;
+    auto it = std::upper_bound(by_end.begin(), by_end.end(), std::make_pair(b.start, UINT32_MAX));
+    while (it != by_end.begin() && std::prev(it)->first >= from) {
+      --it;
+      const std::uint32_t j = it->second;
+      const std::size_t size = blocks[j].size;
+      const bool larger = replaced[i] == PlannedLayout::kNone || size > blocks[replaced[i]].size;
+      if (j != i && 2 * size >= b.size && larger) replaced[i] = j;
+    }
+  }
+  return replaced;
+}
+
+// What a block replaces (replaced_blocks()), where pack_replacing() looks for it: the
+// place of block `block` (an index of the packing's input) plus `delta`, `size` bytes; for a
+// block that stays where it was recorded, `block` is kNone and `delta` is its place.
+struct Replaced {
+  std::uint32_t block = PlannedLayout::kNone;
+  std::size_t delta = 0;
+  std::size_t size = 0;
+};
+
+// Packing as pack() does (by size, best fit, the same bounds), but a block that replaces another
+// (a program's `x = f(x)`: the loss's upcast made as the logits it reads are freed, a step's new
+// output made as the last one is freed) first tries that block's place: starting where it
+// started, else ending where it ended, when that is clear of the blocks alive with it. The
+// replaced block is placed first if it is not yet (it may be smaller), so that its place is
+// known. Without it, packing by size stacks the large short-lived blocks of every step at one
+// place, and what each step keeps across into the next can only take turns above them
+// (docs/benchmarks.md, "Blocks placed where the block they replace was").
+Packing pack_replacing(std::span<const RecordedBlock> blocks, std::span<const Replaced> replaced,
+                       std::size_t max_steps, std::size_t stop_at, std::size_t hidden) {
+  const std::size_t n = blocks.size();
+  std::vector<std::size_t> order;
+  order.reserve(n);
+  std::uint64_t clock_end = 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    clock_end = std::max(clock_end, blocks[i].end);
+    if (!blocks[i].stays_where_recorded()) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
+    return blocks[a].start < blocks[b].start;
+  });
+  PlacedBlocks placed(clock_end);
+  Packing out;
+  out.offsets.assign(n, 0);
+  std::vector<bool> done(n, false);
+  std::size_t height = 0;
+  const auto place = [&](std::size_t i, std::size_t at) {
+    placed.insert({at, at + blocks[i].size, blocks[i].start, blocks[i].end});
+    out.offsets[i] = at;
+    done[i] = true;
+    height = std::max(height, at + blocks[i].size);
+  };
+  for (std::size_t i = 0; i < n; ++i)
+    if (blocks[i].stays_where_recorded()) place(i, blocks[i].recorded);
+  std::size_t steps = 0;
+  // Where block i goes: on the place of the block it replaces if clear (that block placed), else
+  // best fit. False when the bounds stop the packing.
+  const auto place_one = [&](std::size_t i) {
+    if (height >= stop_at) return false;
+    const RecordedBlock& b = blocks[i];
+    const Replaced& r = replaced[i];
+    std::optional<std::size_t> at;
+    if (r.size != 0 && (r.block == PlannedLayout::kNone || done[r.block])) {
+      const std::size_t lo = (r.block == PlannedLayout::kNone ? 0 : out.offsets[r.block]) + r.delta;
+      for (const std::size_t c : {lo, lo + r.size >= b.size ? lo + r.size - b.size : SIZE_MAX})
+        if (c != SIZE_MAX && (!at || c < *at) && clear_at(placed, b, c)) at = c;
+    }
+    // Counted once per block, as pack() counts: the checks of the replaced block's place stop
+    // where that place ends, so the bound caps this packing within three passes per block.
+    steps += placed.size() + hidden;
+    if (steps > max_steps) return false;
+    place(i, at ? *at : best_fit(placed, b));
+    return true;
+  };
+  std::vector<std::size_t> chain;
+  for (const std::size_t i : order) {
+    // i, the block it replaces, the block that one replaces, ...: the first not yet placed
+    // comes last, and is placed first.
+    chain.clear();
+    for (std::size_t j = i; j != PlannedLayout::kNone && !done[j] && chain.size() < kReplacedChain;
+         j = replaced[j].block)
+      chain.push_back(j);
+    for (auto j = chain.rbegin(); j != chain.rend(); ++j)
+      if (!place_one(*j)) return {steps > max_steps ? PackEnd::too_costly : PackEnd::not_lower, {}};
   }
   if (height >= stop_at) return {PackEnd::not_lower, {}};
   return out;
@@ -409,17 +534,21 @@ std::optional<std::vector<std::uint32_t>> link_below(std::span<const RecordedBlo
 // link to a run is to its last block, the one that ends closest below.
 class MergedRuns {
  public:
-  explicit MergedRuns(std::span<const RecordedBlock> blocks) : blocks_(blocks) {
+  explicit MergedRuns(std::span<const RecordedBlock> blocks) : blocks_(blocks), merged_of_(blocks.size()) {
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       if (continues_run(i)) {
         merged_.back().size += blocks[i].size;
+        merged_of_[i] = static_cast<std::uint32_t>(merged_.size() - 1);
         continue;
       }
+      merged_of_[i] = static_cast<std::uint32_t>(merged_.size());
       merged_.push_back(blocks[i]);
       first_.push_back(static_cast<std::uint32_t>(i));
     }
     first_.push_back(static_cast<std::uint32_t>(blocks.size()));
   }
+  /// The merged block input block i lies in.
+  std::uint32_t merged_of(std::size_t i) const { return merged_of_[i]; }
 
   std::span<const RecordedBlock> merged() const { return merged_; }
   /// Input blocks beyond one per merged block.
@@ -456,10 +585,39 @@ class MergedRuns {
   std::span<const RecordedBlock> blocks_;
   std::vector<RecordedBlock> merged_;
   std::vector<std::uint32_t> first_;  // per merged block, its first input block; then the input's size
+  std::vector<std::uint32_t> merged_of_;  // per input block, its merged block
 };
 
-// plan_layout() on checked blocks; `hidden` as for pack().
-PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, std::size_t hidden) {
+// pack_replacing()'s input for the `count` blocks planned (the input, or its runs merged: block i
+// of the input is planned as block index_of(i)) from replaced_blocks() of the input: empty when
+// no block replaces another. A replaced block that stays where recorded (in a run or not) is
+// given by its recorded place, and the others are in no run: the same either way.
+template <typename IndexOf>
+std::vector<Replaced> replacements(std::span<const RecordedBlock> blocks, std::size_t count, IndexOf index_of) {
+  const std::vector<std::uint32_t> replaced = replaced_blocks(blocks);
+  if (std::all_of(replaced.begin(), replaced.end(), [](std::uint32_t j) { return j == PlannedLayout::kNone; }))
+    return {};
+  std::vector<Replaced> out(count);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const std::uint32_t j = replaced[i];
+    if (j == PlannedLayout::kNone) continue;
+    Replaced& r = out[index_of(i)];
+    r.size = blocks[j].size;
+    if (blocks[j].stays_where_recorded()) {
+      r.delta = blocks[j].recorded;
+    } else {
+      r.block = index_of(j);
+    }
+  }
+  return out;
+}
+
+// plan_layout() on checked blocks; `hidden` as for pack(); `replaced()` gives pack_replacing()'s
+// input, asked for only when that candidate runs (empty: no block replaces another, no such
+// candidate).
+template <typename MakeReplaced>
+PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, std::size_t hidden,
+                          MakeReplaced replaced) {
   const Events events = events_in_order(blocks);
   const std::size_t floor = peak_of(blocks, events);  // no layout is lower
   PlannedLayout best;
@@ -494,6 +652,16 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
       best.source = LayoutSource::packed;
     }
   }
+  if (best.height > floor) {
+    const std::vector<Replaced> replacing = replaced();
+    Packing packing = replacing.empty() ? Packing{PackEnd::not_lower, {}}
+                                        : pack_replacing(blocks, replacing, max_pack_steps, best.height, hidden);
+    if (packing.end == PackEnd::done) {
+      best.offsets = std::move(packing.offsets);
+      best.height = height_of(blocks, best.offsets);
+      best.source = LayoutSource::replacing;
+    }
+  }
   if (best.source == LayoutSource::recorded) {
     if (!recorded_below) throw std::runtime_error("plan_layout: no candidate keeps the blocks apart within the packing bound");
     best.below = std::move(*recorded_below);
@@ -512,10 +680,16 @@ std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) { return peak
 PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, FixedRuns runs) {
   check_input(blocks);
   if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");
-  if (runs == FixedRuns::as_blocks) return plan_blocks(blocks, max_pack_steps, 0);
+  const auto as_input = [&] {
+    return replacements(blocks, blocks.size(), [](std::size_t i) { return static_cast<std::uint32_t>(i); });
+  };
+  if (runs == FixedRuns::as_blocks) return plan_blocks(blocks, max_pack_steps, 0, as_input);
   const MergedRuns merged(blocks);
-  if (merged.hidden() == 0) return plan_blocks(blocks, max_pack_steps, 0);
-  return merged.spread(plan_blocks(merged.merged(), max_pack_steps, merged.hidden()));
+  if (merged.hidden() == 0) return plan_blocks(blocks, max_pack_steps, 0, as_input);
+  const auto as_merged = [&] {
+    return replacements(blocks, merged.merged().size(), [&](std::size_t i) { return merged.merged_of(i); });
+  };
+  return merged.spread(plan_blocks(merged.merged(), max_pack_steps, merged.hidden(), as_merged));
 }
 
 }  // namespace tensorpool::detail

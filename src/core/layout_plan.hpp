@@ -5,7 +5,7 @@
 // runs the same epoch again can then be served at those offsets with no device call, from
 // `height` bytes of mapped memory (vmm_heaps.cpp; docs/vmm.md, "Planned layouts").
 //
-// Three candidates, each tried only while the best so far is above the peak of live bytes
+// Four candidates, each tried only while the best so far is above the peak of live bytes
 // (peak_live_bytes(): no layout reaches lower), each kept only when lower than the best so far:
 //   recorded  the offsets the blocks really had, reaching as high as the epoch's address range
 //             did (a candidate whenever the record is a layout: blocks alive together never
@@ -20,9 +20,17 @@
 //             smallest gap between the already placed blocks alive at the same time that fits
 //             it (ties: the lowest), else the top of them; fixed and pinned blocks are placed
 //             first, where they were. It sees a step's whole future, so it places what an online rule cannot
-//             (on training steps whose gradients and activations interleave it is the lowest).
-// Packing costs O(n^2) simple steps at most (each block passes over the placed ones in offset
-// order). The pass leaves out placed blocks that cannot change its answer (all below what it has
+//             (on training steps whose gradients and activations interleave it is the lowest);
+//   replacing the same packing, but a block that replaces another (the largest block at least
+//             half its size freed in the kReplacedWithin events before its allocation: `x = f(x)`,
+//             a loss's upcast made as the logits it reads are freed) first tries that block's
+//             place, starting where it started, else ending where it ended, and that block is
+//             placed first if it is not yet. Packing by size stacks every step's large
+//             short-lived blocks at one place, and what a step keeps into the next (the logits)
+//             then takes turns above them; this leaves it a slot that the next step's upcast
+//             covers.
+// Packing (either way) costs O(n^2) simple steps at most (each block passes over the placed ones
+// in offset order). The pass leaves out placed blocks that cannot change its answer (all below what it has
 // covered, alive at other times, or a gapless run of blocks all alive with it, which only raises
 // the top) and stops at a gap of exactly the block's size; packing stops as soon as its height
 // reaches the best so far (it would not be kept). The layout is the plain scan's either way
@@ -64,7 +72,7 @@ struct RecordedBlock {
 };
 
 /// Which candidate a layout is (see the file comment).
-enum class LayoutSource : std::uint8_t { recorded, online, packed };
+enum class LayoutSource : std::uint8_t { recorded, online, packed, replacing };
 
 struct PlannedLayout {
   std::vector<std::size_t> offsets;  // per block, in input order

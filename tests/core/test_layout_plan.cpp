@@ -19,6 +19,12 @@ namespace {
 
 bool alive_together(const RecordedBlock& a, const RecordedBlock& b) { return a.start < b.end && b.start < a.end; }
 
+// Whether a layout came from one of the two packings (by size, or by size with blocks on the
+// place of the block they replace): what the packing's bound may cut short.
+bool packing(detail::LayoutSource source) {
+  return source == detail::LayoutSource::packed || source == detail::LayoutSource::replacing;
+}
+
 // Checks every pair by brute force: blocks alive together lie apart; and the height.
 void require_apart(const std::vector<RecordedBlock>& blocks, const PlannedLayout& plan) {
   REQUIRE(plan.offsets.size() == blocks.size());
@@ -157,7 +163,7 @@ TEST_CASE("layout plan: packing that would cost too much keeps the lower of the 
     // one where it is lower.
     const PlannedLayout cut = detail::plan_layout(blocks, 0);
     require_valid(blocks, cut);
-    REQUIRE(cut.source != detail::LayoutSource::packed);
+    REQUIRE(!packing(cut.source));
     REQUIRE(cut.height >= unbounded.height);
     if (cut.source == detail::LayoutSource::recorded) {
       for (std::size_t i = 0; i < n; ++i) REQUIRE(cut.offsets[i] == blocks[i].recorded);
@@ -324,6 +330,63 @@ TEST_CASE("layout plan: the packing is the plain scan's, block for block", "[pla
   REQUIRE(packed >= 40);
 }
 
+namespace {
+
+// Four steps of a PyTorch loop: a forward pass keeping 8 activations of L/2, the logits (L) kept
+// into the next step, the last step's logits freed, the loss's upcasts (2L, two alive at once)
+// made right after, then the backward pass freeing the activations in reverse. Every block at
+// 0: no recorded candidate.
+std::vector<RecordedBlock> loop_keeping_logits(std::size_t logits) {
+  std::vector<RecordedBlock> blocks;
+  std::uint64_t clock = 1;
+  const auto alloc = [&](std::size_t size) {
+    blocks.push_back(RecordedBlock{size, clock++, 0, 0});
+    return blocks.size() - 1;
+  };
+  const auto free = [&](std::size_t i) { blocks[i].end = clock++; };
+  std::size_t last_logits = SIZE_MAX;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<std::size_t> activations;
+    for (int i = 0; i < 8; ++i) activations.push_back(alloc(logits / 2));
+    const std::size_t current = alloc(logits);
+    if (last_logits != SIZE_MAX) free(last_logits);
+    last_logits = current;
+    const std::size_t up1 = alloc(2 * logits);
+    const std::size_t up2 = alloc(2 * logits);
+    free(up1);
+    const std::size_t up3 = alloc(2 * logits);
+    free(up2);
+    free(up3);
+    for (auto a = activations.rbegin(); a != activations.rend(); ++a) free(*a);
+  }
+  free(last_logits);
+  return blocks;
+}
+
+}  // namespace
+
+TEST_CASE("layout plan: blocks placed where the block they replace was reach the peak of a loop that keeps its logits",
+          "[plan]") {
+  // Packing by size puts every step's upcasts at one place, and the logits, each alive with its
+  // step's upcasts and with the next step's logits, take turns between two slots above them: a
+  // logits' size over the peak. An upcast made as the last logits are freed that starts where
+  // they were (the replacing candidate) leaves the other slot to the next logits.
+  const std::size_t logits = 100 * MiB;
+  const std::vector<RecordedBlock> blocks = loop_keeping_logits(logits);
+  const std::size_t peak = detail::peak_live_bytes(blocks);
+  REQUIRE(peak == 9 * logits);  // the activations, the logits and two upcasts
+  const PlannedLayout plan = detail::plan_layout(blocks);
+  require_valid(blocks, plan);
+  REQUIRE(plan.source == detail::LayoutSource::replacing);
+  REQUIRE(plan.height == peak);
+  // Packing by size alone (the plain scan) is a logits' size higher.
+  const std::vector<std::size_t> by_size = reference_packing(blocks);
+  std::size_t by_size_height = 0;
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    by_size_height = std::max(by_size_height, by_size[i] + blocks[i].size);
+  REQUIRE(by_size_height == peak + logits);
+}
+
 TEST_CASE("layout plan: pinned blocks (allocated by a step, kept past its end) stay where they were recorded",
           "[plan][step]") {
   std::mt19937_64 rng(25);
@@ -423,10 +486,22 @@ TEST_CASE("layout plan: a run of fixed blocks planned as one block gives the lay
   std::mt19937_64 rng(4242);
   int runs = 0;
   int packed = 0;
+  int replacing = 0;
   int cut_short = 0;
   for (int round = 0; round < 200; ++round) {
     std::vector<RecordedBlock> blocks;
-    if (round % 2 == 0) {
+    if (round % 8 == 7) {
+      // A loop that keeps its logits, on a base of weights side by side (one run or a few).
+      blocks = loop_keeping_logits(std::size_t{512} << (4 + rng() % 8));
+      std::uint64_t end = 0;
+      for (const RecordedBlock& b : blocks) end = std::max(end, b.end + 1);
+      std::size_t at = 0;
+      for (std::size_t i = 0, weights = 1 + rng() % 300; i < weights; ++i) {
+        if (rng() % 50 == 0) at += 512;  // a hole: another run begins
+        blocks.push_back(RecordedBlock{std::size_t{512} << (rng() % 10), 0, end, at, true});
+        at += blocks.back().size;
+      }
+    } else if (round % 2 == 0) {
       blocks = base_and_step(rng, 1 + rng() % 120, rng() % 400, round % 4 == 0);
     } else {
       // step_epoch()'s blocks in the record's order: the step's, then the fixed ones by address.
@@ -438,7 +513,7 @@ TEST_CASE("layout plan: a run of fixed blocks planned as one block gives the lay
     // bound must count for the blocks a run stands for.
     const std::size_t n = blocks.size();
     std::size_t bound = detail::kMaxPackSteps;
-    const bool packs = detail::plan_layout(blocks).source == detail::LayoutSource::packed;
+    const bool packs = packing(detail::plan_layout(blocks).source);
     if (packs && round % 3 != 0) {
       const auto stays = static_cast<std::size_t>(
           std::count_if(blocks.begin(), blocks.end(), [](const RecordedBlock& b) { return b.stays_where_recorded(); }));
@@ -456,11 +531,14 @@ TEST_CASE("layout plan: a run of fixed blocks planned as one block gives the lay
       runs += blocks[i].fixed && blocks[i - 1].fixed && blocks[i].end == blocks[i - 1].end &&
               blocks[i].recorded == blocks[i - 1].recorded + blocks[i - 1].size;
     packed += packs;
-    cut_short += packs && merged.source != detail::LayoutSource::packed;
+    replacing += merged.source == detail::LayoutSource::replacing;
+    cut_short += packs && !packing(merged.source);
   }
   // The rounds merge runs, and reach the packing, and the packing's bound.
-  INFO(runs << " blocks continue a run; " << packed << " rounds pack, " << cut_short << " of them cut short");
+  INFO(runs << " blocks continue a run; " << packed << " rounds pack (" << replacing << " with blocks where the block "
+            "they replace was), " << cut_short << " of them cut short");
   REQUIRE(runs > 10000);
   REQUIRE(packed >= 30);
+  REQUIRE(replacing >= 5);
   REQUIRE(cut_short >= 10);
 }
