@@ -56,7 +56,8 @@ GENERATED = [
 ]
 
 
-# Jobs the rules were not tuned on (added 2026-12-05, after the rules they check): the CS336
+# Jobs the rules were not tuned on (added 2026-12-05, after the rules they check; the planner's
+# `replacing` candidate, added later that day, was chosen on records that include them): the CS336
 # Transformer LM as the shared traces' runs write it (tests/workload/test_real_runs.cpp) at other
 # shapes, contexts, batches and precisions, and GPT-2 loops with other options. (id, what, generate
 # arguments, judged as a repeating loop under criterion 5.)
