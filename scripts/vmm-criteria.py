@@ -67,32 +67,32 @@ CS336_TRAIN = CS336 + ",optimizer_impl:handwritten"
 CS336_2_7B = "layers:32,hidden:2560,heads:32,kv_heads:32,ffn:10240"
 CS336_MEDIUM = "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096"
 CS336_SMALL = "layers:12,hidden:768,heads:12,kv_heads:12,ffn:3072"
+
+def cs336(*options):
+    """`tensorpool generate` arguments of the CS336 model with these options."""
+    return ["--model", "custom", "--options", ",".join(options)]
+
+
 HELD_OUT = [
     ("cs336-2.7b-train-ctx512", "CS336 2.7B, fp32, 4 x 512, 4 steps",
-     ["--model", "custom", "--options", ",".join([CS336_TRAIN, CS336_2_7B, "precision:fp32,micro_batch:4,seq:512,"
-                                                   "context:512,steps:4"])], True),
+     cs336(CS336_TRAIN, CS336_2_7B, "precision:fp32,micro_batch:4,seq:512,context:512,steps:4"), True),
     ("cs336-2.7b-train-autocast-ctx256", "CS336 2.7B, autocast bf16, 8 x 256, 4 steps",
-     ["--model", "custom", "--options", ",".join([CS336_TRAIN, CS336_2_7B, "precision:autocast-bf16,micro_batch:8,"
-                                                   "seq:256,context:256,steps:4"])], True),
+     cs336(CS336_TRAIN, CS336_2_7B, "precision:autocast-bf16,micro_batch:8,seq:256,context:256,steps:4"), True),
     ("cs336-medium-train-autocast-ctx512", "CS336 medium, autocast bf16, 8 x 512, 4 steps",
-     ["--model", "custom", "--options", ",".join([CS336_TRAIN, CS336_MEDIUM, "precision:autocast-bf16,micro_batch:8,"
-                                                   "seq:512,context:512,steps:4"])], True),
+     cs336(CS336_TRAIN, CS336_MEDIUM, "precision:autocast-bf16,micro_batch:8,seq:512,context:512,steps:4"), True),
     ("cs336-small-train-ctx256", "CS336 small (12 x 768), fp32, 8 x 256, 6 steps",
-     ["--model", "custom", "--options", ",".join([CS336_TRAIN, CS336_SMALL, "precision:fp32,micro_batch:8,seq:256,"
-                                                   "context:256,steps:6"])], True),
+     cs336(CS336_TRAIN, CS336_SMALL, "precision:fp32,micro_batch:8,seq:256,context:256,steps:6"), True),
     ("cs336-2.7b-forward-empty-cache", "CS336 2.7B, forward passes under no_grad, fp32, 4 x 512, "
-     "empty_cache() at each step", ["--model", "custom", "--options", ",".join([
-         CS336, CS336_2_7B, "mode:forward,precision:fp32,micro_batch:4,seq:512,context:512,steps:4,empty_cache:true"])],
+     "empty_cache() at each step",
+     cs336(CS336, CS336_2_7B, "mode:forward,precision:fp32,micro_batch:4,seq:512,context:512,steps:4,empty_cache:true"),
      False),
     ("cs336-medium-forward-ctx1024", "CS336 medium, forward passes under no_grad, fp32, 4 x 1024",
-     ["--model", "custom", "--options", ",".join([CS336, CS336_MEDIUM, "mode:forward,precision:fp32,micro_batch:4,"
-                                                   "seq:1024,context:1024,steps:4"])], False),
+     cs336(CS336, CS336_MEDIUM, "mode:forward,precision:fp32,micro_batch:4,seq:1024,context:1024,steps:4"), False),
     ("cs336-small-forward", "CS336 small, forward passes under no_grad, fp32, 2 x 256 (under 1 GiB)",
-     ["--model", "custom", "--options", ",".join([CS336, CS336_SMALL, "mode:forward,precision:fp32,micro_batch:2,"
-                                                   "seq:256,context:256,steps:4"])], False),
+     cs336(CS336, CS336_SMALL, "mode:forward,precision:fp32,micro_batch:2,seq:256,context:256,steps:4"), False),
     ("cs336-small-forward-autocast", "CS336 small, forward passes under no_grad, autocast bf16, 4 x 512 (under 1 GiB)",
-     ["--model", "custom", "--options", ",".join([CS336, CS336_SMALL, "mode:forward,precision:autocast-bf16,"
-                                                   "micro_batch:4,seq:512,context:512,steps:4"])], False),
+     cs336(CS336, CS336_SMALL, "mode:forward,precision:autocast-bf16,micro_batch:4,seq:512,context:512,steps:4"),
+     False),
     ("gpt2-xl-loop-forloop-clip", "GPT-2 1.5B in the PyTorch loop, 2 x 1024, AdamW for-loop, clip_grad, 4 steps",
      ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:2,optimizer_impl:for-loop,clip_grad:true,"
                                          "steps:4"], True),
@@ -104,15 +104,8 @@ HELD_OUT_LOOPS = {hid for hid, _, _, loop in HELD_OUT if loop}
 
 
 def held_out(args):
-    """HELD_OUT, generated into --work when missing: (name, path, capacity)."""
-    os.makedirs(args.work, exist_ok=True)
-    out = []
-    for hid, _, gen, _ in HELD_OUT:
-        trace = os.path.join(args.work, hid + ".tptrace")
-        if not os.path.exists(trace):
-            subprocess.run([args.tensorpool, "generate", trace] + gen, check=True, capture_output=True)
-        out.append((hid, trace, "80GiB"))
-    return out
+    """HELD_OUT, generated into --work when missing, each at 80 GiB: (name, path, capacity)."""
+    return generate_missing(args, [(hid, gen, "80GiB") for hid, _, gen, _ in HELD_OUT])
 
 
 def run_json(args):
@@ -135,16 +128,22 @@ def vmm_conf(args):
     return ["--allocator-conf", VMM + "=" + args.conf] if args.conf else []
 
 
-def generated(args):
-    """The generated suite and GENERATED, generated into --work when missing: (name, path, capacity)."""
+def generate_missing(args, jobs):
+    """Each (name, `tensorpool generate` arguments, capacity) of `jobs` generated into --work when
+    missing: (name, path, capacity)."""
     os.makedirs(args.work, exist_ok=True)
     out = []
-    for sid, _, gen, capacity in suite() + GENERATED:
-        trace = os.path.join(args.work, sid + ".tptrace")
+    for name, gen, capacity in jobs:
+        trace = os.path.join(args.work, name + ".tptrace")
         if not os.path.exists(trace):
             subprocess.run([args.tensorpool, "generate", trace] + gen, check=True, capture_output=True)
-        out.append((sid, trace, capacity))
+        out.append((name, trace, capacity))
     return out
+
+
+def generated(args):
+    """The generated suite and GENERATED, generated into --work when missing: (name, path, capacity)."""
+    return generate_missing(args, [(sid, gen, capacity) for sid, _, gen, capacity in suite() + GENERATED])
 
 
 def fit_rows(args, traces):

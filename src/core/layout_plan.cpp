@@ -213,55 +213,6 @@ bool clear_at(const PlacedBlocks& placed, const RecordedBlock& b, std::size_t lo
   return true;
 }
 
-// Greedy by size: blocks in decreasing size (ties: earlier first), each where best_fit() puts
-// it, after the fixed blocks where they were. O(n^2) simple steps at most (each block passes
-// over the placed ones); the chunks' bounds skip most of them on real epochs. The layout's
-// height only grows as blocks are placed, so packing stops once it reaches `stop_at` (a layout
-// at least as high as the recorded one is not kept), or once the passes would have looked at
-// more than `max_steps` placed blocks (counted as if none were skipped, so that what is cut
-// short does not depend on the data's shape).
-// `hidden`: blocks the input stands for beyond its own (fixed runs merged: FixedRuns), placed
-// before the pass, so that the bound counts what it would block by block.
-Packing pack(std::span<const RecordedBlock> blocks, std::size_t max_steps, std::size_t stop_at, std::size_t hidden) {
-  const std::size_t n = blocks.size();
-  std::vector<std::size_t> order;
-  order.reserve(n);
-  std::uint64_t clock_end = 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    clock_end = std::max(clock_end, blocks[i].end);
-    if (!blocks[i].stays_where_recorded()) order.push_back(i);
-  }
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
-    return blocks[a].start < blocks[b].start;
-  });
-  PlacedBlocks placed(clock_end);
-  const auto place = [&](const RecordedBlock& b, std::size_t at) { placed.insert({at, at + b.size, b.start, b.end}); };
-  Packing out;
-  out.offsets.assign(n, 0);
-  std::size_t height = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const RecordedBlock& b = blocks[i];
-    if (!b.stays_where_recorded()) continue;
-    out.offsets[i] = b.recorded;
-    place(b, b.recorded);
-    height = std::max(height, b.recorded + b.size);
-  }
-  std::size_t steps = 0;
-  for (const std::size_t i : order) {
-    if (height >= stop_at) return {PackEnd::not_lower, {}};
-    steps += placed.size() + hidden;
-    if (steps > max_steps) return {PackEnd::too_costly, {}};
-    const RecordedBlock& b = blocks[i];
-    const std::size_t at = best_fit(placed, b);
-    out.offsets[i] = at;
-    height = std::max(height, at + b.size);
-    place(b, at);
-  }
-  if (height >= stop_at) return {PackEnd::not_lower, {}};
-  return out;
-}
-
 // A block replaces the largest block at least half its size freed within this many ticks
 // (events of the epoch) before its allocation (a choice: docs/vmm.md, "Planned layouts"); a
 // chain of blocks each replacing the next is placed this many at a time at most.
@@ -292,7 +243,7 @@ std::vector<std::uint32_t> replaced_blocks(std::span<const RecordedBlock> blocks
   return replaced;
 }
 
-// What a block replaces (replaced_blocks()), where pack_replacing() looks for it: the
+// What a block replaces (replaced_blocks()), where pack() looks for it: the
 // place of block `block` (an index of the packing's input) plus `delta`, `size` bytes; for a
 // block that stays where it was recorded, `block` is kNone and `delta` is its place.
 struct Replaced {
@@ -301,16 +252,27 @@ struct Replaced {
   std::size_t size = 0;
 };
 
-// Packing as pack() does (by size, best fit, the same bounds), but a block that replaces another
-// (a program's `x = f(x)`: the loss's upcast made as the logits it reads are freed, a step's new
-// output made as the last one is freed) first tries that block's place: starting where it
-// started, else ending where it ended, when that is clear of the blocks alive with it. The
-// replaced block is placed first if it is not yet (it may be smaller), so that its place is
-// known. Without it, packing by size stacks the large short-lived blocks of every step at one
-// place, and what each step keeps across into the next can only take turns above them
-// (docs/benchmarks.md, "Blocks placed where the block they replace was").
-Packing pack_replacing(std::span<const RecordedBlock> blocks, std::span<const Replaced> replaced,
-                       std::size_t max_steps, std::size_t stop_at, std::size_t hidden) {
+// Greedy by size: blocks in decreasing size (ties: earlier first), each where best_fit() puts
+// it, after the fixed blocks where they were. O(n^2) simple steps at most (each block passes
+// over the placed ones); the chunks' bounds skip most of them on real epochs. The layout's
+// height only grows as blocks are placed, so packing stops once it reaches `stop_at` (a layout
+// at least as high as the recorded one is not kept), or once the passes would have looked at
+// more than `max_steps` placed blocks (counted as if none were skipped, so that what is cut
+// short does not depend on the data's shape).
+// `hidden`: blocks the input stands for beyond its own (fixed runs merged: FixedRuns), placed
+// before the pass, so that the bound counts what it would block by block.
+// `replaced` (empty: none, the plain packing by size), per block, the block it replaces (a
+// program's `x = f(x)`: the loss's upcast made as the logits it reads are freed): such a block
+// first tries that block's place, starting where it started, else ending where it ended, when
+// that is clear of the blocks alive with it, and the replaced block is placed first if it is not
+// yet (it may be smaller), so that its place is known. Without it, packing by size stacks the
+// large short-lived blocks of every step at one place, and what each step keeps across into the
+// next can only take turns above them (docs/benchmarks.md, "Blocks placed where the block they
+// replace was").
+Packing pack(std::span<const RecordedBlock> blocks, std::span<const Replaced> replaced, std::size_t max_steps,
+             std::size_t stop_at, std::size_t hidden) {
+  static const Replaced kNothing{};
+  const auto replaces = [&](std::size_t i) -> const Replaced& { return replaced.empty() ? kNothing : replaced[i]; };
   const std::size_t n = blocks.size();
   std::vector<std::size_t> order;
   order.reserve(n);
@@ -342,15 +304,16 @@ Packing pack_replacing(std::span<const RecordedBlock> blocks, std::span<const Re
   const auto place_one = [&](std::size_t i) {
     if (height >= stop_at) return false;
     const RecordedBlock& b = blocks[i];
-    const Replaced& r = replaced[i];
+    const Replaced& r = replaces(i);
     std::optional<std::size_t> at;
     if (r.size != 0 && (r.block == PlannedLayout::kNone || done[r.block])) {
       const std::size_t lo = (r.block == PlannedLayout::kNone ? 0 : out.offsets[r.block]) + r.delta;
       for (const std::size_t c : {lo, lo + r.size >= b.size ? lo + r.size - b.size : SIZE_MAX})
         if (c != SIZE_MAX && (!at || c < *at) && clear_at(placed, b, c)) at = c;
     }
-    // Counted once per block, as pack() counts: the checks of the replaced block's place stop
-    // where that place ends, so the bound caps this packing within three passes per block.
+    // Counted once per block, with or without replacements: the checks of the replaced block's
+    // place stop where that place ends, so the bound caps a packing with them within three
+    // passes per block.
     steps += placed.size() + hidden;
     if (steps > max_steps) return false;
     place(i, at ? *at : best_fit(placed, b));
@@ -362,7 +325,7 @@ Packing pack_replacing(std::span<const RecordedBlock> blocks, std::span<const Re
     // comes last, and is placed first.
     chain.clear();
     for (std::size_t j = i; j != PlannedLayout::kNone && !done[j] && chain.size() < kReplacedChain;
-         j = replaced[j].block)
+         j = replaces(j).block)
       chain.push_back(j);
     for (auto j = chain.rbegin(); j != chain.rend(); ++j)
       if (!place_one(*j)) return {steps > max_steps ? PackEnd::too_costly : PackEnd::not_lower, {}};
@@ -588,7 +551,7 @@ class MergedRuns {
   std::vector<std::uint32_t> merged_of_;  // per input block, its merged block
 };
 
-// pack_replacing()'s input for the `count` blocks planned (the input, or its runs merged: block i
+// pack()'s input for the `count` blocks planned (the input, or its runs merged: block i
 // of the input is planned as block index_of(i)) from replaced_blocks() of the input: empty when
 // no block replaces another. A replaced block that stays where recorded (in a run or not) is
 // given by its recorded place, and the others are in no run: the same either way.
@@ -612,7 +575,7 @@ std::vector<Replaced> replacements(std::span<const RecordedBlock> blocks, std::s
   return out;
 }
 
-// plan_layout() on checked blocks; `hidden` as for pack(); `replaced()` gives pack_replacing()'s
+// plan_layout() on checked blocks; `hidden` as for pack(); `replaced()` gives pack()'s
 // input, asked for only when that candidate runs (empty: no block replaces another, no such
 // candidate).
 template <typename MakeReplaced>
@@ -645,7 +608,7 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
     best.height = SIZE_MAX;  // no candidate yet: the packing's, however high
   }
   if (best.height > floor) {
-    Packing packing = pack(blocks, max_pack_steps, best.height, hidden);
+    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden);
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
@@ -655,7 +618,7 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
   if (best.height > floor) {
     const std::vector<Replaced> replacing = replaced();
     Packing packing = replacing.empty() ? Packing{PackEnd::not_lower, {}}
-                                        : pack_replacing(blocks, replacing, max_pack_steps, best.height, hidden);
+                                        : pack(blocks, replacing, max_pack_steps, best.height, hidden);
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
