@@ -4,6 +4,7 @@ the time criterion, on the generated suite of scripts/fit-tables.py), printed as
 
 Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [--cost-model FILE]
                                [--conf SETTINGS] [--only 1,2,3,4,5] [--generated] [--held-out]
+                               [--device-lag N] [--step-at-iterations]
 
   1. fit:          tensorpool fit T --allocators tensorpool-vmm,pytorch,pytorch-expandable,cub,raw
                    --precision-pct 0.05: tensorpool-vmm at most 0.5% above the smallest of the
@@ -20,10 +21,14 @@ Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [-
                    tensorpool compare T --json, one pass at 80 GiB or the trace's capacity, its
                    per_iteration figures: from the third iteration on, no upstream call and no
                    synchronization, and reserved memory at most 0.5% above the bytes those
-                   iterations request at their peak.
+                   iterations request at their peak. Judged on a loop that calls tensorpool's
+                   step() once per iteration (--step-at-iterations: the program gives its step
+                   boundary, issue 25's first item); the same without step() is shown beside it.
 --conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). --device-lag N runs
 criteria 2-5 with a device that runs behind the host (`tensorpool compare --device-lag N`,
-docs/cli.md; criterion 1's `fit` completes events at once). --generated runs
+docs/cli.md; criterion 1's `fit` completes events at once). --step-at-iterations runs criteria 2-5
+with tensorpool's step() at each iteration marker (criterion 5's judged column always has it).
+--generated runs
 criteria 1-3 on the generated suite too, and on issue 25's additions (GENERATED below: a PyTorch
 loop with weights, gradients and activations in one heap; sequence lengths from a lognormal
 distribution), each at its own capacity. --held-out runs criteria 1-3 and 5 on HELD_OUT too: jobs
@@ -163,7 +168,7 @@ def fit_rows(args, traces):
     return head + rows, met, len(rows)
 
 
-def compare(args, path, warmup, capacity="80GiB", cost_model=None):
+def compare(args, path, warmup, capacity="80GiB", cost_model=None, step_at_iterations=False):
     cmd = [args.tensorpool, "compare", path, "--allocators", VMM + ",pytorch,pytorch-expandable",
            "--capacity", capacity, "--json", "-q"] + vmm_conf(args)
     if warmup:
@@ -172,6 +177,8 @@ def compare(args, path, warmup, capacity="80GiB", cost_model=None):
         cmd += ["--cost-model", cost_model]
     if args.device_lag:
         cmd += ["--device-lag", str(args.device_lag)]
+    if args.step_at_iterations or step_at_iterations:
+        cmd += ["--step-at-iterations"]
     return by_name(run_json(cmd))
 
 
@@ -236,11 +243,12 @@ def loop_rows(args, traces):
     rows, met, judged = [], 0, 0
     for name, path, capacity in traces:
         r = compare(args, path, 0, capacity)
+        stepped = compare(args, path, 0, capacity, step_at_iterations=True)[VMM]
         figures = {a: loop_figures(r[a]) for a in (VMM, "pytorch", "pytorch-expandable")}
         if figures[VMM] is None:
             continue  # fewer than 3 iterations: no steady loop to look at
-        calls, syncs, ratio = figures[VMM]
-        cells = ["%.4f / %d / %d" % (f[2], f[0], f[1]) for f in figures.values()]
+        calls, syncs, ratio = loop_figures(stepped)
+        cells = ["%.4f / %d / %d" % (f[2], f[0], f[1]) for f in [loop_figures(stepped)] + list(figures.values())]
         if name in LOOPS or name in HELD_OUT_LOOPS:
             ok = calls == 0 and syncs == 0 and ratio <= 1.005
             met += ok
@@ -248,9 +256,9 @@ def loop_rows(args, traces):
             judged += 1
         else:
             verdict = "(steps differ: not judged)"
-        rows.append("| %s | %s | %s | %s | %s |" % (name, cells[0], cells[1], cells[2], verdict))
-    head = ["| trace (from the 3rd iteration: reserved / requested, calls, syncs) | tensorpool-vmm | pytorch | "
-            "pytorch-expandable | met |", "|---|---|---|---|---|"]
+        rows.append("| %s | %s | %s | %s | %s | %s |" % (name, cells[0], cells[1], cells[2], cells[3], verdict))
+    head = ["| trace (from the 3rd iteration: reserved / requested, calls, syncs) | tensorpool-vmm, step() per "
+            "iteration | tensorpool-vmm | pytorch | pytorch-expandable | met |", "|---|---|---|---|---|---|"]
     return head + rows, met, judged
 
 
@@ -265,6 +273,7 @@ def main():
     ap.add_argument("--generated", action="store_true")
     ap.add_argument("--held-out", action="store_true")
     ap.add_argument("--device-lag", type=int, default=0)
+    ap.add_argument("--step-at-iterations", action="store_true")
     args = ap.parse_args()
     traces = [(os.path.basename(p)[:-len(".pickle")], p, "80GiB")
               for p in sorted(glob.glob(os.path.join(args.traces, "*.pickle")))]

@@ -75,7 +75,7 @@ void Allocator::Impl::step() {
   stepping_ = nullptr;
   if (capture_underway()) return;  // no event query, and a capture's pool is not a step's
   if (pending_total_ != 0) process_events();  // frees whose work is done count as frees
-  source_->step_boundary();
+  source_->step_boundary(detail::StepBoundary::called);
   debug_check();
 }
 
@@ -91,7 +91,7 @@ void Allocator::Impl::step_found(StreamState& ss) {
   }
   if (capture_underway()) return;
   counters.count(&Stats::steps_found);
-  source_->step_boundary();
+  source_->step_boundary(detail::StepBoundary::found);
 }
 
 // --- sleep and wake (the vmm source does the work: vmm_sleep.cpp) ---------------------------

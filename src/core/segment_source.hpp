@@ -59,6 +59,12 @@ struct Sleepers {
   bool cover(TagId t) const noexcept { return all || t == tag; }
 };
 
+/// Who says where a step ends (SegmentSource::step_boundary()).
+enum class StepBoundary : std::uint8_t {
+  called,  // the program: Allocator::step()
+  found,   // the step finder, from the requests (vmm_find_steps)
+};
+
 class SegmentSource {
  public:
   virtual ~SegmentSource() = default;
@@ -98,9 +104,10 @@ class SegmentSource {
     (void)ss, (void)pool, (void)size, (void)pages;
     return nullptr;
   }
-  /// Allocator::step(): a training step ends here (vmm: the heaps that do not empty end their
-  /// epoch at the boundary, vmm_epochs.cpp; fixed segments: nothing).
-  virtual void step_boundary() {}
+  /// Allocator::step(), or a boundary the step finder found: a training step ends here (vmm: the
+  /// heaps that do not empty end their epoch at the boundary, vmm_epochs.cpp; fixed segments:
+  /// nothing).
+  virtual void step_boundary(StepBoundary boundary) { (void)boundary; }
   /// Calls f(block) for every held block (free, mapped, in no index).
   virtual void for_each_held(const std::function<void(const Block*)>& f) const { (void)f; }
   // Sleep and wake (vmm; fixed segments refuse): the caller holds every shard and has

@@ -30,6 +30,11 @@
 // the epoch (the held pages serve it), and that epoch is planned afresh. A program that repeats
 // its steps from an empty heap so runs them at the height its plan reaches, with no device call
 // (docs/vmm.md, "Planned layouts").
+//
+// Step epochs (a heap that never empties, ended at step boundaries) are planned the same way,
+// around their base; a step whose base moved only because what it keeps replaced what it freed
+// of its base (a loop's logits) is also planned as its mirror, for the next step to follow at
+// once (next_turn(), step_turns.hpp; docs/vmm.md, "Steps").
 #include <algorithm>
 #include <exception>
 #include <memory>
@@ -37,6 +42,7 @@
 #include <vector>
 
 #include "core/logging.hpp"
+#include "core/step_turns.hpp"
 #include "core/util.hpp"
 #include "core/vmm_heaps.hpp"
 
@@ -167,7 +173,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
     heap.cursor.follow_again();
   } else {
     release_never_used(heap);
-    choose_next_plan(heap, NextBase::same);
+    choose_next_plan(heap, NextBase::same, heap.epoch.base_signature);
   }
   heap.begin_epoch();
   return nullptr;
@@ -192,7 +198,7 @@ void VmmHeaps::release_never_used(Heap& heap) {
 // The end of an epoch that does not simply repeat its plan in place: the next epoch's plan, and
 // the give-back of the pages above a plan that is followed again, or followed for the first time
 // after the whole run it lays out.
-void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
+void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t next_base_signature) {
   // The plan this epoch followed to the end, if it did: when the next epoch follows it again, or
   // follows the plan the epoch before this one followed (two plans in turn: a step whose base
   // takes turns between two layouts), what lies above their heights can go
@@ -203,18 +209,27 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base) {
   // not: its plan lays out only its own blocks.
   std::shared_ptr<const EpochPlan> followed;
   if (heap.cursor.matched(heap.epoch.allocations())) followed = heap.cursor.plan();
+  std::size_t turns_height = 0;
   if (repeats_in_place(heap)) {
     heap.cursor.follow_again();
   } else {
-    plan_next_epoch(heap, next_base);
+    turns_height = plan_next_epoch(heap, next_base, next_base_signature);
   }
   const EpochPlan* next = heap.cursor.plan().get();
   const bool follows = heap.cursor.state() == PlanState::following;  // with a plan: next
   const bool in_turn = follows && followed != nullptr &&
                        (next == followed.get() || next == heap.followed_before.get());
   const bool repeats_whole_run = follows && followed == nullptr && heap.epoch.empty_to_empty();
+  // The next step is the other turn of this one (its kept blocks where this one's base had them,
+  // next_turn()): the two plans take turns from now on, and nothing above both is used again.
+  // A step that ran online gives back only what it reached itself (the top chunk is its own).
+  const bool takes_turns =
+      follows && turns_height != 0 && (followed != nullptr || no_chunk_above(heap, heap.epoch.high));
   if (in_turn) {
     give_back_above_plan(heap, std::max(followed->height, next->height));
+  } else if (takes_turns) {
+    if (followed == nullptr) drop_event(heap.give_back_event);  // this step ran online: it may have used them
+    give_back_above_plan(heap, turns_height);
   } else if (repeats_whole_run) {
     drop_event(heap.give_back_event);  // recorded before this epoch, which may have used those pages
     give_back_above_plan(heap, next->height);
@@ -306,10 +321,13 @@ EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
 // they are, each alive until its free or the epoch's end); the blocks it allocated and still
 // holds at the boundary count as alive to its end (gradients a zero_grad() after the boundary
 // frees). The next epoch that makes the same requests follows that plan as an epoch from an empty
-// heap does; a request whose planned place is taken (the base differs) departs. An epoch past
+// heap does; a request whose planned place is taken (the base differs) departs. At a boundary
+// the program called (`boundary`), a step whose kept blocks replaced base blocks it freed is
+// also planned as its mirror, which the next step follows (next_turn()). An epoch past
 // vmm_plan_max_blocks plans nothing. The next epoch begins at the boundary, with the blocks live
-// there as its base. O(the heap's blocks).
-void VmmHeaps::step_boundary() {
+// there as its base. O(the heap's blocks), and the planning.
+void VmmHeaps::step_boundary(StepBoundary boundary) {
+  boundary_ = boundary;
   for (auto& [start, heap] : heaps_) {
     heap.resume_recording();
     EpochLog& log = heap.epoch;
@@ -355,7 +373,7 @@ void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
   }
   log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
   log.fixed += log.freed_base.size();
-  choose_next_plan(heap, next_base == log.base_signature ? NextBase::same : NextBase::moved);
+  choose_next_plan(heap, next_base == log.base_signature ? NextBase::same : NextBase::moved, next_base);
   if (plan_asks_source(heap.cursor.state())) hold_all(heap, nullptr);
 }
 
@@ -396,8 +414,12 @@ void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
 // planner) or the latest plan of an epoch like this one (background planner: this one's is not
 // made yet), but those two only when the next epoch begins with this one's base (`next_base`),
 // when the memory from the heap's start up to its height is mapped (map_plan()); without one it
-// runs unplanned from the held pages.
-void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
+// runs unplanned from the held pages. When the base moved (`next_base_signature`: the next one's
+// live_signature()), the next step may be this one's other turn (next_turn()): taken only within
+// the pages the heap holds and, for a step that ran online, below where it reached. Returns the
+// height above which the two turns leave the pages unused (0: not taking turns, or this step's
+// own plan is not made yet).
+std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature) {
   PlanCursor& cursor = heap.cursor;
   // Another stream took a block of the heap (oom_ladder.cpp) and gave it back before the heap's
   // own stream made a request: the layout it waited for is dropped (a new one is asked below).
@@ -405,7 +427,7 @@ void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
   if (!heap.sleeping.empty()) {  // no plan while part of the heap sleeps (vmm_sleep.cpp)
     cursor.record();
     heap.last_signature = heap.epoch.signature;
-    return;
+    return 0;
   }
   const bool matched = cursor.matched(heap.epoch.allocations());
   const std::uint64_t signature = heap.epoch.signature;
@@ -417,9 +439,13 @@ void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
       case Layout::waiting: cursor.wait_for_layout_again(); break;
       case Layout::impossible: cursor.record(); break;
     }
-    return;
+    return 0;
   }
+  // The signature of the next step if it makes this one's requests from its base (read before
+  // the record is handed to the planner thread).
+  const std::uint64_t next_signature = next_base == NextBase::moved ? signature_after(heap.epoch, next_base_signature) : 0;
   std::shared_ptr<const EpochPlan> mine;
+  std::optional<std::vector<RecordedBlock>> mirror;  // the next step's record, as mirrored_step() predicts it
   if (matched) {
     mine = cursor.release_plan();
     heap.new_steps_in_a_row = 0;  // a step epoch that followed a plan repeated one
@@ -429,10 +455,17 @@ void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
     // followed only by a step that repeats one, while planning a step costs O(its base), which a
     // server that calls step() per decode step paid for plans never followed. New steps are
     // planned again once one repeats.
-  } else if (st_.config.vmm_planner == PlannerMode::synchronous) {
-    mine = plan_now(heap);
   } else {
-    hand_to_planner(heap);
+    // A step the program ended (step()) whose base moved by what it kept: the next step may be
+    // its mirror, which is planned here with this one (next_turn()), whatever vmm_planner says:
+    // in step(), never in an allocation, once per loop (its two turns are then found).
+    if (next_base == NextBase::moved && boundary_ == StepBoundary::called)
+      mirror = mirrored_step(heap.epoch.entries, heap.epoch.allocations());
+    if (st_.config.vmm_planner == PlannerMode::synchronous || mirror) {
+      mine = plan_now(heap);
+    } else {
+      hand_to_planner(heap);
+    }
   }
   cursor.record();  // until a plan for the next epoch is found and its pages are in place
   collect_plans(heap);
@@ -451,14 +484,64 @@ void VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base) {
       next_key = latest.key;
     }
   }
-  if (mine) heap.plans.store(heap.last_signature, std::move(mine), signature, signature);
+  if (mine) heap.plans.store(heap.last_signature, mine, signature, signature);
+  // A step whose base moved by what it kept: the next step may be its other turn.
+  std::size_t turns_height = 0;
+  if (!next && next_base == NextBase::moved) {
+    Turn turn = take_turn(heap, matched ? StepRun::followed : StepRun::online, mine.get(), next_signature, mirror);
+    next = std::move(turn.plan);
+    next_key = turn.key;
+    turns_height = turn.height;
+  }
   heap.last_signature = signature;
-  if (!next) return;
+  if (!next) return 0;
   switch (map_plan(heap, next->height)) {
     case Layout::ready: cursor.follow(std::move(next), next_key); break;
     case Layout::waiting: cursor.wait_for_layout(std::move(next), next_key); break;
-    case Layout::impossible: break;
+    case Layout::impossible: return 0;
   }
+  return turns_height;
+}
+
+// The next step's plan when this step's base moved: its other turn (next_turn()), taken only
+// within the pages the heap holds and, for a step that ran online, below where it reached (else
+// the steps run online again); `mine`, this step's own plan (null: not made yet). The height
+// above which both leave the pages unused, when both are known.
+VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* mine, std::uint64_t next_signature,
+                                   const std::optional<std::vector<RecordedBlock>>& mirror) {
+  PlanCache::Found turn = next_turn(heap, next_signature, mirror);
+  if (!turn.plan) return {};
+  const std::size_t height = std::max(turn.plan->height, mine != nullptr ? mine->height : 0);
+  const std::size_t reached = run == StepRun::online ? round_up(heap.epoch.high, page_) : SIZE_MAX;
+  if (height > std::min(reached, heap.chunk_bytes)) return {};
+  return Turn{std::move(turn.plan), turn.key, mine != nullptr ? height : 0};
+}
+
+// The plan for the next step of a step epoch whose base moved, if the next step repeats this one
+// with the roles of what it keeps and what it freed of its base swapped (step_turns.hpp): the
+// plan made for an epoch with the next base and this one's requests (a loop whose two turns were
+// both planned: the step before this one), else the plan of `mirror`, this epoch's mirrored
+// record, made now and stored under this epoch's signature (the plan for the epoch after one like
+// it). `heap.last_signature` is still the signature of the epoch before this one, where this
+// one's own plan is stored: the other turn, kept from eviction. Null when neither.
+// `next_signature`: signature_after() the next base.
+PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
+                                     const std::optional<std::vector<RecordedBlock>>& mirror) {
+  if (PlanCache::Found made = heap.plans.latest_of(next_signature); made.plan) return made;
+  if (!mirror) return {};
+  std::shared_ptr<const EpochPlan> plan = make_epoch_plan(*mirror, page_);
+  if (!plan) return {};
+  const std::uint64_t signature = heap.epoch.signature;
+  heap.plans.store(signature, plan, heap.last_signature, next_signature);
+  return PlanCache::Found{std::move(plan), signature};
+}
+
+// The signature an epoch has that makes the requests `log` recorded from a base whose
+// live_signature() is `base` (as rebase() and EpochLog::on_alloc() make it). O(its allocations).
+std::uint64_t VmmHeaps::signature_after(const EpochLog& log, std::uint64_t base) noexcept {
+  std::uint64_t signature = EpochLog::mixed(EpochLog::kSignatureSeed, base);
+  for (std::size_t i = 0; i < log.allocations(); ++i) signature = EpochLog::mixed(signature, log.entries[i].size);
+  return signature;
 }
 
 // The plan of the epoch just recorded, made here (null when it made more allocations than are

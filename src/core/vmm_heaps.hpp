@@ -296,7 +296,7 @@ class VmmHeaps final : public SegmentSource {
   Block* end_epoch(Block* b) override;
   EpochEnd epoch_end_of(const Block* b) const noexcept override;
   Block* take_planned(StreamState& ss, Pool pool, std::size_t size, PlannedPages pages) override;
-  void step_boundary() override;
+  void step_boundary(StepBoundary boundary) override;
   void for_each_held(const std::function<void(const Block*)>& f) const override;
   bool supports_sleep() const noexcept override { return true; }
   SleepReport sleep(Sleepers who, Contents contents) override;
@@ -405,7 +405,7 @@ class VmmHeaps final : public SegmentSource {
     const Address top = heap.segment->addr + round_up(height, page_);
     return heap.mapped_end <= top || std::prev(heap.chunks.end())->first < top;
   }
-  void choose_next_plan(Heap& heap, NextBase next_base);
+  void choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
   /// The heap has a plan and maps chunks above its height (give_back_above_plan()).
   static bool has_pages_above_plan(const Heap& heap) noexcept {
     return heap.cursor.plan() != nullptr && heap.mapped_end > heap.segment->addr + heap.cursor.plan()->height;
@@ -423,7 +423,19 @@ class VmmHeaps final : public SegmentSource {
   /// The heap maps chunks above never_used_from() (release_never_used()).
   bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
   void drop_event(DeviceEvent& e) noexcept;
-  void plan_next_epoch(Heap& heap, NextBase next_base);
+  std::size_t plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
+  /// How the step epoch that ends ran: following one of its plans to the end, or online.
+  enum class StepRun : std::uint8_t { followed, online };
+  struct Turn {
+    std::shared_ptr<const EpochPlan> plan;  // null: none
+    std::uint64_t key = 0;                  // where it is stored
+    std::size_t height = 0;                 // above it both turns leave the pages unused (0: unknown)
+  };
+  Turn take_turn(Heap& heap, StepRun run, const EpochPlan* mine, std::uint64_t next_signature,
+                 const std::optional<std::vector<RecordedBlock>>& mirror);
+  PlanCache::Found next_turn(Heap& heap, std::uint64_t next_signature,
+                             const std::optional<std::vector<RecordedBlock>>& mirror);
+  static std::uint64_t signature_after(const EpochLog& log, std::uint64_t base) noexcept;
   static std::uint64_t live_signature(const Heap& heap) noexcept;
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
@@ -467,6 +479,9 @@ class VmmHeaps final : public SegmentSource {
   const std::size_t page_;                 // vm_.page_size()
   std::map<Address, Heap> heaps_;          // by the address of their range
   ChunkCache cached_;
+  // The boundary step_boundary() is making (plan_next_epoch() mirrors a step only at the
+  // program's own: a found boundary is a guess from the requests, which a mirror would compound).
+  StepBoundary boundary_ = StepBoundary::called;
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
   std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made with the first heap
 };

@@ -844,7 +844,7 @@ TEST_CASE("vmm: an output kept over the boundary moves the base every step: no p
   // above both to give back (before that rule the plans put c at a's place and gave back a
   // 20 MiB chunk above both: 280 MiB; benchmarks.md, "A kept output's successor").
   REQUIRE(online == 300 * MiB);
-  REQUIRE(f.reserved() <= online);
+  REQUIRE(f.reserved() <= online); WARN("DBG reserved " << f.reserved() / MiB);
   // The output settles into taking turns between two places, and each base's steps land where
   // the steps two before landed.
   for (std::size_t i = places.size() - 4; i < places.size(); ++i) {
@@ -863,7 +863,10 @@ TEST_CASE("vmm: a step that follows no plan is served as it would be without ste
   // followed), each making its output while the last step's still lives: a forward pass that
   // keeps its activations, a backward pass that frees them in reverse. With step() at every
   // boundary the steps must land where they land without it (the free index, not the held pages
-  // a growth from an empty heap would take), make the same device calls and hold the same.
+  // a growth from an empty heap would take), make the same device calls and hold the same. (Two
+  // steps in a row never have one length: a step whose output is the size of the one it replaces
+  // is taken for a repeat, and the next step follows its mirror until it departs: the test after
+  // this one.)
   Fixture with_steps("mode:vmm", {.event_mode = EventMode::immediate});
   Fixture without("mode:vmm", {.event_mode = EventMode::immediate});
   std::mt19937_64 rng(7);
@@ -878,9 +881,12 @@ TEST_CASE("vmm: a step that follows no plan is served as it would be without ste
     for (int i = 0; i < 6; ++i) r.weights.push_back(r.f.alloc.allocate(24 * MiB));
     r.out = r.f.alloc.allocate(30 * MiB);
   }
+  std::size_t last_tokens = 0;
   for (int step = 0; step < 12; ++step) {
     INFO("step " << step);
-    const std::size_t tokens = 1 + rng() % 8;  // this step's sequence length, in units
+    std::size_t tokens = last_tokens;  // this step's sequence length, in units
+    while (tokens == last_tokens) tokens = 1 + rng() % 8;
+    last_tokens = tokens;
     std::vector<std::vector<Address>> places;
     for (Run& r : runs) {
       std::vector<Address> at;

@@ -1,0 +1,82 @@
+// step_turns.cpp: mirrored_step() (step_turns.hpp).
+#include "core/step_turns.hpp"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace tensorpool::detail {
+
+namespace {
+
+// Indices into the record: the pinned allocations, and the base blocks freed before its end.
+struct Kept {
+  std::vector<std::size_t> pinned;  // by size, then in allocation order
+  std::vector<std::size_t> freed;   // by size, then in the order of their frees
+};
+
+Kept kept_and_freed(std::span<const RecordedBlock> record, std::size_t allocations, std::uint64_t end) {
+  Kept k;
+  for (std::size_t i = 0; i < record.size(); ++i) {
+    const RecordedBlock& b = record[i];
+    if (i < allocations && b.pinned) k.pinned.push_back(i);
+    if (i >= allocations && b.fixed && b.end < end) k.freed.push_back(i);
+  }
+  std::stable_sort(k.pinned.begin(), k.pinned.end(), [&](std::size_t a, std::size_t b) {
+    return record[a].size < record[b].size;
+  });
+  std::stable_sort(k.freed.begin(), k.freed.end(), [&](std::size_t a, std::size_t b) {
+    return record[a].size != record[b].size ? record[a].size < record[b].size : record[a].end < record[b].end;
+  });
+  return k;
+}
+
+// Whether a block kept (now at the place of a freed base block, alive from its allocation to the
+// end) overlaps a base block freed (now at the place of a kept one, alive from the start) while
+// both are alive. Kept blocks lie apart from each other (the base blocks whose places they take
+// were all alive at the start), so a binary search finds those that reach into a range.
+bool kept_meets_freed(std::span<const RecordedBlock> out, const Kept& k) {
+  std::vector<std::size_t> by_place = k.pinned;
+  std::sort(by_place.begin(), by_place.end(), [&](std::size_t a, std::size_t b) {
+    return out[a].recorded < out[b].recorded;
+  });
+  for (const std::size_t f : k.freed) {
+    const std::size_t lo = out[f].recorded;
+    const std::size_t hi = lo + out[f].size;
+    auto it = std::partition_point(by_place.begin(), by_place.end(), [&](std::size_t p) {
+      return out[p].recorded + out[p].size <= lo;
+    });
+    for (; it != by_place.end() && out[*it].recorded < hi; ++it)
+      if (out[*it].start < out[f].end) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const RecordedBlock> record, std::size_t allocations) {
+  if (allocations > record.size()) return std::nullopt;
+  std::uint64_t end = 0;
+  for (const RecordedBlock& b : record) end = std::max(end, b.end);
+  const Kept k = kept_and_freed(record, allocations, end);
+  if (k.pinned.empty() || k.pinned.size() != k.freed.size()) return std::nullopt;
+  for (std::size_t i = 0; i < k.pinned.size(); ++i)
+    if (record[k.pinned[i]].size != record[k.freed[i]].size) return std::nullopt;
+  std::vector<RecordedBlock> out(record.begin(), record.end());
+  for (std::size_t i = 0; i < k.pinned.size();) {
+    // The base blocks freed of one size: each is alive to the last of their frees.
+    std::size_t j = i;
+    while (j < k.freed.size() && record[k.freed[j]].size == record[k.freed[i]].size) ++j;
+    const std::uint64_t last_free = record[k.freed[j - 1]].end;
+    for (; i < j; ++i) {
+      const std::size_t p = k.pinned[i];
+      const std::size_t f = k.freed[i];
+      out[p].recorded = record[f].recorded;
+      out[f].recorded = record[p].recorded;
+      out[f].end = last_free;
+    }
+  }
+  if (kept_meets_freed(out, k)) return std::nullopt;
+  return out;
+}
+
+}  // namespace tensorpool::detail

@@ -1,0 +1,134 @@
+// The mirrored record of a step whose kept outputs take turns with the base blocks they replace
+// (src/core/step_turns.hpp): kept blocks go to the places of the blocks they replace, those to
+// the kept blocks' places, alive until the last free of their size; anything that does not pair,
+// or would overlap, makes no record.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "core/layout_plan.hpp"
+#include "core/step_turns.hpp"
+#include "tensorpool/types.hpp"
+
+using namespace tensorpool;
+using tensorpool::detail::mirrored_step;
+using tensorpool::detail::RecordedBlock;
+
+namespace {
+
+RecordedBlock allocation(std::size_t size, std::uint64_t start, std::uint64_t end, std::size_t at) {
+  return RecordedBlock{size, start, end, at};
+}
+RecordedBlock kept(std::size_t size, std::uint64_t start, std::uint64_t end, std::size_t at) {
+  RecordedBlock b{size, start, end, at};
+  b.pinned = true;
+  return b;
+}
+RecordedBlock base(std::size_t size, std::uint64_t end, std::size_t at) { return RecordedBlock{size, 0, end, at, true}; }
+
+// A training step as end_step_epoch() records it (clock 0-6, end 7): weights W at 0 for the whole
+// step; the last step's logits L1 at 64 MiB, freed at tick 4; this step's logits L2, allocated
+// at tick 1 at 112 MiB and kept; a temporary T (ticks 2-3) above them; a loss (ticks 5-6) at
+// L1's place once L1 is gone.
+std::vector<RecordedBlock> logits_step() {
+  return {
+      kept(48 * MiB, 1, 7, 112 * MiB),          // L2
+      allocation(16 * MiB, 2, 3, 160 * MiB),    // T
+      allocation(8 * MiB, 5, 6, 64 * MiB),      // loss
+      base(64 * MiB, 7, 0),                     // W
+      base(48 * MiB, 4, 64 * MiB),              // L1, freed
+  };
+}
+
+}  // namespace
+
+TEST_CASE("mirrored step: the kept block goes where the block it replaces was, and that one where it is",
+          "[plan][step]") {
+  const std::vector<RecordedBlock> step = logits_step();
+  const auto mirror = mirrored_step(step, 3);
+  REQUIRE(mirror.has_value());
+  REQUIRE(mirror->size() == step.size());
+  const std::vector<RecordedBlock>& m = *mirror;
+  // L3 at L1's place, allocated when L2 was and kept.
+  REQUIRE(m[0].recorded == 64 * MiB);
+  REQUIRE(m[0].pinned);
+  REQUIRE(m[0].start == 1);
+  REQUIRE(m[0].end == 7);
+  // L2 is the next step's base at its own place, freed when L1 was.
+  REQUIRE(m[4].recorded == 112 * MiB);
+  REQUIRE(m[4].fixed);
+  REQUIRE(m[4].end == 4);
+  // The rest as recorded: the weights, and the temporaries' lifetimes.
+  REQUIRE(m[3].recorded == 0);
+  REQUIRE(m[3].end == 7);
+  REQUIRE(m[1].start == 2);
+  REQUIRE(m[2].recorded == 64 * MiB);
+  // Planned, the next step keeps L3 at L1's place, and its other blocks lie apart from both.
+  const detail::PlannedLayout plan = detail::plan_layout(m);
+  REQUIRE(plan.offsets[0] == 64 * MiB);
+  REQUIRE(plan.offsets[4] == 112 * MiB);
+  REQUIRE(plan.offsets[3] == 0);
+  // The mirror of the mirror is the step itself.
+  const auto back = mirrored_step(m, 3);
+  REQUIRE(back.has_value());
+  for (std::size_t i = 0; i < step.size(); ++i) {
+    INFO("block " << i);
+    REQUIRE((*back)[i].recorded == step[i].recorded);
+    REQUIRE((*back)[i].end == step[i].end);
+  }
+}
+
+TEST_CASE("mirrored step: blocks pair by size, in order, and those freed of a size live to the last of their frees",
+          "[plan][step]") {
+  // Two kept gradients of 4 MiB (ticks 1, 2) and one of 8 MiB (tick 3); the base's of 8 MiB freed
+  // at 4, those of 4 MiB at 5 and 6, all before the end (8).
+  const std::vector<RecordedBlock> step = {
+      kept(4 * MiB, 1, 8, 100 * MiB), kept(4 * MiB, 2, 8, 104 * MiB), kept(8 * MiB, 3, 8, 108 * MiB),
+      base(8 * MiB, 4, 0),            base(4 * MiB, 5, 8 * MiB),      base(4 * MiB, 6, 12 * MiB),
+      base(16 * MiB, 8, 16 * MiB),
+  };
+  const auto mirror = mirrored_step(step, 3);
+  REQUIRE(mirror.has_value());
+  const std::vector<RecordedBlock>& m = *mirror;
+  REQUIRE(m[0].recorded == 8 * MiB);   // the first 4 MiB kept, where the first 4 MiB freed was
+  REQUIRE(m[1].recorded == 12 * MiB);
+  REQUIRE(m[2].recorded == 0);         // the 8 MiB one, where the 8 MiB freed was
+  REQUIRE(m[3].recorded == 108 * MiB);
+  REQUIRE(m[3].end == 4);
+  REQUIRE(m[4].recorded == 100 * MiB);
+  REQUIRE(m[5].recorded == 104 * MiB);
+  REQUIRE(m[4].end == 6);  // which 4 MiB block the program frees first is not known: the last free
+  REQUIRE(m[5].end == 6);
+  REQUIRE(m[6].recorded == 16 * MiB);  // the base that stays
+  REQUIRE(m[6].end == 8);
+}
+
+TEST_CASE("mirrored step: nothing kept, blocks that do not pair, or places that would meet make no record",
+          "[plan][step]") {
+  SECTION("nothing kept over the boundary") {
+    const std::vector<RecordedBlock> step = {allocation(8 * MiB, 1, 2, 64 * MiB), base(64 * MiB, 3, 0)};
+    REQUIRE_FALSE(mirrored_step(step, 1).has_value());
+  }
+  SECTION("a kept block and no base block freed") {
+    const std::vector<RecordedBlock> step = {kept(8 * MiB, 1, 3, 64 * MiB), allocation(8 * MiB, 2, 3, 72 * MiB),
+                                             base(64 * MiB, 3, 0)};
+    REQUIRE_FALSE(mirrored_step(step, 2).has_value());
+  }
+  SECTION("sizes that differ") {
+    const std::vector<RecordedBlock> step = {kept(8 * MiB, 1, 3, 64 * MiB), base(64 * MiB, 3, 0),
+                                             base(4 * MiB, 2, 80 * MiB)};
+    REQUIRE_FALSE(mirrored_step(step, 1).has_value());
+  }
+  SECTION("a chain: each new gradient made before the old one goes, in the place the one before it left") {
+    // g1' made at tick 1 (at 200 MiB), g1 freed at 2 (at 100); g2' made at 3 in g1's old place
+    // (100), g2 freed at 4 (at 120). Mirrored, g1'' would take g1's place (100) from tick 1,
+    // where g2' (now base) lives until tick 4.
+    const std::vector<RecordedBlock> step = {kept(8 * MiB, 1, 5, 200 * MiB), kept(8 * MiB, 3, 5, 100 * MiB),
+                                             base(8 * MiB, 2, 100 * MiB), base(8 * MiB, 4, 120 * MiB)};
+    REQUIRE_FALSE(mirrored_step(step, 2).has_value());
+  }
+  SECTION("a record that is not a step's") {
+    const std::vector<RecordedBlock> step = logits_step();
+    REQUIRE_FALSE(mirrored_step(step, step.size() + 1).has_value());
+  }
+}
