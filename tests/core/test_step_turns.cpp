@@ -4,6 +4,10 @@
 // or would overlap, makes no record.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <random>
 #include <vector>
 
 #include "core/layout_plan.hpp"
@@ -131,4 +135,139 @@ TEST_CASE("mirrored step: nothing kept, blocks that do not pair, or places that 
     const std::vector<RecordedBlock> step = logits_step();
     REQUIRE_FALSE(mirrored_step(step, step.size() + 1).has_value());
   }
+}
+
+namespace {
+
+// A step of a loop as end_step_epoch() records it, from a first-fit allocator over [0, inf):
+// `base` blocks live when it begins (some freed in it), random allocations (some kept to its
+// end, pinned), random frees. Sizes from a small palette, so that kept and freed blocks often
+// share one.
+struct RandomStep {
+  std::vector<RecordedBlock> record;
+  std::size_t allocations = 0;
+};
+
+RandomStep random_step(std::mt19937_64& rng) {
+  struct Live {
+    std::size_t at, size;
+    std::int64_t entry;  // index in `allocs`, or -1 - index in `base`
+  };
+  std::vector<Live> live;
+  const auto first_fit = [&](std::size_t size) {
+    std::vector<Live> by_place = live;
+    std::sort(by_place.begin(), by_place.end(), [](const Live& a, const Live& b) { return a.at < b.at; });
+    std::size_t at = 0;
+    for (const Live& l : by_place) {
+      if (l.at >= at + size) break;
+      at = std::max(at, l.at + l.size);
+    }
+    return at;
+  };
+  const auto size = [&] { return (1 + rng() % 2) * MiB; };
+  std::vector<RecordedBlock> base;
+  for (std::size_t i = 0, n = 1 + rng() % 4; i < n; ++i) {
+    const std::size_t s = size();
+    base.push_back(RecordedBlock{s, 0, 0, first_fit(s), true});
+    live.push_back(Live{base.back().recorded, s, -1 - static_cast<std::int64_t>(i)});
+  }
+  std::vector<RecordedBlock> allocs;
+  std::uint64_t clock = 1;
+  for (std::size_t op = 0, n = 2 + rng() % 12; op < n; ++op) {
+    if (!live.empty() && rng() % 2 == 0) {
+      const std::size_t i = rng() % live.size();
+      const std::int64_t e = live[i].entry;
+      if (e >= 0) allocs[static_cast<std::size_t>(e)].end = clock++;
+      else base[static_cast<std::size_t>(-1 - e)].end = clock++;
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      const std::size_t s = size();
+      allocs.push_back(RecordedBlock{s, clock++, 0, first_fit(s)});
+      live.push_back(Live{allocs.back().recorded, s, static_cast<std::int64_t>(allocs.size() - 1)});
+    }
+  }
+  for (RecordedBlock& a : allocs)
+    if (a.end == 0) {
+      a.end = clock;
+      a.pinned = true;
+    }
+  RandomStep step;
+  step.allocations = allocs.size();
+  step.record = allocs;
+  for (RecordedBlock& b : base)  // live ones, then freed ones, as end_step_epoch() appends them
+    if (b.end == 0) step.record.push_back(RecordedBlock{b.size, 0, clock, b.recorded, true});
+  for (RecordedBlock& b : base)
+    if (b.end != 0) step.record.push_back(b);
+  return step;
+}
+
+bool meet(const RecordedBlock& a, const RecordedBlock& b) {
+  const bool together = a.start < b.end && b.start < a.end;
+  return together && a.recorded < b.recorded + b.size && b.recorded < a.recorded + a.size;
+}
+
+// The mirror as step_turns.hpp states it, by brute force: pairs by size and order, each freed
+// block alive to the last free of its size; nullopt on no kept block, no pairing, or any two
+// blocks that stay where recorded meeting while alive.
+std::optional<std::vector<RecordedBlock>> reference_mirror(const std::vector<RecordedBlock>& r, std::size_t allocations) {
+  std::uint64_t end = 0;
+  for (const RecordedBlock& b : r) end = std::max(end, b.end);
+  std::vector<std::size_t> kept, freed;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (i < allocations && r[i].pinned) kept.push_back(i);
+    if (i >= allocations && r[i].end < end) freed.push_back(i);
+  }
+  if (kept.empty() || kept.size() != freed.size()) return std::nullopt;
+  std::vector<RecordedBlock> out = r;
+  std::vector<bool> used(freed.size(), false);
+  for (const std::size_t p : kept) {  // the first unused freed block of its size in free order
+    std::size_t best = SIZE_MAX;
+    for (std::size_t j = 0; j < freed.size(); ++j)
+      if (!used[j] && r[freed[j]].size == r[p].size && (best == SIZE_MAX || r[freed[j]].end < r[freed[best]].end))
+        best = j;
+    if (best == SIZE_MAX) return std::nullopt;
+    used[best] = true;
+    std::uint64_t last = 0;
+    for (const std::size_t f : freed)
+      if (r[f].size == r[p].size) last = std::max(last, r[f].end);
+    out[p].recorded = r[freed[best]].recorded;
+    out[freed[best]].recorded = r[p].recorded;
+    out[freed[best]].end = last;
+  }
+  for (std::size_t i = 0; i < out.size(); ++i)
+    for (std::size_t j = i + 1; j < out.size(); ++j)
+      if (out[i].stays_where_recorded() && out[j].stays_where_recorded() && meet(out[i], out[j])) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("mirrored step: random steps of a first-fit allocator mirror exactly as stated, and plan", "[plan][step]") {
+  std::mt19937_64 rng(25);
+  std::size_t mirrored = 0, refused = 0;
+  for (int round = 0; round < 3000; ++round) {
+    INFO("round " << round);
+    const RandomStep step = random_step(rng);
+    const auto mirror = mirrored_step(step.record, step.allocations);
+    const auto expected = reference_mirror(step.record, step.allocations);
+    REQUIRE(mirror.has_value() == expected.has_value());
+    if (!mirror) {
+      ++refused;
+      continue;
+    }
+    ++mirrored;
+    for (std::size_t i = 0; i < step.record.size(); ++i) {
+      INFO("block " << i);
+      REQUIRE((*mirror)[i].recorded == (*expected)[i].recorded);
+      REQUIRE((*mirror)[i].end == (*expected)[i].end);
+      REQUIRE((*mirror)[i].start == step.record[i].start);
+      REQUIRE((*mirror)[i].size == step.record[i].size);
+    }
+    const detail::PlannedLayout plan = detail::plan_layout(*mirror);  // throws if what stays meets
+    for (std::size_t i = 0; i < mirror->size(); ++i)
+      if ((*mirror)[i].stays_where_recorded()) REQUIRE(plan.offsets[i] == (*mirror)[i].recorded);
+  }
+  // Both outcomes are exercised.
+  REQUIRE(mirrored > 100);
+  REQUIRE(refused > 100);
 }
