@@ -144,6 +144,9 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   /// on its pages as fixed segments do, until a growth, a step boundary or a sleep resumes the
   /// record (resume_recording()).
   bool recording = true;
+  /// The current epoch began with the heap's first allocation (it never emptied, and no step
+  /// boundary rebased it): before the program's first step boundary, it began with the program.
+  bool first_epoch = true;
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
   /// The signatures of the last kStepsSeen step epochs that ended (0: none), oldest overwritten
   /// first, and how many step epochs in a row ended like none before them (sight_step()).
@@ -206,6 +209,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   }
   /// A new epoch begins: an empty record, and the mapped end it began with (release_never_used()).
   void begin_epoch() {
+    first_epoch = false;
     epoch.restart();
     cycles_pages = false;
     remapped_idle = false;
@@ -482,6 +486,7 @@ class VmmHeaps final : public SegmentSource {
   // The boundary step_boundary() is making (plan_next_epoch() mirrors a step only at the
   // program's own: a found boundary is a guess from the requests, which a mirror would compound).
   StepBoundary boundary_ = StepBoundary::called;
+  std::uint64_t boundaries_made_ = 0;  // step_boundary() calls so far
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
   std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made with the first heap
 };
