@@ -532,7 +532,9 @@ VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* min
 PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
                                      const std::optional<std::vector<RecordedBlock>>& mirror) {
   if (PlanCache::Found made = heap.plans.latest_of(next_signature); made.plan) return made;
-  if (!mirror) return {};
+  // Stored under this epoch's signature, the mirror would replace this step's own plan when the
+  // step before was like it (the other turn, stored under that one's signature).
+  if (!mirror || heap.epoch.signature == heap.last_signature) return {};
   std::shared_ptr<const EpochPlan> plan = make_epoch_plan(*mirror, page_);
   if (!plan) return {};
   const std::uint64_t signature = heap.epoch.signature;
