@@ -328,14 +328,14 @@ EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
 // there as its base. O(the heap's blocks), and the planning.
 void VmmHeaps::step_boundary(StepBoundary boundary) {
   boundary_ = boundary;
-  // The program's first step runs from its start: an epoch that began with its heap before the
-  // first boundary has gone over a whole step there.
+  // The program's first step runs from its start: every epoch has gone over a whole step at the
+  // program's first boundary.
   const bool first_boundary = boundaries_made_++ == 0;
   for (auto& [start, heap] : heaps_) {
     heap.resume_recording();
     EpochLog& log = heap.epoch;
     if (log.live == 0 || heap.asleep || !heap.sleeping.empty()) continue;
-    const bool whole_step = log.at_step || (first_boundary && heap.first_epoch);
+    const bool whole_step = log.at_step || first_boundary;
     if (!whole_step && ++log.boundaries < 2) continue;
     // The blocks live now are the next epoch's base (nothing below allocates or frees one).
     const std::uint64_t next_base = live_signature(heap);

@@ -144,9 +144,6 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   /// on its pages as fixed segments do, until a growth, a step boundary or a sleep resumes the
   /// record (resume_recording()).
   bool recording = true;
-  /// The current epoch began with the heap's first allocation (it never emptied, and no step
-  /// boundary rebased it): before the program's first step boundary, it began with the program.
-  bool first_epoch = true;
   std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
   /// The signatures of the last kStepsSeen step epochs that ended (0: none), oldest overwritten
   /// first, and how many step epochs in a row ended like none before them (sight_step()).
@@ -209,7 +206,6 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   }
   /// A new epoch begins: an empty record, and the mapped end it began with (release_never_used()).
   void begin_epoch() {
-    first_epoch = false;
     epoch.restart();
     cycles_pages = false;
     remapped_idle = false;

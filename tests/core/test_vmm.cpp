@@ -709,11 +709,11 @@ TEST_CASE("vmm: steps around weights that never leave the heap are planned at st
   };
   REQUIRE(step() == std::vector<Address>{base + 96 * MiB, base + 136 * MiB, base + 176 * MiB});
   REQUIRE(f.reserved() == 236 * MiB);
-  // The first boundary leaves the epoch that began with the weights alone; the second starts the
-  // steps' own epochs, around the weights; the third plans the step between them.
-  step();
-  step();
+  // The first boundary ends a whole step (the heap began with the program): the steps' own
+  // epochs start there, around the weights; the second plans the step between them.
+  const std::vector<Address> second = step();
   const std::vector<Address> planned = {base + 96 * MiB, base + 156 * MiB, base + 96 * MiB};
+  REQUIRE(second != planned);  // online
   REQUIRE(step() == planned);  // follows the plan: its end finds the 40 MiB above it free
   REQUIRE(f.reserved() == 196 * MiB);
   const DeviceCounters settled = f.device->counters();

@@ -219,8 +219,10 @@ class StatsTest(unittest.TestCase):
         # module's Workload), in the virtual-memory mode (the double's vmm backend), planning in
         # the free that ends a step (vmm_planner:synchronous: which step first follows the plan
         # does not then depend on a thread's timing). Online, c (60 MiB) does not go where a (40)
-        # was; once the steps are planned around the weights (from the fourth step on, as in the
-        # C++ test of docs/vmm.md, "Steps"), it does. Without the hook nothing marks a step.
+        # was; once the steps are planned around the weights, it does: from the fourth step on
+        # here (the second remaps idle pages, vmm_idle_divisor's default, and a step's plan is not
+        # laid out over the holes that leaves; with vmm_idle_divisor:1 from the third, as in the
+        # C++ test of docs/vmm.md, "Steps"). Without the hook nothing marks a step.
         python = torch_python()
         if python is None:
             self.skipTest("no interpreter with torch (scripts/install-deps.sh torch)")
