@@ -2,9 +2,9 @@
 // they replace, made from the record of the step that just ended (vmm_epochs.cpp plans it).
 //
 // A PyTorch training loop keeps its logits over the step boundary (`logits = model(x)` frees the
-// last step's only once this step's are made), and, without set_to_none, its gradients: the step
-// allocates a block it keeps (pinned, layout_plan.hpp) while a base block of the same size is
-// still alive, and frees that base block later in the step. The next step begins with the kept
+// last step's only once this step's are made): the step allocates a block it keeps (pinned,
+// layout_plan.hpp) while a base block of the same size is still alive, and frees that base block
+// later in the step. The next step begins with the kept
 // block where this one put it and the freed one's place empty, so its base is not this step's,
 // and a plan of this step (made around this base) does not fit it. The next step makes the same
 // requests, though, with the roles of the two places swapped: its kept block can go where the
