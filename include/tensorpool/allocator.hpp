@@ -72,7 +72,9 @@ class Allocator {
   /// around them, and serves the next step that makes the same ones at the planned places
   /// (docs/vmm.md, "Steps"); fixed segments: nothing. It never synchronizes; its device calls are
   /// an event per planned heap and, once a plan repeats, giving back the pages above it. The
-  /// planning runs where vmm_planner says. Ignored while a graph capture is underway.
+  /// planning runs where vmm_planner says, but for a step whose kept outputs replaced the last
+  /// step's (a loop's logits): that step and its mirror, which the next step follows, are
+  /// planned in this call. Ignored while a graph capture is underway.
   void step();
 
   /// mode:vmm: gives the physical memory under every block back to the device while each live

@@ -394,7 +394,9 @@ def step():
     same point: after optimizer.zero_grad(), or right after optimizer.step()). In the
     virtual-memory mode, the allocations each step makes around what stays allocated (weights,
     optimizer states) are planned, and the next step that makes the same ones is served at the
-    planned places (docs/vmm.md, "Steps"). No synchronization."""
+    planned places; a step whose kept tensors (the logits) replaced the last step's is planned in
+    this call as itself and as its mirror, which the next step follows (docs/vmm.md, "Steps").
+    No synchronization."""
     _check(_library().tensorpool_step_all(), "step")
 
 
