@@ -148,8 +148,8 @@ TEST_CASE("replay: a loop whose kept logits take turns follows its mirror from i
     REQUIRE(called.peak_reserved <= online.peak_reserved);
   }
   SECTION("step() at the end of each step, as step_after_optimizer() calls it") {
-    // Without the first marker, the program's first step() ends its first step: the heap's
-    // epoch began with the program, so that step was a whole one and the second is planned.
+    // Without the first marker, the program's first step() ends its first step: at the
+    // program's first boundary every epoch has gone over a whole step, so the second is planned.
     trace::Trace at_end = t;
     const auto first = std::find_if(at_end.events.begin(), at_end.events.end(),
                                     [](const TraceEvent& e) { return e.op == Op::iteration; });
