@@ -243,12 +243,14 @@ def loop_rows(args, traces):
     rows, met, judged = [], 0, 0
     for name, path, capacity in traces:
         r = compare(args, path, 0, capacity)
-        stepped = compare(args, path, 0, capacity, step_at_iterations=True)[VMM]
         figures = {a: loop_figures(r[a]) for a in (VMM, "pytorch", "pytorch-expandable")}
         if figures[VMM] is None:
             continue  # fewer than 3 iterations: no steady loop to look at
-        calls, syncs, ratio = loop_figures(stepped)
-        cells = ["%.4f / %d / %d" % (f[2], f[0], f[1]) for f in [loop_figures(stepped)] + list(figures.values())]
+        # With --step-at-iterations, r is already the run with step().
+        stepped = figures[VMM] if args.step_at_iterations else loop_figures(
+            compare(args, path, 0, capacity, step_at_iterations=True)[VMM])
+        calls, syncs, ratio = stepped
+        cells = ["%.4f / %d / %d" % (f[2], f[0], f[1]) for f in [stepped] + list(figures.values())]
         if name in LOOPS or name in HELD_OUT_LOOPS:
             ok = calls == 0 and syncs == 0 and ratio <= 1.005
             met += ok
