@@ -36,6 +36,8 @@ void add_calls(Stats& to, const Stats& from) noexcept {
   to.retries += from.retries;
   to.ooms += from.ooms;
   to.steps_found += from.steps_found;
+  to.planned_epochs += from.planned_epochs;
+  to.mirrored_steps += from.mirrored_steps;
 }
 
 }  // namespace

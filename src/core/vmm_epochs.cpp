@@ -170,6 +170,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
   if (end == EpochEnd::held) {
     // plan_next_epoch()'s first case, with the pages in place. Nothing was mapped and left unused:
     // the epoch's blocks lay where the plan puts them, up to its height, and nothing lies above.
+    st_.counters.count(&Stats::planned_epochs);
     heap.cursor.follow_again();
   } else {
     release_never_used(heap);
@@ -208,7 +209,10 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
   // epoch queued there is done (a new event). The remainder of a run after a step boundary is
   // not: its plan lays out only its own blocks.
   std::shared_ptr<const EpochPlan> followed;
-  if (heap.cursor.matched(heap.epoch.allocations())) followed = heap.cursor.plan();
+  if (heap.cursor.matched(heap.epoch.allocations())) {
+    followed = heap.cursor.plan();
+    st_.counters.count(&Stats::planned_epochs);
+  }
   std::size_t turns_height = 0;
   if (repeats_in_place(heap)) {
     heap.cursor.follow_again();
@@ -537,6 +541,7 @@ PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
   if (!mirror || heap.epoch.signature == heap.last_signature) return {};
   std::shared_ptr<const EpochPlan> plan = make_epoch_plan(*mirror, page_);
   if (!plan) return {};
+  st_.counters.count(&Stats::mirrored_steps);
   const std::uint64_t signature = heap.epoch.signature;
   heap.plans.store(signature, plan, heap.last_signature, next_signature);
   return PlanCache::Found{std::move(plan), signature};

@@ -241,7 +241,9 @@ TEST_CASE("vmm: an epoch that runs again is served at its planned offsets, with 
     REQUIRE(abc_epoch(f) == std::vector<Address>{base, base + 60 * MiB, base});
     REQUIRE(same_calls(f.device->counters(), after_first));
     REQUIRE(f.reserved() == reserved);
+    REQUIRE(f.alloc.stats().planned_epochs == static_cast<std::uint64_t>(run + 1));
   }
+  REQUIRE(f.alloc.stats().mirrored_steps == 0);
   // Held pages and planned blocks are all free again: empty_cache gives everything back.
   f.expect_all_given_back();
   f.alloc.check_invariants();
@@ -846,6 +848,9 @@ TEST_CASE("vmm: an output kept over the boundary moves the base every step: no p
   REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].peak == 300 * MiB);
   REQUIRE(online == 280 * MiB);
   REQUIRE(f.reserved() == online);
+  // One mirror, made at the second boundary; every step from the third followed a plan.
+  REQUIRE(f.alloc.stats().mirrored_steps == 1);
+  REQUIRE(f.alloc.stats().planned_epochs == 14);
   // The output settles into taking turns between two places, and each base's steps land where
   // the steps two before landed.
   for (std::size_t i = places.size() - 4; i < places.size(); ++i) {

@@ -46,7 +46,8 @@ EXPECTED_KEYS = {f"{s}.{pool}.{m}" for s in STAT_NAMES for pool in ("all", "smal
 EXPECTED_KEYS |= {f"{s}.{m}" for s in ("oversize_allocations", "oversize_segments")
                   for m in ("current", "peak", "allocated", "freed")}
 EXPECTED_KEYS |= {"num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams",
-                  "num_device_alloc", "num_device_free", "num_steps_found"}
+                  "num_device_alloc", "num_device_free", "num_steps_found", "num_planned_epochs",
+                  "num_mirrored_steps"}
 
 
 class NoGlobals(pickle.Unpickler):

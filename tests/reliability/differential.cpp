@@ -45,6 +45,7 @@ const char* kind_name(OpKind k) {
     case OpKind::misuse: return "misuse";
     case OpKind::drain: return "drain";
     case OpKind::step: return "step";
+    case OpKind::free_older: return "free_older";
   }
   return "?";
 }
@@ -76,6 +77,8 @@ RunFigures& RunFigures::operator+=(const RunFigures& o) {
   stream_waits += o.stream_waits;
   syncs += o.syncs;
   steps_found += o.steps_found;
+  planned_epochs += o.planned_epochs;
+  mirrored_steps += o.mirrored_steps;
   for (std::size_t i = 0; i < site_calls.size(); ++i) site_calls[i] += o.site_calls[i];
   return *this;
 }
@@ -191,7 +194,8 @@ class Generator {
   }
 
   // A step on stream 0: 4 to 43 allocations of the palette's sizes with frees in between, some
-  // blocks also used on another stream, and every block freed by its end.
+  // blocks also used on another stream, and every block freed by its end; half the steps also
+  // make an output they keep, freeing the one the step's last run kept as they make it.
   std::vector<Op> make_step() {
     std::vector<Op> step;
     const std::uint64_t allocs = profile_.unmarked_steps ? 64 + below(96) : 4 + below(40);
@@ -209,6 +213,11 @@ class Generator {
       }
     }
     for (; live > 0; --live) step.push_back(Op{OpKind::free, 0, 0, rng_()});
+    if (below(2) == 0) {
+      const std::size_t kept = fresh_size();
+      const auto at = step.begin() + static_cast<std::ptrdiff_t>(below(step.size() + 1));
+      step.insert(at, {Op{OpKind::alloc, 0, 0, kept}, Op{OpKind::free_older, 0, 0, kept}});
+    }
     return step;
   }
 
@@ -355,6 +364,7 @@ class Runner {
   struct LiveBlock {
     std::size_t bytes;
     std::vector<Stream> users;
+    std::uint64_t born = 0;  // the allocation's count (alloc_calls_ then)
   };
   // Stream `stream` used a freed range; its work up to sequence `seq` must be complete (or
   // ordered before, by a stream wait) before another stream gets the range.
@@ -379,6 +389,8 @@ class Runner {
   void step(const Op& op);
   void alloc_op(const Op& op);
   void free_op(std::uint64_t pick);
+  void free_older_op(std::size_t bytes);
+  void free_block(Address a);
   void record_op(const Op& op);
   void kernel_op(Stream s);
   void complete_event_op(const Op& op);
@@ -506,6 +518,7 @@ void Runner::step(const Op& op) {
     case OpKind::misuse: misuse_op(op); break;
     case OpKind::drain: drain(); break;
     case OpKind::step: alloc_->step(); break;
+    case OpKind::free_older: free_older_op(op.value); break;
   }
 }
 
@@ -592,7 +605,7 @@ void Runner::check_new_block(Address a, std::size_t bytes, Stream t) {
 }
 
 void Runner::add_live(Address a, std::size_t bytes, Stream t) {
-  live_.emplace(a, LiveBlock{bytes, {t}});
+  live_.emplace(a, LiveBlock{bytes, {t}, alloc_calls_});
   order_.push_back(a);
   extents_.emplace(a, a + round_size(bytes));
   requested_ += bytes;
@@ -623,7 +636,27 @@ Address Runner::take_live(std::uint64_t pick) {
 
 void Runner::free_op(std::uint64_t pick) {
   if (order_.empty()) return;
-  const Address a = take_live(pick);
+  free_block(take_live(pick));
+}
+
+// The first allocated of the live blocks of exactly `bytes`, when there are two or more.
+void Runner::free_older_op(std::size_t bytes) {
+  std::optional<Address> oldest;
+  int count = 0;
+  for (const auto& [a, b] : live_) {
+    if (b.bytes != bytes) continue;
+    ++count;
+    if (!oldest || b.born < live_.at(*oldest).born) oldest = a;
+  }
+  if (count < 2) return;
+  const auto it = std::find(order_.begin(), order_.end(), *oldest);
+  *it = order_.back();
+  order_.pop_back();
+  free_block(*oldest);
+}
+
+// Frees live block a, taken out of order_ already.
+void Runner::free_block(Address a) {
   const LiveBlock b = live_.at(a);
   // The user's work on every stream that used the block precedes the free: mark it first. From
   // the call on, the block is the allocator's, guarded by that work: the free itself may give its
@@ -850,6 +883,8 @@ void Runner::teardown() {
   figures_.stream_waits = s.stream_waits;
   figures_.syncs = s.syncs;
   figures_.steps_found = s.steps_found;
+  figures_.planned_epochs = s.planned_epochs;
+  figures_.mirrored_steps = s.mirrored_steps;
   dev_->before_release = nullptr;  // the destructor releases everything, by design
   alloc_.reset();
   const DeviceCounters c = sim_->counters();

@@ -47,6 +47,8 @@ enum class OpKind : std::uint8_t {
   misuse,           // arg: which misuse, value: a parameter
   drain,            // free everything, complete all work, empty_cache: nothing may remain
   step,             // Allocator::step(): a training step ends (repeated steps only)
+  free_older,       // value: bytes: with two live blocks or more of exactly that size, frees the one
+                    // allocated first (a loop's kept output, replaced by the next step's)
 };
 
 struct Op {
@@ -68,8 +70,10 @@ struct Profile {
   std::size_t capacity = 0;   // device capacity (for limits and huge requests)
   /// Steps repeated over a few blocks that stay (now and then changed, or with empty_cache()
   /// after their first allocation, most ended by Allocator::step()), so that vmm heaps follow
-  /// plans, from empty heaps and around their base, map holes and give pages back; the faults,
-  /// misuse, limits and drains of the random mix come between the runs.
+  /// plans, from empty heaps and around their base, map holes and give pages back; some steps
+  /// keep an output that the next run of the step replaces (PyTorch's loop keeps its logits), so
+  /// that step plans take turns with their mirrors (step_turns.hpp); the faults, misuse, limits
+  /// and drains of the random mix come between the runs.
   bool repeated_steps = false;
   /// With repeated_steps: no Allocator::step() call, and steps of 64 to 159 allocations run 4 to
   /// 9 times in a row, long enough for vmm_find_steps to find them.
@@ -104,6 +108,8 @@ struct RunFigures {
   std::uint64_t stream_waits = 0;
   std::uint64_t syncs = 0;
   std::uint64_t steps_found = 0;  // Stats::steps_found
+  std::uint64_t planned_epochs = 0;  // Stats::planned_epochs
+  std::uint64_t mirrored_steps = 0;  // Stats::mirrored_steps
   std::array<std::uint64_t, 4> site_calls{};  // upstream calls per FaultSite
   RunFigures& operator+=(const RunFigures& o);
 };
