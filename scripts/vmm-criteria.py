@@ -33,7 +33,8 @@ criteria 1-3 on the generated suite too, and on issue 25's additions (GENERATED 
 loop with weights, gradients and activations in one heap; sequence lengths from a lognormal
 distribution), each at its own capacity. --held-out runs criteria 1-3 and 5 on HELD_OUT too: jobs
 the rules were not tuned on (generated at 80 GiB: CS336-style models in training and forward
-passes at other contexts, batches and precisions, GPT-2 loops with other optimizers), as a check
+passes at other contexts, batches and precisions, GPT-2 loops with other optimizers and with
+activation checkpointing, a Llama-2-7B server with continuous batching), as a check
 of what the shared traces cannot show; its training loops whose steps repeat are judged under 5.
 Exit status 0 when every criterion measured is met, 1 when one is not, 2 on a usage or tool error.
 """
@@ -103,6 +104,12 @@ HELD_OUT = [
                                          "steps:4"], True),
     ("gpt2-loop-6", "GPT-2 small in the PyTorch loop, 8 x 1024, 6 steps",
      ["--model", "gpt2", "--options", "framework:pytorch,micro_batch:8,steps:6"], True),
+    # Added in the session after (2026-12-05, evening), before any rule was tried on them.
+    ("llama2-7b-serve-64", "Llama-2-7B inference, continuous batching: 64 requests, batch up to 16, paged KV cache",
+     ["--model", "llama2-7b", "--mode", "inference", "--options", "requests:64,max_batch:16"], False),
+    ("gpt2-xl-loop-checkpointing", "GPT-2 1.5B in the PyTorch loop, 4 x 1024, full activation checkpointing, 5 steps",
+     ["--model", "gpt2-xl", "--micro-batch", "4", "--checkpointing", "full", "--options", "framework:pytorch,steps:5"],
+     True),
 ]
 
 HELD_OUT_LOOPS = {hid for hid, _, _, loop in HELD_OUT if loop}
