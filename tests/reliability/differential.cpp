@@ -639,7 +639,8 @@ void Runner::free_op(std::uint64_t pick) {
   free_block(take_live(pick));
 }
 
-// The first allocated of the live blocks of exactly `bytes`, when there are two or more.
+// Frees the first allocated of the live blocks of exactly `bytes`, when there are two or more
+// (O(live blocks): a scan of the model).
 void Runner::free_older_op(std::size_t bytes) {
   std::optional<Address> oldest;
   int count = 0;
