@@ -141,6 +141,17 @@ static void json(tensorpool_allocator* a) {
   free(buffer);
 }
 
+/* The number after "key": in the allocator's stats_json (-1: no such key). */
+static long long json_count(tensorpool_allocator* a, const char* key) {
+  char buffer[8192];
+  char pattern[64];
+  const char* at;
+  if (tensorpool_stats_json(a, buffer, sizeof buffer, NULL) != TENSORPOOL_OK) return -1;
+  snprintf(pattern, sizeof pattern, "\"%s\": ", key);
+  at = strstr(buffer, pattern);
+  return at == NULL ? -1 : strtoll(at + strlen(pattern), NULL, 10);
+}
+
 /* Sleep and wake on the simulated device (virtual memory by default): pages go back, the block
  * keeps its address and says it is asleep, misuse is refused with the state intact; fixed
  * segments refuse to sleep. */
@@ -174,6 +185,9 @@ static void steps(void) {
   CHECK(stats_of(a).device_allocs == before.device_allocs);
   CHECK(stats_of(a).device_maps == before.device_maps);
   CHECK(stats_of(a).syncs == before.syncs);
+  /* The three steps served at their planned places; no kept output, no mirror. */
+  CHECK(json_count(a, "num_planned_epochs") == 3);
+  CHECK(json_count(a, "num_mirrored_steps") == 0);
   CHECK(tensorpool_step(NULL) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(tensorpool_free(a, w) == TENSORPOOL_OK);
   CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);
