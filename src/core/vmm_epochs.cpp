@@ -34,7 +34,8 @@
 // Step epochs (a heap that never empties, ended at step boundaries) are planned the same way,
 // around their base; a step whose base moved only because what it keeps replaced what it freed
 // of its base (a loop's logits) is also planned as its mirror, for the next step to follow at
-// once (next_turn(), step_turns.hpp; docs/vmm.md, "Steps").
+// once (next_turn(), step_turns.hpp; docs/vmm.md, "Steps"); small holes under a step's base are
+// traded for the chunks above its plan (trade_pages_above()).
 #include <algorithm>
 #include <exception>
 #include <memory>
@@ -359,8 +360,9 @@ void VmmHeaps::step_boundary(StepBoundary boundary) {
 
 // The step epoch ends: its record gets the base as fixed blocks (where they are, alive from its
 // start to their free or its end), the blocks it still holds count as alive to its end, and the
-// next epoch's plan is chosen (map_plan() never moves pages under live blocks, and follows no plan
-// with holes below its height while chunks lie above it). The free pages are held (once the plan
+// next epoch's plan is chosen (map_plan() never moves pages under live blocks, and follows a plan
+// with holes below its height while chunks lie above it only when the holes are small:
+// trade_pages_above()). The free pages are held (once the plan
 // is chosen: a walk of the heap) only for a next epoch that follows a plan. One that does not runs
 // from the free index, as the program would without step(): held pages replay a growth from an
 // empty heap, which a heap with a base never was, and served that way a loop's steps land
@@ -595,10 +597,11 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   if (heap.mapped_prefix >= height || heap.mapped_end <= heap.segment->addr + height) return Layout::ready;
   // Here the heap has holes below the height and chunks above it. A step epoch's base
   // (vmm_epochs.cpp, step boundaries): nothing moves under it, and what lies above the height goes
-  // only once the plan repeats, so mapping the holes would hold both until then (up to 1.5 GiB
-  // above the online peak on the loops of docs/benchmarks.md, "Steps found from the requests"):
-  // the plan is not followed, and the step runs online, with the pages it has.
-  if (heap.epoch.live != 0) return Layout::impossible;
+  // only once the plan repeats, so mapping the holes and keeping the chunks would hold both until
+  // then (up to 1.5 GiB above the online peak on the loops of docs/benchmarks.md, "Steps found
+  // from the requests"): small holes are traded for the chunks above, else the plan is not
+  // followed and the step runs online, with the pages it has.
+  if (heap.epoch.live != 0) return trade_pages_above(heap, height);
   if (!affords_layout(heap, height)) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
   try {
@@ -611,6 +614,75 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
     return Layout::impossible;
   }
   return lay_out(heap, height) ? Layout::ready : Layout::impossible;
+}
+
+// map_plan() for a step epoch whose heap has holes below the plan's height (an idle remap or
+// empty_cache() took pages from beside its base) and chunks above it. When the holes come to at
+// most a growth step (what the step's own growth maps online) and to no more than the chunks that
+// lie wholly above the height, the holes are mapped, and the chunks released: at once when the
+// work the heap's stream queued so far is done (an event, never a wait), so the heap holds no
+// more than before; else (a device behind the host) behind an event once the plan is followed
+// (give_back_above_plan()), the holes held beside them meanwhile. The plan's pages are then in
+// place, and the calls come in step(), none in the step that follows the plan. Larger holes are
+// left: trading them cost the warm passes of loops whose first steps remapped
+// (docs/benchmarks.md, "Small holes under a step's base"). Not in a heap that keeps its pages
+// (it grew again after a give-back), nor during a capture. O(the heap's blocks below the height).
+Layout VmmHeaps::trade_pages_above(Heap& heap, std::size_t height) {
+  if (heap.keeps_pages || st_.capture_underway()) return Layout::impossible;
+  const Address top = heap.segment->addr + height;
+  const std::size_t holes = hole_bytes_below(heap, top);
+  if (holes > growth_step(heap.pool()) || holes > chunk_bytes_from(heap, top)) return Layout::impossible;
+  if (stream_work_done(heap)) {
+    try {
+      drop_event(heap.give_back_event);
+      release_above(heap, top);
+      heap.gave_back = true;  // a growth past the plan from here on keeps its pages (no trade again)
+    } catch (const DeviceError& e) {  // the heap stays consistent: what was not released stays mapped
+      log().warn("vmm: releasing the pages above a step's plan failed: {}", e.what());
+      return Layout::impossible;
+    }
+  }
+  return map_holes_below(heap, top) ? Layout::ready : Layout::impossible;
+}
+
+// The bytes below `top` that no chunk maps.
+std::size_t VmmHeaps::hole_bytes_below(const Heap& heap, Address top) const noexcept {
+  std::size_t holes = 0;
+  for (const Block* x = heap.segment->first; x != nullptr && x->addr < top; x = x->next)
+    if (!x->mapped) holes += std::min<Address>(x->addr + x->size, top) - x->addr;
+  return holes;
+}
+
+// The bytes of the heap's chunks that start at or above `top`.
+std::size_t VmmHeaps::chunk_bytes_from(const Heap& heap, Address top) const noexcept {
+  std::size_t bytes = 0;
+  for (auto it = heap.chunks.lower_bound(top); it != heap.chunks.end(); ++it) bytes += it->second.size;
+  return bytes;
+}
+
+// Maps every hole of the heap below `top` (chunks of a planned growth). False when a mapping
+// failed or fell short: the heap stays consistent, with what was mapped.
+bool VmmHeaps::map_holes_below(Heap& heap, Address top) {
+  const std::size_t height = top - heap.segment->addr;
+  Block* x = heap.segment->first;
+  while (x != nullptr && x->addr < top) {
+    Block* next = x->next;
+    if (!x->mapped) {
+      const std::size_t bytes = std::min<Address>(x->addr + x->size, top) - x->addr;
+      Mapped mapped;
+      try {
+        mapped = map_into(heap, {.hole = x, .bytes = bytes, .need = bytes, .request = height,
+                                 .block_end = x->addr + bytes, .growth = Growth::plan});
+      } catch (const DeviceError& e) {
+        log().warn("vmm: mapping the holes below a step's plan failed: {}", e.what());
+        return false;
+      }
+      if (!mapped.complete) return false;
+      next = mapped.block->next;
+    }
+    x = next;
+  }
+  return true;
 }
 
 // Whether map_plan() may lay out a plan `height` bytes high in the empty heap: with the physical

@@ -446,6 +446,10 @@ class VmmHeaps final : public SegmentSource {
   bool affords_layout(const Heap& heap, std::size_t height) const noexcept;
   bool holds_pages_for(const Heap& heap, std::size_t height) const noexcept;
   bool stream_work_done(const Heap& heap);
+  Layout trade_pages_above(Heap& heap, std::size_t height);
+  std::size_t hole_bytes_below(const Heap& heap, Address top) const noexcept;
+  std::size_t chunk_bytes_from(const Heap& heap, Address top) const noexcept;
+  bool map_holes_below(Heap& heap, Address top);
   DeviceEvent event_pending_on(const Heap& heap);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);

@@ -114,6 +114,12 @@ TEST_CASE("differential: vmm mode, repeated steps (plans followed, holes mapped,
   run_case({"vmm-steps", "mode:vmm,memory_limit:1GiB", true, 14000, 6, 25000, 1, true});
 }
 
+TEST_CASE("differential: vmm mode, repeated steps, growth steps of the whole pool and no idle memory kept (small holes under a step's base traded for the pages above its plan), 1 GiB limit",
+          "[differential]") {
+  run_case({"vmm-steps-trade", "mode:vmm,memory_limit:1GiB,vmm_growth_divisor:1,vmm_idle_limit:0", true, 18000, 6, 25000,
+            1, true});
+}
+
 TEST_CASE("differential: vmm mode, repeated steps that never call step(), found (vmm_find_steps), 1 GiB limit",
           "[differential]") {
   run_case({"vmm-found-steps", "mode:vmm,memory_limit:1GiB,vmm_find_steps:true", true, 16000, 6, 25000, 1, true, true});
