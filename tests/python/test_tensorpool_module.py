@@ -222,7 +222,8 @@ class StatsTest(unittest.TestCase):
         # does not then depend on a thread's timing). Online, c (60 MiB) does not go where a (40)
         # was; once the steps are planned around the weights, it does: from the fourth step on
         # here (the second remaps idle pages, vmm_idle_divisor's default, and a step's plan is not
-        # laid out over the holes that leaves; with vmm_idle_divisor:1 from the third, as in the
+        # laid out over holes larger than a growth step, a page at this size; with
+        # vmm_idle_divisor:1 from the third, as in the
         # C++ test of docs/vmm.md, "Steps"). Without the hook nothing marks a step.
         python = torch_python()
         if python is None:
