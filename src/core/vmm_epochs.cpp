@@ -245,11 +245,12 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
 }
 
 // Once the next epoch follows a plan again, or follows the plan of a whole run
-// (choose_next_plan()), the chunks that lie entirely above the plan's height are never touched
-// while the plan is followed: they are unmapped and released once the work the stream queued on
-// them is done (an event recorded at the first such epoch end, queried at each; never a wait), so
-// that a repeated step holds the plan's height and not what its first, unplanned run mapped. An
-// epoch that departs drops the event: the pages may have been used again.
+// (choose_next_plan()), the pages above the plan's height are never touched while the plan is
+// followed: the chunks that lie entirely above it are unmapped and released once the work the
+// stream queued on them is done (an event recorded at the first such epoch end, queried at each;
+// never a wait), and the one that reaches across it is cut to it (trim_chunk_at()), so that a
+// repeated step holds the plan's height and not what its first, unplanned run mapped. An epoch
+// that departs drops the event: the pages may have been used again.
 void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
   if (heap.mapped_end <= heap.segment->addr + height || heap.keeps_pages) {
     drop_event(heap.give_back_event);
@@ -266,6 +267,7 @@ void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
     drop_event(heap.give_back_event);
     const std::size_t before = heap.chunk_bytes;
     release_above(heap, heap.segment->addr + height);
+    trim_chunk_at(heap, heap.segment->addr + height);
     heap.gave_back = heap.gave_back || heap.chunk_bytes < before;
   } catch (const DeviceError& e) {  // the heap stays consistent: what was not given back stays mapped
     drop_event(heap.give_back_event);
@@ -295,6 +297,40 @@ void VmmHeaps::release_above(Heap& heap, Address top) {
       throw;
     }
   }
+}
+
+// After release_above(heap, top): the chunk that holds `top` (a page boundary: a plan's height)
+// and reaches above it, when a free block covers it, is replaced by a chunk that ends at `top`,
+// so that the heap holds the plan's height and not the chunk an online growth mapped across it
+// (up to vmm_max_chunk, or 1/1024 of the device past a block: chunk_floor()). Only once the
+// work the heap's stream queued so far is done (an event, never a wait; else at a later
+// give-back): the plan's blocks below `top` may have used the chunk since the give-back's event.
+// Four calls, once. A DeviceError leaves a hole below `top` (mapped again when a step reaches it)
+// or the old chunk.
+void VmmHeaps::trim_chunk_at(Heap& heap, Address top) {
+  auto it = heap.chunks.upper_bound(top);
+  if (it == heap.chunks.begin()) return;
+  const Chunk c = std::prev(it)->second;
+  if (c.end() <= top || c.addr >= top) return;
+  Block* b = heap.segment->first;
+  while (b->addr + b->size <= c.addr) b = b->next;
+  if (b->state != BlockState::free || !b->mapped || b->held || b->addr > c.addr || b->addr + b->size < c.end()) return;
+  if (!stream_work_done(heap)) return;  // the plan's blocks below `top` were used since the event
+  heap.index().remove(b);
+  if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
+  if (const std::optional<Chunk> unmapped = cached_.take_handle(c.handle)) {
+    try {
+      release_chunk(*unmapped);
+    } catch (...) {
+      cached_.put(*unmapped);
+      throw;
+    }
+  }
+  const auto hole = heap.unmapped.find(c.addr);
+  if (hole == heap.unmapped.end()) return;
+  const std::size_t bytes = top - c.addr;
+  map_into(heap, {.hole = hole->second, .bytes = bytes, .need = bytes, .request = bytes, .block_end = top,
+                  .growth = Growth::plan});
 }
 
 // Gives event e back (none: nothing to do).
@@ -636,6 +672,7 @@ Layout VmmHeaps::trade_pages_above(Heap& heap, std::size_t height) {
     try {
       drop_event(heap.give_back_event);
       release_above(heap, top);
+      trim_chunk_at(heap, top);
       heap.gave_back = true;  // a growth past the plan from here on keeps its pages (no trade again)
     } catch (const DeviceError& e) {  // the heap stays consistent: what was not released stays mapped
       log().warn("vmm: releasing the pages above a step's plan failed: {}", e.what());

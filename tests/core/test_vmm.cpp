@@ -327,8 +327,9 @@ TEST_CASE("vmm: a heap that stopped recording resumes at a step boundary and at 
 
 TEST_CASE("vmm: a lone block whose last chunk reaches past its end settles too", "[vmm][plan]") {
   // A block of 128 MiB first, in one chunk; then a lone block of 100 MiB, over and over. The
-  // chunk reaches past its end, and stays mapped (a plan would keep it too: a chunk that
-  // straddles the height stays).
+  // chunk reaches past its end; once the block's plan repeats, the chunk is cut to the plan's
+  // height (trim_chunk_at(): the stream's work is done, immediate events), and the block settles
+  // on 100 MiB with no call.
   Fixture f("mode:vmm,vmm_max_chunk:1GiB,vmm_chunk_divisor:0", {.event_mode = EventMode::immediate});
   f.alloc.deallocate(f.alloc.allocate(128 * MiB));
   REQUIRE(f.device->counters().physical_creates == 1);
@@ -349,7 +350,7 @@ TEST_CASE("vmm: a lone block whose last chunk reaches past its end settles too",
     REQUIRE(same_calls(f.device->counters(), settled));
     REQUIRE(f.reserved() == reserved);
   }
-  REQUIRE(reserved == 128 * MiB);
+  REQUIRE(reserved == 100 * MiB);
   f.expect_all_given_back();
 }
 
@@ -844,9 +845,10 @@ TEST_CASE("vmm: an output kept over the boundary moves the base every step: no p
   // Online the first two steps reach 300 MiB (each new output at the top of the free pages: a
   // kept output's successor, vmm.md). The first step() ends a whole step (the heap began with
   // the program), so the second step is planned, as itself and as its mirror, which the third
-  // follows: what lies above both (a 20 MiB chunk) is given back at the second boundary.
+  // follows: what lies above both is given back at the second boundary (a 20 MiB chunk, and the
+  // 20 MiB of the chunk across their height: trim_chunk_at()).
   REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].peak == 300 * MiB);
-  REQUIRE(online == 280 * MiB);
+  REQUIRE(online == 260 * MiB);
   REQUIRE(f.reserved() == online);
   // One mirror, made at the second boundary; every step from the third followed a plan.
   REQUIRE(f.alloc.stats().mirrored_steps == 1);
@@ -1633,4 +1635,28 @@ TEST_CASE("mode:auto, the default, is vmm on a device with virtual memory and fi
     alloc.deallocate(p);
     alloc.check_invariants();
   }
+}
+
+TEST_CASE("vmm: the chunk across a plan's height is cut to it when the pages above go", "[vmm][plan]") {
+  // 32 MiB chunks: the first run maps 140 MiB, and the chunk of [96, 128) lies across the plan's
+  // 100 MiB. The run went from an empty heap to an empty heap on a device with nothing pending
+  // (immediate events): at its end the chunk above the height is released and the one across it
+  // replaced by one of 4 MiB that ends there (trim_chunk_at()), so the repeats hold the plan's
+  // height, not the chunk an online growth mapped across it.
+  Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_chunk_divisor:0,vmm_max_chunk:32MiB", {.event_mode = EventMode::immediate});
+  const DeviceCounters start = f.device->counters();
+  const Address base = abc_epoch(f)[0];
+  REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].peak == 140 * MiB);
+  REQUIRE(f.reserved() == 100 * MiB);
+  REQUIRE(f.device->used_bytes() == 100 * MiB);
+  REQUIRE(f.device->counters().physical_releases == start.physical_releases + 2);
+  const DeviceCounters settled = f.device->counters();
+  for (int run = 0; run < 3; ++run) {
+    INFO("run " << run);
+    REQUIRE(abc_epoch(f) == std::vector<Address>{base, base + 60 * MiB, base});
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(f.reserved() == 100 * MiB);
+  }
+  f.alloc.check_invariants();
+  f.expect_all_given_back();
 }
