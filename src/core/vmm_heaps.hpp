@@ -389,7 +389,8 @@ class VmmHeaps final : public SegmentSource {
   /// no event pending, no part asleep): the next epoch needs no plan and no held pages, since
   /// the free index puts its one block where a plan would (the heap's only free block, from its
   /// start), and its end only hands the block to the index (epoch_end_of()). (A chunk
-  /// that straddles the block's end stays mapped under a plan too: give_back_above_plan().)
+  /// that straddles the block's end is cut to the plan's height by a give-back only once the
+  /// stream is idle there: trim_chunk_at().)
   /// A heap that keeps its pages (keeps_pages: nothing above a plan would be given back) may
   /// hold pages and map chunks above the block: they go to the index with it (end_epoch()).
   bool repeats_alone_trivially(const Heap& heap) const noexcept {
