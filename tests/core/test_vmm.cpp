@@ -694,6 +694,26 @@ TEST_CASE("vmm: a failed map of a plan's hole, or a failed event for the give-ba
     REQUIRE(f.reserved() == f.device->used_bytes());
     f.alloc.check_invariants();
   }
+  SECTION("the map of the chunk cut at a plan's height") {
+    // The run maps six chunks of 32 MiB and less; at its end the chunk across the plan's 100 MiB
+    // is released and a 4 MiB one made for [96, 100), whose map (the seventh) fails: the chunk
+    // waits in the cache, [96, 100) is a hole, and the next run maps it there when its plan
+    // reaches it, with no new memory.
+    Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_chunk_divisor:0,vmm_max_chunk:32MiB",
+              {.event_mode = EventMode::immediate});
+    f.device->fail_nth(FaultSite::map, 7);
+    const Address base = abc_epoch(f)[0];
+    REQUIRE(f.device->counters().faults_injected == 1);
+    REQUIRE(f.reserved() == 100 * MiB);
+    REQUIRE(f.reserved() == f.device->used_bytes());
+    f.alloc.check_invariants();
+    const DeviceCounters after_fault = f.device->counters();
+    REQUIRE(abc_epoch(f) == std::vector<Address>{base, base + 60 * MiB, base});
+    REQUIRE(f.device->counters().physical_creates == after_fault.physical_creates);
+    REQUIRE(f.reserved() == 100 * MiB);
+    f.alloc.check_invariants();
+    f.expect_all_given_back();
+  }
 }
 
 TEST_CASE("vmm: steps around weights that never leave the heap are planned at step boundaries", "[vmm][plan][step]") {
