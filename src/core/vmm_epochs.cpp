@@ -249,9 +249,11 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
 // followed: the chunks that lie entirely above it are unmapped and released once the work the
 // stream queued on them is done (an event recorded at the first such epoch end, queried at each;
 // never a wait), and the one that reaches across it is cut to it (trim_chunk_at()), so that a
-// repeated step holds the plan's height and not what its first, unplanned run mapped. An epoch
-// that departs drops the event: the pages may have been used again.
+// repeated step holds the plan's height and not what its first, unplanned run mapped; the pool's
+// chunks cached unmapped go at once (release_cached_chunks()). An epoch that departs drops the
+// event: the pages may have been used again.
 void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
+  release_cached_chunks(heap);
   if (heap.mapped_end <= heap.segment->addr + height || heap.keeps_pages) {
     drop_event(heap.give_back_event);
     return;
@@ -331,6 +333,23 @@ void VmmHeaps::trim_chunk_at(Heap& heap, Address top) {
   const std::size_t bytes = top - c.addr;
   map_into(heap, {.hole = hole->second, .bytes = bytes, .need = bytes, .request = bytes, .block_end = top,
                   .growth = Growth::plan});
+}
+
+// When the pages above a plan go (give_back_above_plan()), so do the chunks of the heap's pool
+// cached unmapped: chiefly what lay_out() left when it mapped the plan's height from the heap's
+// start (a whole run planned from its empty heap held them, 450 MiB of a GPT-2 1.5B loop's 30 GiB,
+// benchmarks.md "Cached chunks given back with the pages above a plan"). No kernel can use an
+// unmapped chunk (its stream's work was done before it was unmapped), so no event; another heap
+// of the pool that needs pages again creates them (and a heap that grows after a give-back keeps
+// its pages from then on: Heap::keeps_pages). Not during a capture.
+void VmmHeaps::release_cached_chunks(Heap& heap) {
+  if (heap.keeps_pages || st_.capture_underway() || cached_.bytes(heap.pool()) == 0) return;
+  try {
+    release_chunks(cached_.take_all(heap.pool()));
+    heap.gave_back = true;
+  } catch (const DeviceError& e) {  // what was not released stays cached, accounted for
+    log().warn("vmm: releasing the chunks cached unmapped failed: {}", e.what());
+  }
 }
 
 // Gives event e back (none: nothing to do).
