@@ -250,10 +250,10 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
 // stream queued on them is done (an event recorded at the first such epoch end, queried at each;
 // never a wait), and the one that reaches across it is cut to it (trim_chunk_at()), so that a
 // repeated step holds the plan's height and not what its first, unplanned run mapped; the pool's
-// chunks cached unmapped go at once (release_cached_chunks()). An epoch that departs drops the
+// chunks cached unmapped go at once (give_back_cached()). An epoch that departs drops the
 // event: the pages may have been used again.
 void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
-  release_cached_chunks(heap);
+  give_back_cached(heap);
   if (heap.mapped_end <= heap.segment->addr + height || heap.keeps_pages) {
     drop_event(heap.give_back_event);
     return;
@@ -342,7 +342,7 @@ void VmmHeaps::trim_chunk_at(Heap& heap, Address top) {
 // unmapped chunk (its stream's work was done before it was unmapped), so no event; another heap
 // of the pool that needs pages again creates them (and a heap that grows after a give-back keeps
 // its pages from then on: Heap::keeps_pages). Not during a capture.
-void VmmHeaps::release_cached_chunks(Heap& heap) {
+void VmmHeaps::give_back_cached(Heap& heap) {
   if (heap.keeps_pages || st_.capture_underway() || cached_.bytes(heap.pool()) == 0) return;
   try {
     release_chunks(cached_.take_all(heap.pool()));

@@ -417,7 +417,7 @@ class VmmHeaps final : public SegmentSource {
   void rebase(Heap& heap, std::uint64_t base_signature);
   void release_above(Heap& heap, Address top);
   void trim_chunk_at(Heap& heap, Address top);
-  void release_cached_chunks(Heap& heap);
+  void give_back_cached(Heap& heap);
   void release_never_used(Heap& heap);
   /// Where the pages the current epoch mapped and no block of it used begin.
   Address never_used_from(const Heap& heap) const noexcept {

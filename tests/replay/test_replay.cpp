@@ -207,7 +207,7 @@ TEST_CASE("replay: a whole run laid out on its plan gives back the chunks the la
   // it, so at the end of the warm-up pass the plan is laid out: every chunk unmapped, and the
   // plan's height mapped again from the heap's start. The 450 MiB that are not needed stayed
   // cached, reserved, for good (0.9846 of the requested peak held in the measured pass). They are
-  // released with the give-back of the pages above the plan (release_cached_chunks()).
+  // released with the give-back of the pages above the plan (give_back_cached()).
   const trace::Trace t = generated("model:gpt2-xl,framework:pytorch,micro_batch:4,checkpointing:full,steps:5");
   ReplayOptions o;
   o.allocator = "tensorpool-vmm";
