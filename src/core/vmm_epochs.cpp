@@ -283,21 +283,30 @@ void VmmHeaps::release_above(Heap& heap, Address top) {
   release_held(heap);
   std::vector<Chunk> above;
   for (auto it = heap.chunks.lower_bound(top); it != heap.chunks.end(); ++it) above.push_back(it->second);
-  for (const Chunk& c : above) {
-    Block* b = heap.segment->first;  // the free mapped block holding c
-    while (b->addr + b->size <= c.addr) b = b->next;
-    // Not free: another stream took a block here (oom_ladder.cpp) and still holds it.
-    if (b->state != BlockState::free || b->addr + b->size < c.end()) continue;
-    heap.index().remove(b);
-    if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
-    const std::optional<Chunk> unmapped = cached_.take_handle(c.handle);
-    if (!unmapped) continue;
-    try {
-      release_chunk(*unmapped);
-    } catch (...) {  // still accounted for, as a cached chunk
-      cached_.put(*unmapped);
-      throw;
-    }
+  for (const Chunk& c : above)
+    if (Block* b = free_block_over(heap, c)) release_chunk_under(heap, b, c);
+}
+
+// The free block (in the index: nothing held) that covers chunk c, or nullptr when a live block
+// lies on it (another stream took a block here, oom_ladder.cpp, and still holds it).
+Block* VmmHeaps::free_block_over(const Heap& heap, const Chunk& c) const noexcept {
+  Block* b = heap.segment->first;
+  while (b->addr + b->size <= c.addr) b = b->next;
+  return b->state == BlockState::free && b->addr + b->size >= c.end() ? b : nullptr;
+}
+
+// Unmaps chunk c from under the free block b and releases it (b's pieces around it stay in the
+// index, its place becomes a hole). A DeviceError leaves c mapped, or cached and accounted for.
+void VmmHeaps::release_chunk_under(Heap& heap, Block* b, const Chunk& c) {
+  heap.index().remove(b);
+  if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
+  const std::optional<Chunk> unmapped = cached_.take_handle(c.handle);
+  if (!unmapped) return;
+  try {
+    release_chunk(*unmapped);
+  } catch (...) {  // still accounted for, as a cached chunk
+    cached_.put(*unmapped);
+    throw;
   }
 }
 
@@ -314,20 +323,10 @@ void VmmHeaps::trim_chunk_at(Heap& heap, Address top) {
   if (it == heap.chunks.begin()) return;
   const Chunk c = std::prev(it)->second;
   if (c.end() <= top || c.addr >= top) return;
-  Block* b = heap.segment->first;
-  while (b->addr + b->size <= c.addr) b = b->next;
-  if (b->state != BlockState::free || !b->mapped || b->held || b->addr > c.addr || b->addr + b->size < c.end()) return;
+  Block* b = free_block_over(heap, c);
+  if (b == nullptr) return;
   if (!stream_work_done(heap)) return;  // the plan's blocks below `top` were used since the event
-  heap.index().remove(b);
-  if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
-  if (const std::optional<Chunk> unmapped = cached_.take_handle(c.handle)) {
-    try {
-      release_chunk(*unmapped);
-    } catch (...) {
-      cached_.put(*unmapped);
-      throw;
-    }
-  }
+  release_chunk_under(heap, b, c);
   const auto hole = heap.unmapped.find(c.addr);
   if (hole == heap.unmapped.end()) return;
   const std::size_t bytes = top - c.addr;
@@ -698,7 +697,7 @@ Layout VmmHeaps::trade_pages_above(Heap& heap, std::size_t height) {
       return Layout::impossible;
     }
   }
-  return map_holes_below(heap, top) ? Layout::ready : Layout::impossible;
+  return map_holes(heap, heap.segment->first, top, top, height) ? Layout::ready : Layout::impossible;
 }
 
 // The bytes below `top` that no chunk maps.
@@ -716,21 +715,26 @@ std::size_t VmmHeaps::chunk_bytes_from(const Heap& heap, Address top) const noex
   return bytes;
 }
 
-// Maps every hole of the heap below `top` (chunks of a planned growth). False when a mapping
-// failed or fell short: the heap stays consistent, with what was mapped.
-bool VmmHeaps::map_holes_below(Heap& heap, Address top) {
-  const std::size_t height = top - heap.segment->addr;
-  Block* x = heap.segment->first;
-  while (x != nullptr && x->addr < top) {
+// Maps the holes from block x on that begin below `end`, each from its start up to `top` (the
+// pages up to `end` at least), in chunks of a planned growth for a plan `request` bytes high
+// (new_chunk_size()). False when a mapping failed or fell short: the heap stays consistent, with
+// what was mapped.
+bool VmmHeaps::map_holes(Heap& heap, Block* x, Address end, Address top, std::size_t request) {
+  const Address needed_end = round_up(end, page_);
+  while (x != nullptr && x->addr < end) {
     Block* next = x->next;
     if (!x->mapped) {
       const std::size_t bytes = std::min<Address>(x->addr + x->size, top) - x->addr;
       Mapped mapped;
       try {
-        mapped = map_into(heap, {.hole = x, .bytes = bytes, .need = bytes, .request = height,
-                                 .block_end = x->addr + bytes, .growth = Growth::plan});
-      } catch (const DeviceError& e) {
-        log().warn("vmm: mapping the holes below a step's plan failed: {}", e.what());
+        mapped = map_into(heap, {.hole = x,
+                                 .bytes = bytes,
+                                 .need = std::min<std::size_t>(needed_end - x->addr, bytes),
+                                 .request = request,
+                                 .block_end = x->addr + bytes,
+                                 .growth = Growth::plan});
+      } catch (const DeviceError& e) {  // the heap stays consistent; the plan goes unfollowed
+        log().warn("vmm: mapping the holes under a plan failed: {}", e.what());
         return false;
       }
       if (!mapped.complete) return false;
@@ -950,30 +954,7 @@ bool VmmHeaps::map_planned(Heap& heap, const EpochPlan::Step& step) {
   const Address base = heap.segment->addr;
   const Address end = base + step.offset + step.size;
   const Address top = std::max(base + heap.cursor.plan()->height, round_up(end, page_));
-  Block* x = first_block_of(heap, step);
-  while (x != nullptr && x->addr < end) {
-    Block* next = x->next;
-    if (!x->mapped) {
-      const std::size_t bytes = std::min<Address>(x->addr + x->size, top) - x->addr;
-      const std::size_t need = round_up(end, page_) - x->addr;
-      Mapped mapped;
-      try {
-        mapped = map_into(heap, {.hole = x,
-                                 .bytes = bytes,
-                                 .need = std::min(need, bytes),
-                                 .request = heap.cursor.plan()->height,
-                                 .block_end = x->addr + bytes,
-                                 .growth = Growth::plan});
-      } catch (const DeviceError& e) {  // the heap stays consistent; the request goes online
-        log().warn("vmm: mapping the pages of a planned block failed: {}", e.what());
-        return false;
-      }
-      if (!mapped.complete) return false;
-      next = mapped.block->next;
-    }
-    x = next;
-  }
-  return true;
+  return map_holes(heap, first_block_of(heap, step), end, top, heap.cursor.plan()->height);
 }
 
 // Cuts [at, at + size) out of the free mapped memory that starts with x (free, mapped, in the

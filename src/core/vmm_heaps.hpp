@@ -416,6 +416,8 @@ class VmmHeaps final : public SegmentSource {
   void end_step_epoch(Heap& heap, std::uint64_t next_base);
   void rebase(Heap& heap, std::uint64_t base_signature);
   void release_above(Heap& heap, Address top);
+  Block* free_block_over(const Heap& heap, const Chunk& c) const noexcept;
+  void release_chunk_under(Heap& heap, Block* b, const Chunk& c);
   void trim_chunk_at(Heap& heap, Address top);
   void give_back_cached(Heap& heap);
   void release_never_used(Heap& heap);
@@ -452,7 +454,7 @@ class VmmHeaps final : public SegmentSource {
   Layout trade_pages_above(Heap& heap, std::size_t height);
   std::size_t hole_bytes_below(const Heap& heap, Address top) const noexcept;
   std::size_t chunk_bytes_from(const Heap& heap, Address top) const noexcept;
-  bool map_holes_below(Heap& heap, Address top);
+  bool map_holes(Heap& heap, Block* x, Address end, Address top, std::size_t request);
   DeviceEvent event_pending_on(const Heap& heap);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);
