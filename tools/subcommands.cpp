@@ -146,9 +146,9 @@ struct ProgramArgs {
                   "Call tensorpool's step() at each iteration marker of the trace, as a program that calls "
                   "tensorpool.step() once per step (docs/vmm.md, \"Steps\")");
     cmd->add_option("--device-lag", device_lag,
-                    "A device that runs behind the host, for tensorpool's allocators: the work queued on its streams "
-                    "(events) completes only every N allocations, or when the allocator synchronizes (default 0: at "
-                    "once; docs/cli.md)")
+                    "A device that runs behind the host, for tensorpool's allocators: each allocation queues work on "
+                    "its stream, and the work queued on the streams completes only every N allocations, or when the "
+                    "allocator synchronizes (default 0: at once; docs/cli.md)")
         ->check(kCount);
   }
   void apply_to(RunOptions& run) const {

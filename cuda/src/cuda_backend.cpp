@@ -128,6 +128,17 @@ void CudaBackend::synchronize_stream(Stream stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize", device_);
 }
 
+bool CudaBackend::query_stream(Stream stream) {
+  DeviceGuard guard(device_);
+  const cudaError_t err = cudaStreamQuery(as_stream(stream));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not an error; make sure it is not left as the last error
+    return false;
+  }
+  cuda_detail::throw_runtime_error(err, "cudaStreamQuery", device_, 0);
+}
+
 void CudaBackend::synchronize_device() {
   DeviceGuard guard(device_);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", device_);

@@ -232,6 +232,7 @@ class NvtxBackend final : public DeviceBackend {
   void synchronize_event(DeviceEvent event) override { inner_->synchronize_event(event); }
   void stream_wait_event(Stream stream, DeviceEvent event) override { inner_->stream_wait_event(stream, event); }
   void synchronize_stream(Stream stream) override { inner_->synchronize_stream(stream); }
+  bool query_stream(Stream stream) override { return inner_->query_stream(stream); }
   bool is_capturing(Stream stream) override { return inner_->is_capturing(stream); }
   void synchronize_device() override { inner_->synchronize_device(); }
 

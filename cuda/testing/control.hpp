@@ -26,9 +26,9 @@
 //    fail with cudaErrorStreamCaptureUnsupported (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and
 //    invalidate every capture they fall under (global mode: all; thread-local: the caller's;
 //    relaxed: none), so that its cudaStreamEndCapture fails; stricter than CUDA for
-//    cudaEventQuery, which CUDA refuses only on events of the capture. Synchronizing a captured
-//    stream fails and invalidates in every mode; an event recorded on it captures nothing;
-//    the legacy stream cannot be captured;
+//    cudaEventQuery, which CUDA refuses only on events of the capture. Synchronizing or querying
+//    (cudaStreamQuery) a captured stream fails and invalidates in every mode; an event recorded
+//    on it captures nothing; the legacy stream cannot be captured;
 //  - the legacy stream's implicit synchronization with other streams is not modelled;
 //  - after simulate_driver_shutdown() every call fails with cudaErrorCudartUnloading /
 //    CUDA_ERROR_DEINITIALIZED (calls are still counted).

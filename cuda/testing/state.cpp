@@ -232,6 +232,18 @@ cudaError_t stream_synchronize(State& s, cudaStream_t stream, bool per_thread_ap
   return cudaSuccess;
 }
 
+// cudaSuccess once the stream's recorded work has completed, else cudaErrorNotReady. Querying a
+// captured stream fails and invalidates its capture (in every mode, as synchronizing it).
+cudaError_t stream_query(State& s, cudaStream_t stream, bool per_thread_api) {
+  Resolved r{};
+  if (!resolve_stream(s, stream, per_thread_api, r)) return cudaErrorInvalidResourceHandle;
+  if (CaptureRec* c = capture_of(s, r)) {
+    c->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  return device(s, r.device).query_stream(r.sim) ? cudaSuccess : cudaErrorNotReady;
+}
+
 // --- stream capture -------------------------------------------------------------------------
 
 bool capture_forbids(State& s, const char* name) {

@@ -208,6 +208,7 @@ cudaError_t event_record(State& s, cudaEvent_t event, cudaStream_t stream, bool 
 cudaError_t stream_wait_event(State& s, cudaStream_t stream, cudaEvent_t event,
                               bool per_thread_api);
 cudaError_t stream_synchronize(State& s, cudaStream_t stream, bool per_thread_api);
+cudaError_t stream_query(State& s, cudaStream_t stream, bool per_thread_api);
 cudaError_t begin_capture(State& s, cudaStream_t stream, cudaStreamCaptureMode mode, bool per_thread_api);
 cudaError_t end_capture(State& s, cudaStream_t stream, cudaGraph_t* graph, bool per_thread_api);
 cudaError_t is_capturing(State& s, cudaStream_t stream, cudaStreamCaptureStatus* status, bool per_thread_api);

@@ -64,6 +64,10 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
                       [&](State& s) { return stream_synchronize(s, stream, kPerThreadApi); });
 }
 
+cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t stream) {
+  return runtime_call(TP_NAME(cudaStreamQuery), [&](State& s) { return stream_query(s, stream, kPerThreadApi); });
+}
+
 cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   return runtime_call(TP_NAME(cudaStreamBeginCapture),
                       [&](State& s) { return begin_capture(s, stream, mode, kPerThreadApi); });

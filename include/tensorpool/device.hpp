@@ -90,6 +90,11 @@ class DeviceBackend {
   virtual void stream_wait_event(Stream stream, DeviceEvent event) = 0;
   virtual void synchronize_stream(Stream stream) = 0;
   virtual void synchronize_device() = 0;
+  /// True when the work submitted to `stream` so far has completed (cudaStreamQuery): never a
+  /// wait, and nothing is submitted, so an idle stream answers true at once (an event recorded
+  /// and queried at once may not have been reached yet). The default records an event and
+  /// queries it.
+  virtual bool query_stream(Stream stream);
 
   /// Whether work submitted to `stream` is being captured into a CUDA graph now (then the device
   /// must not be asked for memory or synchronized: the allocator serves such a stream from the

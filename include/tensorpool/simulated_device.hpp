@@ -53,6 +53,7 @@ struct DeviceCounters {
   std::uint64_t events_destroyed = 0;
   std::uint64_t events_recorded = 0;
   std::uint64_t event_queries = 0;
+  std::uint64_t stream_queries = 0;
   std::uint64_t event_syncs = 0;
   std::uint64_t stream_waits = 0;
   std::uint64_t stream_syncs = 0;
@@ -71,7 +72,7 @@ struct DeviceCounters {
 };
 
 /// Which upstream call a fault is injected into.
-enum class FaultSite : std::uint8_t { segment_alloc, physical_create, map, event_create };
+enum class FaultSite : std::uint8_t { segment_alloc, physical_create, map, event_create, stream_query };
 
 class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
  public:
@@ -91,6 +92,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   void synchronize_event(DeviceEvent event) override;
   void stream_wait_event(Stream stream, DeviceEvent event) override;
   void synchronize_stream(Stream stream) override;
+  bool query_stream(Stream stream) override;
   void synchronize_device() override;
 
   /// this, unless options.supports_virtual_memory is false (then the calls below throw).
@@ -189,7 +191,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   std::map<Address, Mapping> mappings_;
   std::unordered_map<PhysicalHandle, Address> mapped_handles_;
   PhysicalHandle next_physical_ = 1;
-  std::uint64_t fault_countdown_[4] = {0, 0, 0, 0};
+  std::uint64_t fault_countdown_[5] = {0, 0, 0, 0, 0};
   std::size_t fail_above_ = 0;
   std::set<Stream> capturing_;
 };

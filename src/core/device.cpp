@@ -1,6 +1,6 @@
 // device.cpp: the out-of-line members of the device seam (include/tensorpool/device.hpp): the
 // defaults a backend inherits (no virtual memory; alive until told otherwise; no contents to copy,
-// host memory from operator new) and the
+// host memory from operator new; a stream queried through an event) and the
 // destructors, which anchor the two interfaces' vtables in this one file.
 #include "tensorpool/device.hpp"
 
@@ -22,6 +22,20 @@ bool DeviceBackend::alive() const noexcept { return true; }
 bool DeviceBackend::holds_contents() const noexcept { return false; }
 
 bool DeviceBackend::is_capturing(Stream) { return false; }
+
+bool DeviceBackend::query_stream(Stream stream) {
+  const DeviceEvent e = create_event();
+  bool done = false;
+  try {
+    record_event(e, stream);
+    done = query_event(e);
+  } catch (...) {
+    destroy_event(e);
+    throw;
+  }
+  destroy_event(e);
+  return done;
+}
 
 void DeviceBackend::copy_to_host(void*, Address, std::size_t) {
   throw DeviceError("tensorpool: device " + properties().name + " cannot copy its memory to the host");

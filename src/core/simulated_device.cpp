@@ -204,6 +204,17 @@ void SimulatedDevice::synchronize_stream(Stream stream) {
   complete_to(stream, stream_state(stream).submitted);
 }
 
+// Done when every event recorded on the stream has completed: the stream's work is what events
+// were recorded after (user work included).
+bool SimulatedDevice::query_stream(Stream stream) {
+  std::lock_guard lock(mutex_);
+  ++counters_.stream_queries;
+  if (take_fault(FaultSite::stream_query, 0))
+    throw DeviceError("SimulatedDevice: stream query failed (injected fault)");
+  const StreamState& s = stream_state(stream);
+  return s.completed >= s.submitted;
+}
+
 void SimulatedDevice::synchronize_device() {
   std::lock_guard lock(mutex_);
   ++counters_.device_syncs;

@@ -22,14 +22,14 @@
 // no device call and no search of the index. The plan needs the memory from the heap's start to
 // its height mapped; holes there (empty_cache()) are mapped as the steps reach them
 // (map_planned()); pages that lie elsewhere (remapped under pressure) are mapped back there once
-// the stream's work on them is done (an event, never a wait: map_plan(), at once or at the next
-// epoch's first request; PlanCursor `laying_out` meanwhile). Once an epoch repeats its plan (or
-// two plans take turns), or the next epoch follows the plan of one that ran from an empty heap to
-// an empty heap, the chunks above the plans' heights are released, behind an event too
-// (give_back_above_plan()). A request the plan did not foresee departs from it for the rest of
-// the epoch (the held pages serve it), and that epoch is planned afresh. A program that repeats
-// its steps from an empty heap so runs them at the height its plan reaches, with no device call
-// (docs/vmm.md, "Planned layouts").
+// the stream's work on them is done (a query or an event, never a wait: map_plan(), at once or at
+// the next epoch's first request; PlanCursor `laying_out` meanwhile). Once an epoch repeats its
+// plan (or two plans take turns), or the next epoch follows the plan of one that ran from an
+// empty heap to an empty heap, the chunks above the plans' heights are released, once the work
+// on them is done too (give_back_above_plan()). A request the plan did not foresee departs from it
+// for the rest of the epoch (the held pages serve it), and that epoch is planned afresh. A program
+// that repeats its steps from an empty heap so runs them at the height its plan reaches, with no
+// device call (docs/vmm.md, "Planned layouts").
 //
 // Step epochs (a heap that never empties, ended at step boundaries) are planned the same way,
 // around their base; a step whose base moved only because what it keeps replaced what it freed
@@ -247,11 +247,12 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
 // Once the next epoch follows a plan again, or follows the plan of a whole run
 // (choose_next_plan()), the pages above the plan's height are never touched while the plan is
 // followed: the chunks that lie entirely above it are unmapped and released once the work the
-// stream queued on them is done (an event recorded at the first such epoch end, queried at each;
-// never a wait), and the one that reaches across it is cut to it (trim_chunk_at()), so that a
-// repeated step holds the plan's height and not what its first, unplanned run mapped; the pool's
-// chunks cached unmapped go at once (give_back_cached()). An epoch that departs drops the
-// event: the pages may have been used again.
+// stream queued on them is done (at once if a query of the stream says so, else an event
+// recorded at the first such epoch end, queried at each; never a wait), and the one that reaches
+// across it is cut to it (trim_chunk_at()), so that a repeated step holds the plan's height and
+// not what its first, unplanned run mapped; the pool's chunks cached unmapped go at once
+// (give_back_cached()). An epoch that departs drops the event: the pages may have been used
+// again.
 void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
   give_back_cached(heap);
   if (heap.mapped_end <= heap.segment->addr + height || heap.keeps_pages) {
@@ -261,11 +262,11 @@ void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
   if (st_.capture_underway()) return;  // no device call during a capture
   try {
     if (heap.give_back_event == 0) {
-      heap.give_back_event = st_.device->create_event();
-      st_.device->record_event(heap.give_back_event, heap.stream());
-      st_.counters.count(&Stats::events_recorded);
+      heap.give_back_event = event_pending_on(heap);
+      if (heap.give_back_event != 0) return;  // at a later epoch's end
+    } else if (!st_.device->query_event(heap.give_back_event)) {
+      return;  // at a later epoch's end
     }
-    if (!st_.device->query_event(heap.give_back_event)) return;  // at a later epoch's end
     drop_event(heap.give_back_event);
     const std::size_t before = heap.chunk_bytes;
     release_above(heap, heap.segment->addr + height);
@@ -279,12 +280,24 @@ void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
 
 // Unmaps and releases every chunk of the empty heap that starts at or above `top` and lies under
 // a free block.
-void VmmHeaps::release_above(Heap& heap, Address top) {
+void VmmHeaps::release_above(Heap& heap, Address top) { release_if_cached(cache_above(heap, top)); }
+
+// Unmaps every chunk of the empty heap that starts at or above `top` and lies under a free block
+// into the cache (their places become holes); their handles. A DeviceError leaves what was not
+// unmapped mapped, and what was in the cache, accounted for.
+std::vector<PhysicalHandle> VmmHeaps::cache_above(Heap& heap, Address top) {
   release_held(heap);
   std::vector<Chunk> above;
   for (auto it = heap.chunks.lower_bound(top); it != heap.chunks.end(); ++it) above.push_back(it->second);
-  for (const Chunk& c : above)
-    if (Block* b = free_block_over(heap, c)) release_chunk_under(heap, b, c);
+  std::vector<PhysicalHandle> cached;
+  for (const Chunk& c : above) {
+    Block* b = free_block_over(heap, c);
+    if (b == nullptr) continue;
+    heap.index().remove(b);
+    if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
+    cached.push_back(c.handle);
+  }
+  return cached;
 }
 
 // The free block (in the index: nothing held) that covers chunk c, or nullptr when a live block
@@ -300,13 +313,21 @@ Block* VmmHeaps::free_block_over(const Heap& heap, const Chunk& c) const noexcep
 void VmmHeaps::release_chunk_under(Heap& heap, Block* b, const Chunk& c) {
   heap.index().remove(b);
   if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
-  const std::optional<Chunk> unmapped = cached_.take_handle(c.handle);
-  if (!unmapped) return;
-  try {
-    release_chunk(*unmapped);
-  } catch (...) {  // still accounted for, as a cached chunk
-    cached_.put(*unmapped);
-    throw;
+  release_if_cached({c.handle});
+}
+
+// Releases the chunks of these handles that are still in the cache (a trade mapped the others).
+// A DeviceError leaves the rest cached, accounted for.
+void VmmHeaps::release_if_cached(const std::vector<PhysicalHandle>& handles) {
+  for (const PhysicalHandle handle : handles) {
+    const std::optional<Chunk> c = cached_.take_handle(handle);
+    if (!c) continue;
+    try {
+      release_chunk(*c);
+    } catch (...) {  // still accounted for, as a cached chunk
+      cached_.put(*c);
+      throw;
+    }
   }
 }
 
@@ -314,24 +335,22 @@ void VmmHeaps::release_chunk_under(Heap& heap, Block* b, const Chunk& c) {
 // and reaches above it, when a free block covers it, is replaced by a chunk that ends at `top`,
 // so that the heap holds the plan's height and not the chunk an online growth mapped across it
 // (up to vmm_max_chunk, or 1/1024 of the device past a block: chunk_floor()). Only once the
-// work the heap's stream queued so far is done (an event, never a wait; else at a later
-// give-back): the plan's blocks below `top` may have used the chunk since the give-back's event.
-// Four calls, once. A DeviceError leaves a hole below `top` (mapped again when a step reaches it)
-// or the old chunk.
+// work the heap's stream queued so far is done (a query of the stream, never a wait; else at a
+// later give-back): the plan's blocks below `top` may have used the chunk since the give-back's
+// event. Four calls, once. A DeviceError leaves a hole below `top` (mapped again when a step
+// reaches it) or the old chunk.
 void VmmHeaps::trim_chunk_at(Heap& heap, Address top) {
-  auto it = heap.chunks.upper_bound(top);
-  if (it == heap.chunks.begin()) return;
-  const Chunk c = std::prev(it)->second;
-  if (c.end() <= top || c.addr >= top) return;
+  const std::optional<Chunk> across = chunk_across(heap, top);
+  if (!across) return;
+  const Chunk c = *across;
   Block* b = free_block_over(heap, c);
-  if (b == nullptr) return;
   if (!stream_work_done(heap)) return;  // the plan's blocks below `top` were used since the event
   release_chunk_under(heap, b, c);
   const auto hole = heap.unmapped.find(c.addr);
   if (hole == heap.unmapped.end()) return;
   const std::size_t bytes = top - c.addr;
   map_into(heap, {.hole = hole->second, .bytes = bytes, .need = bytes, .request = bytes, .block_end = top,
-                  .growth = Growth::plan});
+                  .growth = Growth::plan, .limit = top});
 }
 
 // When the pages above a plan go (give_back_above_plan()), so do the chunks of the heap's pool
@@ -640,8 +659,9 @@ void VmmHeaps::collect_plans(Heap& heap) {
 // lacks created: affords_layout()): when it is not already, every chunk of the heap is unmapped
 // and chunks are mapped back from the heap's start, its own and the cached ones (then new ones),
 // until the plan's height is covered. The pages move only once the work the heap's stream queued
-// on them is done: an event is recorded (never a wait here); the layout is made at once if the
-// event has completed, else at the next epoch's first request if it has by then
+// on them is done (never a wait here): the layout is made at once if a query of the stream says
+// so, else an event is recorded, and it is made at the next epoch's first request if that has
+// completed by then
 // (finish_layout()), else the plan is dropped for that epoch. A heap whose pages empty_cache()
 // cycles gets its plan's pages in fresh, larger chunks instead (rechunks()).
 Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
@@ -671,33 +691,60 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
 }
 
 // map_plan() for a step epoch whose heap has holes below the plan's height (an idle remap or
-// empty_cache() took pages from beside its base) and chunks above it. When the holes come to at
-// most a growth step (what the step's own growth maps online) and to no more than the chunks that
-// lie wholly above the height, the holes are mapped, and the chunks released: at once when the
-// work the heap's stream queued so far is done (an event, never a wait), so the heap holds no
-// more than before; else (a device behind the host) behind an event once the plan is followed
-// (give_back_above_plan()), the holes held beside them meanwhile. The plan's pages are then in
-// place, and the calls come in step(), none in the step that follows the plan. Larger holes are
-// left: trading them cost the warm passes of loops whose first steps remapped
-// (docs/benchmarks.md, "Small holes under a step's base"). Not in a heap that keeps its pages
-// (it grew again after a give-back), nor during a capture. O(the heap's blocks below the height).
+// empty_cache() took pages from beside its base) and chunks above it. The holes are traded for
+// the pages above the height when they come to no more than those pages (the heap then holds no
+// more than before) and either to at most a growth step (what the step's own growth maps
+// online), or the step just ended remapped idle pages of the heap online (a synchronization,
+// which the next step run online from these pages makes again: the trade costs calls in step()
+// once, and no synchronization). When the work the heap's stream queued so far is done (a query
+// of the stream, never a wait), the chunks wholly above the height are unmapped and mapped into
+// the holes where they fit (no new memory), the rest released, and the one across the height cut
+// to it (trim_chunk_at()). Else (a device behind the host) only a small trade is made: the holes
+// are mapped now and the chunks above released behind an event once the plan is followed
+// (give_back_above_plan()); a large one would hold both for a whole step. The plan's pages are
+// then in place, and the calls come in step(), none in the step that follows the plan. Larger
+// holes are left in a step that did not remap: trading them cost the warm passes of loops whose
+// steps run online quietly (docs/benchmarks.md, "Small holes under a step's base"). Not in a
+// heap that keeps its pages (it grew again after a give-back), nor during a capture. O(the
+// heap's blocks below the height).
 Layout VmmHeaps::trade_pages_above(Heap& heap, std::size_t height) {
   if (heap.keeps_pages || st_.capture_underway()) return Layout::impossible;
   const Address top = heap.segment->addr + height;
   const std::size_t holes = hole_bytes_below(heap, top);
-  if (holes > growth_step(heap.pool()) || holes > chunk_bytes_from(heap, top)) return Layout::impossible;
-  if (stream_work_done(heap)) {
-    try {
-      drop_event(heap.give_back_event);
-      release_above(heap, top);
-      trim_chunk_at(heap, top);
-      heap.gave_back = true;  // a growth past the plan from here on keeps its pages (no trade again)
-    } catch (const DeviceError& e) {  // the heap stays consistent: what was not released stays mapped
-      log().warn("vmm: releasing the pages above a step's plan failed: {}", e.what());
-      return Layout::impossible;
-    }
+  const std::size_t wholly_above = chunk_bytes_from(heap, top);
+  const std::optional<Chunk> cut = chunk_across(heap, top);
+  const std::size_t across = cut ? cut->end() - top : 0;
+  const bool small = holes <= growth_step(heap.pool());
+  if ((!small && !heap.remapped_idle) || holes > wholly_above + across) return Layout::impossible;
+  const bool work_done = stream_work_done(heap);
+  if (!work_done && (!small || holes > wholly_above)) return Layout::impossible;
+  if (!work_done) return map_holes(heap, heap.segment->first, top, top, height) ? Layout::ready : Layout::impossible;
+  return move_pages_into_holes(heap, height);
+}
+
+// trade_pages_above() once the stream's work is done: the chunks above the plan's height are
+// unmapped into the cache and mapped into the holes below it where they fit (two calls each, no
+// new memory), what the holes do not take is released, what they still lack is created, and the
+// chunk across the height is cut to it.
+Layout VmmHeaps::move_pages_into_holes(Heap& heap, std::size_t height) {
+  const Address top = heap.segment->addr + height;
+  std::vector<PhysicalHandle> moved;
+  try {
+    drop_event(heap.give_back_event);
+    moved = cache_above(heap, top);
+  } catch (const DeviceError& e) {  // the heap stays consistent: what was not unmapped stays mapped
+    log().warn("vmm: unmapping the pages above a step's plan failed: {}", e.what());
+    return Layout::impossible;
   }
-  return map_holes(heap, heap.segment->first, top, top, height) ? Layout::ready : Layout::impossible;
+  heap.gave_back = true;  // a growth past the plan from here on keeps its pages (no trade again)
+  const bool mapped = map_holes(heap, heap.segment->first, top, top, height);
+  try {
+    release_if_cached(moved);
+    trim_chunk_at(heap, top);
+  } catch (const DeviceError& e) {  // what was not released stays mapped or cached, accounted for
+    log().warn("vmm: releasing the pages above a step's plan failed: {}", e.what());
+  }
+  return mapped ? Layout::ready : Layout::impossible;
 }
 
 // The bytes below `top` that no chunk maps.
@@ -713,6 +760,16 @@ std::size_t VmmHeaps::chunk_bytes_from(const Heap& heap, Address top) const noex
   std::size_t bytes = 0;
   for (auto it = heap.chunks.lower_bound(top); it != heap.chunks.end(); ++it) bytes += it->second.size;
   return bytes;
+}
+
+// The chunk that holds `top` and reaches above it, when a free block covers it (trim_chunk_at()
+// may cut it there).
+std::optional<Chunk> VmmHeaps::chunk_across(const Heap& heap, Address top) const noexcept {
+  const auto it = heap.chunks.upper_bound(top);
+  if (it == heap.chunks.begin()) return std::nullopt;
+  const Chunk& c = std::prev(it)->second;
+  if (c.end() <= top || c.addr >= top || free_block_over(heap, c) == nullptr) return std::nullopt;
+  return c;
 }
 
 // Maps the holes from block x on that begin below `end`, each from its start up to `top` (the
@@ -732,7 +789,8 @@ bool VmmHeaps::map_holes(Heap& heap, Block* x, Address end, Address top, std::si
                                  .need = std::min<std::size_t>(needed_end - x->addr, bytes),
                                  .request = request,
                                  .block_end = x->addr + bytes,
-                                 .growth = Growth::plan});
+                                 .growth = Growth::plan,
+                                 .limit = top});
       } catch (const DeviceError& e) {  // the heap stays consistent; the plan goes unfollowed
         log().warn("vmm: mapping the holes under a plan failed: {}", e.what());
         return false;
@@ -802,35 +860,31 @@ bool VmmHeaps::rechunks(const Heap& heap, std::size_t height) {
   return heap.chunks.size() > (height + planned - 1) / planned && stream_work_done(heap);
 }
 
-// Whether the work queued on the heap's stream so far has completed (event_pending_on(): never a
-// wait). False if the device refuses the event.
+// Whether the work queued on the heap's stream so far has completed (DeviceBackend::query_stream:
+// never a wait). False if the device refuses the query.
 bool VmmHeaps::stream_work_done(const Heap& heap) {
   try {
-    DeviceEvent pending = event_pending_on(heap);
-    const bool done = pending == 0;
-    drop_event(pending);
-    return done;
+    return st_.device->query_stream(heap.stream());
   } catch (const DeviceError& err) {
-    log().warn("vmm: an event to lay out a planned heap afresh failed: {}", err.what());
+    log().warn("vmm: querying a heap's stream failed: {}", err.what());
     return false;
   }
 }
 
-// An event recorded now on the heap's stream, and queried (never a wait): 0 once the work queued
-// there so far has completed (the event given back), else the event, for the caller to query
-// again and give back. Throws the device's error with no event left behind.
+// 0 when the work queued on the heap's stream so far has completed (a query, never a wait), else
+// an event recorded now after it, for the caller to query later and give back. Throws the
+// device's error with no event left behind.
 DeviceEvent VmmHeaps::event_pending_on(const Heap& heap) {
+  if (st_.device->query_stream(heap.stream())) return 0;
   DeviceEvent e = st_.device->create_event();
   try {
     st_.device->record_event(e, heap.stream());
-    st_.counters.count(&Stats::events_recorded);
-    if (!st_.device->query_event(e)) return e;
-    st_.device->destroy_event(std::exchange(e, 0));
   } catch (const DeviceError&) {
     drop_event(e);
     throw;
   }
-  return 0;
+  st_.counters.count(&Stats::events_recorded);
+  return e;
 }
 
 // At the first request of an epoch waiting to lay its plan's pages out: the event is given back

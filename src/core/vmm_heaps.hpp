@@ -321,6 +321,7 @@ class VmmHeaps final : public SegmentSource {
     Growth growth = Growth::request;
     std::size_t left = SIZE_MAX;  // what the allocator could still create when the growth began
                                   // (room_left(); SIZE_MAX: not asked): chunk_floor()
+    Address limit = 0;            // no chunk is mapped past it (0: the hole's end); a plan's height
   };
   /// What map_into() mapped.
   struct Mapped {
@@ -418,6 +419,8 @@ class VmmHeaps final : public SegmentSource {
   void release_above(Heap& heap, Address top);
   Block* free_block_over(const Heap& heap, const Chunk& c) const noexcept;
   void release_chunk_under(Heap& heap, Block* b, const Chunk& c);
+  std::vector<PhysicalHandle> cache_above(Heap& heap, Address top);
+  void release_if_cached(const std::vector<PhysicalHandle>& handles);
   void trim_chunk_at(Heap& heap, Address top);
   void give_back_cached(Heap& heap);
   void release_never_used(Heap& heap);
@@ -452,8 +455,10 @@ class VmmHeaps final : public SegmentSource {
   bool holds_pages_for(const Heap& heap, std::size_t height) const noexcept;
   bool stream_work_done(const Heap& heap);
   Layout trade_pages_above(Heap& heap, std::size_t height);
+  Layout move_pages_into_holes(Heap& heap, std::size_t height);
   std::size_t hole_bytes_below(const Heap& heap, Address top) const noexcept;
   std::size_t chunk_bytes_from(const Heap& heap, Address top) const noexcept;
+  std::optional<Chunk> chunk_across(const Heap& heap, Address top) const noexcept;
   bool map_holes(Heap& heap, Block* x, Address end, Address top, std::size_t request);
   DeviceEvent event_pending_on(const Heap& heap);
   bool finish_layout(Heap& heap);

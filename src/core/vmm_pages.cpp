@@ -213,10 +213,11 @@ std::optional<Chunk> VmmHeaps::create_chunk(std::size_t bytes, Pool pool) {
   return Chunk{0, bytes, h, pool};
 }
 
-// Maps chunks at the start of the hole until `where.bytes` are mapped (cached chunks first, then
-// new ones; if the device or the limit refuses the growth step, only the `where.need` bytes the
-// request needs). The mapped bytes join the free block before the hole (or make a new one), in
-// the index. A DeviceError propagates with the blocks saying what was mapped.
+// Maps chunks at the start of the hole until `where.bytes` are mapped (cached chunks first, those
+// that end within the hole and `where.limit`, then new ones; if the device or the limit refuses
+// the growth step, only the `where.need` bytes the request needs). The mapped bytes join the free
+// block before the hole (or make a new one), in the index. A DeviceError propagates with the
+// blocks saying what was mapped.
 VmmHeaps::Mapped VmmHeaps::map_into(Heap& heap, const Placement& where) {
   const Pool pool = heap.pool();
   Block* hole = where.hole;
@@ -224,6 +225,7 @@ VmmHeaps::Mapped VmmHeaps::map_into(Heap& heap, const Placement& where) {
   const Address needed_end = start + where.need;
   Address end = start + where.bytes;
   const Address hole_end = hole->addr + hole->size;
+  const Address room_end = where.limit != 0 ? std::min(where.limit, hole_end) : hole_end;
   Address cursor = start;
   auto place_chunk = [&](Chunk c) {
     try {
@@ -253,7 +255,7 @@ VmmHeaps::Mapped VmmHeaps::map_into(Heap& heap, const Placement& where) {
   };
   try {
     while (cursor < end) {
-      const std::optional<Chunk> cached = cached_.take(pool, end - cursor, hole_end - cursor);
+      const std::optional<Chunk> cached = cached_.take(pool, end - cursor, room_end - cursor);
       if (!cached) break;
       place_chunk(*cached);
     }

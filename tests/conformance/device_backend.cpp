@@ -125,6 +125,25 @@ void check_synchronize(BackendUnderTest& t) {
   d.destroy_event(f);
 }
 
+void check_stream_query(BackendUnderTest& t) {
+  DeviceBackend& d = *t.backend;
+  const Stream s = t.new_stream();
+  const Stream u = t.new_stream();
+  CHECK(d.query_stream(s));  // nothing submitted: idle
+  const DeviceEvent e = d.create_event();
+  d.record_event(e, s);  // work on s
+  if (t.work_stays_pending) {
+    CHECK_FALSE(d.query_stream(s));
+    CHECK(d.query_stream(u));  // another stream's work is not its own
+  }
+  t.finish(s);
+  CHECK(d.query_stream(s));
+  d.record_event(e, s);
+  d.synchronize_stream(s);
+  CHECK(d.query_stream(s));
+  d.destroy_event(e);
+}
+
 void check_stream_wait(BackendUnderTest& t) {
   DeviceBackend& d = *t.backend;
   const Stream s = t.new_stream();
@@ -219,6 +238,7 @@ void check_device_backend(const BackendFactory& make) {
   SECTION("streams: a wait orders one stream after another's event without blocking the host") {
     check_stream_wait(t);
   }
+  SECTION("streams: a query says whether a stream's work is done, without waiting") { check_stream_query(t); }
   SECTION("virtual memory (where the backend has it): reserve, create, map, unmap, release") {
     check_virtual_memory(t);
   }

@@ -53,6 +53,7 @@ class HostMemoryDevice final : public DeviceBackend {
   void synchronize_event(DeviceEvent e) override { sim_->synchronize_event(e); }
   void stream_wait_event(Stream s, DeviceEvent e) override { sim_->stream_wait_event(s, e); }
   void synchronize_stream(Stream s) override { sim_->synchronize_stream(s); }
+  bool query_stream(Stream s) override { return sim_->query_stream(s); }
   void synchronize_device() override { sim_->synchronize_device(); }
 
  private:

@@ -99,9 +99,9 @@ class Generator {
   // Profile::repeated_steps: a few blocks that stay (weights), then each step run 4 to 11 times
   // in a row on stream 0 (after a run of new steps a step epoch is planned from the second of its
   // kind on: Heap::sight_step(); in one count 403 of 1878 step epochs were not planned), most runs
-  // ended by Allocator::step(); between runs, now and then, work completes, a fault is armed
-  // (Profile::faults), the allocator is misused, the limit changes, or everything is drained (and
-  // new weights are made).
+  // ended by Allocator::step() (half of those after stream 0's work completed); between runs, now
+  // and then, work completes, a fault is armed (Profile::faults), the allocator is misused, the
+  // limit changes, or everything is drained (and new weights are made).
   std::vector<Op> repeated_steps(std::size_t count) {
     std::vector<Op> ops;
     weights(ops);
@@ -113,7 +113,12 @@ class Generator {
         if (below(8) == 0) ran[below(ran.size())].value += 512;  // a departure (or a bigger free pick)
         if (below(4) == 0) ran.insert(ran.begin() + 1, Op{OpKind::empty_cache, 0, 0, 0});
         ops.insert(ops.end(), ran.begin(), ran.end());
-        if (below(8) != 0 && !profile_.unmarked_steps) ops.push_back(Op{OpKind::step, 0, 0, 0});
+        if (below(8) != 0 && !profile_.unmarked_steps) {
+          // Half of them after the step's stream has done its work (a loop that reads its loss,
+          // loss.item(), before step()): what step() does only then is judged too.
+          if (below(2) == 0) ops.push_back(Op{OpKind::complete_stream, 0, 0, 0});
+          ops.push_back(Op{OpKind::step, 0, 0, 0});
+        }
         ops.push_back(between_runs());
         if (ops.back().kind == OpKind::drain) weights(ops);
       }
@@ -242,9 +247,9 @@ class Generator {
 
   void make_fault(Op& op) {
     static constexpr FaultSite kFixed[] = {FaultSite::segment_alloc, FaultSite::event_create};
-    static constexpr FaultSite kVmm[] = {FaultSite::physical_create, FaultSite::map,
-                                         FaultSite::event_create};
-    const FaultSite site = profile_.vmm ? kVmm[below(3)] : kFixed[below(2)];
+    static constexpr FaultSite kVmm[] = {FaultSite::physical_create, FaultSite::map, FaultSite::event_create,
+                                         FaultSite::stream_query};
+    const FaultSite site = profile_.vmm ? kVmm[below(4)] : kFixed[below(2)];
     op.arg = static_cast<std::uint8_t>(site);
     op.value = 1 + below(12);
   }

@@ -31,7 +31,7 @@ namespace tensorpool::reliability {
 
 /// Streams are small integers on the simulated device (0, then 1, 2, ... from create_stream()).
 inline constexpr std::size_t kMaxStreams = 8;
-inline constexpr int kNumFaultSites = 4;
+inline constexpr int kNumFaultSites = 5;
 
 class RecordingDevice final : public DeviceBackend, public VirtualMemory {
  public:
@@ -86,6 +86,10 @@ class RecordingDevice final : public DeviceBackend, public VirtualMemory {
     if (it->second.second > w) w = it->second.second;
   }
   void synchronize_stream(Stream stream) override { sim_->synchronize_stream(stream); }
+  bool query_stream(Stream stream) override {
+    ++calls_[static_cast<int>(FaultSite::stream_query)];
+    return sim_->query_stream(stream);
+  }
   void synchronize_device() override { sim_->synchronize_device(); }
 
   // --- VirtualMemory: forwarded, when the simulated device has it ----------------------------

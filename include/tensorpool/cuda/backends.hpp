@@ -65,6 +65,7 @@ class CudaBackend : public DeviceBackend {
   void synchronize_event(DeviceEvent event) override;
   void stream_wait_event(Stream stream, DeviceEvent event) override;
   void synchronize_stream(Stream stream) override;
+  bool query_stream(Stream stream) override;
   void synchronize_device() override;
   /// cudaStreamIsCapturing: active or invalidated.
   bool is_capturing(Stream stream) override;

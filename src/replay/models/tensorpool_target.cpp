@@ -51,13 +51,18 @@ class TensorpoolTarget final : public ReplayTarget {
             .cost_model = o.cost_model})),
         alloc_(device_, target_config(preset, o.conf, name_ + " conf")),
         history_entries_(o.history_entries),
-        device_lag_(o.device_lag) {}
+        device_lag_(o.device_lag),
+        kernels_(o.device_lag == 0 ? 0 : device_->create_event()) {}
 
   std::string name() const override { return name_; }
+  // With a lagging device, each allocation is followed by work on its stream (the kernels that
+  // use the block), and the device catches up with all of it every device_lag_ allocations.
   void* allocate(std::size_t bytes, Stream stream) override {
     if (device_lag_ != 0 && ++allocations_ % device_lag_ == 0) device_->complete_all();  // the device catches up
     try {
-      return alloc_.allocate(bytes, map(stream));
+      void* p = alloc_.allocate(bytes, map(stream));
+      if (kernels_ != 0) device_->record_event(kernels_, map(stream));
+      return p;
     } catch (const OutOfMemoryError& e) {
       throw OutOfMemoryError(in_trace_streams(e.info()));
     }
@@ -148,6 +153,8 @@ class TensorpoolTarget final : public ReplayTarget {
   std::size_t history_entries_;
   std::size_t device_lag_;         // TargetOptions::device_lag
   std::uint64_t allocations_ = 0;  // made so far, for device_lag_
+  DeviceEvent kernels_;            // recorded after each allocation with a lagging device: its
+                                   // stream's work (0: no lag)
   std::shared_ptr<trace::pytorch::HistoryRecorder> history_;  // after record_history()
 };
 
