@@ -73,6 +73,8 @@ struct DeviceCounters {
 
 /// Which upstream call a fault is injected into.
 enum class FaultSite : std::uint8_t { segment_alloc, physical_create, map, event_create, stream_query };
+/// How many fault sites there are (arrays indexed by FaultSite).
+inline constexpr std::size_t kFaultSiteCount = 5;
 
 class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
  public:
@@ -191,7 +193,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   std::map<Address, Mapping> mappings_;
   std::unordered_map<PhysicalHandle, Address> mapped_handles_;
   PhysicalHandle next_physical_ = 1;
-  std::uint64_t fault_countdown_[5] = {0, 0, 0, 0, 0};
+  std::uint64_t fault_countdown_[kFaultSiteCount] = {};
   std::size_t fail_above_ = 0;
   std::set<Stream> capturing_;
 };

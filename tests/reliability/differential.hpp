@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "tensorpool/simulated_device.hpp"
+
 namespace tensorpool::reliability {
 
 enum class OpKind : std::uint8_t {
@@ -110,7 +112,7 @@ struct RunFigures {
   std::uint64_t steps_found = 0;  // Stats::steps_found
   std::uint64_t planned_epochs = 0;  // Stats::planned_epochs
   std::uint64_t mirrored_steps = 0;  // Stats::mirrored_steps
-  std::array<std::uint64_t, 4> site_calls{};  // upstream calls per FaultSite
+  std::array<std::uint64_t, kFaultSiteCount> site_calls{};  // upstream calls per FaultSite
   RunFigures& operator+=(const RunFigures& o);
 };
 

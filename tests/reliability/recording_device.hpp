@@ -31,7 +31,7 @@ namespace tensorpool::reliability {
 
 /// Streams are small integers on the simulated device (0, then 1, 2, ... from create_stream()).
 inline constexpr std::size_t kMaxStreams = 8;
-inline constexpr int kNumFaultSites = 5;
+inline constexpr int kNumFaultSites = static_cast<int>(kFaultSiteCount);
 
 class RecordingDevice final : public DeviceBackend, public VirtualMemory {
  public:
