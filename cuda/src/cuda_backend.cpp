@@ -15,6 +15,20 @@ using cuda_detail::as_stream;
 using cuda_detail::check;
 using cuda_detail::DeviceGuard;
 
+namespace {
+
+// The answer of a query (cudaEventQuery, cudaStreamQuery) that returned `err` on `device`: true
+// when the work is done, false when it is not yet (not an error: it is not left as the last
+// error), else the error, thrown.
+bool work_done(cudaError_t err, const char* call, int device) {
+  if (err == cudaSuccess) return true;
+  if (err != cudaErrorNotReady) cuda_detail::throw_runtime_error(err, call, device, 0);
+  (void)cudaGetLastError();
+  return false;
+}
+
+}  // namespace
+
 const char* to_string(CudaBackendKind kind) noexcept {
   switch (kind) {
     case CudaBackendKind::async_pool: return "async_pool";
@@ -104,13 +118,7 @@ void CudaBackend::record_event(DeviceEvent event, Stream stream) {
 
 bool CudaBackend::query_event(DeviceEvent event) {
   DeviceGuard guard(device_);
-  const cudaError_t err = cudaEventQuery(as_event(event));
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) {
-    (void)cudaGetLastError();  // not an error; make sure it is not left as the last error
-    return false;
-  }
-  cuda_detail::throw_runtime_error(err, "cudaEventQuery", device_, 0);
+  return work_done(cudaEventQuery(as_event(event)), "cudaEventQuery", device_);
 }
 
 void CudaBackend::synchronize_event(DeviceEvent event) {
@@ -130,13 +138,7 @@ void CudaBackend::synchronize_stream(Stream stream) {
 
 bool CudaBackend::query_stream(Stream stream) {
   DeviceGuard guard(device_);
-  const cudaError_t err = cudaStreamQuery(as_stream(stream));
-  if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) {
-    (void)cudaGetLastError();  // not an error; make sure it is not left as the last error
-    return false;
-  }
-  cuda_detail::throw_runtime_error(err, "cudaStreamQuery", device_, 0);
+  return work_done(cudaStreamQuery(as_stream(stream)), "cudaStreamQuery", device_);
 }
 
 void CudaBackend::synchronize_device() {

@@ -293,8 +293,7 @@ std::vector<PhysicalHandle> VmmHeaps::cache_above(Heap& heap, Address top) {
   for (const Chunk& c : above) {
     Block* b = free_block_over(heap, c);
     if (b == nullptr) continue;
-    heap.index().remove(b);
-    if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
+    cache_chunk_under(heap, b, c);
     cached.push_back(c.handle);
   }
   return cached;
@@ -308,11 +307,17 @@ Block* VmmHeaps::free_block_over(const Heap& heap, const Chunk& c) const noexcep
   return b->state == BlockState::free && b->addr + b->size >= c.end() ? b : nullptr;
 }
 
-// Unmaps chunk c from under the free block b and releases it (b's pieces around it stay in the
-// index, its place becomes a hole). A DeviceError leaves c mapped, or cached and accounted for.
-void VmmHeaps::release_chunk_under(Heap& heap, Block* b, const Chunk& c) {
+// Unmaps chunk c from under the free block b into the cache (b's pieces around it stay in the
+// index, its place becomes a hole). A DeviceError leaves c mapped.
+void VmmHeaps::cache_chunk_under(Heap& heap, Block* b, const Chunk& c) {
   heap.index().remove(b);
   if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
+}
+
+// cache_chunk_under(), then c is released. A DeviceError leaves c mapped, or cached and
+// accounted for.
+void VmmHeaps::release_chunk_under(Heap& heap, Block* b, const Chunk& c) {
+  cache_chunk_under(heap, b, c);
   release_if_cached({c.handle});
 }
 
@@ -340,10 +345,10 @@ void VmmHeaps::release_if_cached(const std::vector<PhysicalHandle>& handles) {
 // event. Four calls, once. A DeviceError leaves a hole below `top` (mapped again when a step
 // reaches it) or the old chunk.
 void VmmHeaps::trim_chunk_at(Heap& heap, Address top) {
-  const std::optional<Chunk> across = chunk_across(heap, top);
-  if (!across) return;
-  const Chunk c = *across;
-  Block* b = free_block_over(heap, c);
+  const ChunkAcross across = chunk_across(heap, top);
+  if (across.free == nullptr) return;
+  const Chunk c = across.chunk;
+  Block* b = across.free;
   if (!stream_work_done(heap)) return;  // the plan's blocks below `top` were used since the event
   release_chunk_under(heap, b, c);
   const auto hole = heap.unmapped.find(c.addr);
@@ -712,8 +717,8 @@ Layout VmmHeaps::trade_pages_above(Heap& heap, std::size_t height) {
   const Address top = heap.segment->addr + height;
   const std::size_t holes = hole_bytes_below(heap, top);
   const std::size_t wholly_above = chunk_bytes_from(heap, top);
-  const std::optional<Chunk> cut = chunk_across(heap, top);
-  const std::size_t across = cut ? cut->end() - top : 0;
+  const ChunkAcross cut = chunk_across(heap, top);
+  const std::size_t across = cut.free != nullptr ? cut.chunk.end() - top : 0;
   const bool small = holes <= growth_step(heap.pool());
   if ((!small && !heap.remapped_idle) || holes > wholly_above + across) return Layout::impossible;
   const bool work_done = stream_work_done(heap);
@@ -762,14 +767,14 @@ std::size_t VmmHeaps::chunk_bytes_from(const Heap& heap, Address top) const noex
   return bytes;
 }
 
-// The chunk that holds `top` and reaches above it, when a free block covers it (trim_chunk_at()
-// may cut it there).
-std::optional<Chunk> VmmHeaps::chunk_across(const Heap& heap, Address top) const noexcept {
+// The chunk that holds `top` and reaches above it, and the free block that covers it (then
+// trim_chunk_at() may cut it there); `free` null when there is no such chunk or no such block.
+VmmHeaps::ChunkAcross VmmHeaps::chunk_across(const Heap& heap, Address top) const noexcept {
   const auto it = heap.chunks.upper_bound(top);
-  if (it == heap.chunks.begin()) return std::nullopt;
+  if (it == heap.chunks.begin()) return {};
   const Chunk& c = std::prev(it)->second;
-  if (c.end() <= top || c.addr >= top || free_block_over(heap, c) == nullptr) return std::nullopt;
-  return c;
+  if (c.end() <= top || c.addr >= top) return {};
+  return {c, free_block_over(heap, c)};
 }
 
 // Maps the holes from block x on that begin below `end`, each from its start up to `top` (the

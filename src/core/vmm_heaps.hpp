@@ -418,6 +418,7 @@ class VmmHeaps final : public SegmentSource {
   void rebase(Heap& heap, std::uint64_t base_signature);
   void release_above(Heap& heap, Address top);
   Block* free_block_over(const Heap& heap, const Chunk& c) const noexcept;
+  void cache_chunk_under(Heap& heap, Block* b, const Chunk& c);
   void release_chunk_under(Heap& heap, Block* b, const Chunk& c);
   std::vector<PhysicalHandle> cache_above(Heap& heap, Address top);
   void release_if_cached(const std::vector<PhysicalHandle>& handles);
@@ -458,7 +459,11 @@ class VmmHeaps final : public SegmentSource {
   Layout move_pages_into_holes(Heap& heap, std::size_t height);
   std::size_t hole_bytes_below(const Heap& heap, Address top) const noexcept;
   std::size_t chunk_bytes_from(const Heap& heap, Address top) const noexcept;
-  std::optional<Chunk> chunk_across(const Heap& heap, Address top) const noexcept;
+  struct ChunkAcross {
+    Chunk chunk;
+    Block* free = nullptr;
+  };
+  ChunkAcross chunk_across(const Heap& heap, Address top) const noexcept;
   bool map_holes(Heap& heap, Block* x, Address end, Address top, std::size_t request);
   DeviceEvent event_pending_on(const Heap& heap);
   bool finish_layout(Heap& heap);
