@@ -261,16 +261,21 @@ void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
   }
   if (st_.capture_underway()) return;  // no device call during a capture
   try {
+    // Done now (the stream queried here), or when an event recorded at an earlier epoch's end
+    // was: the plan's blocks may have used the chunk across the height since.
+    StreamWork work = StreamWork::done;
     if (heap.give_back_event == 0) {
       heap.give_back_event = event_pending_on(heap);
       if (heap.give_back_event != 0) return;  // at a later epoch's end
     } else if (!st_.device->query_event(heap.give_back_event)) {
       return;  // at a later epoch's end
+    } else {
+      work = StreamWork::may_run;
     }
     drop_event(heap.give_back_event);
     const std::size_t before = heap.chunk_bytes;
     release_above(heap, heap.segment->addr + height);
-    trim_chunk_at(heap, heap.segment->addr + height);
+    trim_chunk_at(heap, heap.segment->addr + height, work);
     heap.gave_back = heap.gave_back || heap.chunk_bytes < before;
   } catch (const DeviceError& e) {  // the heap stays consistent: what was not given back stays mapped
     drop_event(heap.give_back_event);
@@ -340,16 +345,17 @@ void VmmHeaps::release_if_cached(const std::vector<PhysicalHandle>& handles) {
 // and reaches above it, when a free block covers it, is replaced by a chunk that ends at `top`,
 // so that the heap holds the plan's height and not the chunk an online growth mapped across it
 // (up to vmm_max_chunk, or 1/1024 of the device past a block: chunk_floor()). Only once the
-// work the heap's stream queued so far is done (a query of the stream, never a wait; else at a
-// later give-back): the plan's blocks below `top` may have used the chunk since the give-back's
-// event. Four calls, once. A DeviceError leaves a hole below `top` (mapped again when a step
-// reaches it) or the old chunk.
-void VmmHeaps::trim_chunk_at(Heap& heap, Address top) {
+// work the heap's stream queued so far is done: `work` says so when the caller has just asked,
+// else (StreamWork::may_run) the stream is queried (never a wait; if busy, a later give-back
+// cuts it): the plan's blocks below `top` may have used the chunk since the give-back's event.
+// Four calls, once. A DeviceError leaves a hole below `top` (mapped again when a step reaches it)
+// or the old chunk.
+void VmmHeaps::trim_chunk_at(Heap& heap, Address top, StreamWork work) {
   const ChunkAcross across = chunk_across(heap, top);
   if (across.free == nullptr) return;
   const Chunk c = across.chunk;
   Block* b = across.free;
-  if (!stream_work_done(heap)) return;  // the plan's blocks below `top` were used since the event
+  if (work == StreamWork::may_run && !stream_work_done(heap)) return;
   release_chunk_under(heap, b, c);
   const auto hole = heap.unmapped.find(c.addr);
   if (hole == heap.unmapped.end()) return;
@@ -745,7 +751,7 @@ Layout VmmHeaps::move_pages_into_holes(Heap& heap, std::size_t height) {
   const bool mapped = map_holes(heap, heap.segment->first, top, top, height);
   try {
     release_if_cached(moved);
-    trim_chunk_at(heap, top);
+    trim_chunk_at(heap, top, StreamWork::done);  // asked by trade_pages_above() just now
   } catch (const DeviceError& e) {  // what was not released stays mapped or cached, accounted for
     log().warn("vmm: releasing the pages above a step's plan failed: {}", e.what());
   }

@@ -253,8 +253,8 @@ enum class Spare : std::uint8_t {
 
 /// Whether the work a stream queued on pages may still run when they are unmapped.
 enum class StreamWork : std::uint8_t {
-  may_run,  // synchronize the stream first
-  done,     // an event recorded after it has completed: no wait
+  may_run,  // ask first: reclaim_heap() synchronizes the stream, trim_chunk_at() queries it
+  done,     // a query of the stream, or an event recorded after the work, said it completed
 };
 
 /// Whether the blocks live when the next epoch begins lie where those of the epoch that ends did
@@ -422,7 +422,7 @@ class VmmHeaps final : public SegmentSource {
   void release_chunk_under(Heap& heap, Block* b, const Chunk& c);
   std::vector<PhysicalHandle> cache_above(Heap& heap, Address top);
   void release_if_cached(const std::vector<PhysicalHandle>& handles);
-  void trim_chunk_at(Heap& heap, Address top);
+  void trim_chunk_at(Heap& heap, Address top, StreamWork work);
   void give_back_cached(Heap& heap);
   void release_never_used(Heap& heap);
   /// Where the pages the current epoch mapped and no block of it used begin.
