@@ -53,6 +53,11 @@ class TensorpoolTarget final : public ReplayTarget {
         history_entries_(o.history_entries),
         device_lag_(o.device_lag),
         kernels_(o.device_lag == 0 ? 0 : device_->create_event()) {}
+  ~TensorpoolTarget() override {
+    if (kernels_ != 0) device_->destroy_event(kernels_);
+  }
+  TensorpoolTarget(const TensorpoolTarget&) = delete;
+  TensorpoolTarget& operator=(const TensorpoolTarget&) = delete;
 
   std::string name() const override { return name_; }
   // With a lagging device, each allocation is followed by work on its stream (the kernels that
