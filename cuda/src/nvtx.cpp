@@ -193,6 +193,11 @@ class NvtxVirtualMemory final : public VirtualMemory {
     const Range r(ranges_, kUnmap, bytes);
     inner_.unmap(addr, bytes);
   }
+  bool maps_parts() const noexcept override { return inner_.maps_parts(); }
+  void map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) override {
+    const Range r(ranges_, kMap, bytes);
+    inner_.map_part(addr, bytes, handle, offset);
+  }
 
  private:
   VirtualMemory& inner_;  // the wrapped backend's, alive as long as it is

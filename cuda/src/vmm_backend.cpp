@@ -168,11 +168,11 @@ void CudaVmmBackend::release_physical(PhysicalHandle handle) {
   });
 }
 
-bool CudaVmmBackend::try_map(Address addr, std::size_t bytes, PhysicalHandle handle) {
+bool CudaVmmBackend::try_map(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) {
   DeviceGuard guard(device_, kBindContext);
   const auto ptr = static_cast<CUdeviceptr>(addr);
   const CUresult mapped =
-      driver().mem_map(ptr, bytes, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0);
+      driver().mem_map(ptr, bytes, offset, static_cast<CUmemGenericAllocationHandle>(handle), 0);
   if (!cuda_detail::check_driver_alloc(mapped, "cuMemMap", device_, bytes)) return false;
   CUmemAccessDesc access{};
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -188,6 +188,12 @@ void CudaVmmBackend::map(Address addr, std::size_t bytes, PhysicalHandle handle)
   if (!try_map(addr, bytes, handle))
     throw DeviceError("cuMemMap(" + format_bytes(bytes) + ") failed on CUDA device " +
                       std::to_string(device_) + ": out of memory");
+}
+
+void CudaVmmBackend::map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) {
+  if (!try_map(addr, bytes, handle, offset))
+    throw DeviceError("cuMemMap(" + format_bytes(bytes) + " at offset " + format_bytes(offset) +
+                      ") failed on CUDA device " + std::to_string(device_) + ": out of memory");
 }
 
 // Like cuMemUnmap, not stream-ordered: the caller has made sure no work in flight uses the

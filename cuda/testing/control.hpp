@@ -17,8 +17,9 @@
 //    (EventMode::immediate); synchronize calls, cudaFree and cudaDeviceSynchronize complete it;
 //  - stricter: cudaEventRecord needs event and stream on the same device,
 //    cudaMallocFromPoolAsync needs the stream on the pool's device, cross-device
-//    cudaStreamWaitEvent on an incomplete event is cudaErrorNotSupported, cuMemMap maps a
-//    whole handle at offset 0 inside one reservation;
+//    cudaStreamWaitEvent on an incomplete event is cudaErrorNotSupported, cuMemMap maps whole
+//    granules of a handle (at an offset into it, a handle at several places) inside one
+//    reservation;
 //  - stream capture (cudaStreamBeginCapture/EndCapture/IsCapturing, cudaGraphDestroy): while a
 //    capture is underway, the calls that may synchronize or change memory (cudaMalloc,
 //    cudaFree, cudaHostAlloc, cudaFreeHost, cudaMemcpy, cudaDeviceSynchronize,

@@ -197,15 +197,17 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   return driver_call("cuMemMap", [&](State& s) {
     auto ph = s.physical.find(handle);
     const auto user = static_cast<Address>(ptr);
-    if (ph == s.physical.end() || ph->second.released || offset != 0 || flags != 0 ||
-        size != ph->second.bytes || !inside_reservation(s, user, size))
+    if (ph == s.physical.end() || ph->second.released || flags != 0 || size == 0 ||
+        offset > ph->second.bytes || size > ph->second.bytes - offset || !inside_reservation(s, user, size))
       return CUDA_ERROR_INVALID_VALUE;
+    const std::size_t page = granularity(s, ph->second.device);
+    if (size % page != 0 || offset % page != 0 || user % page != 0) return CUDA_ERROR_INVALID_VALUE;
     auto next = s.mappings.lower_bound(user);
     const bool overlaps = (next != s.mappings.end() && next->first < user + size) ||
                           (next != s.mappings.begin() &&
                            std::prev(next)->first + std::prev(next)->second.bytes > user);
     if (overlaps) return CUDA_ERROR_INVALID_VALUE;
-    s.mappings.emplace(user, MappingRec{size, handle, std::vector<unsigned>(s.devices.size(), 0)});
+    s.mappings.emplace(user, MappingRec{size, handle, std::vector<unsigned>(s.devices.size(), 0), offset});
     ++ph->second.maps;
     return CUDA_SUCCESS;
   });

@@ -341,8 +341,9 @@ cudaError_t memcpy_sync(State& s, void* dst, const void* src, std::size_t count,
       if (m == s.mappings.begin() || (--m)->first + m->second.bytes <= at) return cudaErrorInvalidValue;
       PhysicalRec& ph = s.physical.at(m->second.handle);
       if (ph.contents.empty()) ph.contents.assign(ph.bytes, 0);
-      const std::size_t offset = at - m->first;
-      const std::size_t n = std::min(count - done, m->second.bytes - offset);
+      const std::size_t into_mapping = at - m->first;
+      const std::size_t offset = m->second.offset + into_mapping;  // into the handle's bytes
+      const std::size_t n = std::min(count - done, m->second.bytes - into_mapping);
       if (to_device) {
         std::memcpy(ph.contents.data() + offset, host_bytes + done, n);
       } else {

@@ -67,6 +67,7 @@ struct MappingRec {
   std::size_t bytes;
   std::uint64_t handle;
   std::vector<unsigned> access;  // per device
+  std::size_t offset = 0;        // into the handle's bytes
 };
 /// A stream being captured (cudaStreamBeginCapture .. cudaStreamEndCapture).
 struct CaptureRec {

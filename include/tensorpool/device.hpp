@@ -62,6 +62,15 @@ class VirtualMemory {
   virtual void map(Address addr, std::size_t bytes, PhysicalHandle handle) = 0;
   /// Removes the mapping made at exactly [addr, addr + bytes).
   virtual void unmap(Address addr, std::size_t bytes) = 0;
+
+  /// Whether map_part() works here.
+  virtual bool maps_parts() const noexcept;
+  /// Maps the `bytes` of `handle` that start `offset` bytes into it at [addr, addr + bytes), inside
+  /// a reserved range and over no other mapping, readable and writable from the device (cuMemMap
+  /// with an offset). The handle may be mapped elsewhere too, whole or in part: its pages then
+  /// show at each place, and release_physical() waits for every mapping to be removed.
+  /// DeviceError where maps_parts() is false.
+  virtual void map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset);
 };
 
 class DeviceBackend {

@@ -106,6 +106,8 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   void release_physical(PhysicalHandle handle) override;
   void map(Address addr, std::size_t bytes, PhysicalHandle handle) override;
   void unmap(Address addr, std::size_t bytes) override;
+  bool maps_parts() const noexcept override { return true; }
+  void map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) override;
 
   // --- test and replay controls ------------------------------------------------------------
   /// A new stream handle (never 0; 0 is the default stream, which always exists).
@@ -163,8 +165,12 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   struct Mapping {
     std::size_t bytes;
     PhysicalHandle handle;
+    std::size_t offset;  // into the handle's bytes
   };
 
+  /// map() and map_part() once their arguments are checked: DeviceError if the range is not in
+  /// a reserved range or meets another mapping.
+  void add_mapping(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset);
   bool take_fault(FaultSite site, std::size_t bytes);
   void charge(CostedCall call, std::size_t bytes);
   StreamState& stream_state(Stream stream);
@@ -191,7 +197,7 @@ class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
   std::unordered_map<PhysicalHandle, std::size_t> physical_;
   std::unordered_map<PhysicalHandle, std::vector<unsigned char>> contents_;  // back_memory
   std::map<Address, Mapping> mappings_;
-  std::unordered_map<PhysicalHandle, Address> mapped_handles_;
+  std::unordered_multimap<PhysicalHandle, Address> mapped_handles_;  // where each handle is mapped
   PhysicalHandle next_physical_ = 1;
   std::uint64_t fault_countdown_[kFaultSiteCount] = {};
   std::size_t fail_above_ = 0;

@@ -13,6 +13,12 @@ namespace tensorpool {
 
 VirtualMemory::~VirtualMemory() = default;
 
+bool VirtualMemory::maps_parts() const noexcept { return false; }
+
+void VirtualMemory::map_part(Address, std::size_t, PhysicalHandle, std::size_t) {
+  throw DeviceError("this device's virtual memory maps physical allocations only whole");
+}
+
 DeviceBackend::~DeviceBackend() = default;
 
 VirtualMemory* DeviceBackend::virtual_memory() noexcept { return nullptr; }

@@ -320,6 +320,30 @@ void SimulatedDevice::map(Address addr, std::size_t bytes, PhysicalHandle handle
   if (ph == physical_.end() || ph->second != bytes)
     throw DeviceError("SimulatedDevice: map of " + std::to_string(bytes) +
                       " bytes with unknown or differently sized handle " + std::to_string(handle));
+  // Stricter than CUDA, to catch a caller that maps a handle twice by mistake: a whole handle is
+  // mapped at one place at a time (map_part() says otherwise on purpose).
+  if (auto m = mapped_handles_.find(handle); m != mapped_handles_.end())
+    throw DeviceError("SimulatedDevice: physical handle " + std::to_string(handle) +
+                      " is already mapped at " + hex(m->second));
+  add_mapping(addr, bytes, handle, 0);
+}
+
+void SimulatedDevice::map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) {
+  std::lock_guard lock(mutex_);
+  auto ph = physical_.find(handle);
+  if (ph == physical_.end())
+    throw DeviceError("SimulatedDevice: map_part with unknown handle " + std::to_string(handle));
+  const std::size_t page = options_.vm_page_size;
+  if (bytes == 0 || bytes % page != 0 || offset % page != 0 || addr % page != 0 || offset > ph->second ||
+      bytes > ph->second - offset)
+    throw DeviceError("SimulatedDevice: map_part of " + std::to_string(bytes) + " bytes from offset " +
+                      std::to_string(offset) + " of handle " + std::to_string(handle) + " (" +
+                      std::to_string(ph->second) + " bytes) at " + hex(addr) +
+                      ": expected whole pages of " + std::to_string(page) + " bytes within the handle");
+  add_mapping(addr, bytes, handle, offset);
+}
+
+void SimulatedDevice::add_mapping(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) {
   auto r = ranges_.upper_bound(addr);
   if (r == ranges_.begin() || addr + bytes > std::prev(r)->first + std::prev(r)->second)
     throw DeviceError("SimulatedDevice: map at " + hex(addr) + " is outside every reserved range");
@@ -329,13 +353,10 @@ void SimulatedDevice::map(Address addr, std::size_t bytes, PhysicalHandle handle
       next != mappings_.begin() && std::prev(next)->first + std::prev(next)->second.bytes > addr;
   if (overlaps_next || overlaps_prev)
     throw DeviceError("SimulatedDevice: map at " + hex(addr) + " overlaps an existing mapping");
-  if (auto m = mapped_handles_.find(handle); m != mapped_handles_.end())
-    throw DeviceError("SimulatedDevice: physical handle " + std::to_string(handle) +
-                      " is already mapped at " + hex(m->second));
   charge(CostedCall::map, bytes);
   if (take_fault(FaultSite::map, bytes))
     throw DeviceError("SimulatedDevice: map failed (injected fault)");
-  mappings_.emplace(addr, Mapping{bytes, handle});
+  mappings_.emplace(addr, Mapping{bytes, handle, offset});
   mapped_handles_.emplace(handle, addr);
   mapped_ += bytes;
   ++counters_.maps;
@@ -347,7 +368,12 @@ void SimulatedDevice::unmap(Address addr, std::size_t bytes) {
   if (it == mappings_.end() || it->second.bytes != bytes)
     throw DeviceError("SimulatedDevice: unmap(" + hex(addr) + ", " + std::to_string(bytes) +
                       ") does not match a mapping");
-  mapped_handles_.erase(it->second.handle);
+  auto [first, last] = mapped_handles_.equal_range(it->second.handle);
+  for (auto m = first; m != last; ++m)
+    if (m->second == addr) {
+      mapped_handles_.erase(m);
+      break;
+    }
   mappings_.erase(it);
   mapped_ -= bytes;
   ++counters_.unmaps;
@@ -365,10 +391,10 @@ void SimulatedDevice::for_each_mapped(Address addr, std::size_t bytes, F&& f) {
     if (m == mappings_.begin() || (--m)->first + m->second.bytes <= at)
       throw DeviceError("SimulatedDevice: copy of " + hex(at) + ", which is not mapped");
     std::vector<unsigned char>& bytes_of = contents_[m->second.handle];
-    if (bytes_of.empty()) bytes_of.assign(m->second.bytes, 0);
-    const std::size_t offset = at - m->first;
-    const std::size_t n = std::min(addr + bytes - at, m->second.bytes - offset);
-    f(bytes_of, offset, n, at - addr);
+    if (bytes_of.empty()) bytes_of.assign(physical_.at(m->second.handle), 0);
+    const std::size_t into_mapping = at - m->first;
+    const std::size_t n = std::min(addr + bytes - at, m->second.bytes - into_mapping);
+    f(bytes_of, m->second.offset + into_mapping, n, at - addr);
     at += n;
   }
 }

@@ -5,7 +5,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
+#include <iterator>
 #include <cstddef>
 #include <utility>
 
@@ -194,6 +196,40 @@ void check_virtual_memory(BackendUnderTest& t) {
   vm->release_address_range(other, 2 * page);
 }
 
+// Where the backend maps parts of a handle: one handle whole at one place and its middle page at
+// another at the same time, the same bytes through both, each mapping removed on its own.
+void check_mapped_parts(BackendUnderTest& t) {
+  VirtualMemory* vm = t.backend->virtual_memory();
+  if (vm == nullptr || !vm->maps_parts()) return;  // optional: nothing to check
+  const std::size_t page = vm->page_size();
+  const Address base = vm->reserve_address_range(3 * page, page);
+  const Address other = vm->reserve_address_range(2 * page, page);
+  REQUIRE(base != 0);
+  REQUIRE(other != 0);
+  const PhysicalHandle h = vm->create_physical(3 * page);
+  REQUIRE(h != 0);
+  vm->map(base, 3 * page, h);
+  vm->map_part(other + page, page, h, page);  // its middle page, a second time
+  CHECK_THROWS_AS(vm->map_part(other, 2 * page, h, 2 * page), DeviceError);  // past the handle's end
+  if (t.backend->holds_contents()) {
+    const unsigned char written[4] = {7, 1, 9, 3};
+    t.backend->copy_to_device(other + page + 16, written, sizeof written);
+    unsigned char read[4] = {};
+    t.backend->copy_to_host(read, base + page + 16, sizeof read);
+    CHECK(std::equal(std::begin(read), std::end(read), std::begin(written)));
+  }
+  vm->unmap(base, 3 * page);  // the part stays mapped
+  if (t.backend->holds_contents()) {
+    unsigned char read[4] = {};
+    t.backend->copy_to_host(read, other + page + 16, sizeof read);
+    CHECK(read[2] == 9);
+  }
+  vm->unmap(other + page, page);
+  vm->release_physical(h);
+  vm->release_address_range(base, 3 * page);
+  vm->release_address_range(other, 2 * page);
+}
+
 void check_virtual_memory_oom(BackendUnderTest& t) {
   VirtualMemory* vm = t.backend->virtual_memory();
   if (vm == nullptr) return;
@@ -241,6 +277,9 @@ void check_device_backend(const BackendFactory& make) {
   SECTION("streams: a query says whether a stream's work is done, without waiting") { check_stream_query(t); }
   SECTION("virtual memory (where the backend has it): reserve, create, map, unmap, release") {
     check_virtual_memory(t);
+  }
+  SECTION("virtual memory (where the backend maps parts of a handle): a handle at two places") {
+    check_mapped_parts(t);
   }
   SECTION("virtual memory (where the backend has it): out of memory is handle 0") {
     check_virtual_memory_oom(t);

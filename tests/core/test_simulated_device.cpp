@@ -1,6 +1,8 @@
 // The simulated device: capacity, granularity, stream-ordered events, waits, faults, VM pages.
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include "tensorpool/errors.hpp"
 #include "tensorpool/simulated_device.hpp"
 
@@ -81,6 +83,48 @@ TEST_CASE("fault injection fails the n-th call and large requests", "[device]") 
   d.fail_nth(FaultSite::event_create, 1);
   REQUIRE_THROWS_AS(d.create_event(), DeviceError);
   REQUIRE(d.counters().faults_injected == 3);
+}
+
+TEST_CASE("virtual memory: parts of a handle map at several places, whole pages only", "[device][vm]") {
+  SimulatedDevice d({.capacity = 8 * MiB});
+  const Address base = d.reserve_address_range(64 * MiB, 0);
+  const PhysicalHandle p = d.create_physical(6 * MiB);
+  d.map(base, 6 * MiB, p);
+  d.map_part(base + 8 * MiB, 2 * MiB, p, 2 * MiB);   // its middle page again
+  d.map_part(base + 10 * MiB, 4 * MiB, p, 0);        // and its first two pages a third time
+  REQUIRE(d.mapped_bytes() == 12 * MiB);             // address space: three mappings
+  REQUIRE(d.used_bytes() == 6 * MiB);                // memory: one handle
+  REQUIRE_THROWS_AS(d.map_part(base + 16 * MiB, 2 * MiB, p, 6 * MiB), DeviceError);   // past its end
+  REQUIRE_THROWS_AS(d.map_part(base + 16 * MiB, 1 * MiB, p, 0), DeviceError);         // not a page
+  REQUIRE_THROWS_AS(d.map_part(base + 16 * MiB, 2 * MiB, p, 1 * MiB), DeviceError);   // offset not a page
+  REQUIRE_THROWS_AS(d.map_part(base + 9 * MiB, 2 * MiB, p, 0), DeviceError);          // overlap
+  REQUIRE_THROWS_AS(d.map_part(base + 16 * MiB, 2 * MiB, p + 100, 0), DeviceError);   // unknown handle
+  REQUIRE_THROWS_AS(d.map(base + 16 * MiB, 6 * MiB, p), DeviceError);  // a whole map stays exclusive
+  d.unmap(base, 6 * MiB);
+  REQUIRE_THROWS_AS(d.release_physical(p), DeviceError);  // still mapped twice
+  d.unmap(base + 8 * MiB, 2 * MiB);
+  d.unmap(base + 10 * MiB, 4 * MiB);
+  d.release_physical(p);
+  REQUIRE(d.used_bytes() == 0);
+  REQUIRE(d.counters().maps == 3);
+  REQUIRE(d.counters().unmaps == 3);
+  d.release_address_range(base, 64 * MiB);
+}
+
+TEST_CASE("virtual memory: a part mapped elsewhere shows the handle's bytes", "[device][vm]") {
+  SimulatedDevice d({.capacity = 8 * MiB, .back_memory = true});
+  const Address base = d.reserve_address_range(64 * MiB, 0);
+  const PhysicalHandle p = d.create_physical(4 * MiB);
+  d.map(base, 4 * MiB, p);
+  d.map_part(base + 32 * MiB, 2 * MiB, p, 2 * MiB);
+  const char text[] = "stitched";
+  d.copy_to_device(base + 32 * MiB + 100, text, sizeof text);
+  char read[sizeof text] = {};
+  d.copy_to_host(read, base + 2 * MiB + 100, sizeof read);
+  REQUIRE(std::string(read) == "stitched");
+  d.unmap(base + 32 * MiB, 2 * MiB);
+  d.unmap(base, 4 * MiB);
+  d.release_physical(p);
 }
 
 TEST_CASE("virtual memory: pages map once, inside reservations", "[device][vm]") {

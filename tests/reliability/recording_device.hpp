@@ -118,6 +118,12 @@ class RecordingDevice final : public DeviceBackend, public VirtualMemory {
     sim_->unmap(addr, bytes);
     mappings_.erase(addr);
   }
+  bool maps_parts() const noexcept override { return sim_->maps_parts(); }
+  void map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) override {
+    ++calls_[static_cast<int>(FaultSite::map)];
+    sim_->map_part(addr, bytes, handle, offset);
+    mappings_[addr] = bytes;
+  }
 
  private:
   static std::size_t index(Stream s) {

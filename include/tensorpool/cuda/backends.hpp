@@ -145,6 +145,9 @@ class CudaVmmBackend final : public CudaBackend, public VirtualMemory {
   void release_physical(PhysicalHandle handle) override;
   void map(Address addr, std::size_t bytes, PhysicalHandle handle) override;
   void unmap(Address addr, std::size_t bytes) override;
+  bool maps_parts() const noexcept override { return true; }
+  /// cuMemMap with an offset into the handle, then cuMemSetAccess.
+  void map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) override;
 
   /// Segments currently allocated through allocate_segment.
   std::size_t live_segments() const;
@@ -155,7 +158,7 @@ class CudaVmmBackend final : public CudaBackend, public VirtualMemory {
     PhysicalHandle handle;
   };
   /// map() that reports out of memory as false instead of throwing.
-  bool try_map(Address addr, std::size_t bytes, PhysicalHandle handle);
+  bool try_map(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset = 0);
   void unmap_unsynchronized(Address addr, std::size_t bytes);
   void release_segment(Address base, const Segment& seg);
 
