@@ -72,6 +72,10 @@
 //                                  is put at the step's low point): docs/vmm.md, "Steps". The
 //                                  first step() call stops it. Off by default: step plans do not
 //                                  beat the online layout on every loop (docs/benchmarks.md)
+//   vmm_stitch           true      vmm: where a growth finds no memory left on the device, the
+//                                  whole free pages of the heap's partly used chunks are mapped
+//                                  again, side by side, where the request needs them (one map
+//                                  call per run of pages, no new memory): docs/vmm.md, "Stitching"
 //   backend              async     the device backend of the per-device registry
 //                                  (tensorpool/registry.hpp, the C API, the PyTorch library):
 //                                  async (cudaMallocFromPoolAsync), malloc (cudaMalloc), vmm
@@ -126,6 +130,7 @@ struct Config {
   std::size_t vmm_plan_max_blocks = 131072;    // epochs of at most N allocations get a planned layout
   PlannerMode vmm_planner = PlannerMode::background;
   bool vmm_find_steps = false;  // without Allocator::step() calls, step boundaries found from the requests
+  bool vmm_stitch = true;  // where a growth finds no memory left, free pages of partly used chunks mapped again
   bool nvtx = false;      // read by tensorpool/cuda/nvtx.hpp, not by the core
   bool nvtx_mem = false;  // read by tensorpool/cuda/nvtx.hpp, not by the core
   Backend backend = Backend::async;  // read by the registry only

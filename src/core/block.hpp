@@ -47,6 +47,9 @@ struct Block {
   bool mapped = true;              // physical memory lies under the whole block (false: a vmm hole)
   bool held = false;               // free and mapped, but kept out of the free index: a vmm
                                    // heap's held pages (vmm_heaps.cpp, end_epoch()); never in fixed mode
+  bool lent = false;               // allocated, but by no user: its whole pages are mapped again in
+                                   // a stitched range of its vmm heap (vmm_stitch.cpp), until that
+                                   // range is unmapped; never merged, in no index
   bool asleep = false;             // its pages were released by sleep() and come back at wake()
                                    // (vmm_sleep.cpp): allocated, or free with mapped == false and
                                    // in no index and no unmapped list
@@ -61,6 +64,10 @@ struct Block {
                                    // address of that thread's: allocator.cpp); null: unknown (a
                                    // growth, a split, or a free outside the fast path)
 };
+
+/// Whether the program holds b (allocated or waiting for its stream events): not free, and not
+/// lent by a vmm heap to a stitched range (vmm_stitch.cpp). What a heap's epoch record counts.
+inline bool held_by_program(const Block* b) noexcept { return b->state != BlockState::free && !b->lent; }
 
 /// Which FreeIndex of a stream a segment's free blocks go to.
 enum IndexKind : int { kSmallIndex = 0, kLargeIndex = 1, kOversizeIndex = 2, kNumIndexKinds = 3 };

@@ -128,6 +128,8 @@ const std::vector<KeyHandler>& handlers() {
        }},
       {"vmm_find_steps", [](Config& c, auto o, const auto& kv) { c.vmm_find_steps = bool_value(o, kv); },
        [](const Config& c) { return std::string(c.vmm_find_steps ? "true" : "false"); }},
+      {"vmm_stitch", [](Config& c, auto o, const auto& kv) { c.vmm_stitch = bool_value(o, kv); },
+       [](const Config& c) { return std::string(c.vmm_stitch ? "true" : "false"); }},
       {"vmm_idle_divisor",
        [](Config& c, auto o, const auto& kv) { c.vmm_idle_divisor = whole_number(o, kv, 1, 1u << 20); },
        [](const Config& c) { return std::to_string(c.vmm_idle_divisor); }},

@@ -103,8 +103,9 @@ Snapshot Allocator::Impl::snapshot() const {
     for (const Block* b = seg->first; b != nullptr; b = b->next) {
       const detail::GraphPoolRec* pool =
           graphs.empty() || b->state != BlockState::allocated ? nullptr : graphs.owner_of(b->addr);
-      info.blocks.push_back({b->addr, b->size, b->requested, b->state, b->mapped, b->asleep,
-                             pool != nullptr ? pool->id : 0});
+      // A lent block's pages are in use elsewhere in the heap (vmm_stitch.cpp): here, no pages.
+      info.blocks.push_back({b->addr, b->size, b->requested, b->lent ? BlockState::free : b->state,
+                             b->mapped && !b->lent, b->asleep, pool != nullptr ? pool->id : 0});
     }
     snap.segments.push_back(std::move(info));
   }
@@ -180,6 +181,7 @@ void check_segment(const Segment& seg, const std::vector<const Block*>& seams, R
     if (!b->mapped && b->state != BlockState::free)
       fail("block " + hex(b->addr) + " is in use but has no pages");
     covered += b->size;
+    if (b->lent) continue;  // the allocator's own pages, no user's block (vmm_stitch.cpp; the heaps check it)
     const auto sz = static_cast<std::int64_t>(b->size);
     if (b->state == BlockState::allocated) {
       rc.add(seg.pool, Metric::allocated_bytes, sz);

@@ -52,6 +52,7 @@ void VmmHeaps::check(Recount& rc) const {
                        " asleep blocks of " + std::to_string(heap.asleep_allocated) + " bytes; they are " +
                        std::to_string(asleep_blocks) + " of " + std::to_string(asleep_bytes));
     for (const auto& [a, c] : heap.chunks) {
+      if (c.stitched()) continue;  // its memory is its owner's
       rc.add(c.pool, Metric::reserved_bytes, static_cast<std::int64_t>(c.size));
       rc.add(c.pool, Metric::segments, 1);
     }
@@ -130,9 +131,38 @@ void VmmHeaps::check_heap(const Heap& h) const {
     }
   }
   if (unmapped != h.unmapped.size()) invariant_failed("the heap's unmapped list has stale entries");
+  check_stitched(h);
   if (held != h.held.blocks().size()) invariant_failed("the heap's held list has stale entries");
   if (held_bytes != h.held.bytes()) invariant_failed("the heap's held byte count is wrong");
   check_epoch(h);
+}
+
+// Stitching (vmm_stitch.cpp): each stitched chunk maps again the pages of one lent block, of its
+// size, inside a chunk of its own handle; every lent block is listed, and no block is lent that
+// no stitched chunk maps.
+void VmmHeaps::check_stitched(const Heap& h) const {
+  std::size_t stitched = 0;
+  for (const auto& [a, c] : h.chunks) {
+    if (!c.stitched()) continue;
+    ++stitched;
+    const auto lent = h.lent.find(c.lent_at);
+    if (lent == h.lent.end() || lent->second->size != c.size || !lent->second->lent)
+      invariant_failed("stitched chunk at " + hex(c.addr) + " maps no lent block of its size");
+    auto owner = h.chunks.upper_bound(c.lent_at);
+    if (owner == h.chunks.begin() || (--owner)->second.stitched() || owner->second.handle != c.handle ||
+        owner->second.addr + c.offset != c.lent_at || c.lent_at + c.size > owner->second.end())
+      invariant_failed("stitched chunk at " + hex(c.addr) + " is not the part of its owner's handle it lends");
+  }
+  std::size_t lent = 0;
+  for (const Block* b = h.segment->first; b != nullptr; b = b->next) {
+    if (!b->lent) continue;
+    ++lent;
+    if (b->state != BlockState::allocated || !b->mapped || b->held || b->asleep || h.lent.find(b->addr) == h.lent.end())
+      invariant_failed("lent block " + hex(b->addr) + " is not an allocated, mapped, listed block");
+  }
+  if (lent != stitched || lent != h.lent.size())
+    invariant_failed("the heap at " + hex(h.segment->addr) + " has " + std::to_string(lent) + " lent blocks, " +
+                     std::to_string(h.lent.size()) + " listed, for " + std::to_string(stitched) + " stitched chunks");
 }
 
 // An asleep block (vmm_sleep.cpp) lies on the heap's sleeping chunks; a free one has no pages,
@@ -171,7 +201,7 @@ void VmmHeaps::check_epoch(const Heap& h) const {
   std::size_t open = 0;
   std::size_t base = 0;
   for (const Block* b = seg.first; b != nullptr; b = b->next) {
-    if (b->state == BlockState::free) continue;
+    if (!held_by_program(b)) continue;
     ++in_use;
     if (b->epoch_slot == EpochLog::kBaseSlot) {
       ++base;

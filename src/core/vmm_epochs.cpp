@@ -305,8 +305,10 @@ std::vector<PhysicalHandle> VmmHeaps::cache_above(Heap& heap, Address top) {
 }
 
 // The free block (in the index: nothing held) that covers chunk c, or nullptr when a live block
-// lies on it (another stream took a block here, oom_ladder.cpp, and still holds it).
+// lies on it (another stream took a block here, oom_ladder.cpp, and still holds it) or c is
+// stitched (vmm_stitch.cpp: its pages are another chunk's).
 Block* VmmHeaps::free_block_over(const Heap& heap, const Chunk& c) const noexcept {
+  if (c.stitched()) return nullptr;
   Block* b = heap.segment->first;
   while (b->addr + b->size <= c.addr) b = b->next;
   return b->state == BlockState::free && b->addr + b->size >= c.end() ? b : nullptr;
@@ -461,7 +463,7 @@ void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
       e.pinned = true;
     }
   for (const Block* x = heap.segment->first; x != nullptr; x = x->next) {
-    if (x->state == BlockState::free || x->epoch_slot != EpochLog::kBaseSlot) continue;
+    if (!held_by_program(x) || x->epoch_slot != EpochLog::kBaseSlot) continue;
     log.entries.push_back(RecordedBlock{x->size, 0, log.clock, x->addr - start, true});
     ++log.fixed;
   }
@@ -475,7 +477,7 @@ void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
 std::uint64_t VmmHeaps::live_signature(const Heap& heap) noexcept {
   std::uint64_t hash = EpochLog::kSignatureSeed;
   for (const Block* x = heap.segment->first; x != nullptr; x = x->next) {
-    if (x->state == BlockState::free) continue;
+    if (!held_by_program(x)) continue;
     hash = EpochLog::mixed(EpochLog::mixed(hash, x->addr - heap.segment->addr), x->size);
   }
   return hash;
@@ -489,7 +491,7 @@ void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
   log.at_step = true;
   log.clock = 1;  // tick 0 is the base's: allocated before every event of the epoch
   for (Block* x = heap.segment->first; x != nullptr; x = x->next) {
-    if (x->state == BlockState::free) continue;
+    if (!held_by_program(x)) continue;
     x->epoch_slot = EpochLog::kBaseSlot;
     ++log.base;
     log.high = std::max<std::size_t>(log.high, x->addr + x->size - heap.segment->addr);
@@ -676,6 +678,8 @@ void VmmHeaps::collect_plans(Heap& heap) {
 // (finish_layout()), else the plan is dropped for that epoch. A heap whose pages empty_cache()
 // cycles gets its plan's pages in fresh, larger chunks instead (rechunks()).
 Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
+  // Lent pages (vmm_stitch.cpp) are neither the program's nor free: no layout moves around them.
+  if (!heap.lent.empty()) return Layout::impossible;
   if (rechunks(heap, height)) return lay_out(heap, height, Chunks::fresh) ? Layout::ready : Layout::impossible;
   // Holes below the height and no chunk above it (empty_cache() or a reclaim unmapped pages in
   // place): the epoch maps the holes as its steps reach them (map_planned()), nothing moves.
@@ -834,6 +838,7 @@ bool VmmHeaps::holds_pages_for(const Heap& heap, std::size_t height) const noexc
 // made, and map it again from its start: with the chunks it had and the cached ones, or, for
 // Chunks::fresh, with new chunks of a planned growth's size once those are released.
 bool VmmHeaps::lay_out(Heap& heap, std::size_t height, Chunks chunks) {
+  if (!heap.lent.empty()) return false;  // the heap is not empty (vmm_stitch.cpp)
   try {
     release_held(heap);
     reclaim_heap(heap, 0, StreamWork::done);

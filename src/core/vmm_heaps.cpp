@@ -23,12 +23,13 @@ VmmHeaps::VmmHeaps(AllocatorState& state, VirtualMemory& vm) : st_(state), vm_(v
   st_.config.max_split_size = 0;  // every block of a heap can be split: no oversize segments
 }
 
-// The heap of ss for `pool`, made on first use: a reserved range of twice the device's capacity,
-// one unmapped free block.
+// The heap of ss for `pool`, made on first use: a reserved range of four times the device's
+// capacity, one unmapped free block. Twice: the address space of a full device, fragmented;
+// twice that again: stitched ranges (vmm_stitch.cpp) map pages that stay mapped where they lie.
 Heap& VmmHeaps::heap_for(StreamState& ss, Pool pool) {
   Heap*& slot = ss.vmm_heaps[static_cast<int>(pool)];
   if (slot != nullptr) return *slot;
-  const std::size_t range = round_up(2 * st_.props.capacity, page_);
+  const std::size_t range = round_up(4 * st_.props.capacity, page_);
   st_.refuse_if_captured(ss.stream);
   const Address base = vm_.reserve_address_range(range, page_);
   if (base == 0)
@@ -96,13 +97,18 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
     Placement where = place(heap, size);
+    if (where.hole == nullptr && !heap.lent.empty()) {
+      // No hole holds it: free stitched ranges give their address space back (vmm_stitch.cpp).
+      unstitch_free(heap, StreamWork::may_run);
+      where = place(heap, size);
+    }
     where.left = left;
     if (where.hole == nullptr) return nullptr;
     const Mapped mapped = map_into(heap, where);
     if (mapped.complete && mapped.block != nullptr && mapped.block->size >= size) return mapped.block;
     if (attempt == 0 && reclaim_free_chunks(pool, 0, Spare::none).bytes == 0) break;
   }
-  return nullptr;
+  return stitch(heap, size);  // the heap's free pages mapped again where the request needs them
 }
 
 // Unmaps every entirely free chunk (empty_cache: but the first vmm_reserve bytes of them, over
@@ -112,6 +118,8 @@ std::size_t VmmHeaps::release(ReleaseGoal goal) {
     for (auto& [base, heap] : heaps_) heap.keeps_pages = heap.gave_back = false;  // from here, as new
   release_held(Pool::small, Spare::none);
   release_held(Pool::large, Spare::none);
+  // Free stitched ranges give their pages back where they lie first: those chunks may then be free.
+  for (auto& [base, heap] : heaps_) unstitch_free(heap, StreamWork::may_run);
   const std::size_t keep = goal == ReleaseGoal::empty_cache ? st_.config.vmm_reserve : 0;
   std::vector<std::size_t> held_before;
   for (const auto& [base, heap] : heaps_) held_before.push_back(heap.chunk_bytes);
@@ -133,13 +141,14 @@ void VmmHeaps::destroy() {
     for (auto& [base, heap] : heaps_)
       for (DeviceEvent* e : {&heap.layout_event, &heap.give_back_event})
         if (*e != 0) st_.device->destroy_event(std::exchange(*e, 0));
+    // Every mapping first: a stitched chunk maps part of another chunk's handle.
+    for (auto& [base, heap] : heaps_)
+      for (auto& [a, c] : heap.chunks) vm_.unmap(c.addr, c.size);
     for (auto& [base, heap] : heaps_) {
       for (const auto& [a, k] : heap.kept) st_.device->free_host(k.host, k.bytes);
       heap.kept.clear();
-      for (auto& [a, c] : heap.chunks) {
-        vm_.unmap(c.addr, c.size);
-        vm_.release_physical(c.handle);
-      }
+      for (auto& [a, c] : heap.chunks)
+        if (!c.stitched()) vm_.release_physical(c.handle);
       heap.clear_chunks();
       vm_.release_address_range(heap.segment->addr, heap.segment->size);
     }

@@ -49,7 +49,13 @@ struct Chunk {
   std::size_t size = 0;
   PhysicalHandle handle = 0;
   Pool pool = Pool::large;
+  /// A stitched chunk (vmm_stitch.cpp): the address of the lent block whose pages it maps again
+  /// (part of another chunk's handle, whose physical memory it is); 0: a chunk of its own. Never
+  /// cached or released: unmapped, it gives its pages back to the lent block.
+  Address lent_at = 0;
+  std::size_t offset = 0;  // a stitched chunk: where its pages begin in the handle
   Address end() const noexcept { return addr + size; }
+  bool stitched() const noexcept { return lent_at != 0; }
 };
 
 /// Physical chunks mapped nowhere, kept to be mapped again (reserved memory, counted in the
@@ -125,6 +131,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::size_t reserved_at_idle_reclaim = 0;  // the pool's reserved bytes at the heap's last idle
                                              // reclaim (0: none): idle_pages()
   std::map<Address, Block*> unmapped;  // free blocks without pages, by address
+  std::map<Address, Block*> lent;      // lent blocks (Block::lent), by address: vmm_stitch.cpp
   HeldPages held;
   bool asleep = false;                 // between sleep() and wake() (vmm_sleep.cpp)
   std::vector<Chunk> sleeping;         // chunks released by sleep(), by address (handle 0): their
@@ -225,7 +232,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
     if (recording) return;
     epoch_mapped_end = mapped_end;  // not as at stop_recording(): a release may have unmapped since
     for (Block* b = segment->first; b != nullptr; b = b->next) {
-      if (b->state == BlockState::free) continue;
+      if (!held_by_program(b)) continue;
       b->epoch_slot = EpochLog::kNoSlot;
       ++epoch.live;
       epoch.high = std::max<std::size_t>(epoch.high, b->addr + b->size - segment->addr);
@@ -474,6 +481,22 @@ class VmmHeaps final : public SegmentSource {
   bool needs_pages(const Heap& heap, const EpochPlan::Step& step) const;
   bool map_planned(Heap& heap, const EpochPlan::Step& step);
   Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
+
+  // --- stitching under pressure (vmm_stitch.cpp) ---
+  /// A run of whole free pages lent to a stitch: [begin, end) of free block `block`, in `chunk`.
+  struct LentRun {
+    Block* block;
+    const Chunk* chunk;
+    Address begin;
+    Address end;
+  };
+  Block* stitch(Heap& heap, std::size_t size);
+  std::vector<LentRun> runs_to_lend(const Heap& heap, std::array<const Block*, 2> spared, std::size_t need) const;
+  void map_runs(Heap& heap, Address at, const std::vector<LentRun>& runs);
+  void lend(Heap& heap, const std::vector<LentRun>& runs);
+  void unstitch_free(Heap& heap, StreamWork work);
+  void give_back_lent(Heap& heap, const Chunk& stitched);
+  void check_stitched(const Heap& h) const;
 
   // --- sleep and wake (vmm_sleep.cpp) ---
   static bool covered(const Heap& heap, Sleepers who) noexcept {

@@ -293,7 +293,7 @@ std::size_t VmmHeaps::idle_physical(Pool pool) const {
       if (b->segment != heap->segment) return;
       for (auto it = heap->chunks.lower_bound(b->addr); it != heap->chunks.end() && it->second.end() <= b->addr + b->size;
            ++it)
-        idle += it->second.size;
+        if (!it->second.stitched()) idle += it->second.size;
     });
   }
   return idle;
@@ -322,6 +322,7 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamW
     std::vector<Chunk> inside;
     for (auto it = heap.chunks.lower_bound(b->addr); it != heap.chunks.end() && it->second.end() <= b->addr + b->size;
          ++it) {
+      if (it->second.stitched()) continue;  // no memory of its own to reclaim (vmm_stitch.cpp)
       if (it->second.size <= keep) {
         keep -= it->second.size;
         continue;
@@ -353,7 +354,8 @@ VmmHeaps::Reclaimed VmmHeaps::reclaim_heap(Heap& heap, std::size_t keep, StreamW
   return {.bytes = reclaimed, .keep_left = keep};
 }
 
-// `b` is a free mapped block, out of the index, containing chunk `c`. Unmaps c; the pieces of b
+// `b` is a free mapped block, out of the index, containing chunk `c`. Unmaps c (into the cache;
+// a stitched chunk's pages stay its owner's: unstitch_free() gives them back); the pieces of b
 // before c go back to the index, the unmapped middle to Heap::unmapped. Returns the piece after
 // c (out of the index; nullptr if c ended b).
 Block* VmmHeaps::unmap_chunk(Heap& heap, Block* b, const Chunk& c) {
@@ -367,7 +369,7 @@ Block* VmmHeaps::unmap_chunk(Heap& heap, Block* b, const Chunk& c) {
   st_.counters.count(&Stats::vm_unmaps);
   if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.stream());
   heap.remove_chunk(c);
-  cached_.put(c);
+  if (!c.stitched()) cached_.put(c);  // a stitched one's pages are another chunk's (vmm_stitch.cpp)
   mark_unmapped(heap, mid);
   return after;
 }

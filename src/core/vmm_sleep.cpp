@@ -40,6 +40,7 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
     drop_event(heap->give_back_event);
     heap->cursor.record();
     release_held(*heap);
+    unstitch_free(*heap, StreamWork::done);
     reclaim_heap(*heap, 0, StreamWork::done);
   }
   std::size_t released = release_cached_chunks();
@@ -66,7 +67,7 @@ void VmmHeaps::keep_contents(const std::vector<Heap*>& heaps) {
   std::size_t needed = 0;
   for (Heap* heap : heaps)
     for (Block* b = heap->segment->first; b != nullptr; b = b->next)
-      if (b->state == BlockState::allocated) {
+      if (b->state == BlockState::allocated && !b->lent) {
         live.emplace_back(heap, b);
         needed += b->requested;
       }
@@ -104,13 +105,24 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
   try {
     for (; unmapped < chunks.size(); ++unmapped) vm_.unmap(chunks[unmapped].addr, chunks[unmapped].size);
   } catch (...) {
-    for (std::size_t i = 0; i < unmapped; ++i) vm_.map(chunks[i].addr, chunks[i].size, chunks[i].handle);
+    for (std::size_t i = 0; i < unmapped; ++i) {
+      const Chunk& c = chunks[i];
+      if (c.stitched()) {
+        vm_.map_part(c.addr, c.size, c.handle, c.offset);
+      } else {
+        vm_.map(c.addr, c.size, c.handle);
+      }
+    }
     throw;
   }
   std::size_t released = 0;
   for (const Chunk& c : chunks) {
     st_.counters.count(&Stats::vm_unmaps);
     if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.stream());
+    // A stitched range's pages are its owner's, released with it; wake() maps memory of its own
+    // there (its lent block wakes as free pages: vmm_stitch.cpp).
+    heap.sleeping.push_back(Chunk{c.addr, c.size, 0, c.pool});
+    if (c.stitched()) continue;
     try {
       vm_.release_physical(c.handle);
     } catch (const DeviceError& e) {  // unmapped already: the heap goes on asleep
@@ -118,14 +130,18 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
     }
     st_.counters.on_upstream_free(c.pool, c.size);
     if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_free, 0, 0, c.size, heap.stream());
-    heap.sleeping.push_back(Chunk{c.addr, c.size, 0, c.pool});
     released += c.size;
   }
   heap.clear_chunks();
+  heap.lent.clear();  // each lent block sleeps as free pages
   for (Block* b = heap.segment->first; b != nullptr; b = b->next) {
     if (!b->mapped) continue;
     b->asleep = true;
-    if (b->state == BlockState::free) {
+    if (b->lent) {
+      b->lent = false;
+      b->state = BlockState::free;
+      b->mapped = false;
+    } else if (b->state == BlockState::free) {
       heap.index().remove(b);
       b->mapped = false;
     } else {
@@ -133,6 +149,11 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
       heap.asleep_allocated += b->size;
     }
   }
+  // A lent block and the free pages beside it are one asleep free range.
+  for (Block* b = heap.segment->first; b != nullptr; b = b->next)
+    while (b->asleep && b->state == BlockState::free && b->next != nullptr && b->next->asleep &&
+           b->next->state == BlockState::free)
+      heap.blocks().absorb_next(b);
   return released;
 }
 

@@ -1,0 +1,184 @@
+// vmm_stitch.cpp: stitching under pressure (vmm_stitch). A chunk is one physical allocation,
+// which the device unmaps and releases only whole, so the free pages of a chunk that also holds
+// a live block are memory no reclaim gives back: near the device's capacity a training step
+// fails with hundreds of MiB of them scattered over its heap. Where a growth finds nothing left
+// to create or reclaim, stitch() maps those pages again, side by side, in the heap's top hole
+// (VirtualMemory::map_part(): cuMemMap with an offset into the chunk's handle, while the chunk
+// stays mapped where it is), and the request is served there.
+//
+// The pages keep their first mapping: the free block they lie in gives them up as a lent block
+// (Block::lent: allocated, by no user, listed in Heap::lent), so that nothing is carved from
+// them there while the stitched range uses them. Each run of lent pages is one stitched chunk
+// (Chunk::lent_at) of the heap: mapped memory like any other (blocks are carved from it, freed,
+// coalesced), but its physical memory is its owner's. So it is never cached, reclaimed, traded
+// or released: free_block_over(), reclaim_heap() and idle_physical() pass it by; empty_cache()
+// (release()) and sleep() unmap the ones that lie under free blocks and give the pages back to
+// their lent blocks (unstitch_free()); sleep_heap() turns the rest into chunks of their own at
+// wake(); destroy() unmaps them before it releases their owners.
+//
+// Cost: O(the heap's blocks) and one map call per run, only where the request would otherwise
+// fail; no synchronization (the pages are free in this heap's stream order, as any reuse).
+#include <algorithm>
+#include <array>
+#include <iterator>
+#include <vector>
+
+#include "core/logging.hpp"
+#include "core/util.hpp"
+#include "core/vmm_heaps.hpp"
+
+namespace tensorpool::detail {
+
+namespace {
+
+bool free_unheld_mapped(const Block* b) {
+  return b != nullptr && b->state == BlockState::free && b->mapped && !b->held && !b->asleep;
+}
+
+}  // namespace
+
+// The request of `size` bytes, served from free pages lent where they lie and mapped again in
+// the first hole a growth would map (place(): the lowest that, with the free blocks beside it,
+// holds the request), so that stitched ranges fill holes before they take new address space;
+// nullptr (nothing changed) when no hole fits, the heap's free pages do not add up to what the
+// hole needs, or the device maps no parts. A DeviceError from a map leaves the heap as it was.
+Block* VmmHeaps::stitch(Heap& heap, std::size_t size) {
+  if (!st_.config.vmm_stitch || !vm_.maps_parts() || heap.asleep || !heap.sleeping.empty() ||
+      st_.capture_underway() || heap.cursor.state() == PlanState::laying_out)
+    return nullptr;
+  const Placement where = place(heap, size);
+  if (where.hole == nullptr) return nullptr;
+  Block* hole = where.hole;
+  const Block* below = free_unheld_mapped(hole->prev) ? hole->prev : nullptr;
+  const Block* above = free_unheld_mapped(hole->next) ? hole->next : nullptr;
+  const std::vector<LentRun> runs = runs_to_lend(heap, {below, above}, where.need);
+  if (runs.empty()) return nullptr;
+  map_runs(heap, hole->addr, runs);
+  lend(heap, runs);
+  heap.unmapped.erase(hole->addr);
+  if (where.need < hole->size) {
+    Block* rest = heap.blocks().split_at(hole, where.need);
+    heap.unmapped.emplace(rest->addr, rest);
+  }
+  hole->mapped = true;
+  Block* merged = st_.coalesce(hole);  // with the free blocks beside it
+  heap.index().insert(merged);
+  log().debug("vmm: stitched {} of free pages in {} runs for a request of {}", format_bytes(where.need), runs.size(),
+              format_bytes(size));
+  return merged;
+}
+
+// The runs of whole free pages, lowest first, that add up to `need` bytes: each within one free
+// mapped block of the heap (but the `spared` ones, which the stitched range joins) and one chunk
+// of its own; empty if they fall short.
+std::vector<VmmHeaps::LentRun> VmmHeaps::runs_to_lend(const Heap& heap, std::array<const Block*, 2> spared,
+                                                       std::size_t need) const {
+  std::vector<LentRun> runs;
+  std::size_t got = 0;
+  for (Block* b = heap.segment->first; b != nullptr && got < need; b = b->next) {
+    if (b == spared[0] || b == spared[1] || !free_unheld_mapped(b)) continue;
+    const Address begin = round_up(b->addr, page_);
+    const Address end = (b->addr + b->size) / page_ * page_;
+    if (end <= begin) continue;
+    auto it = std::prev(heap.chunks.upper_bound(begin));  // the chunk under `begin` (b is mapped)
+    for (; it != heap.chunks.end() && it->first < end && got < need; ++it) {
+      const Chunk& c = it->second;
+      if (c.stitched()) continue;  // its pages are lent already
+      const Address from = std::max(begin, c.addr);
+      const Address to = std::min({end, c.end(), from + (need - got)});
+      if (to <= from) continue;
+      runs.push_back({b, &c, from, to});
+      got += to - from;
+    }
+  }
+  if (got < need) runs.clear();
+  return runs;
+}
+
+// Maps the runs side by side from `at` (in the top hole) as stitched chunks of the heap. If the
+// device refuses one, the ones mapped are unmapped and the error goes on.
+void VmmHeaps::map_runs(Heap& heap, Address at, const std::vector<LentRun>& runs) {
+  std::vector<Chunk> mapped;
+  try {
+    for (const LentRun& r : runs) {
+      const std::size_t bytes = r.end - r.begin;
+      vm_.map_part(at, bytes, r.chunk->handle, r.begin - r.chunk->addr);
+      mapped.push_back(Chunk{at, bytes, r.chunk->handle, heap.pool(), r.begin, r.begin - r.chunk->addr});
+      at += bytes;
+    }
+  } catch (...) {
+    for (const Chunk& c : mapped) vm_.unmap(c.addr, c.size);
+    throw;
+  }
+  for (const Chunk& c : mapped) {
+    heap.add_chunk(c);
+    st_.counters.count(&Stats::vm_maps);
+    if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_map, c.addr, 0, c.size, heap.stream());
+  }
+}
+
+// Each run becomes a lent block where it lies; the pieces of its free block around it stay free,
+// in the index. The runs are in address order, so a block's later runs lie in what its earlier
+// ones left after them.
+void VmmHeaps::lend(Heap& heap, const std::vector<LentRun>& runs) {
+  Block* rest = nullptr;  // what the previous run left of its block, after it
+  const Block* previous = nullptr;
+  for (const LentRun& r : runs) {
+    Block* b = r.block == previous ? rest : r.block;
+    previous = r.block;
+    heap.index().remove(b);
+    if (r.begin > b->addr) {
+      Block* mid = heap.blocks().split_at(b, r.begin - b->addr);
+      heap.index().insert(b);
+      b = mid;
+    }
+    rest = nullptr;
+    if (r.end < b->addr + b->size) {
+      rest = heap.blocks().split_at(b, r.end - b->addr);
+      heap.index().insert(rest);
+    }
+    b->state = BlockState::allocated;
+    b->lent = true;
+    b->epoch_slot = EpochLog::kNoSlot;  // in no epoch record: the program does not hold it
+    heap.lent.emplace(b->addr, b);
+  }
+}
+
+// Unmaps the heap's stitched chunks that lie entirely under free blocks and gives their pages
+// back to their lent blocks, after the heap's stream has done its work (unless `work` says so).
+void VmmHeaps::unstitch_free(Heap& heap, StreamWork work) {
+  std::vector<Chunk> free_stitched;
+  for (const auto& [addr, c] : heap.chunks) {
+    if (!c.stitched()) continue;
+    const Block* b = heap.segment->first;
+    while (b->addr + b->size <= c.addr) b = b->next;
+    if (b->state == BlockState::free && !b->held && b->addr + b->size >= c.end()) free_stitched.push_back(c);
+  }
+  if (free_stitched.empty()) return;
+  if (work == StreamWork::may_run) {
+    st_.device->synchronize_stream(heap.stream());
+    st_.counters.count(&Stats::syncs);
+  }
+  for (const Chunk& c : free_stitched) {
+    Block* b = heap.segment->first;
+    while (b->addr + b->size <= c.addr) b = b->next;
+    heap.index().remove(b);
+    Block* after = unmap_chunk(heap, b, c);
+    if (after != nullptr) heap.index().insert(after);
+    give_back_lent(heap, c);  // once every piece is in the index: the lent block may merge with one
+  }
+}
+
+// Stitched chunk c was just unmapped: its lent block is a free block again, where it lies,
+// merged with the free blocks beside it (each in the index).
+void VmmHeaps::give_back_lent(Heap& heap, const Chunk& stitched) {
+  const auto it = heap.lent.find(stitched.lent_at);
+  if (it == heap.lent.end()) invariant_failed("stitched chunk at " + hex(stitched.addr) + " has no lent block");
+  Block* b = it->second;
+  heap.lent.erase(it);
+  b->lent = false;
+  b->state = BlockState::free;
+  heap.index().insert(st_.coalesce(b));
+}
+
+}  // namespace tensorpool::detail
