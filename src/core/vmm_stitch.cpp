@@ -2,9 +2,9 @@
 // which the device unmaps and releases only whole, so the free pages of a chunk that also holds
 // a live block are memory no reclaim gives back: near the device's capacity a training step
 // fails with hundreds of MiB of them scattered over its heap. Where a growth finds nothing left
-// to create or reclaim, stitch() maps those pages again, side by side, in the heap's top hole
-// (VirtualMemory::map_part(): cuMemMap with an offset into the chunk's handle, while the chunk
-// stays mapped where it is), and the request is served there.
+// to create or reclaim, stitch() maps those pages again, side by side, in the hole a growth
+// would map (VirtualMemory::map_part(): cuMemMap with an offset into the chunk's handle, while
+// the chunk stays mapped where it is), and the request is served there.
 //
 // The pages keep their first mapping: the free block they lie in gives them up as a lent block
 // (Block::lent: allocated, by no user, listed in Heap::lent), so that nothing is carved from
@@ -12,9 +12,10 @@
 // (Chunk::lent_at) of the heap: mapped memory like any other (blocks are carved from it, freed,
 // coalesced), but its physical memory is its owner's. So it is never cached, reclaimed, traded
 // or released: free_block_over(), reclaim_heap() and idle_physical() pass it by; empty_cache()
-// (release()) and sleep() unmap the ones that lie under free blocks and give the pages back to
-// their lent blocks (unstitch_free()); sleep_heap() turns the rest into chunks of their own at
-// wake(); destroy() unmaps them before it releases their owners.
+// and the OOM ladder (release()), a growth that finds no hole, and sleep() unmap the ones that
+// lie under free blocks and give the pages back to their lent blocks (unstitch_free());
+// sleep_heap() turns the rest into chunks of their own at wake(); destroy() unmaps them before it
+// releases their owners. A heap with lent blocks lays out no plan (map_plan()).
 //
 // Cost: O(the heap's blocks) and one map call per run, only where the request would otherwise
 // fail; no synchronization (the pages are free in this heap's stream order, as any reuse).
