@@ -49,13 +49,6 @@
 
 namespace tensorpool::detail {
 
-namespace {
-
-// A free block a request can use: mapped, and not held (held pages are in no index).
-bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState::free && b->mapped && !b->held; }
-
-}  // namespace
-
 // --- held pages -----------------------------------------------------------------------------
 
 namespace {
@@ -308,10 +301,14 @@ std::vector<PhysicalHandle> VmmHeaps::cache_above(Heap& heap, Address top) {
 // lies on it (another stream took a block here, oom_ladder.cpp, and still holds it) or c is
 // stitched (vmm_stitch.cpp: its pages are another chunk's).
 Block* VmmHeaps::free_block_over(const Heap& heap, const Chunk& c) const noexcept {
-  if (c.stitched()) return nullptr;
+  return c.stitched() ? nullptr : free_block_covering(heap, c);
+}
+
+// The free mapped block, not held, that covers chunk c (stitched or not), or nullptr.
+Block* VmmHeaps::free_block_covering(const Heap& heap, const Chunk& c) noexcept {
   Block* b = heap.segment->first;
   while (b->addr + b->size <= c.addr) b = b->next;
-  return b->state == BlockState::free && b->addr + b->size >= c.end() ? b : nullptr;
+  return free_mapped(b) && b->addr + b->size >= c.end() ? b : nullptr;
 }
 
 // Unmaps chunk c from under the free block b into the cache (b's pieces around it stay in the

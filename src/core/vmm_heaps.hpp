@@ -58,6 +58,11 @@ struct Chunk {
   bool stitched() const noexcept { return lent_at != 0; }
 };
 
+/// A free block a request can use: mapped, and not held (held pages are in no index).
+inline bool free_mapped(const Block* b) noexcept {
+  return b != nullptr && b->state == BlockState::free && b->mapped && !b->held;
+}
+
 /// Physical chunks mapped nowhere, kept to be mapped again (reserved memory, counted in the
 /// reserved bytes until released). Invariant: every chunk's addr is 0.
 class ChunkCache {
@@ -497,6 +502,7 @@ class VmmHeaps final : public SegmentSource {
   void unstitch_free(Heap& heap, StreamWork work);
   void give_back_lent(Heap& heap, const Chunk& stitched);
   void check_stitched(const Heap& h) const;
+  static Block* free_block_covering(const Heap& heap, const Chunk& c) noexcept;
 
   // --- sleep and wake (vmm_sleep.cpp) ---
   static bool covered(const Heap& heap, Sleepers who) noexcept {

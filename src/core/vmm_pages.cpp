@@ -21,8 +21,6 @@ namespace tensorpool::detail {
 
 namespace {
 
-// A free block a request can use: mapped, and not held (held pages are in no index).
-bool free_mapped(const Block* b) { return b != nullptr && b->state == BlockState::free && b->mapped && !b->held; }
 bool free_unmapped(const Block* b) {
   return b != nullptr && b->state == BlockState::free && !b->mapped && !b->asleep;
 }

@@ -30,14 +30,6 @@
 
 namespace tensorpool::detail {
 
-namespace {
-
-bool free_unheld_mapped(const Block* b) {
-  return b != nullptr && b->state == BlockState::free && b->mapped && !b->held && !b->asleep;
-}
-
-}  // namespace
-
 // The request of `size` bytes, served from free pages lent where they lie and mapped again in
 // the first hole a growth would map (place(): the lowest that, with the free blocks beside it,
 // holds the request), so that stitched ranges fill holes before they take new address space;
@@ -50,8 +42,8 @@ Block* VmmHeaps::stitch(Heap& heap, std::size_t size) {
   const Placement where = place(heap, size);
   if (where.hole == nullptr) return nullptr;
   Block* hole = where.hole;
-  const Block* below = free_unheld_mapped(hole->prev) ? hole->prev : nullptr;
-  const Block* above = free_unheld_mapped(hole->next) ? hole->next : nullptr;
+  const Block* below = free_mapped(hole->prev) ? hole->prev : nullptr;
+  const Block* above = free_mapped(hole->next) ? hole->next : nullptr;
   const std::vector<LentRun> runs = runs_to_lend(heap, {below, above}, where.need);
   if (runs.empty()) return nullptr;
   map_runs(heap, hole->addr, runs);
@@ -77,7 +69,7 @@ std::vector<VmmHeaps::LentRun> VmmHeaps::runs_to_lend(const Heap& heap, std::arr
   std::vector<LentRun> runs;
   std::size_t got = 0;
   for (Block* b = heap.segment->first; b != nullptr && got < need; b = b->next) {
-    if (b == spared[0] || b == spared[1] || !free_unheld_mapped(b)) continue;
+    if (b == spared[0] || b == spared[1] || !free_mapped(b)) continue;
     const Address begin = round_up(b->addr, page_);
     const Address end = (b->addr + b->size) / page_ * page_;
     if (end <= begin) continue;
@@ -96,7 +88,8 @@ std::vector<VmmHeaps::LentRun> VmmHeaps::runs_to_lend(const Heap& heap, std::arr
   return runs;
 }
 
-// Maps the runs side by side from `at` (in the top hole) as stitched chunks of the heap. If the
+// Maps the runs side by side from `at` (the start of the hole stitch() chose) as stitched chunks
+// of the heap. If the
 // device refuses one, the ones mapped are unmapped and the error goes on.
 void VmmHeaps::map_runs(Heap& heap, Address at, const std::vector<LentRun>& runs) {
   std::vector<Chunk> mapped;
@@ -149,20 +142,16 @@ void VmmHeaps::lend(Heap& heap, const std::vector<LentRun>& runs) {
 // back to their lent blocks, after the heap's stream has done its work (unless `work` says so).
 void VmmHeaps::unstitch_free(Heap& heap, StreamWork work) {
   std::vector<Chunk> free_stitched;
-  for (const auto& [addr, c] : heap.chunks) {
-    if (!c.stitched()) continue;
-    const Block* b = heap.segment->first;
-    while (b->addr + b->size <= c.addr) b = b->next;
-    if (b->state == BlockState::free && !b->held && b->addr + b->size >= c.end()) free_stitched.push_back(c);
-  }
+  for (const auto& [addr, c] : heap.chunks)
+    if (c.stitched() && free_block_covering(heap, c) != nullptr) free_stitched.push_back(c);
   if (free_stitched.empty()) return;
   if (work == StreamWork::may_run) {
     st_.device->synchronize_stream(heap.stream());
     st_.counters.count(&Stats::syncs);
   }
   for (const Chunk& c : free_stitched) {
-    Block* b = heap.segment->first;
-    while (b->addr + b->size <= c.addr) b = b->next;
+    // Still free and covering c: the unmaps and give-backs before it only cut or grew blocks.
+    Block* b = free_block_covering(heap, c);
     heap.index().remove(b);
     Block* after = unmap_chunk(heap, b, c);
     if (after != nullptr) heap.index().insert(after);

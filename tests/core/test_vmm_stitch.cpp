@@ -121,15 +121,11 @@ TEST_CASE("stitch: empty_cache gives a free stitched range's pages back where th
 }
 
 TEST_CASE("stitch: the allocator's end unmaps stitched ranges before it releases their memory", "[vmm][stitch]") {
-  auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 16 * MiB});
+  std::shared_ptr<SimulatedDevice> device;
   {
-    Allocator alloc(device, testing::deterministic_config("mode:vmm,vmm_chunk_divisor:0,vmm_plan_max_blocks:0"));
-    void* whole = alloc.allocate(14 * MiB);
-    alloc.deallocate(whole);
-    std::vector<void*> blocks;
-    for (int i = 0; i < 7; ++i) blocks.push_back(alloc.allocate(2 * MiB));
-    for (int i = 1; i < 7; i += 2) alloc.deallocate(blocks[static_cast<std::size_t>(i)]);
-    REQUIRE(alloc.allocate(6 * MiB) != nullptr);  // left live
+    Scattered s;
+    device = s.device;
+    REQUIRE(s.alloc.allocate(6 * MiB) != nullptr);  // left live, with the blocks around it
     REQUIRE(device->mapped_bytes() == 20 * MiB);
   }
   REQUIRE(device->mapped_bytes() == 0);
