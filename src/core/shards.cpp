@@ -38,6 +38,7 @@ void add_calls(Stats& to, const Stats& from) noexcept {
   to.steps_found += from.steps_found;
   to.planned_epochs += from.planned_epochs;
   to.mirrored_steps += from.mirrored_steps;
+  to.stitches += from.stitches;
 }
 
 }  // namespace

@@ -139,8 +139,9 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::map<Address, Block*> lent;      // lent blocks (Block::lent), by address: vmm_stitch.cpp
   HeldPages held;
   bool asleep = false;                 // between sleep() and wake() (vmm_sleep.cpp)
-  std::vector<Chunk> sleeping;         // chunks released by sleep(), by address (handle 0): their
-                                       // blocks are asleep until wake() maps pages there again
+  std::vector<Chunk> sleeping;         // the pages under live blocks that sleep() released, by
+                                       // address (handle 0): their blocks are asleep until wake()
+                                       // maps pages there again
   std::size_t asleep_blocks = 0;       // live asleep blocks, and their bytes
   std::size_t asleep_allocated = 0;
   struct Kept {
@@ -510,6 +511,8 @@ class VmmHeaps final : public SegmentSource {
   }
   SleepReport asleep(Sleepers who) const;
   std::size_t sleep_heap(Heap& heap);
+  std::vector<Chunk> pages_under_live(const Heap& heap, const std::vector<Chunk>& chunks) const;
+  void unmap_off_sleeping(Heap& heap, Block* b);
   void keep_contents(const std::vector<Heap*>& heaps);
   void free_kept(Heap& heap, Address addr) noexcept;
   std::string restore_contents(Heap& heap);

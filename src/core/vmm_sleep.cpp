@@ -3,21 +3,25 @@
 //
 // sleep() first gives back what is free (held pages, entirely free chunks, the chunk cache, as
 // empty_cache does with nothing kept), then unmaps and releases every chunk left (each holds part
-// of a live block) and keeps its place as a sleeping chunk of its heap (Heap::sleeping). The
-// blocks on those chunks become asleep: live ones stay allocated (the user still holds them,
-// but must not touch them), free ones leave the free index and hold the address range without
-// pages (mapped == false, in no unmapped list), so nothing is ever carved from a sleeping range.
+// of a live block). Only the pages under live blocks keep their place, as the heap's sleeping
+// chunks (Heap::sleeping: one per run of such pages inside a released chunk); the free pages
+// beside them become unmapped holes, given back for good. The blocks on the sleeping chunks
+// become asleep: live ones stay allocated (the user still holds them, but must not touch them),
+// free ones leave the free index and hold the address range without pages (mapped == false, in
+// no unmapped list), so nothing is ever carved from a sleeping range.
 // A block freed while asleep is forgotten: it joins the asleep free space around it. Requests
 // made while asleep grow the heaps elsewhere, in their unmapped holes, as any growth does, and
 // a heap with sleeping chunks follows no plan.
 //
 // wake() maps new physical memory at the sleeping chunks of every heap that still has a live
-// asleep block (the same chunk sizes at the same addresses), or changes nothing and throws when
+// asleep block (one chunk per sleeping chunk, at its address), or changes nothing and throws when
 // the device refuses; a heap whose asleep blocks were all freed gets no pages back (its asleep
 // free space becomes unmapped holes). With Contents::keep, sleep first copies the live blocks'
 // requested bytes to host memory (Heap::kept, all or nothing) and wake copies them back; else
 // woken blocks hold what new pages hold. Both run in the exclusive mode; sleep after the caller
 // has synchronized the device and completed every pending free.
+#include <algorithm>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -119,10 +123,7 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
   for (const Chunk& c : chunks) {
     st_.counters.count(&Stats::vm_unmaps);
     if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_unmap, c.addr, 0, c.size, heap.stream());
-    // A stitched range's pages are its owner's, released with it; wake() maps memory of its own
-    // there (its lent block wakes as free pages: vmm_stitch.cpp).
-    heap.sleeping.push_back(Chunk{c.addr, c.size, 0, c.pool});
-    if (c.stitched()) continue;
+    if (c.stitched()) continue;  // its pages are its owner's, released with it (vmm_stitch.cpp)
     try {
       vm_.release_physical(c.handle);
     } catch (const DeviceError& e) {  // unmapped already: the heap goes on asleep
@@ -132,6 +133,7 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
     if (st_.hooks.observed()) st_.hooks.notify(EventType::segment_free, 0, 0, c.size, heap.stream());
     released += c.size;
   }
+  heap.sleeping = pages_under_live(heap, chunks);
   heap.clear_chunks();
   heap.lent.clear();  // each lent block sleeps as free pages
   for (Block* b = heap.segment->first; b != nullptr; b = b->next) {
@@ -150,11 +152,72 @@ std::size_t VmmHeaps::sleep_heap(Heap& heap) {
     }
   }
   // A lent block and the free pages beside it are one asleep free range.
-  for (Block* b = heap.segment->first; b != nullptr; b = b->next)
-    while (b->asleep && b->state == BlockState::free && b->next != nullptr && b->next->asleep &&
-           b->next->state == BlockState::free)
-      heap.blocks().absorb_next(b);
+  std::vector<Block*> asleep_free;
+  for (Block* b = heap.segment->first; b != nullptr; b = b->next) {
+    if (!b->asleep || b->state != BlockState::free) continue;
+    while (b->next != nullptr && b->next->asleep && b->next->state == BlockState::free) heap.blocks().absorb_next(b);
+    asleep_free.push_back(b);
+  }
+  // No two of them are neighbours, and unmapping a piece of one merges it with unmapped holes
+  // only: the others stay valid.
+  for (Block* b : asleep_free) unmap_off_sleeping(heap, b);
   return released;
+}
+
+// The pages that sleep (wake() maps them back): those of `chunks` under a live block, by
+// address, one run per stretch of such pages inside one chunk. A free page is given back for
+// good: the pages a stitch lent (their owner chunk's free pages) so wake only once, in the
+// stitched range.
+std::vector<Chunk> VmmHeaps::pages_under_live(const Heap& heap, const std::vector<Chunk>& chunks) const {
+  std::vector<std::pair<Address, Address>> live;  // page-rounded, merged, by address
+  for (const Block* b = heap.segment->first; b != nullptr; b = b->next) {
+    if (!b->mapped || b->state == BlockState::free || b->lent) continue;
+    const Address from = b->addr - b->addr % page_;
+    const Address to = heap.segment->addr + round_up(b->addr + b->size - heap.segment->addr, page_);
+    if (!live.empty() && from <= live.back().second) {
+      live.back().second = std::max(live.back().second, to);
+    } else {
+      live.emplace_back(from, to);
+    }
+  }
+  std::vector<Chunk> runs;
+  auto l = live.begin();
+  for (const Chunk& c : chunks) {  // by address, as the heap's map holds them
+    while (l != live.end() && l->second <= c.addr) ++l;
+    for (auto r = l; r != live.end() && r->first < c.end(); ++r) {
+      const Address from = std::max(r->first, c.addr);
+      const Address to = std::min(r->second, c.end());
+      runs.push_back(Chunk{from, to - from, 0, c.pool});
+    }
+  }
+  return runs;
+}
+
+// Asleep free block b (its pages released) keeps asleep only what lies in a sleeping run; the
+// rest of it becomes unmapped address space, as if never mapped.
+void VmmHeaps::unmap_off_sleeping(Heap& heap, Block* b) {
+  auto run = std::upper_bound(heap.sleeping.begin(), heap.sleeping.end(), b->addr,
+                              [](Address a, const Chunk& c) { return a < c.addr; });
+  if (run != heap.sleeping.begin() && std::prev(run)->end() > b->addr) --run;
+  while (b != nullptr) {
+    const Address end = b->addr + b->size;
+    const bool in_run = run != heap.sleeping.end() && run->addr <= b->addr;
+    Address cut = end;
+    if (in_run) {  // to the end of the runs that follow each other without a gap
+      Address reach = run->end();
+      while (++run != heap.sleeping.end() && run->addr == reach) reach = run->end();
+      cut = std::min(reach, end);
+    } else if (run != heap.sleeping.end()) {
+      cut = std::min(run->addr, end);
+    }
+    Block* rest = cut < end ? heap.blocks().split_at(b, cut - b->addr) : nullptr;
+    if (rest != nullptr) rest->asleep = true;
+    if (!in_run) {
+      b->asleep = false;
+      mark_unmapped(heap, b);
+    }
+    b = rest;
+  }
 }
 
 // Freed while asleep: b joins the asleep free space beside it. The heap's epoch counts the free;

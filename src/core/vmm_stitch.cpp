@@ -56,6 +56,7 @@ Block* VmmHeaps::stitch(Heap& heap, std::size_t size) {
   hole->mapped = true;
   Block* merged = st_.coalesce(hole);  // with the free blocks beside it
   heap.index().insert(merged);
+  st_.counters.count(&Stats::stitches);
   log().debug("vmm: stitched {} of free pages in {} runs for a request of {}", format_bytes(where.need), runs.size(),
               format_bytes(size));
   return merged;

@@ -191,6 +191,7 @@ static void steps(void) {
   /* The four steps served at their planned places; no kept output, no mirror. */
   CHECK(json_count(a, "num_planned_epochs") == 4);
   CHECK(json_count(a, "num_mirrored_steps") == 0);
+  CHECK(json_count(a, "num_stitches") == 0);
   CHECK(tensorpool_step(NULL) == TENSORPOOL_ERROR_INVALID_ARGUMENT);
   CHECK(tensorpool_free(a, w) == TENSORPOOL_OK);
   CHECK(tensorpool_destroy(a) == TENSORPOOL_OK);

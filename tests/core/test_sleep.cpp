@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "support/deterministic.hpp"
 #include "support/sim_allocator.hpp"
 #include "tensorpool/tensorpool.hpp"
 
@@ -25,6 +26,13 @@ void require_all_given_back(Allocator& alloc, SimulatedDevice& device) {
   alloc.check_invariants();
   REQUIRE(alloc.usage().reserved == 0);
   REQUIRE(device.free_memory() == device.properties().capacity);
+}
+
+// A pattern that differs per block and per byte.
+std::vector<unsigned char> pattern(std::size_t n, std::size_t seed) {
+  std::vector<unsigned char> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7919) >> 3);
+  return v;
 }
 
 std::size_t random_size(std::mt19937_64& rng) {
@@ -108,6 +116,47 @@ TEST_CASE("sleep: every page goes back, live blocks keep their addresses, and wa
   sim.alloc.deallocate(a);
   sim.alloc.deallocate(b);
   require_all_given_back(sim.alloc, *sim.device);
+}
+
+TEST_CASE("sleep: only the pages under live blocks sleep, and the free pages beside them go back for good",
+          "[sleep]") {
+  auto device = std::make_shared<SimulatedDevice>(
+      SimulatedDeviceOptions{.capacity = GiB, .event_mode = EventMode::immediate, .back_memory = true});
+  Allocator alloc(device, testing::deterministic_config("mode:vmm,vmm_chunk_divisor:0,vmm_plan_max_blocks:0"));
+  void* whole = alloc.allocate(40 * MiB);  // one growth: one 40 MiB chunk
+  const auto base = reinterpret_cast<Address>(whole);
+  alloc.deallocate(whole);
+  void* a = alloc.allocate(3 * MiB);         // [0, 3) MiB of the chunk
+  void* pad = alloc.allocate(30 * MiB);      // [3, 33)
+  void* b = alloc.allocate(3 * MiB / 2);     // [33, 34.5)
+  REQUIRE(reinterpret_cast<Address>(a) == base);
+  REQUIRE(reinterpret_cast<Address>(b) == base + 33 * MiB);
+  alloc.deallocate(pad);
+  REQUIRE(device->used_bytes() == 40 * MiB);
+  const std::vector<unsigned char> bytes_a = pattern(3 * MiB, 1);
+  const std::vector<unsigned char> bytes_b = pattern(3 * MiB / 2, 2);
+  device->copy_to_device(reinterpret_cast<Address>(a), bytes_a.data(), bytes_a.size());
+  device->copy_to_device(reinterpret_cast<Address>(b), bytes_b.data(), bytes_b.size());
+
+  const SleepReport r = alloc.sleep(Contents::keep);
+  alloc.check_invariants();
+  REQUIRE(r.released_bytes == 40 * MiB);
+  REQUIRE(r.asleep_bytes == 8 * MiB);  // pages [0, 4) and [32, 36): the rest held nothing
+  alloc.wake();
+  alloc.check_invariants();
+  REQUIRE(device->used_bytes() == 8 * MiB);
+  REQUIRE(alloc.usage().reserved == 8 * MiB);
+  std::vector<unsigned char> back(bytes_a.size());
+  device->copy_to_host(back.data(), reinterpret_cast<Address>(a), back.size());
+  REQUIRE(back == bytes_a);
+  back.resize(bytes_b.size());
+  device->copy_to_host(back.data(), reinterpret_cast<Address>(b), back.size());
+  REQUIRE(back == bytes_b);
+  void* between = alloc.allocate(28 * MiB);  // the pages between them, mapped again where they lay
+  REQUIRE(reinterpret_cast<Address>(between) == base + 3 * MiB);
+  alloc.check_invariants();
+  for (void* p : {a, b, between}) alloc.deallocate(p);
+  require_all_given_back(alloc, *device);
 }
 
 TEST_CASE("sleep: is_asleep of a pointer the allocator did not hand out is a usage error", "[sleep]") {
@@ -362,17 +411,6 @@ TEST_CASE("sleep: an allocator destroyed while asleep gives everything back", "[
   REQUIRE(c.address_reserves == c.address_releases);
   REQUIRE(device->free_memory() == device->properties().capacity);
 }
-
-namespace {
-
-// A pattern that differs per block and per byte.
-std::vector<unsigned char> pattern(std::size_t n, std::size_t seed) {
-  std::vector<unsigned char> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>((i * 131 + seed * 7919) >> 3);
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("sleep: kept contents come back byte for byte, 100 cycles on two streams", "[sleep][keep]") {
   auto device = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.capacity = 8 * GiB, .back_memory = true});

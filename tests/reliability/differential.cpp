@@ -79,6 +79,7 @@ RunFigures& RunFigures::operator+=(const RunFigures& o) {
   steps_found += o.steps_found;
   planned_epochs += o.planned_epochs;
   mirrored_steps += o.mirrored_steps;
+  stitches += o.stitches;
   for (std::size_t i = 0; i < site_calls.size(); ++i) site_calls[i] += o.site_calls[i];
   return *this;
 }
@@ -891,6 +892,7 @@ void Runner::teardown() {
   figures_.steps_found = s.steps_found;
   figures_.planned_epochs = s.planned_epochs;
   figures_.mirrored_steps = s.mirrored_steps;
+  figures_.stitches = s.stitches;
   dev_->before_release = nullptr;  // the destructor releases everything, by design
   alloc_.reset();
   const DeviceCounters c = sim_->counters();

@@ -112,6 +112,7 @@ struct RunFigures {
   std::uint64_t steps_found = 0;  // Stats::steps_found
   std::uint64_t planned_epochs = 0;  // Stats::planned_epochs
   std::uint64_t mirrored_steps = 0;  // Stats::mirrored_steps
+  std::uint64_t stitches = 0;        // Stats::stitches
   std::array<std::uint64_t, kFaultSiteCount> site_calls{};  // upstream calls per FaultSite
   RunFigures& operator+=(const RunFigures& o);
 };
