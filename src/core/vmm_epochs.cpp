@@ -154,7 +154,13 @@ Block* VmmHeaps::end_epoch(Block* b) {
   const EpochEnd end = known != EpochEnd::unknown ? known : epoch_end_of(b);
   if (end == EpochEnd::to_index) {
     if (heap.cursor.state() != PlanState::recording) heap.cursor.record();
-    heap.stop_recording();
+    // An asleep heap records on: a later free of one of its asleep blocks is counted in the
+    // record (forget_asleep()), and a stopped record resumes only at a sleep or a growth.
+    if (heap.asleep) {
+      heap.begin_epoch();
+    } else {
+      heap.stop_recording();
+    }
     if (heap.held.empty()) return b;  // to the free index, as any free block
     heap.held.hold(b, heap.blocks());  // a heap that keeps its pages: b and its held pages, joined
     release_held(heap);

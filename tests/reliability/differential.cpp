@@ -46,6 +46,8 @@ const char* kind_name(OpKind k) {
     case OpKind::drain: return "drain";
     case OpKind::step: return "step";
     case OpKind::free_older: return "free_older";
+    case OpKind::sleep: return "sleep";
+    case OpKind::wake: return "wake";
   }
   return "?";
 }
@@ -80,6 +82,9 @@ RunFigures& RunFigures::operator+=(const RunFigures& o) {
   planned_epochs += o.planned_epochs;
   mirrored_steps += o.mirrored_steps;
   stitches += o.stitches;
+  sleeps += o.sleeps;
+  wakes += o.wakes;
+  failed_wakes += o.failed_wakes;
   for (std::size_t i = 0; i < site_calls.size(); ++i) site_calls[i] += o.site_calls[i];
   return *this;
 }
@@ -154,10 +159,13 @@ class Generator {
 
   std::size_t llm_size() { return below(100) < 45 ? palette_[below(palette_.size())] : fresh_size(); }
 
-  // Weights per 1000 of each kind in the current phase.
-  std::array<std::uint64_t, 13> weights() const {
+  // Weights per 1000 of each kind in the current phase, indexed by OpKind (step and free_older
+  // come in repeated steps only; sleep and wake in vmm mode only).
+  std::array<std::uint64_t, 17> weights() const {
     const std::uint64_t f = profile_.faults ? 1 : 0;
-    return {growing_ ? 430u : 230u, growing_ ? 230u : 430u, 70, 70, 80, 50, 4, 8, 4, 20 * f, 3 * f, 10, 1};
+    const std::uint64_t v = profile_.vmm ? 1 : 0;
+    return {growing_ ? 430u : 230u, growing_ ? 230u : 430u, 70, 70, 80, 50, 4, 8, 4, 20 * f, 3 * f, 10, 1, 0, 0,
+            2 * v, 3 * v};
   }
   std::uint64_t total_weight() const {
     std::uint64_t t = 0;
@@ -371,6 +379,7 @@ class Runner {
     std::size_t bytes;
     std::vector<Stream> users;
     std::uint64_t born = 0;  // the allocation's count (alloc_calls_ then)
+    bool asleep = false;     // put to sleep by sleep(), not woken since
   };
   // Stream `stream` used a freed range; its work up to sequence `seq` must be complete (or
   // ordered before, by a stream wait) before another stream gets the range.
@@ -402,6 +411,9 @@ class Runner {
   void complete_event_op(const Op& op);
   void fault_op(const Op& op);
   void misuse_op(const Op& op);
+  void sleep_op();
+  void wake_op();
+  void set_asleep(bool asleep);
   void drain();
   void teardown();
 
@@ -446,6 +458,10 @@ class Runner {
   std::uint64_t alloc_calls_ = 0;
   std::uint64_t free_calls_ = 0;
   std::uint64_t ooms_ = 0;
+  std::size_t fail_above_ = 0;    // the device refuses physical allocations above this (0: none)
+  bool slept_ = false;            // sleep() ran and no wake() succeeded since
+  std::size_t asleep_blocks_ = 0;  // live blocks that sleep
+  bool releasing_asleep_ = false;  // in sleep() or wake(): pages under asleep blocks may go
   std::size_t last_reserved_ = 0;
   std::size_t next_collect_ = 256;  // guards_.size() at which collect_guards() runs next
   std::array<std::uint64_t, kNumFaultSites> fire_at_{};  // call number an armed fault fails
@@ -520,11 +536,16 @@ void Runner::step(const Op& op) {
       limit_ = op.value;
       break;
     case OpKind::fault: fault_op(op); break;
-    case OpKind::fail_above: sim_->fail_allocations_above(op.value); break;
+    case OpKind::fail_above:
+      sim_->fail_allocations_above(op.value);
+      fail_above_ = op.value;
+      break;
     case OpKind::misuse: misuse_op(op); break;
     case OpKind::drain: drain(); break;
     case OpKind::step: alloc_->step(); break;
     case OpKind::free_older: free_older_op(op.value); break;
+    case OpKind::sleep: sleep_op(); break;
+    case OpKind::wake: wake_op(); break;
   }
 }
 
@@ -561,6 +582,7 @@ void Runner::alloc_op(const Op& op) {
   const auto a = reinterpret_cast<Address>(p);
   check_new_block(a, bytes, t);
   add_live(a, bytes, t);
+  if (slept_) TP_EXPECT(!alloc_->is_asleep(p), "sleep", "block " << hex(a) << " made while others sleep is asleep");
 }
 
 // OutOfMemoryError is right when an injected fault fired during the call, or when the request
@@ -665,11 +687,14 @@ void Runner::free_older_op(std::size_t bytes) {
 // Frees live block a, taken out of order_ already.
 void Runner::free_block(Address a) {
   const LiveBlock b = live_.at(a);
+  if (b.asleep) --asleep_blocks_;  // forgotten: it gets no pages at wake()
   // The user's work on every stream that used the block precedes the free: mark it first. From
   // the call on, the block is the allocator's, guarded by that work: the free itself may give its
   // pages back (a vmm heap left empty remaps them for its planned layout), once that work is done.
+  // An asleep block has had no pages since sleep() waited for the device: no work touches it.
   Guard guard{a + b.bytes, {}};
-  for (const Stream s : b.users) guard.by.push_back({s, mark(s, false)});
+  if (!b.asleep)
+    for (const Stream s : b.users) guard.by.push_back({s, mark(s, false)});
   live_.erase(a);
   extents_.erase(a);
   auto next = guards_.lower_bound(a);
@@ -690,6 +715,9 @@ void Runner::record_op(const Op& op) {
   if (order_.empty()) return;
   const Address a = order_[op.value % order_.size()];
   const Stream s = stream_of(op);
+  if (live_.at(a).asleep)
+    return expect_usage_error([&] { alloc_->record_stream(reinterpret_cast<void*>(a), s); },
+                              "record_stream of an asleep block");
   alloc_->record_stream(reinterpret_cast<void*>(a), s);
   auto& users = live_.at(a).users;
   if (std::find(users.begin(), users.end(), s) == users.end()) users.push_back(s);
@@ -765,12 +793,11 @@ void Runner::collect_guards() {
 // fixed segment, which the driver orders after all work).
 void Runner::check_release(Address a, std::size_t bytes, bool unmap) {
   auto it = extents_.lower_bound(a);
-  TP_EXPECT(it == extents_.end() || it->first >= a + bytes, "release-live",
-            (unmap ? "unmap" : "free_segment") << " of [" << hex(a) << ", +" << bytes
-                                               << ") while block " << hex(it->first) << " is live");
-  if (it != extents_.begin())
-    TP_EXPECT(std::prev(it)->second <= a, "release-live",
-              "release of " << hex(a) << " while block " << hex(std::prev(it)->first) << " is live");
+  if (it != extents_.begin() && std::prev(it)->second > a) --it;
+  for (; it != extents_.end() && it->first < a + bytes; ++it)
+    TP_EXPECT(releasing_asleep_ && live_.at(it->first).asleep, "release-live",
+              (unmap ? "unmap" : "free_segment") << " of [" << hex(a) << ", +" << bytes << ") while block "
+                                                 << hex(it->first) << " is live and awake");
   if (!unmap) return;
   auto g = guards_.upper_bound(a);
   if (g != guards_.begin() && std::prev(g)->second.end > a) --g;
@@ -858,10 +885,69 @@ void Runner::misuse_op(const Op& op) {
 
 // Free everything, complete all work, empty_cache(): nothing may remain reserved (vmm keeps up
 // to vmm_reserve per pool mapped on purpose).
+// sleep() puts every live block to sleep (their pages go, after the device's work on them is
+// done: the unmaps are judged as any). A sleep while the model's blocks sleep is not made: the
+// heaps asleep already would leave the blocks made since awake.
+void Runner::sleep_op() {
+  if (slept_) return;
+  set_asleep(true);
+  releasing_asleep_ = true;
+  const SleepReport r = alloc_->sleep();  // never throws here: any exception fails
+  releasing_asleep_ = false;
+  slept_ = true;
+  TP_EXPECT(r.asleep_blocks == live_.size(), "sleep",
+            "sleep() put " << r.asleep_blocks << " blocks to sleep, of " << live_.size() << " live");
+  for (const Address a : order_)
+    TP_EXPECT(alloc_->is_asleep(reinterpret_cast<void*>(a)), "sleep", "live block " << hex(a) << " is awake");
+  ++figures_.sleeps;
+}
+
+// wake() wakes every asleep block, or throws DeviceError and wakes none. It may fail only after
+// an injected fault fired, when the pages it maps back exceed the room on the device and under
+// the limit (before it gives the cache back), or when the device refuses allocations smaller
+// than they are (fail_above).
+void Runner::wake_op() {
+  if (!slept_) return expect_usage_error([&] { alloc_->wake(); }, "wake() with nothing asleep");
+  const std::size_t needed = alloc_->asleep().asleep_bytes;
+  const std::size_t reserved = alloc_->usage().reserved;
+  const std::size_t room = std::min(options_.capacity - sim_->used_bytes(),
+                                    limit_ == 0 ? options_.capacity : (limit_ > reserved ? limit_ - reserved : 0));
+  const std::uint64_t creates = dev_->calls(FaultSite::physical_create);
+  const std::uint64_t maps = dev_->calls(FaultSite::map);
+  releasing_asleep_ = true;
+  try {
+    alloc_->wake();
+  } catch (const DeviceError& e) {
+    releasing_asleep_ = false;
+    const bool refused = fail_above_ != 0 && needed > fail_above_;
+    TP_EXPECT(fired_since(FaultSite::physical_create, creates) || fired_since(FaultSite::map, maps) ||
+                  needed > room || refused,
+              "wake", "wake() of " << needed << " bytes threw with " << room << " bytes of room and no fault: "
+                                   << e.what());
+    for (const Address a : order_)
+      if (live_.at(a).asleep)
+        TP_EXPECT(alloc_->is_asleep(reinterpret_cast<void*>(a)), "wake", "a failed wake() woke " << hex(a));
+    ++figures_.failed_wakes;
+    return;
+  }
+  releasing_asleep_ = false;
+  slept_ = false;
+  set_asleep(false);
+  for (const Address a : order_)
+    TP_EXPECT(!alloc_->is_asleep(reinterpret_cast<void*>(a)), "wake", "block " << hex(a) << " still sleeps");
+  ++figures_.wakes;
+}
+
+void Runner::set_asleep(bool asleep) {
+  for (auto& [a, b] : live_) b.asleep = asleep;
+  asleep_blocks_ = asleep ? live_.size() : 0;
+}
+
 void Runner::drain() {
   for (int s = 0; s < kNumFaultSites; ++s) sim_->fail_nth(static_cast<FaultSite>(s), 0);
   fire_at_ = {};
   sim_->fail_allocations_above(0);
+  fail_above_ = 0;
   while (!order_.empty()) free_op(0);
   sim_->complete_all();
   alloc_->empty_cache();
@@ -925,7 +1011,9 @@ void Runner::check_state() {
             "stats", "usage() disagrees with stats()");
   TP_EXPECT(u.reserved == sim_->used_bytes(), "stats",
             "reserved " << u.reserved << " != device used bytes " << sim_->used_bytes());
-  TP_EXPECT(u.reserved >= allocated, "stats", "reserved below allocated");
+  TP_EXPECT(u.reserved + s.asleep_allocated >= allocated, "stats", "reserved below the awake blocks' bytes");
+  TP_EXPECT(alloc_->asleep().asleep_blocks == asleep_blocks_, "sleep",
+            alloc_->asleep().asleep_blocks << " blocks sleep, " << asleep_blocks_ << " in the model");
   TP_EXPECT(s.alloc_calls == alloc_calls_ && s.free_calls == free_calls_ && s.ooms == ooms_, "stats",
             "counters: alloc_calls " << s.alloc_calls << "/" << alloc_calls_ << ", free_calls "
                                      << s.free_calls << "/" << free_calls_ << ", ooms " << s.ooms << "/" << ooms_);

@@ -2,13 +2,17 @@
 //
 // A run is a list of operations (allocate, free, record_stream, user work on streams, event
 // completion in random order, empty_cache, memory limits, injected upstream faults, misuse, full
-// drains) executed against a tensorpool Allocator on a SimulatedDevice, while a reference model
+// drains, sleep and wake in vmm mode) executed against a tensorpool Allocator on a SimulatedDevice, while a reference model
 // of what must be true judges every step:
 //  - live blocks never overlap, are at least the requested size, 512-aligned, and lie in device
 //    memory the allocator holds;
 //  - a freed block is not handed out again to another stream while a stream that used it has
 //    incomplete work, unless that stream's work is ordered first by a stream wait;
-//  - memory is never released upstream (segment freed, pages unmapped) while in use;
+//  - memory is never released upstream (segment freed, pages unmapped) while in use (but by
+//    sleep(), and by a wake() that fails, under the blocks that sleep);
+//  - sleep() puts every live block to sleep, blocks made while they sleep are awake, a wake()
+//    wakes every one or throws DeviceError (after an injected fault, or with the device too full)
+//    and leaves every one asleep, and record_stream of an asleep block is a UsageError;
 //  - statistics equal the model's sums (requested bytes, block count, call and OOM counters,
 //    reserved bytes == the device's used bytes, rounding within its bound);
 //  - errors are of the right type: OutOfMemoryError only when the request cannot fit (or an
@@ -51,6 +55,8 @@ enum class OpKind : std::uint8_t {
   step,             // Allocator::step(): a training step ends (repeated steps only)
   free_older,       // value: bytes: with two live blocks or more of exactly that size, frees the one
                     // allocated first (a loop's kept output, replaced by the next step's)
+  sleep,            // Allocator::sleep() (vmm; a no-op while the model's blocks sleep already)
+  wake,             // Allocator::wake()
 };
 
 struct Op {
@@ -113,6 +119,9 @@ struct RunFigures {
   std::uint64_t planned_epochs = 0;  // Stats::planned_epochs
   std::uint64_t mirrored_steps = 0;  // Stats::mirrored_steps
   std::uint64_t stitches = 0;        // Stats::stitches
+  std::uint64_t sleeps = 0;          // sleep() calls that put blocks to sleep
+  std::uint64_t wakes = 0;           // wake() calls that woke them
+  std::uint64_t failed_wakes = 0;    // wake() calls that threw DeviceError
   std::array<std::uint64_t, kFaultSiteCount> site_calls{};  // upstream calls per FaultSite
   RunFigures& operator+=(const RunFigures& o);
 };

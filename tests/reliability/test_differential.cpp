@@ -65,7 +65,7 @@ void run_case(const Case& c) {
   }
   std::printf("differential [%s] %s, %d thread(s): %d runs, %llu ops, %llu faults injected, %llu OOMs, "
               "%llu DeviceErrors, %llu UsageErrors, %llu drains, %llu upstream allocs, "
-              "%llu stream waits, %llu syncs, %llu steps found, %llu planned epochs, %llu mirrored steps, %llu stitches\n",
+              "%llu stream waits, %llu syncs, %llu steps found, %llu planned epochs, %llu mirrored steps, %llu stitches, %llu sleeps, %llu wakes (%llu failed)\n",
               c.name, c.config, c.threads, runs, static_cast<unsigned long long>(total.ops),
               static_cast<unsigned long long>(total.faults_injected),
               static_cast<unsigned long long>(total.ooms), static_cast<unsigned long long>(total.device_errors),
@@ -75,7 +75,8 @@ void run_case(const Case& c) {
               static_cast<unsigned long long>(total.steps_found),
               static_cast<unsigned long long>(total.planned_epochs),
               static_cast<unsigned long long>(total.mirrored_steps),
-              static_cast<unsigned long long>(total.stitches));
+              static_cast<unsigned long long>(total.stitches), static_cast<unsigned long long>(total.sleeps),
+              static_cast<unsigned long long>(total.wakes), static_cast<unsigned long long>(total.failed_wakes));
   // The runs must exercise the paths under test.
   CHECK(total.ooms > 0);
   CHECK(total.faults_injected > 0);
@@ -85,6 +86,7 @@ void run_case(const Case& c) {
   if (c.repeated_steps) CHECK(total.planned_epochs > 0);
   if (c.repeated_steps && !c.unmarked_steps) CHECK(total.mirrored_steps > 0);
   if (c.vmm) CHECK(total.stitches > 0);  // the OOMs above include heaps that stitch first
+  if (c.vmm && !c.repeated_steps) CHECK((total.sleeps > 0 && total.wakes > 0 && total.failed_wakes > 0));
 }
 
 }  // namespace
