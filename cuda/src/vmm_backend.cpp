@@ -184,15 +184,11 @@ bool CudaVmmBackend::try_map(Address addr, std::size_t bytes, PhysicalHandle han
   return cuda_detail::check_driver_alloc(granted, "cuMemSetAccess", device_, bytes);
 }
 
-void CudaVmmBackend::map(Address addr, std::size_t bytes, PhysicalHandle handle) {
-  if (!try_map(addr, bytes, handle))
-    throw DeviceError("cuMemMap(" + format_bytes(bytes) + ") failed on CUDA device " +
-                      std::to_string(device_) + ": out of memory");
-}
+void CudaVmmBackend::map(Address addr, std::size_t bytes, PhysicalHandle handle) { map_part(addr, bytes, handle, 0); }
 
 void CudaVmmBackend::map_part(Address addr, std::size_t bytes, PhysicalHandle handle, std::size_t offset) {
   if (!try_map(addr, bytes, handle, offset))
-    throw DeviceError("cuMemMap(" + format_bytes(bytes) + " at offset " + format_bytes(offset) +
+    throw DeviceError("cuMemMap(" + format_bytes(bytes) + (offset != 0 ? " at offset " + format_bytes(offset) : "") +
                       ") failed on CUDA device " + std::to_string(device_) + ": out of memory");
 }
 
