@@ -521,3 +521,73 @@ TEST_CASE("sleep: a map refused half way through a wake gives back what it made,
   REQUIRE(back == bytes);
   for (void* p : live) alloc.deallocate(p);
 }
+
+TEST_CASE("sleep: a wake refused its n-th creation goes on, and one refused its n-th map changes nothing, for every n",
+          "[sleep][faults]") {
+  // Six 5 MiB blocks 8 MiB apart on one stream and one on another: seven runs of sleeping pages,
+  // so a wake makes seven chunks, and a fault may hit any of them.
+  struct Setup {
+    std::shared_ptr<SimulatedDevice> device = std::make_shared<SimulatedDevice>(
+        SimulatedDeviceOptions{.capacity = GiB, .event_mode = EventMode::immediate, .back_memory = true});
+    Allocator alloc{device, testing::deterministic_config("mode:vmm,vmm_chunk_divisor:0,vmm_plan_max_blocks:0")};
+    std::vector<void*> live;
+    SleepReport report;
+    Setup() {
+      std::vector<void*> pads;
+      for (std::size_t i = 0; i < 6; ++i) {
+        live.push_back(alloc.allocate(5 * MiB));
+        pads.push_back(alloc.allocate(3 * MiB));
+      }
+      for (void* p : pads) alloc.deallocate(p);
+      live.push_back(alloc.allocate(3 * MiB, device->create_stream()));
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        const std::vector<unsigned char> bytes = pattern(MiB, i);
+        device->copy_to_device(reinterpret_cast<Address>(live[i]), bytes.data(), bytes.size());
+      }
+      report = alloc.sleep(Contents::keep);
+    }
+    bool contents_back() const {
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        std::vector<unsigned char> back(MiB);
+        device->copy_to_host(back.data(), reinterpret_cast<Address>(live[i]), back.size());
+        if (back != pattern(MiB, i)) return false;
+      }
+      return true;
+    }
+  };
+  std::uint64_t chunks = 0;
+  {
+    Setup clean;
+    const std::uint64_t creates = clean.device->counters().physical_creates;
+    clean.alloc.wake();
+    chunks = clean.device->counters().physical_creates - creates;
+    REQUIRE(clean.contents_back());
+  }
+  REQUIRE(chunks == 7);
+  for (const FaultSite site : {FaultSite::physical_create, FaultSite::map}) {
+    for (std::uint64_t n = 1; n <= chunks + 1; ++n) {
+      INFO("fault site " << static_cast<int>(site) << ", call " << n);
+      Setup s;
+      s.device->fail_nth(site, n);
+      // A refused creation is tried again once the cache is given back (it holds nothing here,
+      // and the device fails the n-th call only): the wake goes on. A refused map ends it.
+      if (site == FaultSite::map && n <= chunks) {
+        REQUIRE_THROWS_AS(s.alloc.wake(), DeviceError);
+        s.alloc.check_invariants();
+        REQUIRE(s.alloc.asleep().asleep_bytes == s.report.asleep_bytes);
+        REQUIRE(s.alloc.asleep().asleep_blocks == s.live.size());
+        REQUIRE(s.device->used_bytes() == 0);
+        REQUIRE(s.device->mapped_bytes() == 0);
+        for (void* p : s.live) REQUIRE(s.alloc.is_asleep(p));
+        s.device->fail_nth(site, 0);
+      }
+      s.alloc.wake();
+      s.alloc.check_invariants();
+      REQUIRE(s.alloc.usage().reserved == s.report.asleep_bytes);
+      REQUIRE(s.contents_back());
+      for (void* p : s.live) s.alloc.deallocate(p);
+      s.alloc.empty_cache();
+      REQUIRE(s.device->used_bytes() == 0);
+    }
+  }
+}
