@@ -883,8 +883,6 @@ void Runner::misuse_op(const Op& op) {
 
 // --- drains and teardown ---------------------------------------------------------------------
 
-// Free everything, complete all work, empty_cache(): nothing may remain reserved (vmm keeps up
-// to vmm_reserve per pool mapped on purpose).
 // sleep() puts every live block to sleep (their pages go, after the device's work on them is
 // done: the unmaps are judged as any). A sleep while the model's blocks sleep is not made: the
 // heaps asleep already would leave the blocks made since awake.
@@ -943,6 +941,8 @@ void Runner::set_asleep(bool asleep) {
   asleep_blocks_ = asleep ? live_.size() : 0;
 }
 
+// Free everything, complete all work, empty_cache(): nothing may remain reserved (vmm keeps up
+// to vmm_reserve per pool mapped on purpose).
 void Runner::drain() {
   for (int s = 0; s < kNumFaultSites; ++s) sim_->fail_nth(static_cast<FaultSite>(s), 0);
   fire_at_ = {};
