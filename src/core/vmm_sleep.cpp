@@ -172,8 +172,8 @@ std::vector<Chunk> VmmHeaps::pages_under_live(const Heap& heap, const std::vecto
   std::vector<std::pair<Address, Address>> live;  // page-rounded, merged, by address
   for (const Block* b = heap.segment->first; b != nullptr; b = b->next) {
     if (!b->mapped || b->state == BlockState::free || b->lent) continue;
-    const Address from = b->addr - b->addr % page_;
-    const Address to = heap.segment->addr + round_up(b->addr + b->size - heap.segment->addr, page_);
+    const Address from = b->addr / page_ * page_;
+    const Address to = round_up(b->addr + b->size, page_);
     if (!live.empty() && from <= live.back().second) {
       live.back().second = std::max(live.back().second, to);
     } else {

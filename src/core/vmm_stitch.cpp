@@ -14,7 +14,8 @@
 // or released: free_block_over(), reclaim_heap() and idle_physical() pass it by; empty_cache()
 // and the OOM ladder (release()), a growth that finds no hole, and sleep() unmap the ones that
 // lie under free blocks and give the pages back to their lent blocks (unstitch_free());
-// sleep_heap() turns the rest into chunks of their own at wake(); destroy() unmaps them before it
+// sleep_heap() releases the rest with their owners, and their live blocks wake on pages of their
+// own while the lent ones sleep as free pages (vmm_sleep.cpp); destroy() unmaps them before it
 // releases their owners. A heap with lent blocks lays out no plan (map_plan()).
 //
 // Cost: O(the heap's blocks) and one map call per run, only where the request would otherwise
@@ -90,8 +91,7 @@ std::vector<VmmHeaps::LentRun> VmmHeaps::runs_to_lend(const Heap& heap, std::arr
 }
 
 // Maps the runs side by side from `at` (the start of the hole stitch() chose) as stitched chunks
-// of the heap. If the
-// device refuses one, the ones mapped are unmapped and the error goes on.
+// of the heap. If the device refuses one, the ones mapped are unmapped and the error goes on.
 void VmmHeaps::map_runs(Heap& heap, Address at, const std::vector<LentRun>& runs) {
   std::vector<Chunk> mapped;
   try {

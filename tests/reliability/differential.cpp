@@ -419,6 +419,10 @@ class Runner {
 
   Stream stream_of(const Op& op) const { return streams_[op.stream % streams_.size()]; }
   void expect_oom(std::size_t bytes, const Before& before);
+  /// What the allocator may still reserve under the memory limit (all there is without one), and
+  /// what the device has free.
+  std::size_t room_under_limit() const;
+  std::size_t room_on_device() const { return options_.capacity - sim_->used_bytes(); }
   void check_new_block(Address a, std::size_t bytes, Stream t);
   void check_release(Address a, std::size_t bytes, bool unmap);
   void add_live(Address a, std::size_t bytes, Stream t);
@@ -589,14 +593,18 @@ void Runner::alloc_op(const Op& op) {
 // cannot fit: its size rounded to the device's unit exceeds the room left under the memory limit
 // or on the device. (The ladder returned every free segment before giving up, so what is
 // reserved now is what the last attempt saw.)
+std::size_t Runner::room_under_limit() const {
+  const std::size_t reserved = alloc_->usage().reserved;
+  if (limit_ == 0) return std::numeric_limits<std::size_t>::max();
+  return limit_ > reserved ? limit_ - reserved : 0;
+}
+
 void Runner::expect_oom(std::size_t bytes, const Before& before) {
   if (sim_->counters().faults_injected != before.faults) return;
   if (bytes > kMaxAllocationSize || round_size(bytes) > options_.capacity) return;
   const std::size_t need = round_up(round_size(bytes), unit_);
-  const std::size_t reserved = alloc_->usage().reserved;
-  const std::size_t room_limit =
-      limit_ == 0 ? std::numeric_limits<std::size_t>::max() : (limit_ > reserved ? limit_ - reserved : 0);
-  const std::size_t room_device = options_.capacity - sim_->used_bytes();
+  const std::size_t room_limit = room_under_limit();
+  const std::size_t room_device = room_on_device();
   const std::size_t room = std::min(room_limit, room_device);
   TP_EXPECT(need > room, "oom-with-room",
             "OutOfMemoryError for " << bytes << " bytes (" << need << " to map) with "
@@ -907,9 +915,7 @@ void Runner::sleep_op() {
 void Runner::wake_op() {
   if (!slept_) return expect_usage_error([&] { alloc_->wake(); }, "wake() with nothing asleep");
   const std::size_t needed = alloc_->asleep().asleep_bytes;
-  const std::size_t reserved = alloc_->usage().reserved;
-  const std::size_t room = std::min(options_.capacity - sim_->used_bytes(),
-                                    limit_ == 0 ? options_.capacity : (limit_ > reserved ? limit_ - reserved : 0));
+  const std::size_t room = std::min(room_under_limit(), room_on_device());
   const std::uint64_t creates = dev_->calls(FaultSite::physical_create);
   const std::uint64_t maps = dev_->calls(FaultSite::map);
   releasing_asleep_ = true;
