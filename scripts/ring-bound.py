@@ -3,7 +3,7 @@
 by transforming its trace (docs/benchmarks.md, "A ring for the optimizer's chained states").
 
 Usage: scripts/ring-bound.py TRACE [--from-step K] [--label-prefix P] [--tensorpool BIN]
-                             [--capacity C] [--work DIR] [--step-at-iterations]
+                             [--capacity C] [--work DIR] [--device N] [--step-at-iterations]
 
 A loop whose optimizer writes `x = f(x)` for each state (CS336's hand-written AdamW) replaces its
 whole state set every step, first in, first out. A ring (the set's pages mapped twice, back to
@@ -21,7 +21,8 @@ does not build one; it bounds one:
 Printed per iteration: the trace as it is (calls, peak reserved, peak requested), the rest
 without the set, and rest + ring against the original peak requested (issue 25's fifth criterion
 asks for at most 1.005 from the third iteration). The ring's own calls are not counted (its pages
-are mapped once, when it is made). Needs a trace whose labels name the states (the generator's).
+are mapped once, when it is made). Needs a trace whose labels name the states (the generator's);
+a trace of several devices needs --device (the one replayed and counted).
 """
 import argparse
 import json
@@ -51,9 +52,18 @@ def without_set(args, lines):
     header, end, events = lines[0], json.loads(lines[-1]), [json.loads(line) for line in lines[1:-1]]
     if not end.get("end"):
         fail("the converted trace has no end object")
+    devices = {e.get("device", 0) for e in events}
+    if len(devices) > 1 and args.device is None:
+        fail("the trace has %d devices (%s); say which with --device" % (len(devices), ", ".join(map(str, sorted(devices)))))
+    if args.device is not None and args.device not in devices:
+        fail("the trace has no device %d (it has %s)" % (args.device, ", ".join(map(str, sorted(devices)))))
+    device = next(iter(devices)) if args.device is None else args.device
     iteration, taken, live, largest, kept = 0, {}, 0, 0, []
     for e in events:
         op = e["op"]
+        if e.get("device", 0) != device:
+            kept.append(e)  # not replayed (compare --device)
+            continue
         if op == "iteration":
             iteration += 1
         if op == "alloc" and iteration >= args.from_step and (e.get("label") or "").startswith(args.label_prefix):
@@ -76,7 +86,8 @@ def without_set(args, lines):
 
 def per_iteration(args, trace):
     command = [args.tensorpool, "compare", trace, "--allocators", "tensorpool-vmm", "--capacity", args.capacity,
-               "--json", "-q"] + (["--step-at-iterations"] if args.step_at_iterations else [])
+               "--json", "-q"] + (["--step-at-iterations"] if args.step_at_iterations else []) + (
+               ["--device", str(args.device)] if args.device is not None else [])
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         fail("%s failed: %s" % (" ".join(command), done.stderr.strip()))
@@ -91,6 +102,7 @@ def main():
     ap.add_argument("--tensorpool", default=os.path.join(ROOT, "build", "tools", "tensorpool"))
     ap.add_argument("--capacity", default="80GiB")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "ring-bound"))
+    ap.add_argument("--device", type=int, default=None)
     ap.add_argument("--step-at-iterations", action="store_true")
     args = ap.parse_args()
     if args.from_step < 1:

@@ -2,6 +2,7 @@
 """scripts/ring-bound.py on a small generated loop with a hand-written AdamW: the states are taken
 out from the step asked for, the ring of their largest live size is added from there, and bad
 input ends with a message and exit 2. Usage: ring_bound_test.py TENSORPOOL_BINARY SCRIPT"""
+import json
 import re
 import subprocess
 import sys
@@ -64,6 +65,25 @@ with tempfile.TemporaryDirectory() as work:
             if i < from_step:
                 check(f"from step {from_step}, iteration {i}: untouched before the ring",
                       r.group(2, 3, 4) == r.group(5, 6, 7), r.group(0))
+    # The same loop on two devices: --device names the one replayed, and the ring is its own set's.
+    subprocess.run([binary, "convert", trace, f"{work}/one.jsonl"], check=True, capture_output=True)
+    with open(f"{work}/one.jsonl") as f:
+        lines = f.read().splitlines()
+    events = [json.loads(line) for line in lines[1:-1]]
+    twin = [dict(e, device=1, addr=hex(int(e["addr"], 16) + (1 << 44))) for e in events]
+    end = json.loads(lines[-1])
+    end["events"] = 2 * len(events)
+    with open(f"{work}/two.jsonl", "w") as f:
+        f.write("\n".join([lines[0]] + [json.dumps(e) for e in events + twin] + [json.dumps(end)]) + "\n")
+    bad = run(f"{work}/two.jsonl", "--tensorpool", binary, "--work", work)
+    check("two devices without --device are refused", bad.returncode == 2 and "say which with --device" in bad.stderr,
+          bad.stderr)
+    bad = run(f"{work}/two.jsonl", "--tensorpool", binary, "--work", work, "--device", "2")
+    check("a device the trace lacks is refused", bad.returncode == 2 and "no device 2" in bad.stderr, bad.stderr)
+    one = run(trace, "--tensorpool", binary, "--work", work)
+    two = run(f"{work}/two.jsonl", "--tensorpool", binary, "--work", work, "--device", "1")
+    check("--device 1 of the twin is the single device's run", two.returncode == 0 and
+          one.stdout.splitlines()[1:] == two.stdout.splitlines()[1:], one.stdout + two.stdout + two.stderr)
     bad = run(trace, "--tensorpool", binary, "--work", work, "--from-step", "0")
     check("--from-step 0 is refused", bad.returncode == 2 and "--from-step takes 1 or more" in bad.stderr, bad.stderr)
     bad = run(trace, "--tensorpool", binary, "--work", work, "--label-prefix", "nothing:")
