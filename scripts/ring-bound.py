@@ -52,6 +52,8 @@ def without_set(args, lines):
     header, end, events = lines[0], json.loads(lines[-1]), [json.loads(line) for line in lines[1:-1]]
     if not end.get("end"):
         fail("the converted trace has no end object")
+    if not events:
+        fail("the trace has no events")
     devices = {e.get("device", 0) for e in events}
     if len(devices) > 1 and args.device is None:
         fail("the trace has %d devices (%s); say which with --device" % (len(devices), ", ".join(map(str, sorted(devices)))))
