@@ -252,13 +252,47 @@ struct Replaced {
   std::size_t size = 0;
 };
 
-// Greedy by size: blocks in decreasing size (ties: earlier first), each where best_fit() puts
-// it, after the fixed blocks where they were. O(n^2) simple steps at most (each block passes
-// over the placed ones); the chunks' bounds skip most of them on real epochs. The layout's
-// height only grows as blocks are placed, so packing stops once it reaches `stop_at` (a layout
-// at least as high as the recorded one is not kept), or once the passes would have looked at
-// more than `max_steps` placed blocks (counted as if none were skipped, so that what is cut
-// short does not depend on the data's shape).
+// The order pack() places blocks in (the fixed and pinned ones aside: placed first, where they
+// were recorded). `by_size`: decreasing size, ties earlier first. `peak_first`: the blocks alive
+// at `peak_tick` (the live peak: no layout is lower than they are, stacked) first, then the
+// others, each set in clock order. Placed in clock order with nothing freed between them, the
+// peak's blocks stack around the fixed ones with no gap that a block placed before them could
+// have left, and the others then fill around them as an online allocator would (best_fit() among
+// the blocks alive with each). Packing by size can leave such a gap (a large block placed before
+// the smaller ones it outlives), and so can the online order (a block freed before the peak).
+struct PackOrder {
+  enum class Kind : std::uint8_t { by_size, peak_first } kind = Kind::by_size;
+  std::uint64_t peak_tick = 0;  // peak_first: the first tick of the live peak
+};
+
+// The blocks pack() places itself (not those that stay where recorded), in the order `how` says.
+std::vector<std::size_t> packing_order(std::span<const RecordedBlock> blocks, PackOrder how) {
+  std::vector<std::size_t> order;
+  order.reserve(blocks.size());
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    if (!blocks[i].stays_where_recorded()) order.push_back(i);
+  if (how.kind == PackOrder::Kind::by_size) {
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
+      return blocks[a].start < blocks[b].start;
+    });
+    return order;
+  }
+  const auto at_peak = [&](std::size_t i) { return blocks[i].start <= how.peak_tick && how.peak_tick < blocks[i].end; };
+  const auto by_clock = [&](std::size_t a, std::size_t b) { return blocks[a].start < blocks[b].start; };
+  const auto rest = std::partition(order.begin(), order.end(), at_peak);
+  std::sort(order.begin(), rest, by_clock);
+  std::sort(rest, order.end(), by_clock);
+  return order;
+}
+
+// Greedy: the blocks in `how`'s order (packing_order(); by default decreasing size, ties earlier
+// first), each where best_fit() puts it, after the fixed blocks where they were. O(n^2) simple
+// steps at most (each block passes over the placed ones); the chunks' bounds skip most of them on
+// real epochs. The layout's height only grows as blocks are placed, so packing stops once it
+// reaches `stop_at` (a layout at least as high as the recorded one is not kept), or once the
+// passes would have looked at more than `max_steps` placed blocks (counted as if none were
+// skipped, so that what is cut short does not depend on the data's shape).
 // `hidden`: blocks the input stands for beyond its own (fixed runs merged: FixedRuns), placed
 // before the pass, so that the bound counts what it would block by block.
 // `replaced` (empty: none, the plain packing by size), per block, the block it replaces (a
@@ -270,21 +304,13 @@ struct Replaced {
 // next can only take turns above them (docs/benchmarks.md, "Blocks placed where the block they
 // replace was").
 Packing pack(std::span<const RecordedBlock> blocks, std::span<const Replaced> replaced, std::size_t max_steps,
-             std::size_t stop_at, std::size_t hidden) {
+             std::size_t stop_at, std::size_t hidden, PackOrder how = {}) {
   static const Replaced kNothing{};
   const auto replaces = [&](std::size_t i) -> const Replaced& { return replaced.empty() ? kNothing : replaced[i]; };
   const std::size_t n = blocks.size();
-  std::vector<std::size_t> order;
-  order.reserve(n);
   std::uint64_t clock_end = 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    clock_end = std::max(clock_end, blocks[i].end);
-    if (!blocks[i].stays_where_recorded()) order.push_back(i);
-  }
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
-    return blocks[a].start < blocks[b].start;
-  });
+  for (const RecordedBlock& b : blocks) clock_end = std::max(clock_end, b.end);
+  const std::vector<std::size_t> order = packing_order(blocks, how);
   PlacedBlocks placed(clock_end);
   Packing out;
   out.offsets.assign(n, 0);
@@ -355,19 +381,29 @@ Events events_in_order(std::span<const RecordedBlock> blocks) {
   return ev;
 }
 
-std::size_t peak_of(std::span<const RecordedBlock> blocks, const Events& events) {
+// The most bytes alive at once, and the first tick they are.
+struct LivePeak {
+  std::size_t bytes = 0;
+  std::uint64_t tick = 0;
+};
+
+LivePeak live_peak(std::span<const RecordedBlock> blocks, const Events& events) {
   std::size_t live = 0;
-  std::size_t peak = 0;
+  LivePeak peak;
   for (const auto& [tick, code] : events) {
     const std::size_t size = blocks[code / 2].size;
     if (is_allocation(code)) {
       live += size;
-      peak = std::max(peak, live);
+      if (live > peak.bytes) peak = {live, tick};
     } else {
       live -= size;
     }
   }
   return peak;
+}
+
+std::size_t peak_of(std::span<const RecordedBlock> blocks, const Events& events) {
+  return live_peak(blocks, events).bytes;
 }
 
 std::size_t height_of(std::span<const RecordedBlock> blocks, const std::vector<std::size_t>& offsets) {
@@ -582,7 +618,8 @@ template <typename MakeReplaced>
 PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, std::size_t hidden,
                           MakeReplaced replaced) {
   const Events events = events_in_order(blocks);
-  const std::size_t floor = peak_of(blocks, events);  // no layout is lower
+  const LivePeak peak = live_peak(blocks, events);
+  const std::size_t floor = peak.bytes;  // no layout is lower
   PlannedLayout best;
   best.offsets.resize(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i) best.offsets[i] = blocks[i].recorded;
@@ -623,6 +660,17 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
       best.source = LayoutSource::replacing;
+    }
+  }
+  // Not for a step with kept outputs (pinned blocks): its plan takes turns with its mirror
+  // (step_turns.hpp), and one turn planned lower alone gives back pages that the other turn then
+  // maps again, with a synchronization (layout_plan.hpp).
+  if (best.height > floor && !pinned) {
+    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden, {PackOrder::Kind::peak_first, peak.tick});
+    if (packing.end == PackEnd::done) {
+      best.offsets = std::move(packing.offsets);
+      best.height = height_of(blocks, best.offsets);
+      best.source = LayoutSource::peak_first;
     }
   }
   if (best.source == LayoutSource::recorded) {

@@ -5,7 +5,7 @@
 // runs the same epoch again can then be served at those offsets with no device call, from
 // `height` bytes of mapped memory (vmm_heaps.cpp; docs/vmm.md, "Planned layouts").
 //
-// Four candidates, each tried only while the best so far is above the peak of live bytes
+// Five candidates, each tried only while the best so far is above the peak of live bytes
 // (peak_live_bytes(): no layout reaches lower), each kept only when lower than the best so far:
 //   recorded  the offsets the blocks really had, reaching as high as the epoch's address range
 //             did (a candidate whenever the record is a layout: blocks alive together never
@@ -28,8 +28,17 @@
 //             placed first if it is not yet. Packing by size stacks every step's large
 //             short-lived blocks at one place, and what a step keeps into the next (the logits)
 //             then takes turns above them; this leaves it a slot that the next step's upcast
-//             covers.
-// Packing (either way) costs O(n^2) simple steps at most (each block passes over the placed ones
+//             covers;
+//   peak first the same placement (fixed blocks first, each block the smallest gap that fits
+//             among those alive with it), in another order: the blocks alive at the live peak's
+//             first tick, in clock order, then the others in clock order. The peak's blocks stack
+//             with no gap that a block placed before them left (packing by size places a large
+//             block before smaller ones it outlives; the online order keeps the gaps of blocks
+//             freed before the peak), and the rest fill around them. Not for an epoch with pinned
+//             blocks (a step that keeps outputs): its plan takes turns with its mirror
+//             (step_turns.hpp), and a turn planned lower alone gives back pages that the other
+//             turn maps again (docs/benchmarks.md, "The live peak's blocks placed first").
+// Packing (any of the three ways) costs O(n^2) simple steps at most (each block passes over the placed ones
 // in offset order). The pass leaves out placed blocks that cannot change its answer (all below what it has
 // covered, alive at other times, or a gapless run of blocks all alive with it, which only raises
 // the top) and stops at a gap of exactly the block's size; packing stops as soon as its height
@@ -72,7 +81,7 @@ struct RecordedBlock {
 };
 
 /// Which candidate a layout is (see the file comment).
-enum class LayoutSource : std::uint8_t { recorded, online, packed, replacing };
+enum class LayoutSource : std::uint8_t { recorded, online, packed, replacing, peak_first };
 
 struct PlannedLayout {
   std::vector<std::size_t> offsets;  // per block, in input order

@@ -1030,40 +1030,47 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
 
 TEST_CASE("vmm: a run that remapped idle pages is repeated on its plan, with the pages the plan lacks created",
           "[vmm][plan]") {
-  // a and b (36 MiB each), a freed, c (20) in a's place, d (24) does not fit the 16 MiB left
-  // there: online, the growth for d unmaps those 16 MiB of idle pages (vmm_idle_limit:2MiB) and
-  // maps them above b, a synchronization, and the run holds 80 MiB with its top at 96. No layout
-  // fixed in advance holds less than 92 (b, c and d live together, and a with b): the plan puts
-  // d in a's place and c above b. Repeated online from the held pages, the run remapped again
-  // every time (60 calls and 2 synchronizations a run before); now the plan is laid out at the
-  // first run's end, with the 12 MiB it lacks created, and every repeat makes no call.
+  // a (12 MiB) and b (16), b freed, c (12) in b's place, a freed, d (20) fits neither a's 12 MiB
+  // nor the 4 left beside c: online, the growth for d unmaps those 16 MiB of idle pages
+  // (vmm_idle_limit:2MiB) and maps them above c, a synchronization, and the run holds 32 MiB (c
+  // and d, the live peak) with its top at 44. The planner's candidates reach 40 (packed by size:
+  // d and b at the heap's start, a above b, c above a; the live peak is a layout too, d and a at
+  // the start, b on a and c on d, which none of them finds). Repeated online from the held pages,
+  // the run would remap again every time; the plan is laid out at the first run's end, with the
+  // 8 MiB it lacks created, and every repeat makes no call.
   Fixture f("mode:vmm,vmm_idle_limit:2MiB,vmm_chunk_divisor:0,vmm_max_chunk:2MiB",
             {.event_mode = EventMode::immediate});
-  const auto run = [&f] {
-    void* a = f.alloc.allocate(36 * MiB);
-    void* b = f.alloc.allocate(36 * MiB);
+  std::size_t held_at_peak = 0;  // reserved once d is allocated
+  const auto run = [&f, &held_at_peak] {
+    void* a = f.alloc.allocate(12 * MiB);
+    void* b = f.alloc.allocate(16 * MiB);
+    f.alloc.deallocate(b);
+    void* c = f.alloc.allocate(12 * MiB);
     f.alloc.deallocate(a);
-    void* c = f.alloc.allocate(20 * MiB);
-    void* d = f.alloc.allocate(24 * MiB);
+    void* d = f.alloc.allocate(20 * MiB);
+    held_at_peak = f.reserved();
     const std::vector<Address> at{addr(a), addr(b), addr(c), addr(d)};
-    for (void* p : {b, c, d}) f.alloc.deallocate(p);
+    for (void* p : {c, d}) f.alloc.deallocate(p);
     f.alloc.check_invariants();
     return at;
   };
   const auto peak_reserved = [&f] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
   const std::vector<Address> online = run();
   REQUIRE(f.device->counters().syncs() >= 1);  // the remap
-  REQUIRE(online[3] >= online[1] + 36 * MiB);  // d above b
-  REQUIRE(f.reserved() == 92 * MiB);           // the plan's pages, laid out
+  REQUIRE(online[2] == online[1]);             // c in b's place
+  REQUIRE(online[3] >= online[2] + 12 * MiB);  // d above c
+  REQUIRE(held_at_peak == 32 * MiB);           // c and d
+  REQUIRE(f.reserved() == 40 * MiB);           // the plan's pages, laid out
   const DeviceCounters settled = f.device->counters();
   const Address base = online[0];
-  const std::vector<Address> planned = {base, base + 36 * MiB, base + 72 * MiB, base};
+  const std::vector<Address> planned = {base + 16 * MiB, base, base + 28 * MiB, base};
   for (int again = 0; again < 3; ++again) {
     INFO("run " << again);
     f.alloc.reset_peaks();
     REQUIRE(run() == planned);
     REQUIRE(same_calls(f.device->counters(), settled));
-    REQUIRE(peak_reserved() == std::int64_t{92 * MiB});
+    REQUIRE(held_at_peak == 40 * MiB);
+    REQUIRE(peak_reserved() == std::int64_t{40 * MiB});
   }
   f.expect_all_given_back();
 }
