@@ -662,10 +662,7 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
       best.source = LayoutSource::replacing;
     }
   }
-  // Not for a step with kept outputs (pinned blocks): its plan takes turns with its mirror
-  // (step_turns.hpp), and one turn planned lower alone gives back pages that the other turn then
-  // maps again, with a synchronization (layout_plan.hpp).
-  if (best.height > floor && !pinned) {
+  if (best.height > floor) {
     Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden, {PackOrder::Kind::peak_first, peak.tick});
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);

@@ -29,15 +29,13 @@
 //             short-lived blocks at one place, and what a step keeps into the next (the logits)
 //             then takes turns above them; this leaves it a slot that the next step's upcast
 //             covers;
-//   peak first the same placement (fixed blocks first, each block the smallest gap that fits
-//             among those alive with it), in another order: the blocks alive at the live peak's
-//             first tick, in clock order, then the others in clock order. The peak's blocks stack
-//             with no gap that a block placed before them left (packing by size places a large
-//             block before smaller ones it outlives; the online order keeps the gaps of blocks
-//             freed before the peak), and the rest fill around them. Not for an epoch with pinned
-//             blocks (a step that keeps outputs): its plan takes turns with its mirror
-//             (step_turns.hpp), and a turn planned lower alone gives back pages that the other
-//             turn maps again (docs/benchmarks.md, "The live peak's blocks placed first").
+//   peak first the same placement (fixed and pinned blocks first, each block the smallest gap
+//             that fits among those alive with it), in another order: the blocks alive at the
+//             live peak's first tick, in clock order, then the others in clock order. The peak's
+//             blocks stack with no gap that a block placed before them left (packing by size
+//             places a large block before smaller ones it outlives; the online order keeps the
+//             gaps of blocks freed before the peak), and the rest fill around them
+//             (docs/benchmarks.md, "The live peak's blocks placed first").
 // Packing (any of the three ways) costs O(n^2) simple steps at most (each block passes over the placed ones
 // in offset order). The pass leaves out placed blocks that cannot change its answer (all below what it has
 // covered, alive at other times, or a gapless run of blocks all alive with it, which only raises

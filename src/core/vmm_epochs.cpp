@@ -512,12 +512,12 @@ void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
 // gets the plan stored after an epoch like this one, if any, else this one's again (synchronous
 // planner) or the latest plan of an epoch like this one (background planner: this one's is not
 // made yet), but those two only when the next epoch begins with this one's base (`next_base`),
-// when the memory from the heap's start up to its height is mapped (map_plan()); without one it
-// runs unplanned from the held pages. When the base moved (`next_base_signature`: the next one's
-// live_signature()), the next step may be this one's other turn (next_turn()): taken only within
-// the pages the heap holds and, for a step that ran online, below where it reached. Returns the
-// height above which the two turns leave the pages unused (0: not taking turns, or this step's
-// own plan is not made yet).
+// when the memory from the heap's start up to its height (taking turns: the higher turn's) is
+// mapped (map_plan()); without one it runs unplanned from the held pages. When the base moved
+// (`next_base_signature`: the next one's live_signature()), the next step may be this one's other
+// turn (next_turn()): taken only within the pages the heap holds and, for a step that ran online,
+// below where it reached. Returns the height above which the two turns leave the pages unused (0:
+// not taking turns, or this step's own plan is not made yet).
 std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature) {
   PlanCursor& cursor = heap.cursor;
   // Another stream took a block of the heap (oom_ladder.cpp) and gave it back before the heap's
@@ -594,7 +594,9 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   }
   heap.last_signature = signature;
   if (!next) return 0;
-  switch (map_plan(heap, next->height)) {
+  // Taking turns, the pages go up to the higher turn: this one's layout alone would trade or
+  // give back the pages above it, which the other turn maps again at the next boundary.
+  switch (map_plan(heap, std::max(next->height, turns_height))) {
     case Layout::ready: cursor.follow(std::move(next), next_key); break;
     case Layout::waiting: cursor.wait_for_layout(std::move(next), next_key); break;
     case Layout::impossible: return 0;
