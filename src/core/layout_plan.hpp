@@ -36,12 +36,12 @@
 //             places a large block before smaller ones it outlives; the online order keeps the
 //             gaps of blocks freed before the peak), and the rest fill around them
 //             (docs/benchmarks.md, "The live peak's blocks placed first").
-// Packing (any of the three ways) costs O(n^2) simple steps at most (each block passes over the placed ones
-// in offset order). The pass leaves out placed blocks that cannot change its answer (all below what it has
-// covered, alive at other times, or a gapless run of blocks all alive with it, which only raises
-// the top) and stops at a gap of exactly the block's size; packing stops as soon as its height
-// reaches the best so far (it would not be kept). The layout is the plain scan's either way
-// (test_layout_plan.cpp checks it block for block). A run of fixed blocks side by side with one
+// Packing (any of the three ways) costs O(n^2) simple steps at most (each block passes over the
+// placed ones in offset order). The pass leaves out placed blocks that cannot change its answer
+// (all below what it has covered, alive at other times, or a gapless run of blocks all alive with
+// it, which only raises the top) and stops at a gap of exactly the block's size; packing stops as
+// soon as its height reaches the best so far (it would not be kept). The layout is the plain
+// scan's any way (test_layout_plan.cpp checks it block for block). A run of fixed blocks side by side with one
 // lifetime (a step's base: weights, a KV cache) is one block to every candidate (FixedRuns; the
 // same layout, checked against block by block). On training steps that leaves out most of the
 // work (BM_PlanLayoutStep: about 10 ms for a gpt2-xl step of 7,153 blocks, 6.5 ms for a Mixtral
