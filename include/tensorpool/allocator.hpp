@@ -90,8 +90,9 @@ class Allocator {
   SleepReport sleep(std::string_view tag, Contents contents = Contents::discard);
   /// Maps new pages under every asleep block, at the same addresses, and copies back the kept
   /// contents.
-  /// Throws UsageError when nothing sleeps, and DeviceError, with nothing changed, when the
-  /// device cannot give the pages.
+  /// Throws UsageError when no sleep() (of every tag, or of this one) came since the last wake()
+  /// (after one, never: even when it found nothing to put to sleep), and DeviceError, with
+  /// nothing changed, when the device cannot give the pages.
   void wake();
   /// The same for the blocks of `tag` that sleep.
   void wake(std::string_view tag);

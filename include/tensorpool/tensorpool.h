@@ -207,8 +207,9 @@ TENSORPOOL_API tensorpool_status tensorpool_info(tensorpool_allocator* allocator
 TENSORPOOL_API tensorpool_status tensorpool_sleep(tensorpool_allocator* allocator, const char* tag,
                                                   int keep_contents, tensorpool_sleep_report* out);
 /* Maps new pages under every asleep block (of `tag`; NULL: all), at the same addresses, and copies
- * back kept contents. When none of them sleeps: TENSORPOOL_ERROR_USAGE; when the device cannot
- * give the pages: TENSORPOOL_ERROR_DEVICE with everything still asleep. */
+ * back kept contents. With no tensorpool_sleep (of that tag, or of all) since the last wake:
+ * TENSORPOOL_ERROR_USAGE (after one, never, even when it found nothing to put to sleep); when the
+ * device cannot give the pages: TENSORPOOL_ERROR_DEVICE with everything still asleep. */
 TENSORPOOL_API tensorpool_status tensorpool_wake(tensorpool_allocator* allocator, const char* tag);
 /* The calling thread's allocations (from every allocator) carry the tag `name` until the
  * matching tensorpool_pop_tag; scopes nest and the innermost applies. Tagged blocks come from

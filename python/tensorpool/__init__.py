@@ -493,8 +493,9 @@ def sleep(device=None, tag=None, keep_contents=False):
 
 def wake(device=None, tag=None):
     """Maps new pages under every tensor sleep() left asleep (with `tag`: those of the tag),
-    at the same addresses, and copies back kept contents. Raises TensorpoolError when none of
-    them sleeps, or when the device cannot give the pages (then everything stays asleep)."""
+    at the same addresses, and copies back kept contents. Raises TensorpoolError with no sleep()
+    (of that tag, or of all) since the last wake() (after one, never: even when it found nothing
+    to put to sleep), or when the device cannot give the pages (then everything stays asleep)."""
     _check(_library().tensorpool_wake(_handle(_device_index(device)), _tag_name(tag)), "wake")
 
 

@@ -515,6 +515,9 @@ class VmmHeaps final : public SegmentSource {
   void unmap_off_sleeping(Heap& heap, Block* b);
   void keep_contents(const std::vector<Heap*>& heaps);
   void free_kept(Heap& heap, Address addr) noexcept;
+  bool slept_before(Sleepers who) const noexcept;
+  void forget_sleeps(Sleepers who) noexcept;
+  std::string wake_heaps(Sleepers who);
   std::string restore_contents(Heap& heap);
   std::vector<std::pair<Heap*, Chunk>> pages_for_waking(Sleepers who);
   void forget_sleeping_chunks(Heap& heap);
@@ -534,6 +537,9 @@ class VmmHeaps final : public SegmentSource {
   // program's own: a found boundary is a guess from the requests, which a mirror would compound).
   StepBoundary boundary_ = StepBoundary::called;
   std::uint64_t boundaries_made_ = 0;  // step_boundary() calls so far
+  // The sleep() calls no wake() has answered yet: a wake() after one is no misuse, even when that
+  // sleep found no heap to put to sleep (nothing allocated yet, or every heap given back).
+  std::vector<Sleepers> unwoken_sleeps_;
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
   std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made with the first heap
 };

@@ -58,6 +58,7 @@ SleepReport VmmHeaps::sleep(Sleepers who, Contents contents) {
     }
     chosen[i]->asleep = true;
   }
+  if (!slept_before(who)) unwoken_sleeps_.push_back(who);
   SleepReport report = asleep(who);
   report.released_bytes = released;
   return report;
@@ -261,13 +262,33 @@ SleepReport VmmHeaps::asleep(Sleepers who) const {
   return r;
 }
 
+// Whether a sleep() that no wake() has answered yet covers `who` (either of the two is of every
+// tag, or both are of one).
+bool VmmHeaps::slept_before(Sleepers who) const noexcept {
+  return std::any_of(unwoken_sleeps_.begin(), unwoken_sleeps_.end(),
+                     [&](const Sleepers& s) { return who.all || s.all || s.tag == who.tag; });
+}
+
+// A wake() of `who` answered the sleeps of every tag (who.all) or of its own tag.
+void VmmHeaps::forget_sleeps(Sleepers who) noexcept {
+  std::erase_if(unwoken_sleeps_, [&](const Sleepers& s) { return who.all || (!s.all && s.tag == who.tag); });
+}
+
 void VmmHeaps::wake(Sleepers who) {
-  bool any = false;
+  bool any = slept_before(who);
   for (const auto& [base, heap] : heaps_) any = any || (covered(heap, who) && heap.asleep);
   if (!any)
     throw UsageError(who.all ? std::string("tensorpool: wake() without sleep(): nothing sleeps")
                              : "tensorpool: wake('" + tag_name(who.tag) + "') without a sleep of that tag: none of "
                                "its blocks sleeps");
+  const std::string lost = wake_heaps(who);  // a DeviceError here: nothing changed, all still asleep
+  forget_sleeps(who);
+  if (!lost.empty()) throw DeviceError("tensorpool: wake() mapped every page, but copying back the kept contents failed:" + lost);
+}
+
+// wake() once it is no misuse: maps the pages back and restores the kept contents; what it
+// failed to copy back ("" when nothing). A DeviceError leaves everything asleep, nothing changed.
+std::string VmmHeaps::wake_heaps(Sleepers who) {
   std::vector<std::pair<Heap*, Chunk>> made = pages_for_waking(who);
   for (auto& [base, heap] : heaps_)
     if (covered(heap, who) && heap.asleep && heap.asleep_blocks == 0) forget_sleeping_chunks(heap);
@@ -288,7 +309,7 @@ void VmmHeaps::wake(Sleepers who) {
     }
     lost += restore_contents(heap);
   }
-  if (!lost.empty()) throw DeviceError("tensorpool: wake() mapped every page, but copying back the kept contents failed:" + lost);
+  return lost;
 }
 
 // Copies the kept contents of the heap's woken blocks back and gives the host memory back;

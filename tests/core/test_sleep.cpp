@@ -67,6 +67,32 @@ TEST_CASE("sleep: wake without sleep is a usage error and changes nothing", "[sl
   sim.alloc.deallocate(p);
 }
 
+TEST_CASE("sleep: a wake after a sleep that found no heap is no misuse, and a second wake is", "[sleep]") {
+  // No heap to put to sleep: nothing allocated yet, or every heap given back by empty_cache.
+  // Found by the differential test (seed 62002): the sleep was made, so its wake is no usage
+  // error, whatever that sleep had to release.
+  Sim sim;
+  SECTION("nothing allocated yet") {}
+  SECTION("every heap given back") {
+    sim.alloc.deallocate(sim.alloc.allocate(3 * MiB));
+    sim.alloc.empty_cache();
+    REQUIRE(sim.alloc.usage().reserved == 0);
+  }
+  const SleepReport r = sim.alloc.sleep();
+  REQUIRE(r.asleep_blocks == 0);
+  REQUIRE(r.asleep_bytes == 0);
+  const Stats before = sim.alloc.stats();
+  sim.alloc.wake();
+  REQUIRE(sim.alloc.stats().vm_maps == before.vm_maps);
+  REQUIRE_THROWS_WITH(sim.alloc.wake(), Catch::Contains("without sleep()"));
+  sim.alloc.check_invariants();
+  // A block made after it is awake and usable as any.
+  void* p = sim.alloc.allocate(MiB);
+  REQUIRE_FALSE(sim.alloc.is_asleep(p));
+  sim.alloc.deallocate(p);
+  require_all_given_back(sim.alloc, *sim.device);
+}
+
 TEST_CASE("sleep: every page goes back, live blocks keep their addresses, and wake maps them back",
           "[sleep]") {
   Sim sim;
