@@ -538,7 +538,7 @@ class VmmHeaps final : public SegmentSource {
   StepBoundary boundary_ = StepBoundary::called;
   std::uint64_t boundaries_made_ = 0;  // step_boundary() calls so far
   // The sleep() calls no wake() has answered yet: a wake() after one is no misuse, even when that
-  // sleep found no heap to put to sleep (nothing allocated yet, or every heap given back).
+  // sleep found no heap to put to sleep (nothing allocated yet: heaps, once made, stay).
   std::vector<Sleepers> unwoken_sleeps_;
   // Last: destroyed (stopped) before the heaps whose mailboxes it writes to.
   std::unique_ptr<EpochPlanner> planner_;  // vmm_planner:background, made with the first heap

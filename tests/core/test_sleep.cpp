@@ -68,9 +68,10 @@ TEST_CASE("sleep: wake without sleep is a usage error and changes nothing", "[sl
 }
 
 TEST_CASE("sleep: a wake after a sleep that found no heap is no misuse, and a second wake is", "[sleep]") {
-  // No heap to put to sleep: nothing allocated yet, or every heap given back by empty_cache.
-  // Found by the differential test (seed 62002): the sleep was made, so its wake is no usage
-  // error, whatever that sleep had to release.
+  // No heap to put to sleep (nothing allocated yet), or only empty ones (a heap, once made,
+  // stays: after empty_cache() it sleeps empty, which made its wake valid already). Found by the
+  // differential test (seed 62002) in the first case: the sleep was made, so its wake is no
+  // usage error, whatever that sleep had to release.
   Sim sim;
   SECTION("nothing allocated yet") {}
   SECTION("every heap given back") {
