@@ -402,10 +402,6 @@ LivePeak live_peak(std::span<const RecordedBlock> blocks, const Events& events) 
   return peak;
 }
 
-std::size_t peak_of(std::span<const RecordedBlock> blocks, const Events& events) {
-  return live_peak(blocks, events).bytes;
-}
-
 std::size_t height_of(std::span<const RecordedBlock> blocks, const std::vector<std::size_t>& offsets) {
   std::size_t h = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) h = std::max(h, offsets[i] + blocks[i].size);
@@ -683,7 +679,9 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
 
 }  // namespace
 
-std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) { return peak_of(blocks, events_in_order(blocks)); }
+std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) {
+  return live_peak(blocks, events_in_order(blocks)).bytes;
+}
 
 PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, FixedRuns runs) {
   check_input(blocks);

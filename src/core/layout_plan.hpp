@@ -41,9 +41,9 @@
 // (all below what it has covered, alive at other times, or a gapless run of blocks all alive with
 // it, which only raises the top) and stops at a gap of exactly the block's size; packing stops as
 // soon as its height reaches the best so far (it would not be kept). The layout is the plain
-// scan's any way (test_layout_plan.cpp checks it block for block). A run of fixed blocks side by side with one
-// lifetime (a step's base: weights, a KV cache) is one block to every candidate (FixedRuns; the
-// same layout, checked against block by block). On training steps that leaves out most of the
+// scan's any way (test_layout_plan.cpp checks it block for block). A run of fixed blocks side by
+// side with one lifetime (a step's base: weights, a KV cache) is one block to every candidate
+// (FixedRuns; the same layout, checked against block by block). On training steps that leaves out most of the
 // work (BM_PlanLayoutStep: about 10 ms for a gpt2-xl step of 7,153 blocks, 6.5 ms for a Mixtral
 // step of 9,699); BM_PlanLayout's synthetic epoch of 8,192 blocks nests, and the online layout
 // reaches its peak in 2-3 ms with no packing. Packing is bounded: it stops once its passes would
