@@ -35,7 +35,9 @@
 // around their base; a step whose base moved only because what it keeps replaced what it freed
 // of its base (a loop's logits) is also planned as its mirror, for the next step to follow at
 // once (next_turn(), step_turns.hpp; docs/vmm.md, "Steps"); small holes under a step's base are
-// traded for the chunks above its plan (trade_pages_above()).
+// traded for the chunks above its plan (trade_pages_above()). A step epoch that empties the heap
+// is followed by an epoch from an empty heap, whose plan is stored under emptied_key() of the
+// step's signature (NextBase::emptied).
 #include <algorithm>
 #include <exception>
 #include <memory>
@@ -172,6 +174,12 @@ Block* VmmHeaps::end_epoch(Block* b) {
     // the epoch's blocks lay where the plan puts them, up to its height, and nothing lies above.
     st_.counters.count(&Stats::planned_epochs);
     heap.cursor.follow_again();
+  } else if (heap.epoch.at_step) {
+    // A step epoch emptied the heap: its record gets the base blocks it freed, and the next
+    // epoch, which begins from an empty heap, is not this one around its base.
+    release_never_used(heap);
+    add_freed_base(heap.epoch);
+    choose_next_plan(heap, NextBase::emptied, heap.epoch.base_signature);
   } else {
     release_never_used(heap);
     choose_next_plan(heap, NextBase::same, heap.epoch.base_signature);
@@ -214,7 +222,7 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
     st_.counters.count(&Stats::planned_epochs);
   }
   std::size_t turns_height = 0;
-  if (repeats_in_place(heap)) {
+  if (next_base != NextBase::emptied && repeats_in_place(heap)) {
     heap.cursor.follow_again();
   } else {
     turns_height = plan_next_epoch(heap, next_base, next_base_signature);
@@ -403,18 +411,21 @@ void VmmHeaps::drop_event(DeviceEvent& e) noexcept {
 EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
   const Heap& heap = heap_of(b);
   if (repeats_alone_trivially(heap)) return EpochEnd::to_index;
+  // A step epoch that empties the heap is followed by an epoch from an empty heap, not by itself.
+  if (heap.epoch.at_step) return EpochEnd::elsewhere;
   return repeats_in_place_alone(heap) ? EpochEnd::held : EpochEnd::elsewhere;
 }
 
 // --- step boundaries ------------------------------------------------------------------------
 
 // Allocator::step(). A heap that empties ends its epochs there, whatever the steps: an epoch
-// that began where the heap was empty is left alone over one boundary. A heap that did not empty
-// over a whole step (it holds the weights, the optimizer states) has its epochs run from one
-// boundary to the next, each planned around its base (the blocks live when it began, fixed where
-// they are, each alive until its free or the epoch's end); the blocks it allocated and still
-// holds at the boundary count as alive to its end (gradients a zero_grad() after the boundary
-// frees). The next epoch that makes the same requests follows that plan as an epoch from an empty
+// that began where the heap was empty is left alone over one boundary (not at the program's
+// first, nor once it has made every request of its plan). A heap that did not empty over a
+// whole step (it holds the weights, the optimizer states) has its epochs run from one boundary
+// to the next (the first from where the heap was empty, with no base), each planned around its
+// base (the blocks live when it began, fixed where they are, each alive until its free or the
+// epoch's end); the blocks it allocated and still holds at the boundary count as alive to its
+// end (gradients a zero_grad() after the boundary frees). The next epoch that makes the same requests follows that plan as an epoch from an empty
 // heap does; a request whose planned place is taken (the base differs) departs. At a boundary
 // the program called (`boundary`), a step whose kept blocks replaced base blocks it freed is
 // also planned as its mirror, which the next step follows (next_turn()). An epoch past
@@ -429,15 +440,18 @@ void VmmHeaps::step_boundary(StepBoundary boundary) {
     heap.resume_recording();
     EpochLog& log = heap.epoch;
     if (log.live == 0 || heap.asleep || !heap.sleeping.empty()) continue;
-    const bool whole_step = log.at_step || first_boundary;
+    // An epoch from an empty heap that has made every request of its plan ends here, where the
+    // epoch its plan was made from ended (a later run of the program's first step).
+    const bool ends_as_planned = heap.cursor.matched(log.allocations());
+    const bool whole_step = log.at_step || first_boundary || ends_as_planned;
     if (!whole_step && ++log.boundaries < 2) continue;
     // The blocks live now are the next epoch's base (nothing below allocates or frees one).
     const std::uint64_t next_base = live_signature(heap);
-    if (log.at_step && !log.full && !log.entries.empty()) {
+    if (!log.full && !log.entries.empty()) {
       end_step_epoch(heap, next_base);
     } else {
-      // The epoch goes on over the boundary (or began where the heap was empty): what it recorded
-      // plans nothing, and a plan it followed is left.
+      // An epoch past vmm_plan_max_blocks, or with nothing recorded: it plans nothing, and a plan
+      // it followed is left.
       if (heap.cursor.state() == PlanState::laying_out) abandon_layout(heap);
       drop_event(heap.give_back_event);
       heap.cursor.record();
@@ -470,8 +484,7 @@ void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
     log.entries.push_back(RecordedBlock{x->size, 0, log.clock, x->addr - start, true});
     ++log.fixed;
   }
-  log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
-  log.fixed += log.freed_base.size();
+  add_freed_base(log);
   choose_next_plan(heap, next_base == log.base_signature ? NextBase::same : NextBase::moved, next_base);
   if (plan_asks_source(heap.cursor.state())) hold_all(heap, nullptr);
 }
@@ -530,7 +543,7 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   }
   const bool matched = cursor.matched(heap.epoch.allocations());
   const std::uint64_t signature = heap.epoch.signature;
-  if (repeats_its_plan(heap)) {
+  if (next_base != NextBase::emptied && repeats_its_plan(heap)) {
     // The epoch repeated the one before it, as the plan stored after that one said: the same
     // plan again, with nothing to store or look up (a loop that runs one epoch over and over).
     switch (map_plan(heap, cursor.plan()->height)) {
@@ -568,8 +581,11 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   }
   cursor.record();  // until a plan for the next epoch is found and its pages are in place
   collect_plans(heap);
-  std::shared_ptr<const EpochPlan> next = heap.plans.find(signature);
-  std::uint64_t next_key = signature;
+  // What follows this epoch: an epoch from an empty heap, when a step epoch emptied it, is stored
+  // under a key of its own (after a step like this one, the next step follows it).
+  const std::uint64_t after = next_base == NextBase::emptied ? emptied_key(signature) : signature;
+  std::shared_ptr<const EpochPlan> next = heap.plans.find(after);
+  std::uint64_t next_key = after;
   // None stored after an epoch like this one: this epoch's own plan, or the latest of its kind,
   // both made around this epoch's base; but not when the next epoch begins with another (their
   // blocks would go where that base lies).
@@ -584,6 +600,12 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
     }
   }
   if (mine) heap.plans.store(heap.last_signature, mine, signature, signature);
+  // None stored after a step like this one that emptied the heap: the program starts over, as the
+  // heap's first epoch began (its plan is stored under key 0, no epoch before it).
+  if (!next && next_base == NextBase::emptied) {
+    next = heap.plans.find(kFirstEpochKey);
+    next_key = kFirstEpochKey;
+  }
   // A step whose base moved by what it kept: the next step may be its other turn.
   std::size_t turns_height = 0;
   if (!next && next_base == NextBase::moved) {
@@ -592,7 +614,7 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
     next_key = turn.key;
     turns_height = turn.height;
   }
-  heap.last_signature = signature;
+  heap.last_signature = after;
   if (!next) return 0;
   // Taking turns, the pages go up to the higher turn: this one's layout alone would trade or
   // give back the pages above it, which the other turn maps again at the next boundary.

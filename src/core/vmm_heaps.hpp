@@ -157,7 +157,9 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   /// on its pages as fixed segments do, until a growth, a step boundary or a sleep resumes the
   /// record (resume_recording()).
   bool recording = true;
-  std::uint64_t last_signature = 0;    // of the epoch that ended last (0: none yet)
+  /// Of the epoch that ended last (kFirstEpochKey: none yet; after a step epoch that emptied
+  /// the heap, VmmHeaps::emptied_key() of its signature). The plans are stored under it.
+  std::uint64_t last_signature = 0;
   /// The signatures of the last kStepsSeen step epochs that ended (0: none), oldest overwritten
   /// first, and how many step epochs in a row ended like none before them (sight_step()).
   static constexpr std::size_t kStepsSeen = 8;
@@ -273,8 +275,9 @@ enum class StreamWork : std::uint8_t {
 /// Whether the blocks live when the next epoch begins lie where those of the epoch that ends did
 /// (a step epoch's base: VmmHeaps::end_step_epoch).
 enum class NextBase : std::uint8_t {
-  same,   // the same places and sizes (or none: the heap is empty)
-  moved,  // other blocks, or elsewhere: a plan made around this epoch's base would not fit it
+  same,     // the same places and sizes (or none: the heap is empty)
+  moved,    // other blocks, or elsewhere: a plan made around this epoch's base would not fit it
+  emptied,  // none: a step epoch emptied the heap, and the next epoch begins from an empty heap
 };
 
 /// What a growth does with the idle pages of its heap (VmmHeaps::idle_pages).
@@ -428,6 +431,19 @@ class VmmHeaps final : public SegmentSource {
   /// `height`: the highest of the plans the heap follows (one, or two in turn).
   void give_back_above_plan(Heap& heap, std::size_t height);
   void end_step_epoch(Heap& heap, std::uint64_t next_base);
+  /// The step epoch's base blocks freed before its end join its record, as fixed blocks.
+  static void add_freed_base(EpochLog& log) {
+    log.entries.insert(log.entries.end(), log.freed_base.begin(), log.freed_base.end());
+    log.fixed += log.freed_base.size();
+  }
+  /// The key the heap's first epoch stores its plan under (no epoch ended before it).
+  static constexpr std::uint64_t kFirstEpochKey = 0;
+  /// The key of the plan for an epoch from an empty heap after a step epoch of `signature` that
+  /// emptied it: not the plan for the step that follows such a step, stored under `signature`.
+  static constexpr std::uint64_t emptied_key(std::uint64_t signature) noexcept {
+    return EpochLog::mixed(signature, kEmptiedSalt);
+  }
+  static constexpr std::uint64_t kEmptiedSalt = 0x656d70746965640aull;  // "emptied\n"
   void rebase(Heap& heap, std::uint64_t base_signature);
   void release_above(Heap& heap, Address top);
   Block* free_block_over(const Heap& heap, const Chunk& c) const noexcept;

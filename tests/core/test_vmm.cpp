@@ -969,26 +969,28 @@ TEST_CASE("vmm: a step that follows no plan is served as it would be without ste
   }
 }
 
-TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from its second time, a run cut by steps from its third step",
+TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from its second time, cut by steps or not",
           "[vmm][plan][step]") {
   // A run: weights, then three steps of activations (c, larger than a, cannot take a's place
   // while b lies above it, so the run's online layout is higher than its plan), then the
   // weights freed: the heap empties. Run once without step(): the second run follows the plan of
   // the first, and the pages above that plan go at the first run's end. With step() after every
-  // step, the steps are planned around the weights (the epoch that ends where the heap empties
-  // is the remainder of the run after its last boundary, the weights' frees: its plan says
-  // nothing of the steps).
-  const auto run = [](Fixture& f, bool steps) {
+  // step, the steps are planned around the weights, and the epoch that ends where the heap
+  // empties (the remainder after the last boundary, the weights' frees) is followed by the plan
+  // of an epoch from an empty heap, not by its own.
+  enum class Boundaries { none, after_each_step, before_each_step };
+  const auto run = [](Fixture& f, Boundaries boundaries) {
     std::vector<void*> weights;
     for (int i = 0; i < 4; ++i) weights.push_back(f.alloc.allocate(16 * MiB));
     for (int step = 0; step < 3; ++step) {
+      if (boundaries == Boundaries::before_each_step) f.alloc.step();
       void* a = f.alloc.allocate(40 * MiB);
       void* b = f.alloc.allocate(20 * MiB);
       f.alloc.deallocate(a);
       void* c = f.alloc.allocate(50 * MiB);  // not in a's place: b lies above it
       f.alloc.deallocate(b);
       f.alloc.deallocate(c);
-      if (steps) f.alloc.step();
+      if (boundaries == Boundaries::after_each_step) f.alloc.step();
       f.alloc.check_invariants();
     }
     for (void* w : weights) f.alloc.deallocate(w);
@@ -996,34 +998,65 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
   };
   SECTION("the whole run, no steps") {
     Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
-    run(f, false);
+    run(f, Boundaries::none);
     const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
     REQUIRE(peak_reserved() >= std::int64_t{(64 + 110) * MiB});  // online: c above b above a's place
     const std::size_t planned = f.reserved();  // given back at the first run's end
     REQUIRE(planned == 64 * MiB + 70 * MiB);   // planned: c over a's place, b above both
     const DeviceCounters settled = f.device->counters();
     f.alloc.reset_peaks();
-    run(f, false);
+    run(f, Boundaries::none);
     REQUIRE(same_calls(f.device->counters(), settled));
     REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
     f.expect_all_given_back();
   }
-  SECTION("cut by step boundaries") {
-    // The first step() ends a whole step (the heap began with the program), so the second step
-    // is planned and the third follows its plan (c over a's place): the pages above it go, as
-    // without steps. A second run from an empty heap grows again in its first step, online, and
-    // the heap keeps its pages from then on (a growth after a give-back): a third run makes no
-    // device call.
+  SECTION("cut by step boundaries after each step") {
+    // The first step() ends a whole step (the heap began with the program): the epoch from the
+    // empty heap (the weights and the first step) is planned there, the second step too, and the
+    // third follows that plan (c over a's place): the pages above it go, as without steps. The
+    // last step empties the heap, so the next run is not that step again: it follows the plan
+    // of the heap's first epoch (the program starts over), and its steps theirs, with no device
+    // call and at the plans' height from its first step; so does every run after it.
     Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
-    run(f, true);
-    REQUIRE(f.reserved() == 64 * MiB + 70 * MiB);
-    run(f, true);
-    const std::size_t held = f.reserved();
-    REQUIRE(held == (64 + 110) * MiB);
+    const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
+    run(f, Boundaries::after_each_step);
+    const std::size_t planned = 64 * MiB + 70 * MiB;
+    REQUIRE(f.reserved() == planned);
     const DeviceCounters settled = f.device->counters();
-    run(f, true);
-    REQUIRE(same_calls(f.device->counters(), settled));
-    REQUIRE(f.reserved() == held);
+    const std::uint64_t planned_before = f.alloc.stats().planned_epochs;
+    for (int again = 0; again < 3; ++again) {
+      INFO("run " << again + 2);
+      f.alloc.reset_peaks();
+      run(f, Boundaries::after_each_step);
+      REQUIRE(same_calls(f.device->counters(), settled));
+      REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
+    }
+    // In each run the first epoch (to the first boundary) and the two steps after it followed
+    // their plans to the end (the weights' frees after the last boundary allocate nothing).
+    REQUIRE(f.alloc.stats().planned_epochs - planned_before == 3 * 3);
+    f.expect_all_given_back();
+  }
+  SECTION("cut by step boundaries before each step") {
+    // step() before each step, as a replay's iteration markers: the first boundary ends the
+    // epoch of the weights alone. In a later run, the epoch from the empty heap follows that
+    // plan and has made all its requests at the first boundary, so it ends there too (without
+    // that, it would go on over the boundary, run its first step online and remap).
+    Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
+    const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
+    run(f, Boundaries::before_each_step);
+    const std::size_t planned = 64 * MiB + 70 * MiB;
+    REQUIRE(f.reserved() == planned);
+    const DeviceCounters settled = f.device->counters();
+    const std::uint64_t planned_before = f.alloc.stats().planned_epochs;
+    for (int again = 0; again < 3; ++again) {
+      INFO("run " << again + 2);
+      f.alloc.reset_peaks();
+      run(f, Boundaries::before_each_step);
+      REQUIRE(same_calls(f.device->counters(), settled));
+      REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
+    }
+    // The weights' epoch and the three steps (the last one empties the heap).
+    REQUIRE(f.alloc.stats().planned_epochs - planned_before == 3 * 4);
     f.expect_all_given_back();
   }
 }
