@@ -617,8 +617,10 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   heap.last_signature = after;
   if (!next) return 0;
   // Taking turns, the pages go up to the higher turn: this one's layout alone would trade or
-  // give back the pages above it, which the other turn maps again at the next boundary.
-  switch (map_plan(heap, std::max(next->height, turns_height))) {
+  // give back the pages above it, which the other turn maps again at the next boundary. From an
+  // emptied heap, up to the highest plan of the run that follows (run_height()).
+  const std::size_t run = next_base == NextBase::emptied ? run_height(heap, next_key) : 0;
+  switch (map_plan(heap, std::max({next->height, turns_height, run}))) {
     case Layout::ready: cursor.follow(std::move(next), next_key); break;
     case Layout::waiting: cursor.wait_for_layout(std::move(next), next_key); break;
     case Layout::impossible: return 0;
@@ -638,6 +640,20 @@ VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* min
   const std::size_t reached = run == StepRun::online ? round_up(heap.epoch.high, page_) : SIZE_MAX;
   if (height > std::min(reached, heap.chunk_bytes)) return {};
   return Turn{std::move(turn.plan), turn.key, mine != nullptr ? height : 0};
+}
+
+// The pages a run from the emptied heap will need, when its first epoch's plan is stored under
+// `key`: the highest of that plan and of the plans stored after it in turn (the run's steps, as
+// they went the last time: PlanCache::chain_height(), kRunPlans of them at most). A layout to the
+// first epoch's height alone leaves the run's steps holes under their base, which they trade for
+// pages only when small (trade_pages_above()): they ran online, remapping, and their pages crept
+// up the heap's address range with every run. 0 (the first epoch's height only) unless the work
+// the stream queued is done (a query): on a device behind the host the layout would wait for an
+// event and move every page of the heap at the next epoch's first request (finish_layout()),
+// once per run.
+std::size_t VmmHeaps::run_height(Heap& heap, std::uint64_t key) {
+  if (!stream_work_done(heap)) return 0;
+  return heap.plans.chain_height(key, kRunPlans);
 }
 
 // The plan for the next step of a step epoch whose base moved, if the next step repeats this one

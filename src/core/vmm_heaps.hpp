@@ -462,6 +462,9 @@ class VmmHeaps final : public SegmentSource {
   bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
   void drop_event(DeviceEvent& e) noexcept;
   std::size_t plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
+  std::size_t run_height(Heap& heap, std::uint64_t key);
+  /// The plans of a run from an emptied heap that run_height() looks at.
+  static constexpr std::size_t kRunPlans = 16;
   /// How the step epoch that ends ran: following one of its plans to the end, or online.
   enum class StepRun : std::uint8_t { followed, online };
   struct Turn {

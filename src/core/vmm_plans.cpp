@@ -1,6 +1,7 @@
 // vmm_plans.cpp: the plan cache and the plan cursor of vmm_plans.hpp.
 #include "core/vmm_plans.hpp"
 
+#include <algorithm>
 #include <utility>
 
 namespace tensorpool::detail {
@@ -16,6 +17,15 @@ PlanCache::Found PlanCache::latest_of(std::uint64_t signature) const {
   const auto latest = latest_.find(signature);
   if (latest == latest_.end()) return {};
   return Found{entries_.at(latest->second).plan, latest->second};
+}
+
+std::size_t PlanCache::chain_height(std::uint64_t key, std::size_t links) const {
+  std::size_t height = 0;
+  for (auto it = entries_.find(key); it != entries_.end() && links > 0; --links) {
+    height = std::max(height, it->second.plan->height);
+    it = entries_.find(it->second.signature);
+  }
+  return height;
 }
 
 void PlanCache::erase(std::unordered_map<std::uint64_t, Entry>::iterator it) {

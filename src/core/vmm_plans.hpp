@@ -59,6 +59,9 @@ class PlanCache {
     std::uint64_t key = 0;
   };
   Found latest_of(std::uint64_t signature) const;
+  /// The highest of the plan stored under `key` and of those stored after it in turn (the plan
+  /// for the epoch after one with the plan's own signature, and so on), at most `links` of them.
+  std::size_t chain_height(std::uint64_t key, std::size_t links) const;
 
   std::size_t steps() const noexcept { return steps_; }
   std::size_t recount_steps() const;  // for check_invariants
