@@ -221,11 +221,11 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
     followed = heap.cursor.plan();
     st_.counters.count(&Stats::planned_epochs);
   }
-  std::size_t turns_height = 0;
+  NextHeights heights;
   if (next_base != NextBase::emptied && repeats_in_place(heap)) {
     heap.cursor.follow_again();
   } else {
-    turns_height = plan_next_epoch(heap, next_base, next_base_signature);
+    heights = plan_next_epoch(heap, next_base, next_base_signature);
   }
   const EpochPlan* next = heap.cursor.plan().get();
   const bool follows = heap.cursor.state() == PlanState::following;  // with a plan: next
@@ -236,12 +236,18 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
   // next_turn()): the two plans take turns from now on, and nothing above both is used again.
   // A step that ran online gives back only what it reached itself (the top chunk is its own).
   const bool takes_turns =
-      follows && turns_height != 0 && (followed != nullptr || no_chunk_above(heap, heap.epoch.high));
-  if (in_turn) {
+      follows && heights.turns != 0 && (followed != nullptr || no_chunk_above(heap, heap.epoch.high));
+  if (next_base == NextBase::emptied) {
+    // A run from the emptied heap whose every plan is stored follows them within the height of
+    // the highest (the stream's work is done: run_plans()); what lies above was used by the run
+    // that ended, online.
+    drop_event(heap.give_back_event);
+    if (follows && heights.run != 0) give_back_above_plan(heap, heights.run);
+  } else if (in_turn) {
     give_back_above_plan(heap, std::max(followed->height, next->height));
   } else if (takes_turns) {
     if (followed == nullptr) drop_event(heap.give_back_event);  // this step ran online: it may have used them
-    give_back_above_plan(heap, turns_height);
+    give_back_above_plan(heap, heights.turns);
   } else if (repeats_whole_run) {
     drop_event(heap.give_back_event);  // recorded before this epoch, which may have used those pages
     give_back_above_plan(heap, next->height);
@@ -425,12 +431,13 @@ EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
 // to the next (the first from where the heap was empty, with no base), each planned around its
 // base (the blocks live when it began, fixed where they are, each alive until its free or the
 // epoch's end); the blocks it allocated and still holds at the boundary count as alive to its
-// end (gradients a zero_grad() after the boundary frees). The next epoch that makes the same requests follows that plan as an epoch from an empty
-// heap does; a request whose planned place is taken (the base differs) departs. At a boundary
-// the program called (`boundary`), a step whose kept blocks replaced base blocks it freed is
-// also planned as its mirror, which the next step follows (next_turn()). An epoch past
-// vmm_plan_max_blocks plans nothing. The next epoch begins at the boundary, with the blocks live
-// there as its base. O(the heap's blocks), and the planning.
+// end (gradients a zero_grad() after the boundary frees). The next epoch that makes the same
+// requests follows that plan as an epoch from an empty heap does; a request whose planned place
+// is taken (the base differs) departs. At a boundary the program called (`boundary`), a step
+// whose kept blocks replaced base blocks it freed is also planned as its mirror, which the next
+// step follows (next_turn()). An epoch past vmm_plan_max_blocks plans nothing. The next epoch
+// begins at the boundary, with the blocks live there as its base. O(the heap's blocks), and the
+// planning.
 void VmmHeaps::step_boundary(StepBoundary boundary) {
   boundary_ = boundary;
   // The program's first step runs from its start: every epoch has gone over a whole step at the
@@ -529,9 +536,11 @@ void VmmHeaps::rebase(Heap& heap, std::uint64_t base_signature) {
 // mapped (map_plan()); without one it runs unplanned from the held pages. When the base moved
 // (`next_base_signature`: the next one's live_signature()), the next step may be this one's other
 // turn (next_turn()): taken only within the pages the heap holds and, for a step that ran online,
-// below where it reached. Returns the height above which the two turns leave the pages unused (0:
-// not taking turns, or this step's own plan is not made yet).
-std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature) {
+// below where it reached. When a step emptied the heap (NextBase::emptied), the next epoch gets
+// the plan stored after a step like it that emptied the heap, else the heap's first epoch's, with
+// the pages of the run that follows laid out (run_plans()). Returns the heights above which the
+// two turns, or the whole run, leave the pages unused (0: not known).
+NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature) {
   PlanCursor& cursor = heap.cursor;
   // Another stream took a block of the heap (oom_ladder.cpp) and gave it back before the heap's
   // own stream made a request: the layout it waited for is dropped (a new one is asked below).
@@ -539,10 +548,13 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   if (!heap.sleeping.empty()) {  // no plan while part of the heap sleeps (vmm_sleep.cpp)
     cursor.record();
     heap.last_signature = heap.epoch.signature;
-    return 0;
+    return {};
   }
   const bool matched = cursor.matched(heap.epoch.allocations());
   const std::uint64_t signature = heap.epoch.signature;
+  // The last plan of a run that this epoch ends by emptying the heap: its own, or, when it only
+  // freed (a run's weights), that of the epoch before it.
+  const std::uint64_t run_last = heap.epoch.allocations() != 0 ? signature : heap.last_signature;
   if (next_base != NextBase::emptied && repeats_its_plan(heap)) {
     // The epoch repeated the one before it, as the plan stored after that one said: the same
     // plan again, with nothing to store or look up (a loop that runs one epoch over and over).
@@ -551,7 +563,7 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
       case Layout::waiting: cursor.wait_for_layout_again(); break;
       case Layout::impossible: cursor.record(); break;
     }
-    return 0;
+    return {};
   }
   // The signature of the next step if it makes this one's requests from its base (read before
   // the record is handed to the planner thread).
@@ -615,17 +627,18 @@ std::size_t VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
     turns_height = turn.height;
   }
   heap.last_signature = after;
-  if (!next) return 0;
+  if (!next) return {};
   // Taking turns, the pages go up to the higher turn: this one's layout alone would trade or
   // give back the pages above it, which the other turn maps again at the next boundary. From an
-  // emptied heap, up to the highest plan of the run that follows (run_height()).
-  const std::size_t run = next_base == NextBase::emptied ? run_height(heap, next_key) : 0;
-  switch (map_plan(heap, std::max({next->height, turns_height, run}))) {
+  // emptied heap, up to the highest plan of the run that follows (run_plans()).
+  const PlanCache::Chain run =
+      next_base == NextBase::emptied ? run_plans(heap, next_key, run_last) : PlanCache::Chain{};
+  switch (map_plan(heap, std::max({next->height, turns_height, run.height}))) {
     case Layout::ready: cursor.follow(std::move(next), next_key); break;
     case Layout::waiting: cursor.wait_for_layout(std::move(next), next_key); break;
-    case Layout::impossible: return 0;
+    case Layout::impossible: return {};
   }
-  return turns_height;
+  return {.turns = turns_height, .run = run.closed ? run.height : 0};
 }
 
 // The next step's plan when this step's base moved: its other turn (next_turn()), taken only
@@ -642,18 +655,21 @@ VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* min
   return Turn{std::move(turn.plan), turn.key, mine != nullptr ? height : 0};
 }
 
-// The pages a run from the emptied heap will need, when its first epoch's plan is stored under
-// `key`: the highest of that plan and of the plans stored after it in turn (the run's steps, as
-// they went the last time: PlanCache::chain_height(), kRunPlans of them at most). A layout to the
-// first epoch's height alone leaves the run's steps holes under their base, which they trade for
-// pages only when small (trade_pages_above()): they ran online, remapping, and their pages crept
-// up the heap's address range with every run. 0 (the first epoch's height only) unless the work
-// the stream queued is done (a query): on a device behind the host the layout would wait for an
-// event and move every page of the heap at the next epoch's first request (finish_layout()),
-// once per run.
-std::size_t VmmHeaps::run_height(Heap& heap, std::uint64_t key) {
-  if (!stream_work_done(heap)) return 0;
-  return heap.plans.chain_height(key, kRunPlans);
+// The plans of the run from the emptied heap that begins with the plan stored under `key`, as
+// the run went the last time: that plan, the plan stored after it, and so on, up to the plan of
+// an epoch of signature `last` (the step that just emptied the heap, or the one before it when
+// that step only freed: PlanCache::chain(), kRunPlans of them at most). The pages laid out for
+// the run's first epoch reach the highest of them: laid out to the first epoch's height alone (a
+// model's weights), the heap left each step of the run holes under its base larger than a growth
+// step, which it does not trade (trade_pages_above()): the steps ran online, remapping, and
+// their pages crept up the address range with every run. A chain that reaches `last` (closed)
+// holds the whole run: what lies above its height goes (choose_next_plan()).
+// None (height 0) unless the work the stream queued is done (a query): on a device behind the
+// host the layout would wait for an event and move every page of the heap at the next epoch's
+// first request (finish_layout()), once per run.
+PlanCache::Chain VmmHeaps::run_plans(Heap& heap, std::uint64_t key, std::uint64_t last) {
+  if (!stream_work_done(heap)) return {};
+  return heap.plans.chain(key, kRunPlans, last);
 }
 
 // The plan for the next step of a step epoch whose base moved, if the next step repeats this one

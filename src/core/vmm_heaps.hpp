@@ -280,6 +280,13 @@ enum class NextBase : std::uint8_t {
   emptied,  // none: a step epoch emptied the heap, and the next epoch begins from an empty heap
 };
 
+/// The heights above which the next epochs leave the pages unused, as VmmHeaps::plan_next_epoch()
+/// finds them besides the next plan (0: not known).
+struct NextHeights {
+  std::size_t turns = 0;  // a step's two turns, both planned (VmmHeaps::take_turn())
+  std::size_t run = 0;    // a run from the emptied heap, every plan of it stored (VmmHeaps::run_plans())
+};
+
 /// What a growth does with the idle pages of its heap (VmmHeaps::idle_pages).
 enum class IdlePages : std::uint8_t {
   keep,   // idle memory within the limit, or the heap follows a plan: they stay where they are
@@ -461,9 +468,9 @@ class VmmHeaps final : public SegmentSource {
   /// The heap maps chunks above never_used_from() (release_never_used()).
   bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
   void drop_event(DeviceEvent& e) noexcept;
-  std::size_t plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
-  std::size_t run_height(Heap& heap, std::uint64_t key);
-  /// The plans of a run from an emptied heap that run_height() looks at.
+  NextHeights plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
+  PlanCache::Chain run_plans(Heap& heap, std::uint64_t key, std::uint64_t last);
+  /// The plans of a run from an emptied heap that run_plans() looks at.
   static constexpr std::size_t kRunPlans = 16;
   /// How the step epoch that ends ran: following one of its plans to the end, or online.
   enum class StepRun : std::uint8_t { followed, online };

@@ -19,13 +19,17 @@ PlanCache::Found PlanCache::latest_of(std::uint64_t signature) const {
   return Found{entries_.at(latest->second).plan, latest->second};
 }
 
-std::size_t PlanCache::chain_height(std::uint64_t key, std::size_t links) const {
-  std::size_t height = 0;
+PlanCache::Chain PlanCache::chain(std::uint64_t key, std::size_t links, std::uint64_t last) const {
+  Chain c;
   for (auto it = entries_.find(key); it != entries_.end() && links > 0; --links) {
-    height = std::max(height, it->second.plan->height);
+    c.height = std::max(c.height, it->second.plan->height);
+    if (it->second.signature == last) {
+      c.closed = true;
+      break;
+    }
     it = entries_.find(it->second.signature);
   }
-  return height;
+  return c;
 }
 
 void PlanCache::erase(std::unordered_map<std::uint64_t, Entry>::iterator it) {

@@ -59,9 +59,14 @@ class PlanCache {
     std::uint64_t key = 0;
   };
   Found latest_of(std::uint64_t signature) const;
-  /// The highest of the plan stored under `key` and of those stored after it in turn (the plan
-  /// for the epoch after one with the plan's own signature, and so on), at most `links` of them.
-  std::size_t chain_height(std::uint64_t key, std::size_t links) const;
+  /// The plan stored under `key` and those stored after it in turn (the plan for the epoch after
+  /// one with the plan's own signature, and so on), at most `links` of them, up to the plan of an
+  /// epoch whose own signature is `last`: the highest of them, and whether that one was reached.
+  struct Chain {
+    std::size_t height = 0;
+    bool closed = false;
+  };
+  Chain chain(std::uint64_t key, std::size_t links, std::uint64_t last) const;
 
   std::size_t steps() const noexcept { return steps_; }
   std::size_t recount_steps() const;  // for check_invariants

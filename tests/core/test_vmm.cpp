@@ -1061,6 +1061,49 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
   }
 }
 
+TEST_CASE("vmm: a run of unlike steps from an empty heap, repeated with step(), holds its plans' height from its second time",
+          "[vmm][plan][step]") {
+  // Weights, then three steps each unlike the others (sizes differ), step() after each, then the
+  // weights freed. No two plans take turns, so no step's end gives the pages above its plan
+  // back; online each step's last block lies above its first one's place, so the run reaches
+  // higher than its plans. Where the last step empties the heap, every plan of the run is stored
+  // (the first epoch's, then each stored after the one before): the pages for the next run are
+  // laid out to the highest of them and what lies above goes (VmmHeaps::run_plans()).
+  Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB,vmm_planner:synchronous",
+            {.event_mode = EventMode::immediate});
+  const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
+  const auto run = [&f] {
+    std::vector<void*> weights;
+    for (int i = 0; i < 4; ++i) weights.push_back(f.alloc.allocate(16 * MiB));
+    for (std::size_t step = 0; step < 3; ++step) {
+      void* a = f.alloc.allocate((40 + 4 * step) * MiB);
+      void* b = f.alloc.allocate((20 + 2 * step) * MiB);
+      f.alloc.deallocate(a);
+      void* c = f.alloc.allocate((50 + 4 * step) * MiB);  // not in a's place: b lies above it
+      f.alloc.deallocate(b);
+      f.alloc.deallocate(c);
+      f.alloc.step();
+      f.alloc.check_invariants();
+    }
+    for (void* w : weights) f.alloc.deallocate(w);
+    f.alloc.check_invariants();
+  };
+  run();
+  const std::int64_t online_peak = peak_reserved();
+  const std::size_t planned = f.reserved();
+  REQUIRE(static_cast<std::int64_t>(planned) < online_peak);
+  REQUIRE(planned >= (64 + 58 + 24) * MiB);  // the last step's c and b, at least, over the weights
+  const DeviceCounters settled = f.device->counters();
+  for (int again = 0; again < 3; ++again) {
+    INFO("run " << again + 2);
+    f.alloc.reset_peaks();
+    run();
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
+  }
+  f.expect_all_given_back();
+}
+
 TEST_CASE("vmm: a run that remapped idle pages is repeated on its plan, with the pages the plan lacks created",
           "[vmm][plan]") {
   // a (12 MiB) and b (16), b freed, c (12) in b's place, a freed, d (20) fits neither a's 12 MiB
