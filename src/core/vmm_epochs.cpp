@@ -664,11 +664,11 @@ VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* min
 // step, which it does not trade (trade_pages_above()): the steps ran online, remapping, and
 // their pages crept up the address range with every run. A chain that reaches `last` (closed)
 // holds the whole run: what lies above its height goes (choose_next_plan()).
-// None (height 0) unless the work the stream queued is done (a query): on a device behind the
-// host the layout would wait for an event and move every page of the heap at the next epoch's
-// first request (finish_layout()), once per run.
+// None (height 0) unless the work the stream queued is done (a query, not during a capture): on
+// a device behind the host the layout would wait for an event and move every page of the heap at
+// the next epoch's first request (finish_layout()), once per run.
 PlanCache::Chain VmmHeaps::run_plans(Heap& heap, std::uint64_t key, std::uint64_t last) {
-  if (!stream_work_done(heap)) return {};
+  if (st_.capture_underway() || !stream_work_done(heap)) return {};  // no stream query in a capture
   return heap.plans.chain(key, kRunPlans, last);
 }
 
