@@ -50,8 +50,9 @@ void run_case(const Case& c) {
   const auto ops_per_run = static_cast<std::size_t>(static_cast<double>(c.ops_per_run) * scale());
   std::uint64_t first = c.first_seed;
   int runs = c.runs;
-  if (const char* env = std::getenv("TENSORPOOL_DIFF_SEED")) {
-    first = std::strtoull(env, nullptr, 10);
+  const char* one_seed = std::getenv("TENSORPOOL_DIFF_SEED");
+  if (one_seed != nullptr) {
+    first = std::strtoull(one_seed, nullptr, 10);
     runs = 1;
   }
   RunFigures total;
@@ -77,7 +78,9 @@ void run_case(const Case& c) {
               static_cast<unsigned long long>(total.mirrored_steps),
               static_cast<unsigned long long>(total.stitches), static_cast<unsigned long long>(total.sleeps),
               static_cast<unsigned long long>(total.wakes), static_cast<unsigned long long>(total.failed_wakes));
-  // The runs must exercise the paths under test.
+  // The runs must exercise the paths under test. Not checked for one seed (a sweep of seeds,
+  // or a reproduced failure): a single run may arm no fault, or drain once; the model is checked.
+  if (one_seed != nullptr) return;
   CHECK(total.ooms > 0);
   CHECK(total.faults_injected > 0);
   CHECK(total.usage_errors > 0);
