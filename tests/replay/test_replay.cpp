@@ -283,7 +283,7 @@ TEST_CASE("replay: a warm pass with step() at its iterations settles on its plan
   // pages above it given back: 147 calls and 3 synchronizations in the measured pass), and with
   // 8 experts (top-2, the busiest 1.5x the mean) and no recomputation, whose steps ran online on
   // holes under their base that a layout to the first epoch's height left (548 calls and 3
-  // synchronizations; 848 and 5 before both changes).
+  // synchronizations; 1,354 and 5 before both changes).
   const std::string gpt2 =
       "layers:12,hidden:768,heads:12,kv_heads:12,ffn:3072,vocab:50257,mlp:gelu,norm:layernorm,biases:true,"
       "dropout:true,tied_embeddings:true,positions:1024,context:1024,zero:3,dp:8,steps:2";
