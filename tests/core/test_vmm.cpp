@@ -235,6 +235,21 @@ bool same_calls(const DeviceCounters& a, const DeviceCounters& b) {
          a.maps == b.maps && a.unmaps == b.unmaps && a.syncs() == b.syncs();
 }
 
+/// Runs `run` three more times (the second to fourth runs): each makes no device call and peaks
+/// at `height` reserved bytes. Returns how many epochs followed their plans to the end meanwhile.
+std::uint64_t repeats_quietly(Fixture& f, const std::function<void()>& run, std::size_t height) {
+  const DeviceCounters settled = f.device->counters();
+  const std::uint64_t planned_before = f.alloc.stats().planned_epochs;
+  for (int again = 0; again < 3; ++again) {
+    INFO("run " << again + 2);
+    f.alloc.reset_peaks();
+    run();
+    REQUIRE(same_calls(f.device->counters(), settled));
+    REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].peak == static_cast<std::int64_t>(height));
+  }
+  return f.alloc.stats().planned_epochs - planned_before;
+}
+
 }  // namespace
 
 TEST_CASE("vmm: an epoch that runs again is served at its planned offsets, with no device call", "[vmm][plan]") {
@@ -1018,22 +1033,12 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
     // of the heap's first epoch (the program starts over), and its steps theirs, with no device
     // call and at the plans' height from its first step; so does every run after it.
     Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
-    const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
     run(f, Boundaries::after_each_step);
     const std::size_t planned = 64 * MiB + 70 * MiB;
     REQUIRE(f.reserved() == planned);
-    const DeviceCounters settled = f.device->counters();
-    const std::uint64_t planned_before = f.alloc.stats().planned_epochs;
-    for (int again = 0; again < 3; ++again) {
-      INFO("run " << again + 2);
-      f.alloc.reset_peaks();
-      run(f, Boundaries::after_each_step);
-      REQUIRE(same_calls(f.device->counters(), settled));
-      REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
-    }
     // In each run the first epoch (to the first boundary) and the two steps after it followed
     // their plans to the end (the weights' frees after the last boundary allocate nothing).
-    REQUIRE(f.alloc.stats().planned_epochs - planned_before == 3 * 3);
+    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::after_each_step); }, planned) == 3 * 3);
     f.expect_all_given_back();
   }
   SECTION("cut by step boundaries before each step") {
@@ -1042,21 +1047,11 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
     // plan and has made all its requests at the first boundary, so it ends there too (without
     // that, it would go on over the boundary, run its first step online and remap).
     Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
-    const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
     run(f, Boundaries::before_each_step);
     const std::size_t planned = 64 * MiB + 70 * MiB;
     REQUIRE(f.reserved() == planned);
-    const DeviceCounters settled = f.device->counters();
-    const std::uint64_t planned_before = f.alloc.stats().planned_epochs;
-    for (int again = 0; again < 3; ++again) {
-      INFO("run " << again + 2);
-      f.alloc.reset_peaks();
-      run(f, Boundaries::before_each_step);
-      REQUIRE(same_calls(f.device->counters(), settled));
-      REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
-    }
     // The weights' epoch and the three steps (the last one empties the heap).
-    REQUIRE(f.alloc.stats().planned_epochs - planned_before == 3 * 4);
+    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::before_each_step); }, planned) == 3 * 4);
     f.expect_all_given_back();
   }
 }
@@ -1093,14 +1088,7 @@ TEST_CASE("vmm: a run of unlike steps from an empty heap, repeated with step(), 
   const std::size_t planned = f.reserved();
   REQUIRE(static_cast<std::int64_t>(planned) < online_peak);
   REQUIRE(planned >= (64 + 58 + 24) * MiB);  // the last step's c and b, at least, over the weights
-  const DeviceCounters settled = f.device->counters();
-  for (int again = 0; again < 3; ++again) {
-    INFO("run " << again + 2);
-    f.alloc.reset_peaks();
-    run();
-    REQUIRE(same_calls(f.device->counters(), settled));
-    REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
-  }
+  repeats_quietly(f, run, planned);
   f.expect_all_given_back();
 }
 
