@@ -169,6 +169,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
     return nullptr;
   }
   hold_all(heap, b);
+  if (!heap.epoch.at_step) heap.run_floor = 0;  // an epoch that began empty ended: no floor
   if (end == EpochEnd::held) {
     // plan_next_epoch()'s first case, with the pages in place. Nothing was mapped and left unused:
     // the epoch's blocks lay where the plan puts them, up to its height, and nothing lies above.
@@ -240,8 +241,9 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
   if (next_base == NextBase::emptied) {
     // A run from the emptied heap whose every plan is stored follows them within the height of
     // the highest (the stream's work is done: run_plans()); what lies above was used by the run
-    // that ended, online.
+    // that ended, online. Any other run keeps what the one that ended held (Heap::run_floor).
     drop_event(heap.give_back_event);
+    heap.run_floor = follows && heights.run != 0 ? 0 : heap.mapped_end - heap.segment->addr;
     if (follows && heights.run != 0) give_back_above_plan(heap, heights.run);
   } else if (in_turn) {
     give_back_above_plan(heap, std::max(followed->height, next->height));
@@ -265,8 +267,10 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
 // across it is cut to it (trim_chunk_at()), so that a repeated step holds the plan's height and
 // not what its first, unplanned run mapped; the pool's chunks cached unmapped go at once
 // (give_back_cached()). An epoch that departs drops the event: the pages may have been used
-// again.
+// again. Never below Heap::run_floor: a run that its plans do not cover reaches what the run
+// before it did.
 void VmmHeaps::give_back_above_plan(Heap& heap, std::size_t height) {
+  height = std::max(height, heap.run_floor);
   give_back_cached(heap);
   if (heap.mapped_end <= heap.segment->addr + height || heap.keeps_pages) {
     drop_event(heap.give_back_event);

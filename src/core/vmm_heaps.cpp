@@ -115,7 +115,10 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
 // both pools) and releases every cached one.
 std::size_t VmmHeaps::release(ReleaseGoal goal) {
   if (goal == ReleaseGoal::empty_cache)
-    for (auto& [base, heap] : heaps_) heap.keeps_pages = heap.gave_back = false;  // from here, as new
+    for (auto& [base, heap] : heaps_) {  // from here, as new
+      heap.keeps_pages = heap.gave_back = false;
+      heap.run_floor = 0;
+    }
   release_held(Pool::small, Spare::none);
   release_held(Pool::large, Spare::none);
   // Free stitched ranges give their pages back where they lie first: those chunks may then be free.

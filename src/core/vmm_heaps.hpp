@@ -176,6 +176,14 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
                                        // mapped none since
   bool keeps_pages = false;            // a growth mapped pages again after a give-back: chunks
                                        // above a plan stay mapped (until empty_cache())
+  /// What the heap held (the top of its mapped pages, from its start) when a step emptied it,
+  /// while the plans stored from the run that ended do not cover the run that follows
+  /// (run_plans() not closed: more steps than kRunPlans, or steps never planned, as a server's
+  /// decode steps whose KV cache grows): no give-back goes below it until an epoch that began
+  /// with the heap empty leaves it empty again, or empty_cache() (0: no floor). The run that
+  /// ended is the evidence of how high this one goes; the plans its first steps follow say
+  /// nothing of the later ones.
+  std::size_t run_floor = 0;
   bool remapped_idle = false;          // a growth of the current epoch unmapped idle pages of the
                                        // heap to map them elsewhere (a synchronization):
                                        // affords_layout()

@@ -306,6 +306,34 @@ TEST_CASE("replay: a warm pass with step() at its iterations settles on its plan
   }
 }
 
+TEST_CASE("replay: a server rebuilt after its heap empties keeps, with step(), the pages its last run held",
+          "[replay][step]") {
+  // GPT-2 small serving 16 requests, batches of up to 4, paged KV cache, step() at each decode
+  // step. The warm pass frees the model: the heap empties at a step. Decode steps whose KV cache
+  // grows are not planned, so the plans stored from that run cover only its first steps, and a
+  // step of the measured pass that repeated one of them gave the pages above its plan back (in
+  // turn with the plan before it); later steps grew again: 12 calls in the measured pass, where
+  // the pytorch model and tensorpool without step() make none (Heap::run_floor).
+  const trace::Trace t = generated("model:gpt2,mode:inference,requests:16,max_batch:4");
+  const auto measured = [&](const std::string& allocator, bool steps) {
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = allocator;
+    o.target.capacity = 80 * GiB;
+    o.warmup = 1;
+    o.step_at_iterations = steps;
+    return tensorpool::replay::replay(source, o).total;
+  };
+  const ReplayResult pytorch = measured("pytorch", false);
+  const ReplayResult without = measured("tensorpool-vmm", false);
+  const ReplayResult with = measured("tensorpool-vmm", true);
+  REQUIRE(with.per_iteration.size() > 100);
+  REQUIRE(pytorch.upstream.total() == 0);
+  REQUIRE(without.upstream.total() == 0);
+  CHECK(with.upstream.total() == 0);
+  CHECK(static_cast<double>(with.peak_reserved) <= 1.01 * static_cast<double>(without.peak_reserved));
+}
+
 TEST_CASE("replay: steps that follow no plan run as the loop does without step()", "[replay][step]") {
   // GPT-2 small, forward passes of 16 x 1024 under no_grad, 12 steps: each step's logits are kept
   // until the next step has made its own, so the base moves every step and no plan is followed.
