@@ -58,9 +58,11 @@
 //                                  0 = never (docs/vmm.md, "Planned layouts"). What planning one
 //                                  epoch costs is bounded apart from N (layout_plan.hpp); N bounds
 //                                  the host memory reserved per heap for its records (128 bytes an
-//                                  allocation: 16 MiB at 131072, touched only as far as epochs
-//                                  reach, but for the background planner's two spare records, of
-//                                  which its thread writes the first 65536 places: 5 MiB)
+//                                  allocation: 16 MiB at 131072, and 40 more for the record of a
+//                                  whole run in a heap that sees step(); touched only as far as
+//                                  epochs reach, but for the background planner's two spare
+//                                  records, of which its thread writes the first 65536 places:
+//                                  5 MiB)
 //   vmm_planner          background  vmm: who plans an epoch: a thread of the allocator's own,
 //                                  off the caller's path (the plan is followed from one of the
 //                                  heap's next epochs), or `synchronous`: the free that ends the

@@ -37,7 +37,9 @@
 // once (next_turn(), step_turns.hpp; docs/vmm.md, "Steps"); small holes under a step's base are
 // traded for the chunks above its plan (trade_pages_above()). A step epoch that empties the heap
 // is followed by an epoch from an empty heap, whose plan is stored under emptied_key() of the
-// step's signature (NextBase::emptied).
+// step's signature (NextBase::emptied); the steps' records since the heap was last empty, joined
+// (RunRecord, run_record.hpp), are planned there as one epoch, which that epoch follows over as
+// many boundaries as the run went over (plan_run()).
 #include <algorithm>
 #include <exception>
 #include <memory>
@@ -155,6 +157,7 @@ Block* VmmHeaps::end_epoch(Block* b) {
   const EpochEnd known = std::exchange(heap.epoch.end_known, EpochEnd::unknown);
   const EpochEnd end = known != EpochEnd::unknown ? known : epoch_end_of(b);
   if (end == EpochEnd::to_index) {
+    heap.run.restart();
     if (heap.cursor.state() != PlanState::recording) heap.cursor.record();
     // An asleep heap records on: a later free of one of its asleep blocks is counted in the
     // record (forget_asleep()), and a stopped record resumes only at a sleep or a growth.
@@ -180,11 +183,13 @@ Block* VmmHeaps::end_epoch(Block* b) {
     // epoch, which begins from an empty heap, is not this one around its base.
     release_never_used(heap);
     add_freed_base(heap.epoch);
+    join_run(heap, RunRecord::EpochEnded::emptied);
     choose_next_plan(heap, NextBase::emptied, heap.epoch.base_signature);
   } else {
     release_never_used(heap);
     choose_next_plan(heap, NextBase::same, heap.epoch.base_signature);
   }
+  heap.run.restart();  // the heap is empty: a run begins
   heap.begin_epoch();
   return nullptr;
 }
@@ -244,6 +249,9 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
     // that ended, online. Any other run keeps what the one that ended held (Heap::run_floor).
     drop_event(heap.give_back_event);
     heap.run_floor = follows && heights.run != 0 ? 0 : heap.mapped_end - heap.segment->addr;
+    // The plan of the whole run is known: pages kept since a give-back (keeps_pages) are not
+    // needed by it.
+    if (follows && heights.run != 0 && next->boundaries != 0) heap.keeps_pages = heap.gave_back = false;
     if (follows && heights.run != 0) give_back_above_plan(heap, heights.run);
   } else if (in_turn) {
     give_back_above_plan(heap, std::max(followed->height, next->height));
@@ -440,7 +448,9 @@ EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
 // is taken (the base differs) departs. At a boundary the program called (`boundary`), a step
 // whose kept blocks replaced base blocks it freed is also planned as its mirror, which the next
 // step follows (next_turn()). An epoch past vmm_plan_max_blocks plans nothing. The next epoch
-// begins at the boundary, with the blocks live there as its base. O(the heap's blocks), and the
+// begins at the boundary, with the blocks live there as its base, and the epoch that ended is
+// joined to the heap's run (RunRecord). An epoch that follows the plan of a whole run goes on over
+// as many boundaries as that run did, while it keeps to the plan. O(the heap's blocks), and the
 // planning.
 void VmmHeaps::step_boundary(StepBoundary boundary) {
   boundary_ = boundary;
@@ -450,19 +460,34 @@ void VmmHeaps::step_boundary(StepBoundary boundary) {
   for (auto& [start, heap] : heaps_) {
     heap.resume_recording();
     EpochLog& log = heap.epoch;
-    if (log.live == 0 || heap.asleep || !heap.sleeping.empty()) continue;
+    if (log.live == 0) continue;
+    if (heap.asleep || !heap.sleeping.empty()) {
+      heap.run.drop();  // the step is not recorded whole
+      continue;
+    }
+    // An epoch that follows the plan of a whole run (RunRecord) goes on over as many boundaries
+    // as that run did, while it keeps to the plan.
+    if (heap.cursor.state() == PlanState::following && heap.cursor.plan()->boundaries > log.boundaries) {
+      ++log.boundaries;
+      continue;
+    }
     // An epoch from an empty heap that has made every request of its plan ends here, where the
     // epoch its plan was made from ended (a later run of the program's first step).
     const bool ends_as_planned = heap.cursor.matched(log.allocations());
     const bool whole_step = log.at_step || first_boundary || ends_as_planned;
-    if (!whole_step && ++log.boundaries < 2) continue;
+    if (!whole_step && log.boundaries == 0) {  // on over this one, ended at the next
+      ++log.boundaries;
+      continue;
+    }
     // The blocks live now are the next epoch's base (nothing below allocates or frees one).
     const std::uint64_t next_base = live_signature(heap);
     if (!log.full && !log.entries.empty()) {
       end_step_epoch(heap, next_base);
     } else {
       // An epoch past vmm_plan_max_blocks, or with nothing recorded: it plans nothing, and a plan
-      // it followed is left.
+      // it followed is left. (Nothing recorded, it may have freed base blocks: the run is joined.)
+      if (log.full) heap.run.drop();
+      join_run(heap, RunRecord::EpochEnded::at_boundary);
       if (heap.cursor.state() == PlanState::laying_out) abandon_layout(heap);
       drop_event(heap.give_back_event);
       heap.cursor.record();
@@ -496,8 +521,34 @@ void VmmHeaps::end_step_epoch(Heap& heap, std::uint64_t next_base) {
     ++log.fixed;
   }
   add_freed_base(log);
+  join_run(heap, RunRecord::EpochEnded::at_boundary);
   choose_next_plan(heap, next_base == log.base_signature ? NextBase::same : NextBase::moved, next_base);
   if (plan_asks_source(heap.cursor.state())) hold_all(heap, nullptr);
+}
+
+// Joins the record of the epoch that just ended to the heap's run (RunRecord), before the
+// planner may take the record.
+void VmmHeaps::join_run(Heap& heap, RunRecord::EpochEnded ended) {
+  heap.run.join(heap.epoch, st_.config.vmm_plan_max_blocks, ended);
+}
+
+// A step emptied the heap: the run since it was last empty, joined whole, is planned as one
+// epoch from an empty heap to an empty heap, and stored under `key` (run_key() of that step's
+// signature) as an epoch of signature `last` (the run's last plan: its chain is closed,
+// run_plans()). The epoch from the empty heap after such a step follows it over its boundaries
+// (plan_next_epoch()), as a program without step() follows the plan of its whole run. Planned
+// where vmm_planner says (in the background, the run's record is swapped for a spare buffer: no
+// copy in the free, and the plan is there from a later run).
+void VmmHeaps::plan_run(Heap& heap, std::uint64_t key, std::uint64_t last) {
+  RunRecord& run = heap.run;
+  if (!run.whole()) return;
+  if (st_.config.vmm_planner == PlannerMode::synchronous) {
+    if (std::shared_ptr<const EpochPlan> plan = make_epoch_plan(run.entries(), page_, run.boundaries()))
+      heap.plans.store(key, std::move(plan), heap.last_signature, last);
+  } else {
+    planner_->try_hand_over(heap.mailbox, key, last, run.record_to_hand_over(), run.boundaries());
+  }
+  run.drop();
 }
 
 // Hashes the places and sizes of the heap's blocks in use, in address order.
@@ -600,8 +651,17 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // What follows this epoch: an epoch from an empty heap, when a step epoch emptied it, is stored
   // under a key of its own (after a step like this one, the next step follows it).
   const std::uint64_t after = next_base == NextBase::emptied ? emptied_key(signature) : signature;
-  std::shared_ptr<const EpochPlan> next = heap.plans.find(after);
+  if (next_base == NextBase::emptied) plan_run(heap, run_key(signature), run_last);
+  // From the emptied heap: the plan of the whole run that followed a step like this one, when its
+  // pages can be laid out at once (the stream's work is done; on a device behind the host the
+  // layout would wait for an event and move every page at the next epoch's first request).
+  std::shared_ptr<const EpochPlan> next;
   std::uint64_t next_key = after;
+  if (next_base == NextBase::emptied && !st_.capture_underway() && stream_work_done(heap)) {
+    next = heap.plans.find(run_key(signature));
+    if (next) next_key = run_key(signature);
+  }
+  if (!next) next = heap.plans.find(after);
   // None stored after an epoch like this one: this epoch's own plan, or the latest of its kind,
   // both made around this epoch's base; but not when the next epoch begins with another (their
   // blocks would go where that base lies).

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/epoch_log.hpp"
+#include "core/run_record.hpp"
 #include "core/segment_source.hpp"
 #include "core/vmm_planner.hpp"
 #include "core/vmm_plans.hpp"
@@ -150,6 +151,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   };
   std::map<Address, Kept> kept;        // sleep(keep): live asleep blocks' bytes in host memory
 
+  RunRecord run;                       // the steps' records since the heap was last empty, joined
   EpochLog epoch;                      // the current epoch's record (Segment::epoch points here,
                                        // while `recording`)
   /// False after an epoch of one block that repeats (stop_recording()): the heap's allocations
@@ -459,6 +461,10 @@ class VmmHeaps final : public SegmentSource {
     return EpochLog::mixed(signature, kEmptiedSalt);
   }
   static constexpr std::uint64_t kEmptiedSalt = 0x656d70746965640aull;  // "emptied\n"
+  /// The key of the plan of a whole run (RunRecord) from an empty heap after a step epoch of
+  /// `signature` that emptied it (VmmHeaps::plan_run()).
+  static constexpr std::uint64_t run_key(std::uint64_t signature) noexcept { return EpochLog::mixed(signature, kRunSalt); }
+  static constexpr std::uint64_t kRunSalt = 0x72756e0aull;  // "run\n"
   void rebase(Heap& heap, std::uint64_t base_signature);
   void release_above(Heap& heap, Address top);
   Block* free_block_over(const Heap& heap, const Chunk& c) const noexcept;
@@ -493,6 +499,8 @@ class VmmHeaps final : public SegmentSource {
                              const std::optional<std::vector<RecordedBlock>>& mirror);
   static std::uint64_t signature_after(const EpochLog& log, std::uint64_t base) noexcept;
   static std::uint64_t live_signature(const Heap& heap) noexcept;
+  void join_run(Heap& heap, RunRecord::EpochEnded ended);
+  void plan_run(Heap& heap, std::uint64_t key, std::uint64_t last);
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
   void collect_plans(Heap& heap);

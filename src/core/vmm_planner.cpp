@@ -18,7 +18,7 @@ namespace tensorpool::detail {
 
 namespace {
 
-std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::size_t page) {
+std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::size_t page, std::uint32_t boundaries) {
   if (record.empty()) return nullptr;
   try {
     const PlannedLayout layout = plan_layout(record);
@@ -34,6 +34,7 @@ std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::s
       plan->steps[i] = EpochPlan::Step{.size = record[i].size, .offset = layout.offsets[i], .below = below};
     }
     plan->height = round_up(layout.height, page);
+    plan->boundaries = boundaries;
     return plan;
   } catch (const std::exception& e) {
     log().error("vmm: planning an epoch of {} allocations failed: {}", record.size(), e.what());
@@ -43,8 +44,9 @@ std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::s
 
 }  // namespace
 
-std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page) {
-  return plan_of(record, page);
+std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page,
+                                                 std::uint32_t boundaries) {
+  return plan_of(record, page, boundaries);
 }
 
 void PlanGraveyard::bury(EpochPlan* plan) noexcept {
@@ -80,23 +82,25 @@ void EpochPlanner::prepare(PlanMailbox& mailbox, std::size_t spares, std::size_t
   for (auto& b : buffers) b.reserve(capacity);
   std::lock_guard lock(mutex_);
   for (auto& b : buffers)
-    queue_.push_back(Job{.mailbox = &mailbox, .key = 0, .signature = 0, .record = std::move(b),
+    queue_.push_back(Job{.mailbox = &mailbox, .key = 0, .signature = 0, .record = std::move(b), .boundaries = 0,
                          .work = Work::deliver_spare, .pages = Pages::fresh});
   last_job_ = Clock::now();  // a new heap's first epochs are near: the thread looks often
   if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
 }
 
 bool EpochPlanner::try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
-                                 std::vector<RecordedBlock>& record) {
+                                 std::vector<RecordedBlock>& record, std::uint32_t boundaries) {
   std::unique_lock lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock() || stopping_ || mailbox.buffers.empty()) return false;
   std::vector<RecordedBlock> spare = std::move(mailbox.buffers.back());
   mailbox.buffers.pop_back();
-  // The heap's first buffer was only reserved; the spares it gets have been written.
-  const Pages pages = mailbox.handed_over ? Pages::written : Pages::fresh;
+  // The heap's first buffer was only reserved; the spares it gets have been written. A whole
+  // run's record (boundaries != 0: RunRecord) was written only as far as the run went.
+  const Pages pages = mailbox.handed_over && boundaries == 0 ? Pages::written : Pages::fresh;
   mailbox.handed_over = true;
   queue_.push_back(Job{.mailbox = &mailbox, .key = key, .signature = signature,
-                       .record = std::exchange(record, std::move(spare)), .work = Work::plan, .pages = pages});
+                       .record = std::exchange(record, std::move(spare)), .boundaries = boundaries,
+                       .work = Work::plan, .pages = pages});
   return true;  // no wake-up: the thread finds the job at its next look (run())
 }
 
@@ -160,7 +164,7 @@ void EpochPlanner::run() {
     lock.unlock();
     std::shared_ptr<const EpochPlan> plan;
     if (job.work == Work::plan) {
-      if (std::unique_ptr<EpochPlan> made = plan_of(job.record, page_))
+      if (std::unique_ptr<EpochPlan> made = plan_of(job.record, page_, job.boundaries))
         plan = std::shared_ptr<const EpochPlan>(made.release(), [graveyard = graveyard_](EpochPlan* p) { graveyard->bury(p); });
     }
     job.record.clear();

@@ -40,8 +40,10 @@ namespace tensorpool::detail {
 /// record is empty or planning fails (logged: a free must not fail for want of a plan).
 /// The plan of a recorded epoch: a step per allocation, in order; the record's fixed blocks (the
 /// base of a step epoch, RecordedBlock::fixed) come last and are no step. Null when the record has
-/// no allocation or planning fails.
-std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page);
+/// no allocation or planning fails. `boundaries`: the step boundaries the epoch went on over
+/// (EpochPlan::boundaries).
+std::shared_ptr<const EpochPlan> make_epoch_plan(std::span<const RecordedBlock> record, std::size_t page,
+                                                 std::uint32_t boundaries = 0);
 
 /// Where the plans the thread made go to be deleted. Their memory comes from the thread's malloc
 /// arena, and freeing a large block of it takes that arena's lock, which the thread (at
@@ -102,8 +104,10 @@ class EpochPlanner {
   /// `record` a spare buffer in its place (empty, with capacity). O(1), and the caller never
   /// waits: when the thread holds the mutex (it may be preempted there, at SCHED_IDLE), or every
   /// spare of the mailbox is queued or being planned, nothing happens and it returns false.
+  /// `boundaries`: the step boundaries the epoch went on over (EpochPlan::boundaries; not 0 for
+  /// a whole run's record, whose buffer the thread writes before it goes back, as a fresh one).
   bool try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
-                     std::vector<RecordedBlock>& record);
+                     std::vector<RecordedBlock>& record, std::uint32_t boundaries = 0);
   /// The plans finished for `mailbox` since the last call, in order; none when the thread holds
   /// the mutex (they are collected next time): the caller never waits.
   std::vector<FinishedPlan> try_collect(PlanMailbox& mailbox);
@@ -137,6 +141,7 @@ class EpochPlanner {
     std::uint64_t key;
     std::uint64_t signature;
     std::vector<RecordedBlock> record;
+    std::uint32_t boundaries;
     Work work;
     Pages pages;
   };

@@ -31,6 +31,9 @@ struct EpochPlan {
   };
   std::vector<Step> steps;
   std::size_t height = 0;  // the mapped bytes from the heap's start it needs (whole pages)
+  /// The step boundaries its epoch went on over (a whole run of steps, RunRecord); an epoch that
+  /// follows it goes on over as many while it keeps to it (VmmHeaps::step_boundary()).
+  std::uint32_t boundaries = 0;
   EpochPlan* buried_next = nullptr;  // PlanGraveyard's list (vmm_planner.hpp), once released
 };
 

@@ -3,10 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -1030,28 +1032,27 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
     // empty heap (the weights and the first step) is planned there, the second step too, and the
     // third follows that plan (c over a's place): the pages above it go, as without steps. The
     // last step empties the heap, so the next run is not that step again: it follows the plan
-    // of the heap's first epoch (the program starts over), and its steps theirs, with no device
-    // call and at the plans' height from its first step; so does every run after it.
+    // of the whole run, the steps' records joined (RunRecord), over its boundaries, with no
+    // device call and at the plans' height from its first step; so does every run after it.
     Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
     run(f, Boundaries::after_each_step);
     const std::size_t planned = 64 * MiB + 70 * MiB;
     REQUIRE(f.reserved() == planned);
-    // In each run the first epoch (to the first boundary) and the two steps after it followed
-    // their plans to the end (the weights' frees after the last boundary allocate nothing).
-    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::after_each_step); }, planned) == 3 * 3);
+    // In each run one epoch, from the empty heap over the three boundaries, followed the run's
+    // plan to its end (the weights' frees after the last boundary allocate nothing).
+    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::after_each_step); }, planned) == 3);
     f.expect_all_given_back();
   }
   SECTION("cut by step boundaries before each step") {
     // step() before each step, as a replay's iteration markers: the first boundary ends the
-    // epoch of the weights alone. In a later run, the epoch from the empty heap follows that
-    // plan and has made all its requests at the first boundary, so it ends there too (without
-    // that, it would go on over the boundary, run its first step online and remap).
+    // epoch of the weights alone. In a later run, the epoch from the empty heap follows the plan
+    // of the whole run over the three boundaries (RunRecord) and empties the heap.
     Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
     run(f, Boundaries::before_each_step);
     const std::size_t planned = 64 * MiB + 70 * MiB;
     REQUIRE(f.reserved() == planned);
-    // The weights' epoch and the three steps (the last one empties the heap).
-    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::before_each_step); }, planned) == 3 * 4);
+    // One epoch per run, the whole run.
+    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::before_each_step); }, planned) == 3);
     f.expect_all_given_back();
   }
 }
@@ -1061,9 +1062,9 @@ TEST_CASE("vmm: a run of unlike steps from an empty heap, repeated with step(), 
   // Weights, then three steps each unlike the others (sizes differ), step() after each, then the
   // weights freed. No two plans take turns, so no step's end gives the pages above its plan
   // back; online each step's last block lies above its first one's place, so the run reaches
-  // higher than its plans. Where the last step empties the heap, every plan of the run is stored
-  // (the first epoch's, then each stored after the one before): the pages for the next run are
-  // laid out to the highest of them and what lies above goes (VmmHeaps::run_plans()).
+  // higher than its plans. Where the last step empties the heap, the run's records joined are
+  // planned as one epoch (RunRecord): the pages for the next run are laid out to its height, what
+  // lies above goes (VmmHeaps::run_plans()), and the next run follows it over its boundaries.
   Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB,vmm_planner:synchronous",
             {.event_mode = EventMode::immediate});
   const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
@@ -1090,6 +1091,62 @@ TEST_CASE("vmm: a run of unlike steps from an empty heap, repeated with step(), 
   REQUIRE(planned >= (64 + 58 + 24) * MiB);  // the last step's c and b, at least, over the weights
   repeats_quietly(f, run, planned);
   f.expect_all_given_back();
+}
+
+TEST_CASE("vmm: a run of steps never planned, repeated from an empty heap with step(), follows one plan over its boundaries",
+          "[vmm][plan][step]") {
+  // A server's run: weights, then 12 decode steps, each keeping a new 4 MiB block (its KV cache
+  // grows, so every step's base is new and, after Heap::kStepsSeen of them, none is planned) and
+  // making activations whose third (c) cannot take the first's place while the second lies
+  // above it; then everything freed: the heap empties at a step. Online the run reaches higher
+  // than a plan of it. Its steps' records joined are planned as one epoch (RunRecord), which the
+  // next run follows over its 12 boundaries, as a run without step() follows its own plan.
+  const auto run = [](Fixture& f) {
+    std::vector<void*> kept;
+    for (int i = 0; i < 4; ++i) kept.push_back(f.alloc.allocate(16 * MiB));
+    for (std::size_t step = 0; step < 12; ++step) {
+      kept.push_back(f.alloc.allocate(4 * MiB));
+      void* a = f.alloc.allocate((30 + step) * MiB);
+      void* b = f.alloc.allocate(10 * MiB);
+      f.alloc.deallocate(a);
+      void* c = f.alloc.allocate((36 + step) * MiB);  // not in a's place: b lies above it
+      f.alloc.deallocate(b);
+      f.alloc.deallocate(c);
+      f.alloc.step();
+      f.alloc.check_invariants();
+    }
+    for (void* p : kept) f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+  };
+  const auto peak_reserved = [](Fixture& f) { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
+  SECTION("planned in the free that empties the heap (vmm_planner:synchronous)") {
+    Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB,vmm_planner:synchronous",
+              {.event_mode = EventMode::immediate});
+    run(f);
+    const std::size_t planned = f.reserved();
+    REQUIRE(static_cast<std::int64_t>(planned) < peak_reserved(f));
+    REQUIRE(planned >= (64 + 48 + 47 + 10) * MiB);  // the weights, the KV cache, the last c and b
+    REQUIRE(repeats_quietly(f, [&] { run(f); }, planned) == 3);  // one epoch a run, the whole run
+    f.expect_all_given_back();
+  }
+  SECTION("planned by the planner thread (the default): a run or more later") {
+    Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
+    run(f);
+    const std::int64_t online_peak = peak_reserved(f);
+    int runs = 1;
+    for (;;) {  // until a run makes no device call and holds less than the first
+      const DeviceCounters before = f.device->counters();
+      f.alloc.reset_peaks();
+      run(f);
+      if (same_calls(f.device->counters(), before) && peak_reserved(f) < online_peak) break;
+      REQUIRE(++runs < 200);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const std::size_t planned = static_cast<std::size_t>(peak_reserved(f));
+    REQUIRE(f.reserved() == planned);
+    repeats_quietly(f, [&] { run(f); }, planned);
+    f.expect_all_given_back();
+  }
 }
 
 TEST_CASE("vmm: a run that remapped idle pages is repeated on its plan, with the pages the plan lacks created",

@@ -306,32 +306,38 @@ TEST_CASE("replay: a warm pass with step() at its iterations settles on its plan
   }
 }
 
-TEST_CASE("replay: a server rebuilt after its heap empties keeps, with step(), the pages its last run held",
+TEST_CASE("replay: a server rebuilt after its heap empties runs, with step() per decode step, as it does without",
           "[replay][step]") {
-  // GPT-2 small serving 16 requests, batches of up to 4, paged KV cache, step() at each decode
-  // step. The warm pass frees the model: the heap empties at a step. Decode steps whose KV cache
-  // grows are not planned, so the plans stored from that run cover only its first steps, and a
-  // step of the measured pass that repeated one of them gave the pages above its plan back (in
-  // turn with the plan before it); later steps grew again: 12 calls in the measured pass, where
-  // the pytorch model and tensorpool without step() make none (Heap::run_floor).
-  const trace::Trace t = generated("model:gpt2,mode:inference,requests:16,max_batch:4");
-  const auto measured = [&](const std::string& allocator, bool steps) {
-    TraceSource source(t);
-    ReplayOptions o;
-    o.allocator = allocator;
-    o.target.capacity = 80 * GiB;
-    o.warmup = 1;
-    o.step_at_iterations = steps;
-    return tensorpool::replay::replay(source, o).total;
-  };
-  const ReplayResult pytorch = measured("pytorch", false);
-  const ReplayResult without = measured("tensorpool-vmm", false);
-  const ReplayResult with = measured("tensorpool-vmm", true);
-  REQUIRE(with.per_iteration.size() > 100);
-  REQUIRE(pytorch.upstream.total() == 0);
-  REQUIRE(without.upstream.total() == 0);
-  CHECK(with.upstream.total() == 0);
-  CHECK(static_cast<double>(with.peak_reserved) <= 1.01 * static_cast<double>(without.peak_reserved));
+  // Servers with a paged KV cache, step() at each decode step, after a warm pass that frees the
+  // model (the heap empties at a step). Their decode steps are each like none before them, so
+  // few are planned; the steps' records joined from the empty heap to the step that empties it
+  // are planned as one epoch, which the measured pass follows over its boundaries (RunRecord),
+  // as the whole pass is one epoch without step(). Before: GPT-2 small (16 requests, batches of
+  // 4) gave the pages above two early steps' plans back and grew again, 12 calls in the measured
+  // pass (then, with Heap::run_floor, none); Llama 2 7B (the same requests) held what its warm
+  // pass reached online, 0.9926 of its requested peak against 0.9998 without step().
+  for (const std::string model : {"gpt2", "llama2-7b"}) {
+    INFO(model);
+    const trace::Trace t = generated("model:" + model + ",mode:inference,requests:16,max_batch:4");
+    const auto measured = [&](const std::string& allocator, bool steps) {
+      TraceSource source(t);
+      ReplayOptions o;
+      o.allocator = allocator;
+      o.target.capacity = 80 * GiB;
+      o.warmup = 1;
+      o.step_at_iterations = steps;
+      return tensorpool::replay::replay(source, o).total;
+    };
+    const ReplayResult pytorch = measured("pytorch", false);
+    const ReplayResult without = measured("tensorpool-vmm", false);
+    const ReplayResult with = measured("tensorpool-vmm", true);
+    REQUIRE(with.per_iteration.size() > 100);
+    REQUIRE(pytorch.upstream.total() == 0);
+    REQUIRE(without.upstream.total() == 0);
+    CHECK(with.upstream.total() == 0);
+    CHECK(with.peak_reserved == without.peak_reserved);
+    CHECK(with.utilization >= pytorch.utilization);
+  }
 }
 
 TEST_CASE("replay: steps that follow no plan run as the loop does without step()", "[replay][step]") {
