@@ -62,9 +62,10 @@ class RunRecord {
   /// Joins the record of the epoch that just ended, as VmmHeaps::end_step_epoch() leaves it: its
   /// allocations first, those live at its end pinned; the base blocks it freed in
   /// `log.freed_base`. `capacity`: the most allocations a run may have (vmm_plan_max_blocks):
-  /// past it, the run is dropped.
+  /// past it, or with a record that is not whole (`log.full`), the run is dropped.
   void join(const EpochLog& log, std::size_t capacity, EpochEnded ended) {
     if (!joinable_) return;
+    if (log.full) return drop();
     const bool at_boundary = ended == EpochEnded::at_boundary;
     if (entries_.capacity() < capacity) {
       if (!at_boundary) return drop();  // no allocation in a free

@@ -248,11 +248,12 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
     // the highest (the stream's work is done: run_plans()); what lies above was used by the run
     // that ended, online. Any other run keeps what the one that ended held (Heap::run_floor).
     drop_event(heap.give_back_event);
-    heap.run_floor = follows && heights.run != 0 ? 0 : heap.mapped_end - heap.segment->addr;
+    const bool run_planned = follows && heights.run != 0;
+    heap.run_floor = run_planned ? 0 : heap.mapped_end - heap.segment->addr;
     // The plan of the whole run is known: pages kept since a give-back (keeps_pages) are not
     // needed by it.
-    if (follows && heights.run != 0 && next->boundaries != 0) heap.keeps_pages = heap.gave_back = false;
-    if (follows && heights.run != 0) give_back_above_plan(heap, heights.run);
+    if (run_planned && next->boundaries != 0) heap.keeps_pages = heap.gave_back = false;
+    if (run_planned) give_back_above_plan(heap, heights.run);
   } else if (in_turn) {
     give_back_above_plan(heap, std::max(followed->height, next->height));
   } else if (takes_turns) {
@@ -486,7 +487,6 @@ void VmmHeaps::step_boundary(StepBoundary boundary) {
     } else {
       // An epoch past vmm_plan_max_blocks, or with nothing recorded: it plans nothing, and a plan
       // it followed is left. (Nothing recorded, it may have freed base blocks: the run is joined.)
-      if (log.full) heap.run.drop();
       join_run(heap, RunRecord::EpochEnded::at_boundary);
       if (heap.cursor.state() == PlanState::laying_out) abandon_layout(heap);
       drop_event(heap.give_back_event);
@@ -653,11 +653,11 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   const std::uint64_t after = next_base == NextBase::emptied ? emptied_key(signature) : signature;
   if (next_base == NextBase::emptied) plan_run(heap, run_key(signature), run_last);
   // From the emptied heap: the plan of the whole run that followed a step like this one, when its
-  // pages can be laid out at once (the stream's work is done; on a device behind the host the
-  // layout would wait for an event and move every page at the next epoch's first request).
+  // pages can be laid out at once (run_lays_out_now()).
+  const bool run_lays_out = next_base == NextBase::emptied && run_lays_out_now(heap);
   std::shared_ptr<const EpochPlan> next;
   std::uint64_t next_key = after;
-  if (next_base == NextBase::emptied && !st_.capture_underway() && stream_work_done(heap)) {
+  if (run_lays_out) {
     next = heap.plans.find(run_key(signature));
     if (next) next_key = run_key(signature);
   }
@@ -695,8 +695,7 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // Taking turns, the pages go up to the higher turn: this one's layout alone would trade or
   // give back the pages above it, which the other turn maps again at the next boundary. From an
   // emptied heap, up to the highest plan of the run that follows (run_plans()).
-  const PlanCache::Chain run =
-      next_base == NextBase::emptied ? run_plans(heap, next_key, run_last) : PlanCache::Chain{};
+  const PlanCache::Chain run = run_lays_out ? run_plans(heap, next_key, run_last) : PlanCache::Chain{};
   switch (map_plan(heap, std::max({next->height, turns_height, run.height}))) {
     case Layout::ready: cursor.follow(std::move(next), next_key); break;
     case Layout::waiting: cursor.wait_for_layout(std::move(next), next_key); break;
@@ -728,12 +727,17 @@ VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* min
 // step, which it does not trade (trade_pages_above()): the steps ran online, remapping, and
 // their pages crept up the address range with every run. A chain that reaches `last` (closed)
 // holds the whole run: what lies above its height goes (choose_next_plan()).
-// None (height 0) unless the work the stream queued is done (a query, not during a capture): on
-// a device behind the host the layout would wait for an event and move every page of the heap at
-// the next epoch's first request (finish_layout()), once per run.
-PlanCache::Chain VmmHeaps::run_plans(Heap& heap, std::uint64_t key, std::uint64_t last) {
-  if (st_.capture_underway() || !stream_work_done(heap)) return {};  // no stream query in a capture
+// Asked only when the run's pages can be laid out at once (run_lays_out_now()).
+PlanCache::Chain VmmHeaps::run_plans(const Heap& heap, std::uint64_t key, std::uint64_t last) const {
   return heap.plans.chain(key, kRunPlans, last);
+}
+
+// Whether the pages of a run from the emptied heap can be laid out now: the work the stream
+// queued is done (a query, not during a capture). On a device behind the host the layout would
+// wait for an event and move every page of the heap at the next epoch's first request
+// (finish_layout()), once per run: the run's plans are then not taken (plan_next_epoch()).
+bool VmmHeaps::run_lays_out_now(const Heap& heap) {
+  return !st_.capture_underway() && stream_work_done(heap);  // no stream query in a capture
 }
 
 // The plan for the next step of a step epoch whose base moved, if the next step repeats this one

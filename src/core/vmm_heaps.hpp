@@ -483,7 +483,8 @@ class VmmHeaps final : public SegmentSource {
   bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
   void drop_event(DeviceEvent& e) noexcept;
   NextHeights plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
-  PlanCache::Chain run_plans(Heap& heap, std::uint64_t key, std::uint64_t last);
+  PlanCache::Chain run_plans(const Heap& heap, std::uint64_t key, std::uint64_t last) const;
+  bool run_lays_out_now(const Heap& heap);
   /// The plans of a run from an emptied heap that run_plans() looks at.
   static constexpr std::size_t kRunPlans = 16;
   /// How the step epoch that ends ran: following one of its plans to the end, or online.

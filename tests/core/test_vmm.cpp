@@ -1027,33 +1027,26 @@ TEST_CASE("vmm: a run repeated from an empty heap holds its plan's height from i
     REQUIRE(peak_reserved() == static_cast<std::int64_t>(planned));
     f.expect_all_given_back();
   }
-  SECTION("cut by step boundaries after each step") {
-    // The first step() ends a whole step (the heap began with the program): the epoch from the
-    // empty heap (the weights and the first step) is planned there, the second step too, and the
-    // third follows that plan (c over a's place): the pages above it go, as without steps. The
-    // last step empties the heap, so the next run is not that step again: it follows the plan
-    // of the whole run, the steps' records joined (RunRecord), over its boundaries, with no
-    // device call and at the plans' height from its first step; so does every run after it.
-    Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
-    run(f, Boundaries::after_each_step);
-    const std::size_t planned = 64 * MiB + 70 * MiB;
-    REQUIRE(f.reserved() == planned);
-    // In each run one epoch, from the empty heap over the three boundaries, followed the run's
-    // plan to its end (the weights' frees after the last boundary allocate nothing).
-    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::after_each_step); }, planned) == 3);
-    f.expect_all_given_back();
-  }
-  SECTION("cut by step boundaries before each step") {
-    // step() before each step, as a replay's iteration markers: the first boundary ends the
-    // epoch of the weights alone. In a later run, the epoch from the empty heap follows the plan
-    // of the whole run over the three boundaries (RunRecord) and empties the heap.
-    Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
-    run(f, Boundaries::before_each_step);
-    const std::size_t planned = 64 * MiB + 70 * MiB;
-    REQUIRE(f.reserved() == planned);
-    // One epoch per run, the whole run.
-    REQUIRE(repeats_quietly(f, [&] { run(f, Boundaries::before_each_step); }, planned) == 3);
-    f.expect_all_given_back();
+  // Cut by step boundaries after each step: the first step() ends a whole step (the heap began
+  // with the program), so the epoch from the empty heap (the weights and the first step) is
+  // planned there, the second step too, and the third follows that plan (c over a's place): the
+  // pages above it go, as without steps. Before each step, as a replay's iteration markers: the
+  // first boundary ends the epoch of the weights alone. Either way the last step empties the
+  // heap, so the next run is not that step again: it follows the plan of the whole run, the
+  // steps' records joined (RunRecord), over its three boundaries, with no device call and at the
+  // plans' height from its first step; so does every run after it.
+  for (const Boundaries boundaries : {Boundaries::after_each_step, Boundaries::before_each_step}) {
+    DYNAMIC_SECTION("cut by step boundaries " << (boundaries == Boundaries::after_each_step ? "after" : "before")
+                                              << " each step") {
+      Fixture f("mode:vmm,vmm_idle_divisor:1,vmm_max_chunk:2MiB", {.event_mode = EventMode::immediate});
+      run(f, boundaries);
+      const std::size_t planned = 64 * MiB + 70 * MiB;
+      REQUIRE(f.reserved() == planned);
+      // One epoch a run, from the empty heap over the three boundaries, followed the run's plan
+      // to its end (the weights' frees after the last boundary allocate nothing).
+      REQUIRE(repeats_quietly(f, [&] { run(f, boundaries); }, planned) == 3);
+      f.expect_all_given_back();
+    }
   }
 }
 
