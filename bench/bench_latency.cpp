@@ -4,9 +4,12 @@
 // and in mode:fixed. Calls that made an upstream call (a device allocation, free, map or unmap)
 // are counted apart: the bound the allocator promises is for the others.
 //
-//   tensorpool_bench_latency [--json FILE|-] [--passes N] [--runs R] [TRACE...]
+//   tensorpool_bench_latency [--json FILE|-] [--passes N] [--runs R] [--step-at-iterations] [TRACE...]
 //
 // Without TRACE: every ../shared/traces/*.pickle beside the source tree, and the synthetic step.
+// --step-at-iterations calls Allocator::step() at each iteration marker of the traces (a program
+// that gives its step boundary, so that steps follow their plans: docs/vmm.md, "Steps"), and
+// times those calls too (call "step").
 // The whole measurement is made R times (default 3; a noisy host's preemptions land in one run,
 // not in all): per trace, mode and call, the median over runs of p50, p99 and p99.9, and of the
 // max both the lowest and the highest over runs, in microseconds, with the calls that made an
@@ -44,12 +47,13 @@ struct Samples {
 // "tensorpool" runs it), each allocate and deallocate timed.
 class TimedTarget final : public replay::ReplayTarget {
  public:
-  TimedTarget(const replay::TargetOptions& o, const char* conf, Samples& allocs, Samples& frees)
+  TimedTarget(const replay::TargetOptions& o, const char* conf, Samples& allocs, Samples& frees, Samples& steps)
       : device_(std::make_shared<SimulatedDevice>(
             SimulatedDeviceOptions{.capacity = o.capacity, .event_mode = EventMode::immediate})),
         alloc_(device_, Config::parse(conf)),
         allocs_(allocs),
-        frees_(frees) {}
+        frees_(frees),
+        steps_(steps) {}
 
   std::string name() const override { return "timed"; }
   void* allocate(std::size_t bytes, Stream stream) override {
@@ -66,6 +70,13 @@ class TimedTarget final : public replay::ReplayTarget {
     alloc_.deallocate(ptr);
     const auto t1 = Clock::now();
     add(frees_, t1 - t0, upstream_calls() != before);
+  }
+  void step() override {
+    const std::uint64_t before = upstream_calls();
+    const auto t0 = Clock::now();
+    alloc_.step();
+    const auto t1 = Clock::now();
+    add(steps_, t1 - t0, upstream_calls() != before);
   }
   void record_stream(void* ptr, Stream stream) override { alloc_.record_stream(ptr, map(stream)); }
   void stream_synchronized(Stream stream) override { device_->complete_stream(map(stream)); }
@@ -100,6 +111,7 @@ class TimedTarget final : public replay::ReplayTarget {
   Allocator alloc_;
   Samples& allocs_;
   Samples& frees_;
+  Samples& steps_;
   std::vector<std::pair<Stream, Stream>> streams_;
 };
 
@@ -191,6 +203,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   int passes = 5;
   int runs = 3;
+  bool step_at_iterations = false;
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
@@ -199,8 +212,10 @@ int main(int argc, char** argv) {
       passes = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--step-at-iterations") == 0) {
+      step_at_iterations = true;
     } else if (argv[i][0] == '-') {
-      std::fprintf(stderr, "usage: %s [--json FILE|-] [--passes N] [--runs R] [TRACE...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json FILE|-] [--passes N] [--runs R] [--step-at-iterations] [TRACE...]\n", argv[0]);
       return 2;
     } else {
       paths.push_back(argv[i]);
@@ -220,22 +235,28 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   for (auto& [name, t] : traces) {
     for (const auto& [mode, conf] : {std::pair{"default", ""}, std::pair{"fixed", "mode:fixed"}}) {
-      std::vector<Samples> allocs(static_cast<std::size_t>(runs)), frees(static_cast<std::size_t>(runs));
+      std::vector<Samples> allocs(static_cast<std::size_t>(runs)), frees(static_cast<std::size_t>(runs)),
+          steps(static_cast<std::size_t>(runs));
       for (int run = 0; run < runs; ++run) {
         Samples& a = allocs[static_cast<std::size_t>(run)];
         Samples& f = frees[static_cast<std::size_t>(run)];
+        Samples& s = steps[static_cast<std::size_t>(run)];
         // Room for every sample up front: the bench's own reallocations stay out of the timings
         // (a freed large vector trims the C heap, and the allocator's next malloc faults pages in).
         a.quiet_us.reserve(t.events.size() * static_cast<std::size_t>(passes));
         f.quiet_us.reserve(t.events.size() * static_cast<std::size_t>(passes));
         replay::ReplayOptions o;
         o.warmup = passes - 1;  // every pass is timed: the target sees them all
-        o.make_target = [&, c = conf](const replay::TargetOptions& to) { return std::make_unique<TimedTarget>(to, c, a, f); };
+        o.step_at_iterations = step_at_iterations;
+        o.make_target = [&, c = conf](const replay::TargetOptions& to) {
+          return std::make_unique<TimedTarget>(to, c, a, f, s);
+        };
         replay::TraceSource source(t);
         replay::replay(source, o);
       }
       rows.push_back(row(name, mode, "allocate", allocs));
       rows.push_back(row(name, mode, "deallocate", frees));
+      if (step_at_iterations) rows.push_back(row(name, mode, "step", steps));
     }
   }
   if (json_path == "-") {

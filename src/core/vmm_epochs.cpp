@@ -1074,14 +1074,19 @@ void VmmHeaps::abandon_layout(Heap& heap) {
 // --- following a plan -----------------------------------------------------------------------
 
 // The first block of the heap that reaches past the start of the step's range. The search starts
-// after the block of the step `below` when that block is still there (allocated at its planned
-// address), else at the heap's start.
+// after the block `below` when that block is still there (allocated at its planned address: a
+// step's block as the cursor placed it, or a fixed block found by its address among the shard's
+// live blocks), else at the heap's start.
 TP_ALWAYS_INLINE Block* VmmHeaps::first_block_of(const Heap& heap, const EpochPlan::Step& step) const {
   const Address at = heap.segment->addr + step.offset;
   Block* x = heap.segment->first;
   if (step.below != PlannedLayout::kNone) {
-    const Block* anchor = heap.cursor.placed(step.below);
-    const Address anchor_at = heap.segment->addr + heap.cursor.plan()->steps[step.below].offset;
+    const EpochPlan& plan = *heap.cursor.plan();
+    const bool fixed = step.below >= plan.steps.size();
+    const Address anchor_at =
+        heap.segment->addr + (fixed ? plan.fixed_anchors[step.below - plan.steps.size()] : plan.steps[step.below].offset);
+    const Block* anchor = fixed ? AllocatorState::shard_of(heap.segment).live.find(anchor_at)
+                                : heap.cursor.placed(step.below);
     if (anchor != nullptr && anchor->segment == heap.segment && anchor->addr == anchor_at &&
         anchor->state != BlockState::free && anchor->addr + anchor->size <= at)
       x = anchor->next;

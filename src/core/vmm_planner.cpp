@@ -24,13 +24,22 @@ std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::s
     const PlannedLayout layout = plan_layout(record);
     auto plan = std::make_unique<EpochPlan>();
     // A step per allocation of the epoch (the fixed blocks, live throughout, come after them in
-    // the record: they are no step, and no step's anchor).
+    // the record: they are no step, but a step placed above one starts its search there).
     std::size_t steps = 0;
     while (steps < record.size() && !record[steps].fixed) ++steps;
     if (steps == 0) return nullptr;
     plan->steps.resize(steps);
+    std::vector<std::uint32_t> anchor_of(record.size() - steps, PlannedLayout::kNone);  // per fixed block
     for (std::size_t i = 0; i < steps; ++i) {
-      const std::uint32_t below = layout.below[i] < steps ? layout.below[i] : PlannedLayout::kNone;
+      std::uint32_t below = layout.below[i];
+      if (below != PlannedLayout::kNone && below >= steps) {
+        std::uint32_t& anchor = anchor_of[below - steps];
+        if (anchor == PlannedLayout::kNone) {
+          anchor = static_cast<std::uint32_t>(steps + plan->fixed_anchors.size());
+          plan->fixed_anchors.push_back(layout.offsets[below]);
+        }
+        below = anchor;
+      }
       plan->steps[i] = EpochPlan::Step{.size = record[i].size, .offset = layout.offsets[i], .below = below};
     }
     plan->height = round_up(layout.height, page);

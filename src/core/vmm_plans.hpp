@@ -25,11 +25,16 @@ struct EpochPlan {
   struct Step {
     std::size_t size = 0;
     std::size_t offset = 0;  // from the heap's start
-    /// The step whose block ends closest below this one's while it lives (PlannedLayout::kNone:
-    /// none): where the search for its free block starts.
+    /// The block that ends closest below this one's while it lives, where the search for its
+    /// free block starts: a step (below < steps.size()), a block live before the epoch began
+    /// (fixed_anchors[below - steps.size()]) or none (PlannedLayout::kNone).
     std::uint32_t below = PlannedLayout::kNone;
   };
   std::vector<Step> steps;
+  /// The offsets of the fixed blocks (live throughout the epoch: a step's weights) that steps
+  /// start their search from: without them, a step placed above the base would walk the heap's
+  /// blocks from its start.
+  std::vector<std::size_t> fixed_anchors;
   std::size_t height = 0;  // the mapped bytes from the heap's start it needs (whole pages)
   /// The step boundaries its epoch went on over (a whole run of steps, RunRecord); an epoch that
   /// follows it goes on over as many while it keeps to it (VmmHeaps::step_boundary()).

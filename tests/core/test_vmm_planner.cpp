@@ -195,3 +195,54 @@ TEST_CASE("vmm planner: a plan the thread made is deleted by the thread, whereve
   REQUIRE(planner.plans_to_delete() == 0);
   REQUIRE(planner.plans_deleted_by_thread() == 1);
 }
+
+TEST_CASE("vmm planner: a step planned above a block live before its epoch starts its search from that block",
+          "[vmm][plan][planner]") {
+  // Two fixed blocks (a step's weights) with a hole between them, and steps placed in the hole
+  // and above them. A step's search for its free block starts at the block that ends closest
+  // below it while it lives: a step's, or a fixed one's (found by its address, so that a step
+  // above the base does not walk the heap's blocks from its start).
+  constexpr std::size_t kPage = 4096;
+  const std::vector<detail::RecordedBlock> record = {
+      {.size = kPage, .start = 1, .end = 3, .recorded = 3 * kPage},
+      {.size = 2 * kPage, .start = 2, .end = 5, .recorded = 4 * kPage},
+      {.size = kPage, .start = 3, .end = 6, .recorded = kPage},
+      {.size = kPage, .start = 4, .end = 6, .recorded = 6 * kPage},
+      {.size = kPage, .start = 0, .end = 7, .recorded = 0, .fixed = true},
+      {.size = kPage, .start = 0, .end = 7, .recorded = 2 * kPage, .fixed = true},
+  };
+  const std::size_t steps = 4;
+  const std::shared_ptr<const detail::EpochPlan> plan = detail::make_epoch_plan(record, kPage);
+  REQUIRE(plan);
+  REQUIRE(plan->steps.size() == steps);
+  std::size_t anchored_on_fixed = 0;
+  for (std::size_t i = 0; i < steps; ++i) {
+    const detail::EpochPlan::Step& s = plan->steps[i];
+    // The block that ends closest below step i's offset among those alive when it is allocated.
+    std::size_t best_end = 0;
+    std::size_t expected = detail::PlannedLayout::kNone;
+    for (std::size_t j = 0; j < record.size(); ++j) {
+      const bool alive = record[j].start <= record[i].start && record[i].start < record[j].end && j != i;
+      const std::size_t offset = record[j].fixed ? record[j].recorded : plan->steps[j].offset;
+      if (!alive || offset + record[j].size > s.offset || offset + record[j].size < best_end) continue;
+      best_end = offset + record[j].size;
+      expected = j;
+    }
+    INFO("step " << i << " at " << s.offset);
+    if (expected == detail::PlannedLayout::kNone) {
+      CHECK(s.below == detail::PlannedLayout::kNone);
+    } else if (record[expected].fixed) {
+      REQUIRE(s.below >= steps);
+      REQUIRE(s.below - steps < plan->fixed_anchors.size());
+      CHECK(plan->fixed_anchors[s.below - steps] == record[expected].recorded);
+      ++anchored_on_fixed;
+    } else {
+      CHECK(s.below == expected);
+    }
+  }
+  CHECK(anchored_on_fixed >= 2);
+  // One anchor per fixed block, however many steps start their search there.
+  std::vector<std::size_t> anchors = plan->fixed_anchors;
+  std::sort(anchors.begin(), anchors.end());
+  CHECK(std::adjacent_find(anchors.begin(), anchors.end()) == anchors.end());
+}
