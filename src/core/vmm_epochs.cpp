@@ -861,13 +861,17 @@ Layout VmmHeaps::trade_pages_above(Heap& heap, std::size_t height) {
   const bool work_done = stream_work_done(heap);
   if (!work_done && (!small || holes > wholly_above)) return Layout::impossible;
   if (!work_done) return map_holes(heap, heap.segment->first, top, top, height) ? Layout::ready : Layout::impossible;
-  return move_pages_into_holes(heap, height);
+  const Layout moved = move_pages_into_holes(heap, height);
+  // A growth past the plan from here on keeps its pages (no trade again).
+  if (moved == Layout::ready) heap.gave_back = true;
+  return moved;
 }
 
-// trade_pages_above() once the stream's work is done: the chunks above the plan's height are
-// unmapped into the cache and mapped into the holes below it where they fit (two calls each, no
-// new memory), what the holes do not take is released, what they still lack is created, and the
-// chunk across the height is cut to it.
+// Once the stream's work on the heap's pages is done (trade_pages_above() for a step epoch,
+// lay_out() for an empty heap): the chunks above the plan's height are unmapped into the cache
+// and mapped into the holes below it where they fit (two calls each, no new memory), what the
+// holes do not take is released, what they still lack is created, and the chunk across the
+// height is cut to it. If the holes cannot be mapped, what was moved stays cached.
 Layout VmmHeaps::move_pages_into_holes(Heap& heap, std::size_t height) {
   const Address top = heap.segment->addr + height;
   std::vector<PhysicalHandle> moved;
@@ -875,18 +879,33 @@ Layout VmmHeaps::move_pages_into_holes(Heap& heap, std::size_t height) {
     drop_event(heap.give_back_event);
     moved = cache_above(heap, top);
   } catch (const DeviceError& e) {  // the heap stays consistent: what was not unmapped stays mapped
-    log().warn("vmm: unmapping the pages above a step's plan failed: {}", e.what());
+    log().warn("vmm: unmapping the pages above a plan failed: {}", e.what());
     return Layout::impossible;
   }
-  heap.gave_back = true;  // a growth past the plan from here on keeps its pages (no trade again)
   const bool mapped = map_holes(heap, heap.segment->first, top, top, height);
+  if (!mapped) return Layout::impossible;  // the chunks not mapped again stay cached, for the epoch online
   try {
     release_if_cached(moved);
-    trim_chunk_at(heap, top, StreamWork::done);  // asked by trade_pages_above() just now
+    trim_chunk_at(heap, top, StreamWork::done);  // the stream's work is done: asked just now
   } catch (const DeviceError& e) {  // what was not released stays mapped or cached, accounted for
-    log().warn("vmm: releasing the pages above a step's plan failed: {}", e.what());
+    log().warn("vmm: releasing the pages above a plan failed: {}", e.what());
   }
-  return mapped ? Layout::ready : Layout::impossible;
+  return Layout::ready;
+}
+
+// Whether lay_out() moves only the pages above `height` into the holes below it, leaving the
+// chunks below where they are (two calls per chunk moved, a few for what the holes still lack),
+// rather than unmapping and mapping back every chunk of the heap (two calls per chunk: 4,000 on a
+// 3B training step whose first run remapped idle pages to its top): when those pages (the chunks
+// wholly above the height, the part of the one across it) and the pool's cached chunks cover the
+// holes, or when the heap lacks pages for the height anyway (what is lacking is created either
+// way).
+bool VmmHeaps::moves_only_pages_above(const Heap& heap, std::size_t height) const noexcept {
+  const Address top = heap.segment->addr + height;
+  const ChunkAcross cut = chunk_across(heap, top);  // its pages may be held: `free` not asked
+  const std::size_t across = cut.chunk.end() > top ? cut.chunk.end() - top : 0;
+  return hole_bytes_below(heap, top) <= chunk_bytes_from(heap, top) + across + cached_.bytes(heap.pool()) ||
+         !holds_pages_for(heap, height);
 }
 
 // The bytes below `top` that no chunk maps.
@@ -960,12 +979,19 @@ bool VmmHeaps::holds_pages_for(const Heap& heap, std::size_t height) const noexc
   return heap.chunk_bytes + cached_.bytes(heap.pool()) >= height;
 }
 
-// map_plan() once the stream's work on the heap's pages is done: unmap everything (the heap is
-// empty: every chunk lies under a free block), so the heap is one unmapped hole as when it was
-// made, and map it again from its start: with the chunks it had and the cached ones, or, for
-// Chunks::fresh, with new chunks of a planned growth's size once those are released.
+// map_plan() once the stream's work on the heap's pages is done. When the pages above the height
+// cover the holes below it (moves_only_pages_above()), only those move (move_pages_into_holes(),
+// then held). Else unmap everything (the heap is empty: every chunk lies under a free block), so
+// the heap is one unmapped hole as when it was made, and map it again from its start: with the
+// chunks it had and the cached ones, or, for Chunks::fresh, with new chunks of a planned growth's
+// size once those are released.
 bool VmmHeaps::lay_out(Heap& heap, std::size_t height, Chunks chunks) {
   if (!heap.lent.empty()) return false;  // the heap is not empty (vmm_stitch.cpp)
+  if (chunks == Chunks::reuse && moves_only_pages_above(heap, height)) {
+    if (move_pages_into_holes(heap, height) != Layout::ready) return false;
+    hold_all(heap, nullptr);
+    return true;
+  }
   try {
     release_held(heap);
     reclaim_heap(heap, 0, StreamWork::done);

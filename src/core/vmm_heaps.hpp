@@ -507,6 +507,7 @@ class VmmHeaps final : public SegmentSource {
   void collect_plans(Heap& heap);
   Layout map_plan(Heap& heap, std::size_t height);
   bool lay_out(Heap& heap, std::size_t height, Chunks chunks = Chunks::reuse);
+  bool moves_only_pages_above(const Heap& heap, std::size_t height) const noexcept;
   bool rechunks(const Heap& heap, std::size_t height);
   bool affords_layout(const Heap& heap, std::size_t height) const noexcept;
   bool holds_pages_for(const Heap& heap, std::size_t height) const noexcept;

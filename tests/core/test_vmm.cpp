@@ -1189,6 +1189,53 @@ TEST_CASE("vmm: a run that remapped idle pages is repeated on its plan, with the
   f.expect_all_given_back();
 }
 
+TEST_CASE("vmm: an empty heap laid out for its plan moves only the pages above the plan's height into its holes",
+          "[vmm][plan]") {
+  // The run of the test above with a 100 MiB block z under it, allocated first and freed last.
+  // Online, the growth for d unmaps the idle pages beside c (holes under d) and maps them above
+  // c. Laid out for the plan at the run's end, the chunks under z (fifty of 2 MiB, all below the
+  // plan's height) stay where they are: only the chunks above the height move into the holes
+  // (2 unmaps, 6 maps; before, every chunk of the heap was unmapped and mapped back: 66 unmaps).
+  Fixture f("mode:vmm,vmm_idle_limit:2MiB,vmm_chunk_divisor:0,vmm_max_chunk:2MiB",
+            {.event_mode = EventMode::immediate});
+  void* z_block = nullptr;
+  const auto run = [&f, &z_block](bool keep_z) {
+    void* z = f.alloc.allocate(100 * MiB);
+    void* a = f.alloc.allocate(12 * MiB);
+    void* b = f.alloc.allocate(16 * MiB);
+    f.alloc.deallocate(b);
+    void* c = f.alloc.allocate(12 * MiB);
+    f.alloc.deallocate(a);
+    void* d = f.alloc.allocate(20 * MiB);
+    for (void* p : {c, d}) f.alloc.deallocate(p);
+    f.alloc.check_invariants();
+    if (keep_z) {
+      z_block = z;
+    } else {
+      f.alloc.deallocate(z);
+    }
+  };
+  run(true);
+  REQUIRE(f.device->counters().syncs() >= 1);  // the remap online
+  const DeviceCounters before_layout = f.device->counters();
+  const std::size_t online = f.reserved();
+  f.alloc.deallocate(z_block);  // the heap empties: the run is planned and laid out
+  f.alloc.check_invariants();
+  const DeviceCounters laid_out = f.device->counters();
+  const std::size_t planned = f.reserved();
+  CAPTURE(online, planned, laid_out.unmaps - before_layout.unmaps, laid_out.maps - before_layout.maps);
+  REQUIRE(laid_out.unmaps - before_layout.unmaps < 50);  // z's chunks were not among them
+  REQUIRE(laid_out.maps - before_layout.maps < 50);
+  for (int again = 0; again < 3; ++again) {
+    INFO("run " << again);
+    f.alloc.reset_peaks();
+    run(false);
+    REQUIRE(same_calls(f.device->counters(), laid_out));
+    REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].peak == static_cast<std::int64_t>(planned));
+  }
+  f.expect_all_given_back();
+}
+
 TEST_CASE("vmm: an output kept over a step is replaced at the top of the free pages, so its old place is reused",
           "[vmm]") {
   // PyTorch's loop: each step's forward pass makes its logits while the last step's are alive
