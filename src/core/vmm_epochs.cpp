@@ -34,7 +34,8 @@
 // Step epochs (a heap that never empties, ended at step boundaries) are planned the same way,
 // around their base; a step whose base moved only because what it keeps replaced what it freed
 // of its base (a loop's logits) is also planned as its mirror, for the next step to follow at
-// once (next_turn(), step_turns.hpp; docs/vmm.md, "Steps"); small holes under a step's base are
+// once (synchronous planner) or from a later step (the planner thread) (next_turn(),
+// step_turns.hpp; docs/vmm.md, "Steps"); small holes under a step's base are
 // traded for the chunks above its plan (trade_pages_above()). A step epoch that empties the heap
 // is followed by an epoch from an empty heap, whose plan is stored under emptied_key() of the
 // step's signature (NextBase::emptied); the steps' records since the heap was last empty, joined
@@ -448,7 +449,7 @@ EpochEnd VmmHeaps::epoch_end_of(const Block* b) const noexcept {
 // requests follows that plan as an epoch from an empty heap does; a request whose planned place
 // is taken (the base differs) departs. At a boundary the program called (`boundary`), a step
 // whose kept blocks replaced base blocks it freed is also planned as its mirror, which the next
-// step follows (next_turn()). An epoch past vmm_plan_max_blocks plans nothing. The next epoch
+// step follows (next_turn(); with the planner thread, a later one). An epoch past vmm_plan_max_blocks plans nothing. The next epoch
 // begins at the boundary, with the blocks live there as its base, and the epoch that ended is
 // joined to the heap's run (RunRecord). An epoch that follows the plan of a whole run goes on over
 // as many boundaries as that run did, while it keeps to the plan. O(the heap's blocks), and the
@@ -636,14 +637,17 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
     // planned again once one repeats.
   } else {
     // A step the program ended (step()) whose base moved by what it kept: the next step may be
-    // its mirror, which is planned here with this one (next_turn()), whatever vmm_planner says:
-    // in step(), never in an allocation, once per loop (its two turns are then found).
+    // its mirror, planned with this one (in step(), never in an allocation): here by the
+    // synchronous planner, so that the next step follows it (next_turn()); by the planner thread
+    // otherwise, found from a later step (hand_mirror_to_planner()).
     if (next_base == NextBase::moved && boundary_ == StepBoundary::called)
       mirror = mirrored_step(heap.epoch.entries, heap.epoch.allocations());
-    if (st_.config.vmm_planner == PlannerMode::synchronous || mirror) {
+    if (st_.config.vmm_planner == PlannerMode::synchronous) {
       mine = plan_now(heap);
     } else {
       hand_to_planner(heap);
+      if (mirror) hand_mirror_to_planner(heap, next_signature, std::move(*mirror));
+      mirror.reset();
     }
   }
   cursor.record();  // until a plan for the next epoch is found and its pages are in place
@@ -745,7 +749,8 @@ bool VmmHeaps::run_lays_out_now(const Heap& heap) {
 // plan made for an epoch with the next base and this one's requests (a loop whose two turns were
 // both planned: the step before this one), else the plan of `mirror`, this epoch's mirrored
 // record, made now and stored under this epoch's signature (the plan for the epoch after one like
-// it). `heap.last_signature` is still the signature of the epoch before this one, where this
+// it; the synchronous planner's: the planner thread was handed the mirror instead,
+// hand_mirror_to_planner()). `heap.last_signature` is still the signature of the epoch before this one, where this
 // one's own plan is stored: the other turn, kept from eviction. Null when neither.
 // `next_signature`: signature_after() the next base.
 PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
@@ -785,6 +790,18 @@ std::shared_ptr<const EpochPlan> VmmHeaps::plan_now(const Heap& heap) const {
 void VmmHeaps::hand_to_planner(Heap& heap) {
   if (heap.epoch.full || heap.epoch.entries.empty()) return;
   planner_->try_hand_over(heap.mailbox, heap.last_signature, heap.epoch.signature, heap.epoch.entries);
+}
+
+// The background planner's part of next_turn(): the mirror of the step just ended, handed to the
+// planner thread (planned there, not in step(): a step of 12,581 blocks and its mirror cost 92 ms
+// of planning), to be stored under this step's signature as the plan of an epoch of signature
+// `next_signature`, where next_turn() finds it from a later step. Not when such a plan is stored
+// already (a loop's turns, found), nor when it would replace this step's own plan (a step like
+// the one before it).
+void VmmHeaps::hand_mirror_to_planner(Heap& heap, std::uint64_t next_signature, std::vector<RecordedBlock>&& mirror) {
+  if (heap.epoch.signature == heap.last_signature || heap.plans.latest_of(next_signature).plan) return;
+  if (planner_->try_hand_over_made(heap.mailbox, heap.epoch.signature, next_signature, std::move(mirror)))
+    st_.counters.count(&Stats::mirrored_steps);
 }
 
 // Stores the plans the planner thread finished for this heap.

@@ -504,6 +504,7 @@ class VmmHeaps final : public SegmentSource {
   void plan_run(Heap& heap, std::uint64_t key, std::uint64_t last);
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
+  void hand_mirror_to_planner(Heap& heap, std::uint64_t next_signature, std::vector<RecordedBlock>&& mirror);
   void collect_plans(Heap& heap);
   Layout map_plan(Heap& heap, std::size_t height);
   bool lay_out(Heap& heap, std::size_t height, Chunks chunks = Chunks::reuse);

@@ -113,6 +113,15 @@ bool EpochPlanner::try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::u
   return true;  // no wake-up: the thread finds the job at its next look (run())
 }
 
+bool EpochPlanner::try_hand_over_made(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
+                                      std::vector<RecordedBlock>&& record) {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || stopping_) return false;
+  queue_.push_back(Job{.mailbox = &mailbox, .key = key, .signature = signature, .record = std::move(record),
+                       .boundaries = 0, .work = Work::plan_and_free, .pages = Pages::written});
+  return true;
+}
+
 std::vector<FinishedPlan> EpochPlanner::try_collect(PlanMailbox& mailbox) {
   std::unique_lock lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return {};
@@ -172,16 +181,21 @@ void EpochPlanner::run() {
     queue_.pop_front();
     lock.unlock();
     std::shared_ptr<const EpochPlan> plan;
-    if (job.work == Work::plan) {
+    if (job.work != Work::deliver_spare) {
       if (std::unique_ptr<EpochPlan> made = plan_of(job.record, page_, job.boundaries))
         plan = std::shared_ptr<const EpochPlan>(made.release(), [graveyard = graveyard_](EpochPlan* p) { graveyard->bury(p); });
     }
-    job.record.clear();
-    if (job.pages == Pages::fresh)  // the fast path appends to it
-      reserve_resident(job.record, std::min(job.record.capacity(), kResidentBlocks));
+    const bool spare = job.work != Work::plan_and_free;
+    if (spare) {
+      job.record.clear();
+      if (job.pages == Pages::fresh)  // the fast path appends to it
+        reserve_resident(job.record, std::min(job.record.capacity(), kResidentBlocks));
+    } else {
+      std::vector<RecordedBlock>().swap(job.record);  // freed here, on the thread
+    }
     lock.lock();
     if (plan) job.mailbox->finished.push_back(FinishedPlan{job.key, job.signature, std::move(plan)});
-    job.mailbox->buffers.push_back(std::move(job.record));
+    if (spare) job.mailbox->buffers.push_back(std::move(job.record));
   }
 }
 

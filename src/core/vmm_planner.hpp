@@ -108,6 +108,11 @@ class EpochPlanner {
   /// a whole run's record, whose buffer the thread writes before it goes back, as a fresh one).
   bool try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
                      std::vector<RecordedBlock>& record, std::uint32_t boundaries = 0);
+  /// Hands over a record made for the purpose (a step's mirror, step_turns.hpp), taken whole:
+  /// the thread plans it and frees it, and no spare buffer changes hands. O(1), never a wait;
+  /// false (the record dropped here) when the thread holds the mutex.
+  bool try_hand_over_made(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
+                          std::vector<RecordedBlock>&& record);
   /// The plans finished for `mailbox` since the last call, in order; none when the thread holds
   /// the mutex (they are collected next time): the caller never waits.
   std::vector<FinishedPlan> try_collect(PlanMailbox& mailbox);
@@ -130,6 +135,7 @@ class EpochPlanner {
  private:
   enum class Work : std::uint8_t {
     plan,           // plan the record, then leave its buffer, cleared, in the mailbox
+    plan_and_free,  // plan the record (try_hand_over_made()), then free it
     deliver_spare,  // only leave the (empty) buffer in the mailbox
   };
   enum class Pages : std::uint8_t {
