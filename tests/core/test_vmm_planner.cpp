@@ -114,10 +114,11 @@ TEST_CASE("vmm planner: a step whose kept output moved its base is planned, mirr
   std::vector<std::vector<Address>> places = {step(), step(), step()};
   // The plans handed over at the second boundary come back at a later one at the earliest.
   REQUIRE(alloc.stats().planned_epochs == 0);
-  // Then the steps follow the thread's plans: six in a row with no device call.
-  int quiet = 0;
-  for (int steps = 3; quiet < 6; ++steps) {
-    REQUIRE(steps < 2000);
+  // Then the steps follow the thread's plans: six in a row with no device call. (The thread runs
+  // at SCHED_IDLE: on a host whose cores are busy it may wait long for its turn.)
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (int quiet = 0; quiet < 6;) {
+    REQUIRE(std::chrono::steady_clock::now() < give_up);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const DeviceCounters before = device->counters();
     const std::uint64_t planned = alloc.stats().planned_epochs;
