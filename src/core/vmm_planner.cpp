@@ -118,14 +118,18 @@ bool EpochPlanner::try_hand_over_made(PlanMailbox& mailbox, std::uint64_t key, s
   std::unique_lock lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock() || stopping_) return false;
   queue_.push_back(Job{.mailbox = &mailbox, .key = key, .signature = signature, .record = std::move(record),
-                       .boundaries = 0, .work = Work::plan_and_free, .pages = Pages::written});
+                       .boundaries = 0, .work = Work::plan_and_return, .pages = Pages::written});
   return true;
 }
 
 std::vector<FinishedPlan> EpochPlanner::try_collect(PlanMailbox& mailbox) {
+  std::vector<std::vector<RecordedBlock>> made;  // freed here, once the mutex is released
   std::unique_lock lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return {};
-  return std::exchange(mailbox.finished, {});
+  made = std::exchange(mailbox.made_records, {});
+  std::vector<FinishedPlan> finished = std::exchange(mailbox.finished, {});
+  lock.unlock();
+  return finished;
 }
 
 std::size_t EpochPlanner::spare_buffers(const PlanMailbox& mailbox) {
@@ -185,17 +189,15 @@ void EpochPlanner::run() {
       if (std::unique_ptr<EpochPlan> made = plan_of(job.record, page_, job.boundaries))
         plan = std::shared_ptr<const EpochPlan>(made.release(), [graveyard = graveyard_](EpochPlan* p) { graveyard->bury(p); });
     }
-    const bool spare = job.work != Work::plan_and_free;
+    const bool spare = job.work != Work::plan_and_return;
     if (spare) {
       job.record.clear();
       if (job.pages == Pages::fresh)  // the fast path appends to it
         reserve_resident(job.record, std::min(job.record.capacity(), kResidentBlocks));
-    } else {
-      std::vector<RecordedBlock>().swap(job.record);  // freed here, on the thread
     }
     lock.lock();
     if (plan) job.mailbox->finished.push_back(FinishedPlan{job.key, job.signature, std::move(plan)});
-    if (spare) job.mailbox->buffers.push_back(std::move(job.record));
+    (spare ? job.mailbox->buffers : job.mailbox->made_records).push_back(std::move(job.record));
   }
 }
 

@@ -82,6 +82,9 @@ struct FinishedPlan {
 struct PlanMailbox {
   std::vector<FinishedPlan> finished;                 // in the order they were planned
   std::vector<std::vector<RecordedBlock>> buffers;    // planned records, cleared, for reuse
+  /// Records of try_hand_over_made(), planned: freed by the heap's side (try_collect()), whose
+  /// malloc arena they came from (the thread, preemptible at SCHED_IDLE, must not hold it).
+  std::vector<std::vector<RecordedBlock>> made_records;
   bool handed_over = false;                           // the heap's own first buffer is gone
 };
 
@@ -109,12 +112,14 @@ class EpochPlanner {
   bool try_hand_over(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
                      std::vector<RecordedBlock>& record, std::uint32_t boundaries = 0);
   /// Hands over a record made for the purpose (a step's mirror, step_turns.hpp), taken whole:
-  /// the thread plans it and frees it, and no spare buffer changes hands. O(1), never a wait;
-  /// false (the record dropped here) when the thread holds the mutex.
+  /// the thread plans it, and the record comes back to be freed by try_collect(); no spare
+  /// buffer changes hands. O(1), never a wait; false (the record left to the caller) when the
+  /// thread holds the mutex.
   bool try_hand_over_made(PlanMailbox& mailbox, std::uint64_t key, std::uint64_t signature,
                           std::vector<RecordedBlock>&& record);
   /// The plans finished for `mailbox` since the last call, in order; none when the thread holds
-  /// the mutex (they are collected next time): the caller never waits.
+  /// the mutex (they are collected next time): the caller never waits. Frees the made records
+  /// the thread has planned.
   std::vector<FinishedPlan> try_collect(PlanMailbox& mailbox);
   /// The places of a spare buffer the thread writes before a heap gets it (the fast path then
   /// takes no page fault filling them): 2.5 MiB, whatever vmm_plan_max_blocks. An epoch longer
@@ -135,7 +140,7 @@ class EpochPlanner {
  private:
   enum class Work : std::uint8_t {
     plan,           // plan the record, then leave its buffer, cleared, in the mailbox
-    plan_and_free,  // plan the record (try_hand_over_made()), then free it
+    plan_and_return,  // plan the record (try_hand_over_made()), then leave it in made_records
     deliver_spare,  // only leave the (empty) buffer in the mailbox
   };
   enum class Pages : std::uint8_t {
