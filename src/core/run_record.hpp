@@ -73,12 +73,18 @@ class RunRecord {
     }
     if (entries_.size() + log.allocations() > capacity) return drop();
     const std::uint64_t start = clock_;
+    // Each freed block closed where it lies, then the closed ones removed in one pass: erased one
+    // by one, the free that empties a heap moved the open blocks once per freed one (200 us for
+    // a GPT-2 1.5B step's 2,000 weights and states).
+    constexpr std::size_t kClosed = SIZE_MAX;
     for (const RecordedBlock& freed : log.freed_base) {
       const auto it = std::lower_bound(open_.begin(), open_.end(), std::pair{freed.recorded, std::size_t{0}});
-      if (it == open_.end() || it->first != freed.recorded) return drop();
+      if (it == open_.end() || it->first != freed.recorded || it->second == kClosed) return drop();
       entries_[it->second].end = start + freed.end;
-      open_.erase(it);
+      it->second = kClosed;
     }
+    if (!log.freed_base.empty())
+      std::erase_if(open_, [](const std::pair<std::size_t, std::size_t>& o) { return o.second == kClosed; });
     const std::size_t opened = open_.size();
     for (std::size_t i = 0; i < log.allocations(); ++i) {
       const RecordedBlock& e = log.entries[i];
