@@ -239,6 +239,35 @@ bool same_calls(const DeviceCounters& a, const DeviceCounters& b) {
 
 /// Runs `run` three more times (the second to fourth runs): each makes no device call and peaks
 /// at `height` reserved bytes. Returns how many epochs followed their plans to the end meanwhile.
+/// The steps of run_steps_over_weights(): how many, the bytes each keeps (0: none), and the sizes
+/// of its activations a, b and c by step.
+struct StepsOverWeights {
+  std::size_t steps;
+  std::size_t kept;
+  std::function<std::size_t(std::size_t)> a, b, c;
+};
+
+/// A run from an empty heap: weights of 4 x 16 MiB, then each step keeps a block of `kept` bytes
+/// (none if 0) and makes a and b, frees a, makes c (larger than a: not in a's place, b lies above
+/// it), frees b and c, and calls step(); then everything is freed, so the heap empties.
+void run_steps_over_weights(Fixture& f, const StepsOverWeights& shape) {
+  std::vector<void*> kept;
+  for (int i = 0; i < 4; ++i) kept.push_back(f.alloc.allocate(16 * MiB));
+  for (std::size_t step = 0; step < shape.steps; ++step) {
+    if (shape.kept != 0) kept.push_back(f.alloc.allocate(shape.kept));
+    void* a = f.alloc.allocate(shape.a(step));
+    void* b = f.alloc.allocate(shape.b(step));
+    f.alloc.deallocate(a);
+    void* c = f.alloc.allocate(shape.c(step));
+    f.alloc.deallocate(b);
+    f.alloc.deallocate(c);
+    f.alloc.step();
+    f.alloc.check_invariants();
+  }
+  for (void* p : kept) f.alloc.deallocate(p);
+  f.alloc.check_invariants();
+}
+
 std::uint64_t repeats_quietly(Fixture& f, const std::function<void()>& run, std::size_t height) {
   const DeviceCounters settled = f.device->counters();
   const std::uint64_t planned_before = f.alloc.stats().planned_epochs;
@@ -1062,20 +1091,11 @@ TEST_CASE("vmm: a run of unlike steps from an empty heap, repeated with step(), 
             {.event_mode = EventMode::immediate});
   const auto peak_reserved = [&] { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
   const auto run = [&f] {
-    std::vector<void*> weights;
-    for (int i = 0; i < 4; ++i) weights.push_back(f.alloc.allocate(16 * MiB));
-    for (std::size_t step = 0; step < 3; ++step) {
-      void* a = f.alloc.allocate((40 + 4 * step) * MiB);
-      void* b = f.alloc.allocate((20 + 2 * step) * MiB);
-      f.alloc.deallocate(a);
-      void* c = f.alloc.allocate((50 + 4 * step) * MiB);  // not in a's place: b lies above it
-      f.alloc.deallocate(b);
-      f.alloc.deallocate(c);
-      f.alloc.step();
-      f.alloc.check_invariants();
-    }
-    for (void* w : weights) f.alloc.deallocate(w);
-    f.alloc.check_invariants();
+    run_steps_over_weights(f, {.steps = 3,
+                               .kept = 0,
+                               .a = [](std::size_t step) { return (40 + 4 * step) * MiB; },
+                               .b = [](std::size_t step) { return (20 + 2 * step) * MiB; },
+                               .c = [](std::size_t step) { return (50 + 4 * step) * MiB; }});
   };
   run();
   const std::int64_t online_peak = peak_reserved();
@@ -1095,21 +1115,11 @@ TEST_CASE("vmm: a run of steps never planned, repeated from an empty heap with s
   // than a plan of it. Its steps' records joined are planned as one epoch (RunRecord), which the
   // next run follows over its 12 boundaries, as a run without step() follows its own plan.
   const auto run = [](Fixture& f) {
-    std::vector<void*> kept;
-    for (int i = 0; i < 4; ++i) kept.push_back(f.alloc.allocate(16 * MiB));
-    for (std::size_t step = 0; step < 12; ++step) {
-      kept.push_back(f.alloc.allocate(4 * MiB));
-      void* a = f.alloc.allocate((30 + step) * MiB);
-      void* b = f.alloc.allocate(10 * MiB);
-      f.alloc.deallocate(a);
-      void* c = f.alloc.allocate((36 + step) * MiB);  // not in a's place: b lies above it
-      f.alloc.deallocate(b);
-      f.alloc.deallocate(c);
-      f.alloc.step();
-      f.alloc.check_invariants();
-    }
-    for (void* p : kept) f.alloc.deallocate(p);
-    f.alloc.check_invariants();
+    run_steps_over_weights(f, {.steps = 12,
+                               .kept = 4 * MiB,
+                               .a = [](std::size_t step) { return (30 + step) * MiB; },
+                               .b = [](std::size_t) { return 10 * MiB; },
+                               .c = [](std::size_t step) { return (36 + step) * MiB; }});
   };
   const auto peak_reserved = [](Fixture& f) { return f.alloc.stats().total[Metric::reserved_bytes].peak; };
   SECTION("planned in the free that empties the heap (vmm_planner:synchronous)") {
