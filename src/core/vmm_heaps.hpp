@@ -546,6 +546,7 @@ class VmmHeaps final : public SegmentSource {
   void map_runs(Heap& heap, Address at, const std::vector<LentRun>& runs);
   void lend(Heap& heap, const std::vector<LentRun>& runs);
   void unstitch_free(Heap& heap, StreamWork work);
+  static std::vector<Chunk> free_stitched_chunks(const Heap& heap);
   void give_back_lent(Heap& heap, const Chunk& stitched);
   void check_stitched(const Heap& h) const;
   static Block* free_block_covering(const Heap& heap, const Chunk& c) noexcept;

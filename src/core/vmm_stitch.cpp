@@ -142,9 +142,7 @@ void VmmHeaps::lend(Heap& heap, const std::vector<LentRun>& runs) {
 // Unmaps the heap's stitched chunks that lie entirely under free blocks and gives their pages
 // back to their lent blocks, after the heap's stream has done its work (unless `work` says so).
 void VmmHeaps::unstitch_free(Heap& heap, StreamWork work) {
-  std::vector<Chunk> free_stitched;
-  for (const auto& [addr, c] : heap.chunks)
-    if (c.stitched() && free_block_covering(heap, c) != nullptr) free_stitched.push_back(c);
+  const std::vector<Chunk> free_stitched = free_stitched_chunks(heap);
   if (free_stitched.empty()) return;
   if (work == StreamWork::may_run) {
     st_.device->synchronize_stream(heap.stream());
@@ -158,6 +156,21 @@ void VmmHeaps::unstitch_free(Heap& heap, StreamWork work) {
     if (after != nullptr) heap.index().insert(after);
     give_back_lent(heap, c);  // once every piece is in the index: the lent block may merge with one
   }
+}
+
+// The heap's stitched chunks that lie entirely under free blocks, in address order: one walk of
+// the blocks beside the chunks (both go by address), not a walk from the heap's start per chunk.
+// Every failed growth near a full device asks (release(), then grow()), with thousands of each.
+std::vector<Chunk> VmmHeaps::free_stitched_chunks(const Heap& heap) {
+  std::vector<Chunk> out;
+  if (heap.lent.empty()) return out;  // no stitched chunk: each has its lent block
+  const Block* b = heap.segment->first;
+  for (const auto& [addr, c] : heap.chunks) {
+    if (!c.stitched()) continue;
+    while (b->addr + b->size <= c.addr) b = b->next;
+    if (free_mapped(b) && b->addr + b->size >= c.end()) out.push_back(c);
+  }
+  return out;
 }
 
 // Stitched chunk c was just unmapped: its lent block is a free block again, where it lies,
