@@ -1,6 +1,7 @@
 // layout_plan.cpp: the planner of layout_plan.hpp (the recorded layout, an ideal online allocator
-// replayed in clock order, greedy by size over lifetimes, and the same with blocks on the place of
-// the block they replace: the lowest).
+// replayed in clock order, greedy packing over lifetimes by size, by size with blocks on the place
+// of the block they replace, the live peak's blocks first, by size times lifetime and by size with
+// the longest-lived first: the lowest).
 #include "core/layout_plan.hpp"
 
 #include <algorithm>
@@ -253,7 +254,9 @@ struct Replaced {
 };
 
 // The order pack() places blocks in (the fixed and pinned ones aside: placed first, where they
-// were recorded). `by_size`: decreasing size, ties earlier first. `peak_first`: the blocks alive
+// were recorded). `by_size`: decreasing size, ties earlier first; `by_size_longest`: the same,
+// ties the longer lifetime first; `by_area`: decreasing size times lifetime, ties by size, then
+// earlier first (layout_plan.hpp says why those two). `peak_first`: the blocks alive
 // at `peak_tick` (the live peak: no layout is lower than they are, stacked) first, then the
 // others, each set in clock order. Placed in clock order with nothing freed between them, the
 // peak's blocks stack around the fixed ones with no gap that a block placed before them could
@@ -261,7 +264,7 @@ struct Replaced {
 // the blocks alive with each). Packing by size can leave such a gap (a large block placed before
 // the smaller ones it outlives), and so can the online order (a block freed before the peak).
 struct PackOrder {
-  enum class Kind : std::uint8_t { by_size, peak_first } kind = Kind::by_size;
+  enum class Kind : std::uint8_t { by_size, by_size_longest, by_area, peak_first } kind = Kind::by_size;
   std::uint64_t peak_tick = 0;  // peak_first: the first tick of the live peak
 };
 
@@ -271,12 +274,33 @@ std::vector<std::size_t> packing_order(std::span<const RecordedBlock> blocks, Pa
   order.reserve(blocks.size());
   for (std::size_t i = 0; i < blocks.size(); ++i)
     if (!blocks[i].stays_where_recorded()) order.push_back(i);
-  if (how.kind == PackOrder::Kind::by_size) {
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
-      return blocks[a].start < blocks[b].start;
-    });
-    return order;
+  const auto lifetime = [&](std::size_t i) { return blocks[i].end - blocks[i].start; };
+  const auto larger_then_earlier = [&](std::size_t a, std::size_t b) {
+    if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
+    return blocks[a].start < blocks[b].start;
+  };
+  switch (how.kind) {
+    case PackOrder::Kind::by_size:
+      std::sort(order.begin(), order.end(), larger_then_earlier);
+      return order;
+    case PackOrder::Kind::by_size_longest:
+      std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        if (blocks[a].size != blocks[b].size) return blocks[a].size > blocks[b].size;
+        if (lifetime(a) != lifetime(b)) return lifetime(a) > lifetime(b);
+        return blocks[a].start < blocks[b].start;
+      });
+      return order;
+    case PackOrder::Kind::by_area:
+      std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        // Two 64-bit factors: the product fits in 128 bits.
+        __extension__ using Area = unsigned __int128;
+        const Area area_a = Area{blocks[a].size} * lifetime(a), area_b = Area{blocks[b].size} * lifetime(b);
+        if (area_a != area_b) return area_a > area_b;
+        return larger_then_earlier(a, b);
+      });
+      return order;
+    case PackOrder::Kind::peak_first:
+      break;
   }
   const auto at_peak = [&](std::size_t i) { return blocks[i].start <= how.peak_tick && how.peak_tick < blocks[i].end; };
   const auto by_clock = [&](std::size_t a, std::size_t b) { return blocks[a].start < blocks[b].start; };
@@ -658,12 +682,17 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
       best.source = LayoutSource::replacing;
     }
   }
-  if (best.height > floor) {
-    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden, {PackOrder::Kind::peak_first, peak.tick});
+  const std::pair<PackOrder::Kind, LayoutSource> other_orders[] = {
+      {PackOrder::Kind::peak_first, LayoutSource::peak_first},
+      {PackOrder::Kind::by_area, LayoutSource::by_area},
+      {PackOrder::Kind::by_size_longest, LayoutSource::by_size_longest}};
+  for (const auto& [kind, source] : other_orders) {
+    if (best.height <= floor) break;
+    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden, {kind, peak.tick});
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
-      best.source = LayoutSource::peak_first;
+      best.source = source;
     }
   }
   if (best.source == LayoutSource::recorded) {

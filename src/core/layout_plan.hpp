@@ -5,7 +5,7 @@
 // runs the same epoch again can then be served at those offsets with no device call, from
 // `height` bytes of mapped memory (vmm_heaps.cpp; docs/vmm.md, "Planned layouts").
 //
-// Five candidates, each tried only while the best so far is above the peak of live bytes
+// Seven candidates, each tried only while the best so far is above the peak of live bytes
 // (peak_live_bytes(): no layout reaches lower), each kept only when lower than the best so far:
 //   recorded  the offsets the blocks really had, reaching as high as the epoch's address range
 //             did (a candidate whenever the record is a layout: blocks alive together never
@@ -35,8 +35,20 @@
 //             blocks stack with no gap that a block placed before them left (packing by size
 //             places a large block before smaller ones it outlives; the online order keeps the
 //             gaps of blocks freed before the peak), and the rest fill around them
-//             (docs/benchmarks.md, "The live peak's blocks placed first").
-// Packing (any of the three ways) costs O(n^2) simple steps at most (each block passes over the
+//             (docs/benchmarks.md, "The live peak's blocks placed first");
+//   by area   the same placement, the blocks in decreasing size times lifetime (ties: larger,
+//             then earlier, first): a block that lives long is placed before a larger one that
+//             lives briefly, so the long-lived ones stack low and the brief ones share the gaps
+//             above them over time, where packing by size puts the brief large block low and
+//             leaves the long-lived ones around it;
+//   by size, longest first  packing by size with ties (blocks of one size: a layer's
+//             activations, its states) broken by the longer lifetime first, not the earlier
+//             start: of the blocks of one shape, the one that outlives the others goes low
+//             and the rest reuse the places above it as they come and go.
+// The last two are the usual orders of greedy offline placement besides size (what they lower:
+// docs/benchmarks.md, "Two more orders of packing"); no order is lowest on every epoch, so each
+// is tried while the best is above the peak.
+// Packing (any of the five ways) costs O(n^2) simple steps at most (each block passes over the
 // placed ones in offset order). The pass leaves out placed blocks that cannot change its answer
 // (all below what it has covered, alive at other times, or a gapless run of blocks all alive with
 // it, which only raises the top) and stops at a gap of exactly the block's size; packing stops as
@@ -79,7 +91,7 @@ struct RecordedBlock {
 };
 
 /// Which candidate a layout is (see the file comment).
-enum class LayoutSource : std::uint8_t { recorded, online, packed, replacing, peak_first };
+enum class LayoutSource : std::uint8_t { recorded, online, packed, replacing, peak_first, by_area, by_size_longest };
 
 struct PlannedLayout {
   std::vector<std::size_t> offsets;  // per block, in input order

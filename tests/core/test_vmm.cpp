@@ -1154,24 +1154,25 @@ TEST_CASE("vmm: a run of steps never planned, repeated from an empty heap with s
 
 TEST_CASE("vmm: a run that remapped idle pages is repeated on its plan, with the pages the plan lacks created",
           "[vmm][plan]") {
-  // a (12 MiB) and b (16), b freed, c (12) in b's place, a freed, d (20) fits neither a's 12 MiB
-  // nor the 4 left beside c: online, the growth for d unmaps those 16 MiB of idle pages
-  // (vmm_idle_limit:2MiB) and maps them above c, a synchronization, and the run holds 32 MiB (c
-  // and d, the live peak) with its top at 44. The planner's candidates reach 40 (packed by size:
-  // d and b at the heap's start, a above b, c above a; the live peak is a layout too, d and a at
-  // the start, b on a and c on d, which none of them finds). Repeated online from the held pages,
-  // the run would remap again every time; the plan is laid out at the first run's end, with the
-  // 8 MiB it lacks created, and every repeat makes no call.
+  // a (8 MiB) and b (24), b freed, c (20) in b's place, a freed, d (28) fits neither a's 8 MiB
+  // nor the 4 left beside c: online, the growth for d unmaps those 12 MiB of idle pages
+  // (vmm_idle_limit:2MiB) and maps them above c, a synchronization, and the run holds 48 MiB (c
+  // and d, the live peak) with its top at 56. The planner's candidates reach 52 at best (the live
+  // peak's blocks first: c at the heap's start, d and a above it, never alive together, b above
+  // a; the live peak is a layout too, d and a at the start, b on a and c on d, which none of them
+  // finds). Repeated online from the held pages, the run would remap again every time; the plan
+  // is laid out at the first run's end, with the 4 MiB it lacks created, and every repeat makes
+  // no call.
   Fixture f("mode:vmm,vmm_idle_limit:2MiB,vmm_chunk_divisor:0,vmm_max_chunk:2MiB",
             {.event_mode = EventMode::immediate});
   std::size_t held_at_peak = 0;  // reserved once d is allocated
   const auto run = [&f, &held_at_peak] {
-    void* a = f.alloc.allocate(12 * MiB);
-    void* b = f.alloc.allocate(16 * MiB);
+    void* a = f.alloc.allocate(8 * MiB);
+    void* b = f.alloc.allocate(24 * MiB);
     f.alloc.deallocate(b);
-    void* c = f.alloc.allocate(12 * MiB);
+    void* c = f.alloc.allocate(20 * MiB);
     f.alloc.deallocate(a);
-    void* d = f.alloc.allocate(20 * MiB);
+    void* d = f.alloc.allocate(28 * MiB);
     held_at_peak = f.reserved();
     const std::vector<Address> at{addr(a), addr(b), addr(c), addr(d)};
     for (void* p : {c, d}) f.alloc.deallocate(p);
@@ -1182,19 +1183,19 @@ TEST_CASE("vmm: a run that remapped idle pages is repeated on its plan, with the
   const std::vector<Address> online = run();
   REQUIRE(f.device->counters().syncs() >= 1);  // the remap
   REQUIRE(online[2] == online[1]);             // c in b's place
-  REQUIRE(online[3] >= online[2] + 12 * MiB);  // d above c
-  REQUIRE(held_at_peak == 32 * MiB);           // c and d
-  REQUIRE(f.reserved() == 40 * MiB);           // the plan's pages, laid out
+  REQUIRE(online[3] >= online[2] + 20 * MiB);  // d above c
+  REQUIRE(held_at_peak == 48 * MiB);           // c and d
+  REQUIRE(f.reserved() == 52 * MiB);           // the plan's pages, laid out
   const DeviceCounters settled = f.device->counters();
   const Address base = online[0];
-  const std::vector<Address> planned = {base + 16 * MiB, base, base + 28 * MiB, base};
+  const std::vector<Address> planned = {base + 20 * MiB, base + 28 * MiB, base, base + 20 * MiB};
   for (int again = 0; again < 3; ++again) {
     INFO("run " << again);
     f.alloc.reset_peaks();
     REQUIRE(run() == planned);
     REQUIRE(same_calls(f.device->counters(), settled));
-    REQUIRE(held_at_peak == 40 * MiB);
-    REQUIRE(peak_reserved() == std::int64_t{40 * MiB});
+    REQUIRE(held_at_peak == 52 * MiB);
+    REQUIRE(peak_reserved() == std::int64_t{52 * MiB});
   }
   f.expect_all_given_back();
 }
