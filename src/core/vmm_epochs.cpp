@@ -756,9 +756,7 @@ bool VmmHeaps::run_lays_out_now(const Heap& heap) {
 PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
                                      const std::optional<std::vector<RecordedBlock>>& mirror) {
   if (PlanCache::Found made = heap.plans.latest_of(next_signature); made.plan) return made;
-  // Stored under this epoch's signature, the mirror would replace this step's own plan when the
-  // step before was like it (the other turn, stored under that one's signature).
-  if (!mirror || heap.epoch.signature == heap.last_signature) return {};
+  if (!mirror || mirror_would_replace_own_plan(heap)) return {};
   std::shared_ptr<const EpochPlan> plan = make_epoch_plan(*mirror, page_);
   if (!plan) return {};
   st_.counters.count(&Stats::mirrored_steps);
@@ -799,9 +797,15 @@ void VmmHeaps::hand_to_planner(Heap& heap) {
 // already (a loop's turns, found), nor when it would replace this step's own plan (a step like
 // the one before it).
 void VmmHeaps::hand_mirror_to_planner(Heap& heap, std::uint64_t next_signature, std::vector<RecordedBlock>&& mirror) {
-  if (heap.epoch.signature == heap.last_signature || heap.plans.latest_of(next_signature).plan) return;
+  if (mirror_would_replace_own_plan(heap) || heap.plans.latest_of(next_signature).plan) return;
   if (planner_->try_hand_over_made(heap.mailbox, heap.epoch.signature, next_signature, std::move(mirror)))
     st_.counters.count(&Stats::mirrored_steps);
+}
+
+// Whether a mirror stored under this epoch's signature would replace this step's own plan: the
+// step before was like it (the other turn, stored under that one's signature).
+bool VmmHeaps::mirror_would_replace_own_plan(const Heap& heap) noexcept {
+  return heap.epoch.signature == heap.last_signature;
 }
 
 // Stores the plans the planner thread finished for this heap.

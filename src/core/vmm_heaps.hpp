@@ -505,6 +505,7 @@ class VmmHeaps final : public SegmentSource {
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
   void hand_mirror_to_planner(Heap& heap, std::uint64_t next_signature, std::vector<RecordedBlock>&& mirror);
+  static bool mirror_would_replace_own_plan(const Heap& heap) noexcept;
   void collect_plans(Heap& heap);
   Layout map_plan(Heap& heap, std::size_t height);
   bool lay_out(Heap& heap, std::size_t height, Chunks chunks = Chunks::reuse);
