@@ -160,6 +160,13 @@ void VmmHeaps::check_stitched(const Heap& h) const {
     if (b->state != BlockState::allocated || !b->mapped || b->held || b->asleep || h.lent.find(b->addr) == h.lent.end())
       invariant_failed("lent block " + hex(b->addr) + " is not an allocated, mapped, listed block");
   }
+  if (h.stitched_chunks.size() != stitched ||
+      std::any_of(h.stitched_chunks.begin(), h.stitched_chunks.end(), [&h](Address at) {
+        const auto c = h.chunks.find(at);
+        return c == h.chunks.end() || !c->second.stitched();
+      }))
+    invariant_failed("the heap at " + hex(h.segment->addr) + " lists " + std::to_string(h.stitched_chunks.size()) +
+                     " stitched chunks, not its " + std::to_string(stitched));
   if (lent != stitched || lent != h.lent.size())
     invariant_failed("the heap at " + hex(h.segment->addr) + " has " + std::to_string(lent) + " lent blocks, " +
                      std::to_string(h.lent.size()) + " listed, for " + std::to_string(stitched) + " stitched chunks");

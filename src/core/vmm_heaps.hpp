@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -133,6 +134,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::size_t chunk_bytes = 0;         // the sum of the chunks' sizes
   std::size_t mapped_prefix = 0;       // [start, start + mapped_prefix) is covered by chunks
   Address mapped_end = 0;              // the end of the highest chunk (0: none)
+  std::set<Address> stitched_chunks;   // the addresses of the stitched ones (vmm_stitch.cpp; check_stitched)
   Address epoch_mapped_end = 0;        // mapped_end when the current epoch began (release_never_used)
   std::size_t reserved_at_idle_reclaim = 0;  // the pool's reserved bytes at the heap's last idle
                                              // reclaim (0: none): idle_pages()
@@ -217,6 +219,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
 
   void add_chunk(const Chunk& c) {
     chunks.emplace(c.addr, c);
+    if (c.stitched()) stitched_chunks.insert(c.addr);
     chunk_bytes += c.size;
     mapped_end = std::max(mapped_end, c.end());
     if (c.addr != segment->addr + mapped_prefix) return;
@@ -225,6 +228,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   }
   void remove_chunk(const Chunk& c) {
     chunks.erase(c.addr);
+    stitched_chunks.erase(c.addr);
     chunk_bytes -= c.size;
     if (c.end() == mapped_end) mapped_end = chunks.empty() ? 0 : std::prev(chunks.end())->second.end();
     if (c.addr < segment->addr + mapped_prefix) mapped_prefix = c.addr - segment->addr;
@@ -261,6 +265,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   }
   void clear_chunks() {
     chunks.clear();
+    stitched_chunks.clear();
     chunk_bytes = 0;
     mapped_prefix = 0;
     mapped_end = 0;

@@ -159,14 +159,14 @@ void VmmHeaps::unstitch_free(Heap& heap, StreamWork work) {
 }
 
 // The heap's stitched chunks that lie entirely under free blocks, in address order: one walk of
-// the blocks beside the chunks (both go by address), not a walk from the heap's start per chunk.
-// Every failed growth near a full device asks (release(), then grow()), with thousands of each.
+// the blocks beside the stitched chunks (both go by address), not a walk from the heap's start
+// per chunk, nor over all its chunks. Every failed growth near a full device asks (release(),
+// then grow()), with thousands of chunks and blocks.
 std::vector<Chunk> VmmHeaps::free_stitched_chunks(const Heap& heap) {
   std::vector<Chunk> out;
-  if (heap.lent.empty()) return out;  // no stitched chunk: each has its lent block
   const Block* b = heap.segment->first;
-  for (const auto& [addr, c] : heap.chunks) {
-    if (!c.stitched()) continue;
+  for (const Address at : heap.stitched_chunks) {
+    const Chunk& c = heap.chunks.at(at);
     while (b->addr + b->size <= c.addr) b = b->next;
     if (free_mapped(b) && b->addr + b->size >= c.end()) out.push_back(c);
   }
