@@ -114,8 +114,8 @@ std::vector<detail::RecordedBlock> training_epoch(std::size_t n) {
 
 // The planner on an epoch of `n` allocations: the background time planning such an epoch costs
 // once, and which candidate it kept (`source`: LayoutSource, 0 recorded, 1 online, 2 packed, 3
-// replacing, 4 peak first, 5 by area, 6 by size with the longest first). The epoch nests, so the online candidate reaches its live peak and
-// packing never runs.
+// replacing, 4 peak first, 5 by area, 6 by size with the longest first). The epoch nests, so the
+// online candidate reaches its live peak and packing never runs.
 void BM_PlanLayout(benchmark::State& state) {
   const std::vector<detail::RecordedBlock> epoch = training_epoch(static_cast<std::size_t>(state.range(0)));
   std::size_t height = 0;

@@ -340,9 +340,20 @@ Block* VmmHeaps::free_block_over(const Heap& heap, const Chunk& c) const noexcep
 
 // The free mapped block, not held, that covers chunk c (stitched or not), or nullptr.
 Block* VmmHeaps::free_block_covering(const Heap& heap, const Chunk& c) noexcept {
-  Block* b = heap.segment->first;
-  while (b->addr + b->size <= c.addr) b = b->next;
-  return free_mapped(b) && b->addr + b->size >= c.end() ? b : nullptr;
+  Block* b = block_holding(heap.segment->first, c.addr);
+  return covers_free(b, c) ? b : nullptr;
+}
+
+// The block that holds address `at`, walking on from `from`, a block at or before it (a heap's
+// blocks cover its range in address order).
+Block* VmmHeaps::block_holding(Block* from, Address at) noexcept {
+  while (from->addr + from->size <= at) from = from->next;
+  return from;
+}
+
+// Whether b, the block that holds chunk c's start, is free, mapped and not held, and covers c.
+bool VmmHeaps::covers_free(const Block* b, const Chunk& c) noexcept {
+  return free_mapped(b) && b->addr + b->size >= c.end();
 }
 
 // Unmaps chunk c from under the free block b into the cache (b's pieces around it stay in the

@@ -556,6 +556,8 @@ class VmmHeaps final : public SegmentSource {
   void give_back_lent(Heap& heap, const Chunk& stitched);
   void check_stitched(const Heap& h) const;
   static Block* free_block_covering(const Heap& heap, const Chunk& c) noexcept;
+  static Block* block_holding(Block* from, Address at) noexcept;
+  static bool covers_free(const Block* b, const Chunk& c) noexcept;
 
   // --- sleep and wake (vmm_sleep.cpp) ---
   static bool covered(const Heap& heap, Sleepers who) noexcept {

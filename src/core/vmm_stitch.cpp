@@ -164,11 +164,11 @@ void VmmHeaps::unstitch_free(Heap& heap, StreamWork work) {
 // then grow()), with thousands of chunks and blocks.
 std::vector<Chunk> VmmHeaps::free_stitched_chunks(const Heap& heap) {
   std::vector<Chunk> out;
-  const Block* b = heap.segment->first;
+  Block* b = heap.segment->first;
   for (const Address at : heap.stitched_chunks) {
     const Chunk& c = heap.chunks.at(at);
-    while (b->addr + b->size <= c.addr) b = b->next;
-    if (free_mapped(b) && b->addr + b->size >= c.end()) out.push_back(c);
+    b = block_holding(b, c.addr);
+    if (covers_free(b, c)) out.push_back(c);
   }
   return out;
 }
