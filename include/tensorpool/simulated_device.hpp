@@ -72,9 +72,9 @@ struct DeviceCounters {
 };
 
 /// Which upstream call a fault is injected into.
-enum class FaultSite : std::uint8_t { segment_alloc, physical_create, map, event_create, stream_query };
+enum class FaultSite : std::uint8_t { segment_alloc, physical_create, map, event_create, stream_query, event_query };
 /// How many fault sites there are (arrays indexed by FaultSite).
-inline constexpr std::size_t kFaultSiteCount = 5;
+inline constexpr std::size_t kFaultSiteCount = 6;
 
 class SimulatedDevice final : public DeviceBackend, public VirtualMemory {
  public:

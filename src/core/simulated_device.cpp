@@ -178,6 +178,8 @@ void SimulatedDevice::record_event(DeviceEvent event, Stream stream) {
 bool SimulatedDevice::query_event(DeviceEvent event) {
   std::lock_guard lock(mutex_);
   ++counters_.event_queries;
+  if (take_fault(FaultSite::event_query, 0))
+    throw DeviceError("SimulatedDevice: event query failed (injected fault)");
   return event_done(event_state(event, "query_event"));
 }
 

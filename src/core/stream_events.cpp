@@ -1,8 +1,8 @@
 // stream_events.cpp: stream-ordered reuse. A block used by streams other than its owner's
 // (record_stream, or taken from another stream's cache) is freed in two steps: deallocate
 // records an event on each of those streams and leaves the block pending_free; once every event
-// has completed (collected on later allocations, or waited for by the OOM ladder, empty_cache
-// and teardown) the block becomes free. Events are recycled through event_pool_.
+// has completed (collected on later allocations and frees of this kind, or waited for by the OOM
+// ladder, empty_cache and teardown) the block becomes free. Events are recycled through event_pool_.
 #include <algorithm>
 
 #include "core/allocator_impl.hpp"
@@ -30,11 +30,15 @@ DeviceEvent Allocator::Impl::acquire_event() {
 }
 
 // b was freed by its user but other streams used it: record an event on each; the block is
-// reusable once all have completed. A free never waits: if an event cannot be made, the block
-// waits in that stream's queue without one (PendingFree::event == 0) until an event recorded on
-// the stream after it has completed (work on a stream completes in order), or until a path that
-// may wait synchronizes the stream (the OOM ladder, empty_cache, teardown). A device fault never
-// loses a block or throws from a free.
+// reusable once all have completed. The free then collects the frees whose events have completed
+// (queries, never a wait), as an allocation does: such a free is off the fast path already, and
+// a heap whose last blocks wait only for events then empties in a free once their work is done,
+// not at the program's next allocation, which may open another phase (the epoch's end, and the
+// pages given back there, then belong to the work they follow). A free never waits: if an event
+// cannot be made, the block waits in that stream's queue without one (PendingFree::event == 0)
+// until an event recorded on the stream after it has completed (work on a stream completes in
+// order), or until a path that may wait synchronizes the stream (the OOM ladder, empty_cache,
+// teardown). A device fault never loses a block or throws from a free.
 void Allocator::Impl::defer_free(Block* b) {
   b->state = BlockState::pending_free;
   for (const Stream s : *b->uses) {
@@ -48,6 +52,17 @@ void Allocator::Impl::defer_free(Block* b) {
   delete b->uses;
   b->uses = nullptr;
   if (b->pending_events == 0) release_block(b);  // no stream to wait for
+  if (pending_total_ != 0 && !capture_underway()) collect_done_frees();  // queries: not during a capture
+}
+
+// process_events() in a free, which never throws a DeviceError: a query the device refuses leaves
+// the frees waiting (the next allocation asks again, the OOM ladder synchronizes).
+void Allocator::Impl::collect_done_frees() {
+  try {
+    process_events();
+  } catch (const DeviceError& err) {
+    detail::log().warn("querying the events of cross-stream frees failed ({}); they wait", err.what());
+  }
 }
 
 // An event recorded on `s` for a cross-stream free, or 0 (logged) when the device refuses one.

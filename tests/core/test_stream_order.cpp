@@ -125,6 +125,58 @@ TEST_CASE("a failed event creation on free waits for the stream without a sync, 
   f.alloc.check_invariants();
 }
 
+TEST_CASE("a free that waits for another stream collects the frees whose work is done, without waiting",
+          "[streams]") {
+  Fixture f;
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(8 * MiB, s1);
+  void* q = f.alloc.allocate(4 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.record_stream(q, s2);
+  f.alloc.deallocate(p);  // pending on s2
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(12 * MiB));
+  f.device->complete_stream(s2);  // p's work is done; nothing asked yet
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(12 * MiB));
+  f.alloc.deallocate(q);  // q's event is recorded after that work: q waits, p is free
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(4 * MiB));
+  REQUIRE(f.alloc.stats().syncs == 0);
+  REQUIRE(f.device->counters().syncs() == 0);
+  f.alloc.check_invariants();
+  void* r = f.alloc.allocate(8 * MiB, s1);
+  REQUIRE(r == p);
+  f.alloc.deallocate(r);
+  f.device->complete_stream(s2);
+  f.alloc.empty_cache();
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == 0);
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("a failed event query in a free leaves the frees waiting, throws nothing and loses nothing",
+          "[streams][faults]") {
+  Fixture f;
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(8 * MiB, s1);
+  void* q = f.alloc.allocate(4 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.record_stream(q, s2);
+  f.alloc.deallocate(p);
+  f.device->complete_stream(s2);
+  f.device->fail_nth(FaultSite::event_query, 1);
+  REQUIRE_NOTHROW(f.alloc.deallocate(q));
+  REQUIRE(f.device->counters().faults_injected == 1);
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(12 * MiB));
+  f.alloc.check_invariants();
+  void* r = f.alloc.allocate(MiB, s1);  // the allocation asks again: p is free, q still waits
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(5 * MiB));
+  f.alloc.deallocate(r);
+  f.alloc.empty_cache();  // a path that may wait: q's event is synchronized
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == 0);
+  REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].current == 0);
+  f.alloc.check_invariants();
+}
+
 TEST_CASE("empty_cache waits for pending frees and releases their segments", "[streams]") {
   Fixture f;
   const Stream s1 = f.device->create_stream();

@@ -818,11 +818,18 @@ void Runner::check_release(Address a, std::size_t bytes, bool unmap) {
 
 // --- faults and misuse -----------------------------------------------------------------------
 
+// The sites a `fault` operation arms: every one but the event query (FaultSite::event_query, the
+// last), which unit tests arm (test_stream_order.cpp): a free survives it, but an allocation or a
+// step() that meets it throws DeviceError, which this model does not expect. The fuzz corpus's
+// operations keep the sites they were recorded with.
+constexpr int kArmedFaultSites = static_cast<int>(FaultSite::event_query);
+static_assert(kArmedFaultSites == kNumFaultSites - 1, "the event query is the last fault site");
+
 void Runner::fault_op(const Op& op) {
-  const auto site = static_cast<FaultSite>(op.arg % kNumFaultSites);
+  const auto site = static_cast<FaultSite>(op.arg % kArmedFaultSites);
   const std::uint64_t n = std::max<std::uint64_t>(op.value, 1);
   sim_->fail_nth(site, n);
-  fire_at_[static_cast<std::size_t>(op.arg % kNumFaultSites)] = dev_->calls(site) + n;
+  fire_at_[static_cast<std::size_t>(site)] = dev_->calls(site) + n;
 }
 
 bool Runner::fired_since(FaultSite site, std::uint64_t calls_before) const {

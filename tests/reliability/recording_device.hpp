@@ -76,7 +76,10 @@ class RecordingDevice final : public DeviceBackend, public VirtualMemory {
     const std::uint64_t seq = ++submitted_.at(index(stream));
     recorded_[event] = {stream, seq};
   }
-  bool query_event(DeviceEvent event) override { return sim_->query_event(event); }
+  bool query_event(DeviceEvent event) override {
+    ++calls_[static_cast<int>(FaultSite::event_query)];
+    return sim_->query_event(event);
+  }
   void synchronize_event(DeviceEvent event) override { sim_->synchronize_event(event); }
   void stream_wait_event(Stream stream, DeviceEvent event) override {
     sim_->stream_wait_event(stream, event);
