@@ -322,11 +322,20 @@ std::vector<PhysicalHandle> VmmHeaps::cache_above(Heap& heap, Address top) {
   std::vector<Chunk> above;
   for (auto it = heap.chunks.lower_bound(top); it != heap.chunks.end(); ++it) above.push_back(it->second);
   std::vector<PhysicalHandle> cached;
+  // One walk of the blocks beside the chunks (both go by address), not one from the heap's start
+  // per chunk: `from` is a block at or before the next chunk. An unmap leaves the block before
+  // the chunk in place (a free mapped block is cut there, not merged; a hole may grow), so that
+  // block, or the heap's first when there is none, is where the walk goes on.
+  Block* from = heap.segment->first;
   for (const Chunk& c : above) {
-    Block* b = free_block_over(heap, c);
-    if (b == nullptr) continue;
+    if (c.stitched()) continue;  // its pages are another chunk's (vmm_stitch.cpp)
+    Block* b = block_holding(from, c.addr);
+    from = b;
+    if (!covers_free(b, c)) continue;  // a live block lies on it: another stream's (oom_ladder.cpp)
+    Block* const before = b->addr < c.addr ? b : b->prev;
     cache_chunk_under(heap, b, c);
     cached.push_back(c.handle);
+    from = before != nullptr ? before : heap.segment->first;
   }
   return cached;
 }
@@ -360,7 +369,14 @@ bool VmmHeaps::covers_free(const Block* b, const Chunk& c) noexcept {
 // index, its place becomes a hole). A DeviceError leaves c mapped.
 void VmmHeaps::cache_chunk_under(Heap& heap, Block* b, const Chunk& c) {
   heap.index().remove(b);
-  if (Block* after = unmap_chunk(heap, b, c)) heap.index().insert(after);
+  Block* after = nullptr;
+  try {
+    after = unmap_chunk(heap, b, c);
+  } catch (...) {  // refused before anything changed: b stays free, mapped, in the index
+    heap.index().insert(b);
+    throw;
+  }
+  if (after != nullptr) heap.index().insert(after);
 }
 
 // cache_chunk_under(), then c is released. A DeviceError leaves c mapped, or cached and
