@@ -2,7 +2,8 @@
 // (record_stream, or taken from another stream's cache) is freed in two steps: deallocate
 // records an event on each of those streams and leaves the block pending_free; once every event
 // has completed (collected on later allocations and frees of this kind, or waited for by the OOM
-// ladder, empty_cache and teardown) the block becomes free. Events are recycled through event_pool_.
+// ladder, empty_cache and teardown) the block becomes free. Events are recycled through
+// event_pool_.
 #include <algorithm>
 
 #include "core/allocator_impl.hpp"
