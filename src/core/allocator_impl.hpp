@@ -150,7 +150,6 @@ class Allocator::Impl : private detail::AllocatorState {
   // --- stream events (stream_events.cpp) ---
   void add_use(Block* b, Stream stream);
   void defer_free(Block* b);
-  void collect_done_frees();
   DeviceEvent record_free_event(Stream s);
   void forget_asleep(Block* b);
   /// b's free has completed (no stream event outstanding): no longer active; observers hear so.

@@ -53,17 +53,7 @@ void Allocator::Impl::defer_free(Block* b) {
   delete b->uses;
   b->uses = nullptr;
   if (b->pending_events == 0) release_block(b);  // no stream to wait for
-  if (pending_total_ != 0 && !capture_underway()) collect_done_frees();  // queries: not during a capture
-}
-
-// process_events() in a free, which never throws a DeviceError: a query the device refuses leaves
-// the frees waiting (the next allocation asks again, the OOM ladder synchronizes).
-void Allocator::Impl::collect_done_frees() {
-  try {
-    process_events();
-  } catch (const DeviceError& err) {
-    detail::log().warn("querying the events of cross-stream frees failed ({}); they wait", err.what());
-  }
+  if (pending_total_ != 0 && !capture_underway()) process_events();  // queries: not during a capture
 }
 
 // An event recorded on `s` for a cross-stream free, or 0 (logged) when the device refuses one.
@@ -92,15 +82,26 @@ void Allocator::Impl::pending_done(const PendingFree& done) {
 namespace {
 
 // Whether q's first entry is done: its event has completed, or, without an event, one recorded
-// on the stream after it has (work on a stream completes in order).
+// on the stream after it has (work on a stream completes in order). A query the device refuses
+// says not done (logged): the frees wait, for a later query or a path that may synchronize (the
+// OOM ladder, empty_cache, teardown). So no allocation, free or step() fails for it, and nothing
+// has changed when it is refused.
 bool first_done(const std::deque<PendingFree>& q, DeviceBackend& device) {
-  for (const PendingFree& f : q)
-    if (f.event != 0) return device.query_event(f.event);
+  for (const PendingFree& f : q) {
+    if (f.event == 0) continue;
+    try {
+      return device.query_event(f.event);
+    } catch (const DeviceError& err) {
+      detail::log().warn("querying the event of a cross-stream free failed ({}); the free waits", err.what());
+      return false;
+    }
+  }
   return false;
 }
 
 }  // namespace
 
+// Never throws a DeviceError (first_done()).
 void Allocator::Impl::process_events() {
   for (auto& [key, ss] : streams) {
     auto& q = ss->pending;

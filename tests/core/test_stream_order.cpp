@@ -177,6 +177,34 @@ TEST_CASE("a failed event query in a free leaves the frees waiting, throws nothi
   f.alloc.check_invariants();
 }
 
+TEST_CASE("a failed event query in an allocation or a step() leaves the frees waiting, and both go on",
+          "[streams][faults]") {
+  Fixture f;
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(8 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.deallocate(p);
+  f.device->complete_stream(s2);
+  f.device->fail_nth(FaultSite::event_query, 1);
+  void* q = nullptr;
+  REQUIRE_NOTHROW(q = f.alloc.allocate(8 * MiB, s1));  // p's free is not collected: q is elsewhere
+  REQUIRE(f.device->counters().faults_injected == 1);
+  REQUIRE(q != p);
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(16 * MiB));
+  f.device->fail_nth(FaultSite::event_query, 1);
+  REQUIRE_NOTHROW(f.alloc.step());
+  REQUIRE(f.device->counters().faults_injected == 2);
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(16 * MiB));
+  f.alloc.check_invariants();
+  f.alloc.step();  // asked again: p is free
+  REQUIRE(f.alloc.stats().total[Metric::active_bytes].current == static_cast<std::int64_t>(8 * MiB));
+  f.alloc.deallocate(q);
+  f.alloc.empty_cache();
+  REQUIRE(f.alloc.stats().total[Metric::reserved_bytes].current == 0);
+  f.alloc.check_invariants();
+}
+
 TEST_CASE("empty_cache waits for pending frees and releases their segments", "[streams]") {
   Fixture f;
   const Stream s1 = f.device->create_stream();

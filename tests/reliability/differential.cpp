@@ -819,9 +819,8 @@ void Runner::check_release(Address a, std::size_t bytes, bool unmap) {
 // --- faults and misuse -----------------------------------------------------------------------
 
 // The sites a `fault` operation arms: every one but the event query (FaultSite::event_query, the
-// last), which unit tests arm (test_stream_order.cpp): a free survives it, but an allocation or a
-// step() that meets it throws DeviceError, which this model does not expect. The fuzz corpus's
-// operations keep the sites they were recorded with.
+// last, added after the fuzz corpus was recorded, whose operations keep the sites they name).
+// Unit tests arm it (test_stream_order.cpp): a refused query leaves the frees waiting.
 constexpr int kArmedFaultSites = static_cast<int>(FaultSite::event_query);
 static_assert(kArmedFaultSites == kNumFaultSites - 1, "the event query is the last fault site");
 
