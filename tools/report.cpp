@@ -91,8 +91,10 @@ std::string oom_breakdown(const std::vector<replay::ReplayResult>& rows, const t
     const replay::OomReport& o = *r.first_oom;
     const OutOfMemoryInfo& i = o.info;
     const std::string label = label_of(o, &trace);
-    out += fmt::format("\nfirst OOM of {} ({} refused): {} ({} bytes) on device {}, stream {}, event {} (t={} us){}\n",
-                       r.allocator, r.ooms, format_bytes(i.requested), i.requested, o.device, i.stream,
+    const std::string refused =
+        r.stopped_at_first_oom ? "the replay stopped there" : fmt::format("{} refused", r.ooms);
+    out += fmt::format("\nfirst OOM of {} ({}): {} ({} bytes) on device {}, stream {}, event {} (t={} us){}\n",
+                       r.allocator, refused, format_bytes(i.requested), i.requested, o.device, i.stream,
                        o.event, o.time_us, label.empty() ? "" : ", allocated by " + label);
     out += fmt::format("  capacity {}, device free {}, reserved {}, allocated {}, reserved but unallocated {},\n"
                        "  largest free block {}",

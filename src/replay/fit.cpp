@@ -50,7 +50,7 @@ std::vector<FitTarget> fit_targets(const std::vector<std::string>& allocators,
 }
 
 ReplayReport replay_at(const trace::Trace& trace, const FitTarget& target, std::size_t capacity,
-                       int device, int warmup) {
+                       int device, int warmup, OnOom on_oom) {
   TraceSource source(trace);
   ReplayOptions o;
   o.allocator = target.allocator;
@@ -61,6 +61,7 @@ ReplayReport replay_at(const trace::Trace& trace, const FitTarget& target, std::
   o.step_at_iterations = target.step_at_iterations;
   o.device = device;
   o.warmup = warmup;
+  o.on_oom = on_oom;
   return replay(source, o);
 }
 
@@ -228,7 +229,7 @@ std::vector<FitResult> fit(const trace::Trace& trace, const FitOptions& options)
         [&](std::size_t capacity) {
           ReplayResult r;
           try {
-            r = replay_at(trace, target, capacity, device, options.warmup).total;
+            r = replay_at(trace, target, capacity, device, options.warmup, OnOom::stop).total;
           } catch (const ConfigError& e) {
             refused[capacity] = e.what();
             r = refused_result(target.allocator, device);
@@ -315,7 +316,7 @@ std::vector<LargestFit> largest_fitting(const std::vector<std::uint64_t>& candid
     while (hi - lo > 1) {
       const std::ptrdiff_t mid = lo + (hi - lo) / 2;
       std::shared_ptr<const trace::Trace> member = cache.get(static_cast<std::size_t>(mid));
-      ReplayReport r = replay_at(*member, targets[t], capacity);
+      ReplayReport r = replay_at(*member, targets[t], capacity, /*device=*/-1, /*warmup=*/0, OnOom::stop);
       ++out.replays;
       if (on_replay) on_replay();
       if (no_oom(r)) {

@@ -43,6 +43,7 @@ void ReplayResult::add_device(const ReplayResult& d) {
     per_iteration[i].peak_reserved += d.per_iteration[i].peak_reserved;
   }
   if (d.first_oom && (!first_oom || d.first_oom->time_us < first_oom->time_us)) first_oom = d.first_oom;
+  stopped_at_first_oom = stopped_at_first_oom || d.stopped_at_first_oom;
 }
 
 namespace {
@@ -83,6 +84,10 @@ class DeviceReplay final : public ReplayView {
   // --- ReplayView ---
   const ReplayTarget& target() const override { return *target_; }
   std::optional<MemoryMap> memory_map() const override;
+
+  /// The pass has refused an allocation (OnOom::stop ends it there: stop_at_oom()).
+  bool refused_any() const noexcept { return pass_.result.ooms != 0; }
+  void stop_at_oom() noexcept { pass_.result.stopped_at_first_oom = true; }
 
   // The target's memory for a snapshot export (ReplayOptions::record_history).
   trace::pytorch::DeviceMemory memory_state() const {
@@ -346,12 +351,12 @@ struct ProgressCount {
   std::uint64_t next;   // the count at which the callback is called next
 };
 
-// One pass over the source. Without a progress callback (kProgress false) nothing is counted,
-// and without an observer of this pass (kObserve false) nothing is observed: the loop without
-// either is the loop before they existed.
+// One pass over the source, or up to its first OOM on any device with OnOom::stop. Without a
+// progress callback (kProgress false) nothing is counted, and without an observer of this pass
+// (kObserve false) nothing is observed: the loop without either is the loop before they existed.
 template <bool kProgress, bool kObserve>
 void run_pass(EventSource& source, TraceEvent& e, const ReplayOptions& options, Devices& devices,
-              ProgressCount& progress) {
+              ProgressCount& progress, OnOom on_oom) {
   while (source.next(e)) {
     if constexpr (kProgress) {
       if (++progress.read == progress.next) {
@@ -365,6 +370,10 @@ void run_pass(EventSource& source, TraceEvent& e, const ReplayOptions& options, 
     if (!slot) slot = std::make_unique<DeviceReplay>(options, d);
     slot->apply(e, source);
     if constexpr (kObserve) slot->observe(e);
+    if (on_oom == OnOom::stop && slot->refused_any()) {
+      slot->stop_at_oom();
+      return;
+    }
   }
 }
 
@@ -383,13 +392,15 @@ ReplayReport replay(EventSource& source, const ReplayOptions& options) {
       for (auto& [d, replay] : devices) replay->start_next_pass();
       start = std::chrono::steady_clock::now();
     }
-    const bool observed = options.observer != nullptr && pass == options.warmup;  // the measured pass
+    const bool measured = pass == options.warmup;
+    const bool observed = options.observer != nullptr && measured;
+    const OnOom on_oom = measured ? options.on_oom : OnOom::go_on;
     if (options.progress) {
-      observed ? run_pass<true, true>(source, e, options, devices, progress)
-               : run_pass<true, false>(source, e, options, devices, progress);
+      observed ? run_pass<true, true>(source, e, options, devices, progress, on_oom)
+               : run_pass<true, false>(source, e, options, devices, progress, on_oom);
     } else {
-      observed ? run_pass<false, true>(source, e, options, devices, progress)
-               : run_pass<false, false>(source, e, options, devices, progress);
+      observed ? run_pass<false, true>(source, e, options, devices, progress, on_oom)
+               : run_pass<false, false>(source, e, options, devices, progress, on_oom);
     }
   }
   const std::uint64_t read = progress.read;

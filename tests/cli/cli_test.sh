@@ -22,6 +22,7 @@ check "replay --attempt-ooms" 0 "tensorpool" -- "$bin" replay "$work/g.tptrace" 
 check "compare --warmup" 0 '"warmup": 1' -- "$bin" compare "$work/g.tptrace" --warmup 1 --json
 check "bad --warmup" 2 "warmup" -- "$bin" replay "$work/g.tptrace" --warmup -3
 check "replay explains its first OOM" 0 "first OOM of tensorpool" -- "$bin" replay "$work/g.tptrace" --capacity 64MiB
+check "replay goes on past its first OOM and counts what it refused" 0 " refused): " -- "$bin" replay "$work/g.tptrace" --capacity 64MiB
 check "compare explains the first OOMs" 0 "cached free per stream" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 64MiB
 check "replay --json first_oom" 0 '"largest_free_block_bytes"' -- "$bin" replay "$work/g.tptrace" --capacity 64MiB --json
 check "compare subset" 0 "cub" -- "$bin" compare "$work/g.tptrace" --allocators tensorpool,cub --capacity 1GiB
@@ -105,6 +106,7 @@ if [ -n "$a" ] && [ "$a" != "$b" ] && [ "$a" = "$c" ]; then passes=$((passes + 1
 # fit: the smallest capacity per allocator, checked 1% below; per device; JSON keys.
 check "fit" 0 "1% less" -- "$bin" fit "$work/g.tptrace" --allocators tensorpool,pytorch --threads 2
 check "fit explains the OOM just below" 0 "just below the fit" -- "$bin" fit "$work/g.tptrace" --allocators cub
+check "fit's replays that run out stop at their first OOM" 0 "(just below the fit) (the replay stopped there)" -- "$bin" fit "$work/g.tptrace" --allocators cub
 for key in capacity_bytes ratio_to_peak_requested verified monotone oom_above_bytes first_oom_below largest_free_block_bytes at_capacity; do
   check "fit --json has $key" 0 "\"$key\"" -- "$bin" fit "$work/g.tptrace" --allocators raw --json
 done

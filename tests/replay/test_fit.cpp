@@ -73,6 +73,9 @@ TEST_CASE("fit: every allocator replays at its answer without an OOM, and 1% bel
       REQUIRE(d.below);
       REQUIRE(d.below->first_oom);
       CHECK(d.below->first_oom->info.requested > 0);
+      CHECK(d.below->stopped_at_first_oom);  // nothing after the first OOM was replayed
+      CHECK(d.below->ooms == 1);
+      CHECK_FALSE(d.at_capacity.stopped_at_first_oom);
       CHECK(d.below_capacity < d.capacity);
       CHECK(d.below_capacity >= d.capacity - d.capacity / 100);
       CHECK(d.at_capacity.ooms == 0);
@@ -214,6 +217,7 @@ TEST_CASE("largest_fitting: the answer fits, the next member does not, each trac
       CHECK(replay_at(*family(candidates[*r.index + 1]), target, capacity).total.ooms > 0);
       REQUIRE(r.at_next);
       CHECK(r.at_next->total.first_oom);
+      CHECK(r.at_next->total.stopped_at_first_oom);
       REQUIRE(r.next_trace);
       REQUIRE(r.at_best);
       CHECK(r.at_best->total.ooms == 0);

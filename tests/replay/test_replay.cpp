@@ -498,6 +498,54 @@ TEST_CASE("the first OOM is explained by every target, in the trace's terms", "[
   REQUIRE_FALSE(run(t, "tensorpool", 1 * GiB).total.first_oom.has_value());
 }
 
+TEST_CASE("OnOom::stop ends the measured pass at its first OOM, the one a replay that goes on finds", "[replay][oom]") {
+  // Two requests refused on 100 MiB (events 1 and 2), then a block that fits, on another stream.
+  trace::Trace t;
+  t.events = {ev(Op::alloc, 1, 60 * MiB), ev(Op::alloc, 2, 60 * MiB), ev(Op::alloc, 3, 70 * MiB),
+              ev(Op::free_requested, 1, 60 * MiB), ev(Op::alloc, 4, 30 * MiB, 7), ev(Op::free_requested, 4, 30 * MiB)};
+  const auto replay_with = [&](const std::string& allocator, OnOom on_oom, int warmup, std::uint64_t* read = nullptr) {
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = allocator;
+    o.target.capacity = 100 * MiB;
+    o.warmup = warmup;
+    o.on_oom = on_oom;
+    o.progress_every = 1;
+    if (read != nullptr) o.progress = [read](std::uint64_t n) { *read = n; };
+    return tensorpool::replay::replay(source, o).total;
+  };
+  for (const auto& name : target_names()) {
+    INFO(name);
+    const ReplayResult all = replay_with(name, OnOom::go_on, 0);
+    const ReplayResult cut = replay_with(name, OnOom::stop, 0);
+    REQUIRE(all.ooms >= 2);  // rmm-arena's arena (half the device) refuses the first too
+    REQUIRE_FALSE(all.stopped_at_first_oom);
+    REQUIRE(cut.ooms == 1);
+    REQUIRE(cut.stopped_at_first_oom);
+    REQUIRE(cut.first_oom.has_value());
+    REQUIRE(all.first_oom.has_value());
+    REQUIRE(cut.allocs == cut.first_oom->event + 1);  // nothing after the refused request
+    REQUIRE(cut.events == cut.first_oom->event + 1);
+    REQUIRE(cut.events < all.events);
+    REQUIRE(cut.peak_requested <= all.peak_requested);  // rmm-pool fits only the last block
+    CHECK(cut.first_oom->event == all.first_oom->event);
+    CHECK(cut.first_oom->info.requested == all.first_oom->info.requested);
+    CHECK(cut.first_oom->info.reserved == all.first_oom->info.reserved);
+    CHECK(cut.first_oom->info.device_free == all.first_oom->info.device_free);
+    // A warm-up pass goes on past its OOMs (they do not count): the whole first pass is read,
+    // then the measured one up to its first OOM.
+    std::uint64_t read = 0;
+    const ReplayResult warm = replay_with(name, OnOom::stop, 1, &read);
+    REQUIRE(warm.stopped_at_first_oom);
+    REQUIRE(warm.ooms == 1);
+    CHECK(read == t.events.size() + warm.events);
+  }
+  // Fits: nothing to stop.
+  const ReplayResult fits = run(t, "tensorpool", GiB).total;
+  REQUIRE(fits.ooms == 0);
+  REQUIRE_FALSE(fits.stopped_at_first_oom);
+}
+
 TEST_CASE("seed events come before the window and are not counted as its upstream calls", "[replay]") {
   trace::Trace t;
   t.events = {ev(Op::seed_segment, 0x100000, 20 * MiB), ev(Op::seed_alloc, 0x100000, 5 * MiB),

@@ -15,6 +15,8 @@
 //
 // Replays run in parallel on up to `threads` threads: one task per (allocator, device) for fit(),
 // one per allocator for largest_fitting(), whose traces are built once per member and shared.
+// A replay that runs out of memory ends at its first OOM (OnOom::stop): the answer needs no more,
+// and the requests after it would each fail through the allocator's whole out-of-memory path.
 #pragma once
 
 #include <cstddef>
@@ -82,7 +84,8 @@ struct DeviceFit {
   double ratio = 0.0;              // capacity / peak_requested
   ReplayResult at_capacity;        // the replay at `capacity`
   /// The replay at the largest capacity below `capacity` that had an OOM (its first_oom explains
-  /// it); absent only when the trace has no allocation.
+  /// it; like every replay of the search that runs out, it stopped there: OnOom::stop); absent
+  /// only when the trace has no allocation.
   std::optional<ReplayResult> below;
   std::size_t below_capacity = 0;
   /// Non-empty when the target could not even be built on a device of below_capacity (its
@@ -118,9 +121,10 @@ std::vector<FitResult> fit(const trace::Trace& trace, const FitOptions& options)
 DeviceFit search_capacity(const std::function<ReplayResult(std::size_t capacity)>& replay_at_capacity,
                           std::size_t floor, const FitOptions& options);
 
-/// The replay of `trace` against `target` on devices of `capacity` bytes.
+/// The replay of `trace` against `target` on devices of `capacity` bytes. fit() and
+/// largest_fitting() replay with OnOom::stop: whether a replay fits is known at its first OOM.
 ReplayReport replay_at(const trace::Trace& trace, const FitTarget& target, std::size_t capacity,
-                       int device = -1, int warmup = 0);
+                       int device = -1, int warmup = 0, OnOom on_oom = OnOom::go_on);
 
 /// Builds the member of a trace family for a value (a micro-batch size, ...). Called at most once
 /// per value, possibly from several threads at once (for different values).
@@ -132,7 +136,7 @@ struct LargestFit {
   std::optional<std::size_t> index;  // into the candidates; nullopt: not even the first fits
   std::optional<ReplayReport> at_best;  // the replay of candidates[*index]
   /// The replay of the candidate after the answer (index + 1, or 0 when none fits), which had an
-  /// OOM; absent when the answer is the last candidate.
+  /// OOM and stopped there (OnOom::stop); absent when the answer is the last candidate.
   std::optional<ReplayReport> at_next;
   std::shared_ptr<const trace::Trace> next_trace;  // the member at_next replayed (its labels)
   int replays = 0;

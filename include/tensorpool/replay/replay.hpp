@@ -66,6 +66,18 @@ class TraceSource final : public EventSource {
   std::size_t index_ = 0;
 };
 
+/// What a replay does after the measured pass's first refused allocation.
+enum class OnOom {
+  /// Presents the rest of the trace: every later request too (ReplayResult::ooms counts them).
+  go_on,
+  /// Ends the replay there (ReplayResult::stopped_at_first_oom). A search that asks only whether
+  /// a trace fits needs nothing after the first OOM, and a replay that goes on presents every
+  /// later request to an allocator that is out of memory: each fails through its whole
+  /// out-of-memory path (fit and plan: thousands of such requests per candidate that does not
+  /// fit). Warmup passes always go on: only the measured pass's OOMs count.
+  stop,
+};
+
 struct ReplayOptions {
   std::string allocator = "tensorpool";
   /// When set, builds each device's target instead of make_target(allocator): a target outside
@@ -91,6 +103,7 @@ struct ReplayOptions {
   /// tensorpool.step() at the start of each step would (tensorpool targets; a no-op for the
   /// others). Off: iteration markers are only counted.
   bool step_at_iterations = false;
+  OnOom on_oom = OnOom::go_on;
   /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
   /// UsageError for a target that cannot export: before replaying anything for a registered
   /// one, when the first device's target is built for one from make_target.
@@ -156,6 +169,9 @@ struct ReplayResult {
   double host_ns_per_op = 0.0;
   /// Set when ooms > 0. In a sum over devices: the earliest in trace time (ties: lowest device).
   std::optional<OomReport> first_oom;
+  /// OnOom::stop ended the measured pass at its first OOM (ooms is then 1): the other figures
+  /// cover the events before it only, and a device whose events came later has none.
+  bool stopped_at_first_oom = false;
 
   /// Adds one device's figures to this sum over devices (counts and peaks add up: the devices
   /// are separate memories; iterations is the largest; host_ns_per_op is the caller's). Call
