@@ -103,6 +103,8 @@ struct ReplayOptions {
   /// tensorpool.step() at the start of each step would (tensorpool targets; a no-op for the
   /// others). Off: iteration markers are only counted.
   bool step_at_iterations = false;
+  /// What the measured pass does after its first OOM: go on (the default: `replay`, `compare`
+  /// count every refused request) or stop there (fit's and plan's searches).
   OnOom on_oom = OnOom::go_on;
   /// Records every target's events for a snapshot export (ReplayReport::memory). Throws
   /// UsageError for a target that cannot export: before replaying anything for a registered
