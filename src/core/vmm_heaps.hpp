@@ -557,6 +557,7 @@ class VmmHeaps final : public SegmentSource {
   void check_stitched(const Heap& h) const;
   static Block* free_block_covering(const Heap& heap, const Chunk& c) noexcept;
   static Block* block_holding(Block* from, Address at) noexcept;
+  static Block* hole_holding(const Heap& heap, Address at);
   static bool covers_free(const Block* b, const Chunk& c) noexcept;
 
   // --- sleep and wake (vmm_sleep.cpp) ---

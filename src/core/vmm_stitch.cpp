@@ -148,14 +148,28 @@ void VmmHeaps::unstitch_free(Heap& heap, StreamWork work) {
     st_.device->synchronize_stream(heap.stream());
     st_.counters.count(&Stats::syncs);
   }
+  Block* from = heap.segment->first;  // a block at or before the next chunk, alive
   for (const Chunk& c : free_stitched) {
     // Still free and covering c: the unmaps and give-backs before it only cut or grew blocks.
-    Block* b = free_block_covering(heap, c);
+    Block* b = block_holding(from, c.addr);
+    if (!covers_free(b, c)) invariant_failed("stitched chunk at " + hex(c.addr) + " is no longer under a free block");
     heap.index().remove(b);
     Block* after = unmap_chunk(heap, b, c);
     if (after != nullptr) heap.index().insert(after);
     give_back_lent(heap, c);  // once every piece is in the index: the lent block may merge with one
+    // The walk goes on from the hole over c: a give-back merges mapped blocks only, so it is
+    // alive, where the blocks beside c may have merged into the lent block and be gone.
+    from = hole_holding(heap, c.addr);
   }
+}
+
+// The unmapped block (Heap::unmapped) that holds address `at`, which must lie in one.
+Block* VmmHeaps::hole_holding(const Heap& heap, Address at) {
+  auto it = heap.unmapped.upper_bound(at);
+  if (it == heap.unmapped.begin()) invariant_failed("no hole holds " + hex(at));
+  Block* hole = std::prev(it)->second;
+  if (hole->addr + hole->size <= at) invariant_failed("no hole holds " + hex(at));
+  return hole;
 }
 
 // The heap's stitched chunks that lie entirely under free blocks, in address order: one walk of
