@@ -848,10 +848,9 @@ void VmmHeaps::collect_plans(Heap& heap) {
 // and chunks are mapped back from the heap's start, its own and the cached ones (then new ones),
 // until the plan's height is covered. The pages move only once the work the heap's stream queued
 // on them is done (never a wait here): the layout is made at once if a query of the stream says
-// so, else an event is recorded, and it is made at the next epoch's first request if that has
-// completed by then
-// (finish_layout()), else the plan is dropped for that epoch. A heap whose pages empty_cache()
-// cycles gets its plan's pages in fresh, larger chunks instead (rechunks()).
+// so, else an event is recorded, and it is made at the next epoch's first request, after a
+// synchronization if the event has not completed by then (finish_layout()). A heap whose pages
+// empty_cache() cycles gets its plan's pages in fresh, larger chunks instead (rechunks()).
 Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   // Lent pages (vmm_stitch.cpp) are neither the program's nor free: no layout moves around them.
   if (!heap.lent.empty()) return Layout::impossible;
@@ -863,14 +862,15 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   // (vmm_epochs.cpp, step boundaries): nothing moves under it, and what lies above the height goes
   // only once the plan repeats, so mapping the holes and keeping the chunks would hold both until
   // then (up to 1.5 GiB above the online peak on the loops of docs/benchmarks.md, "Steps found
-  // from the requests"): small holes are traded for the chunks above, else the plan is not
-  // followed and the step runs online, with the pages it has.
+  // from the requests"): the holes are traded for the chunks above where trade_pages_above()
+  // allows, else the plan is not followed and the step runs online, with the pages it has.
   if (heap.epoch.live != 0) return trade_pages_above(heap, height);
   if (!affords_layout(heap, height)) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
   try {
     if (const DeviceEvent pending = event_pending_on(heap); pending != 0) {
       heap.layout_event = pending;
+      heap.pending_layout = PendingLayout::whole_heap;
       return Layout::waiting;
     }
   } catch (const DeviceError& err) {  // no layout, no plan: the heap runs unplanned
@@ -889,10 +889,11 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
 // once, and no synchronization). When the work the heap's stream queued so far is done (a query
 // of the stream, never a wait), the chunks wholly above the height are unmapped and mapped into
 // the holes where they fit (no new memory), the rest released, and the one across the height cut
-// to it (trim_chunk_at()). Else (a device behind the host) only a small trade is made: the holes
+// to it (trim_chunk_at()). Else (a device behind the host) a small trade is made at once: the holes
 // are mapped now and the chunks above released behind an event once the plan is followed
-// (give_back_above_plan()); a large one would hold both for a whole step. The plan's pages are
-// then in place, and the calls come in step(), none in the step that follows the plan. Larger
+// (give_back_above_plan()); a large one, which would hold both for a whole step, waits for the
+// work and is made at the next step's first request (trade_after_work()). The plan's pages are
+// then in place, and the calls come in step() (or in that request), none later in the step. Larger
 // holes are left in a step that did not remap: trading them cost the warm passes of loops whose
 // steps run online quietly (docs/benchmarks.md, "Small holes under a step's base"). Not in a
 // heap that keeps its pages (it grew again after a give-back), nor during a capture. O(the
@@ -907,12 +908,40 @@ Layout VmmHeaps::trade_pages_above(Heap& heap, std::size_t height) {
   const bool small = holes <= growth_step(heap.pool());
   if ((!small && !heap.remapped_idle) || holes > wholly_above + across) return Layout::impossible;
   const bool work_done = stream_work_done(heap);
-  if (!work_done && (!small || holes > wholly_above)) return Layout::impossible;
+  if (!work_done && (!small || holes > wholly_above)) return trade_after_work(heap, height);
   if (!work_done) return map_holes(heap, heap.segment->first, top, top, height) ? Layout::ready : Layout::impossible;
+  return trade_now(heap, height);
+}
+
+// The trade, the stream's work on the pages done. A growth past the plan from here on keeps its
+// pages (no trade again).
+Layout VmmHeaps::trade_now(Heap& heap, std::size_t height) {
   const Layout moved = move_pages_into_holes(heap, height);
-  // A growth past the plan from here on keeps its pages (no trade again).
   if (moved == Layout::ready) heap.gave_back = true;
   return moved;
+}
+
+// A trade of pages above the plan's height for the holes under a step epoch's base that must wait
+// for the work the stream queued on them (a device behind the host): an event is recorded, and
+// the next step's first request makes the trade (finish_layout()), after a synchronization if
+// the work is still not done, as for the layout of an emptied heap. Refused instead, the step
+// runs online from the pages it has, remapping idle ones (a synchronization too), and a step run
+// online is never planned within the pages it holds (take_turn()): on such a device the loop ran
+// online from then on, synchronizing every few steps (docs/benchmarks.md, "A trade that waits for
+// the device").
+Layout VmmHeaps::trade_after_work(Heap& heap, std::size_t height) {
+  try {
+    if (const DeviceEvent pending = event_pending_on(heap); pending != 0) {
+      heap.layout_event = pending;
+      heap.pending_layout = PendingLayout::pages_above;
+      heap.trade_height = height;
+      return Layout::waiting;
+    }
+  } catch (const DeviceError& err) {  // no trade, no plan: the step runs online
+    log().warn("vmm: an event for a planned step's pages failed: {}", err.what());
+    return Layout::impossible;
+  }
+  return trade_now(heap, height);  // the work is done after all
 }
 
 // Once the stream's work on the heap's pages is done (trade_pages_above() for a step epoch,
@@ -1110,8 +1139,9 @@ DeviceEvent VmmHeaps::event_pending_on(const Heap& heap) {
 // behind the host has rarely done an epoch's work by the next epoch's first request, and an epoch
 // run without its plan instead grows and remaps pages (synchronizing too), and its end asks for
 // the same layout again, which is then late again (docs/benchmarks.md, "A device that runs behind
-// the host"). The layout is only made in an empty heap: a block another stream took from it
-// meanwhile (oom_ladder.cpp) drops the plan for this epoch.
+// the host"). A whole layout is only made in an empty heap: a block another stream took from it
+// meanwhile (oom_ladder.cpp) drops the plan for this epoch. A step epoch's trade
+// (trade_after_work()) moves only free pages around its live base.
 bool VmmHeaps::finish_layout(Heap& heap) {
   PlanCursor& cursor = heap.cursor;
   if (st_.capture_underway()) {  // no event query during a capture: the plan waits an epoch
@@ -1119,11 +1149,13 @@ bool VmmHeaps::finish_layout(Heap& heap) {
     return false;
   }
   const DeviceEvent e = std::exchange(heap.layout_event, 0);
+  const bool trade = heap.pending_layout == PendingLayout::pages_above;
+  const bool may_move = trade || heap.epoch.live == 0;
   bool done = false;
   try {
     done = st_.device->query_event(e);
     st_.device->destroy_event(e);
-    if (!done && heap.epoch.live == 0) {
+    if (!done && may_move) {
       st_.device->synchronize_stream(heap.stream());
       st_.counters.count(&Stats::syncs);
       done = true;
@@ -1131,7 +1163,10 @@ bool VmmHeaps::finish_layout(Heap& heap) {
   } catch (const DeviceError& err) {
     log().warn("vmm: the event of a planned heap's layout failed: {}", err.what());
   }
-  if (done && heap.epoch.live == 0 && lay_out(heap, cursor.plan()->height)) {
+  const bool moved = done && may_move &&
+                     (trade ? trade_now(heap, heap.trade_height) == Layout::ready
+                            : lay_out(heap, cursor.plan()->height));
+  if (moved) {
     cursor.follow_again();
     return true;
   }

@@ -115,6 +115,9 @@ class HeldPages {
   std::size_t bytes_ = 0;
 };
 
+/// The layout a heap waits to make (Heap::pending_layout).
+enum class PendingLayout : std::uint8_t { whole_heap, pages_above };
+
 /// One heap: its mapping state, its held pages and its epochs. Invariants (vmm_check.cpp): chunks
 /// do not overlap, lie inside the segment and are of its pool; every page of a block with
 /// mapped == true lies in a chunk; a block with mapped == false is free, page-aligned at both
@@ -174,6 +177,11 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   PlanCursor cursor;                   // the current epoch and its plan (StreamState::plan_state)
   PlanMailbox mailbox;                 // with the planner thread (vmm_planner:background)
   DeviceEvent layout_event = 0;        // while laying_out: after the stream's work on the pages
+  /// While laying_out: what moves then (finish_layout()): every page of the emptied heap
+  /// (lay_out()), or, under a step epoch's live base, the pages above the plan's height into the
+  /// holes below it, up to trade_height (trade_pages_above()).
+  PendingLayout pending_layout = PendingLayout::whole_heap;
+  std::size_t trade_height = 0;
   DeviceEvent give_back_event = 0;     // while chunks above a followed plan's height wait to be
                                        // released: after the stream's work on them
   bool gave_back = false;              // give_back_above_plan() released chunks, and the heap has
@@ -520,6 +528,8 @@ class VmmHeaps final : public SegmentSource {
   bool holds_pages_for(const Heap& heap, std::size_t height) const noexcept;
   bool stream_work_done(const Heap& heap);
   Layout trade_pages_above(Heap& heap, std::size_t height);
+  Layout trade_after_work(Heap& heap, std::size_t height);
+  Layout trade_now(Heap& heap, std::size_t height);
   Layout move_pages_into_holes(Heap& heap, std::size_t height);
   std::size_t hole_bytes_below(const Heap& heap, Address top) const noexcept;
   std::size_t chunk_bytes_from(const Heap& heap, Address top) const noexcept;

@@ -391,6 +391,36 @@ TEST_CASE("replay: --device-lag runs tensorpool's device behind the host", "[rep
   }
 }
 
+TEST_CASE("replay: on a device behind the host, a step whose plan needs pages moved into holes follows it after one wait",
+          "[replay][step]") {
+  // GPT-2 small in the PyTorch loop, 8 x 1024, 6 steps, step() at each. The second step remaps
+  // idle pages online for the loss's upcast, leaving holes under the base; the third step's plan
+  // trades the pages above its height for them. With the device 64 allocations behind, that
+  // trade waits for the stream's work: it is made at the third step's first request (one
+  // synchronization), and every later step follows its plan. Refused instead, the steps ran
+  // online, and the fifth remapped idle pages again (64 calls and a synchronization).
+  const trace::Trace t = generated("model:gpt2,framework:pytorch,micro_batch:8,steps:6");
+  const auto replayed = [&](std::size_t lag) {
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = "tensorpool-vmm";
+    o.step_at_iterations = true;
+    o.target.device_lag = lag;
+    return tensorpool::replay::replay(source, o).total;
+  };
+  const ReplayResult lagging = replayed(64);
+  const ReplayResult at_once = replayed(0);
+  REQUIRE(lagging.per_iteration.size() == 6);
+  REQUIRE(at_once.per_iteration.size() == 6);
+  CHECK(lagging.per_iteration[2].upstream.syncs <= 1);  // the trade's wait, at most
+  for (std::size_t i = 3; i < 6; ++i) {
+    INFO("step " << i + 1);
+    CHECK(lagging.per_iteration[i].upstream.total() == 0);
+    CHECK(lagging.per_iteration[i].upstream.syncs == 0);
+    CHECK(lagging.per_iteration[i].peak_reserved == at_once.per_iteration[i].peak_reserved);
+  }
+}
+
 TEST_CASE("replay: per iteration, the calls made and the peaks from one marker to the next", "[replay]") {
   // A block before the first marker (in no iteration), then iterations of 1, 2 and 3 blocks of
   // 4 MiB, each freed within its iteration; raw makes one allocation and one free per block.
