@@ -323,19 +323,18 @@ std::vector<PhysicalHandle> VmmHeaps::cache_above(Heap& heap, Address top) {
   for (auto it = heap.chunks.lower_bound(top); it != heap.chunks.end(); ++it) above.push_back(it->second);
   std::vector<PhysicalHandle> cached;
   // One walk of the blocks beside the chunks (both go by address), not one from the heap's start
-  // per chunk: `from` is a block at or before the next chunk. An unmap leaves the block before
-  // the chunk in place (a free mapped block is cut there, not merged; a hole may grow), so that
-  // block, or the heap's first when there is none, is where the walk goes on.
+  // per chunk: `from` is a block at or before the next chunk. After an unmap the walk goes on
+  // from the hole over the chunk (the blocks beside it may have merged into it), as
+  // unstitch_free() does.
   Block* from = heap.segment->first;
   for (const Chunk& c : above) {
     if (c.stitched()) continue;  // its pages are another chunk's (vmm_stitch.cpp)
     Block* b = block_holding(from, c.addr);
     from = b;
     if (!covers_free(b, c)) continue;  // a live block lies on it: another stream's (oom_ladder.cpp)
-    Block* const before = b->addr < c.addr ? b : b->prev;
     cache_chunk_under(heap, b, c);
     cached.push_back(c.handle);
-    from = before != nullptr ? before : heap.segment->first;
+    from = hole_holding(heap, c.addr);
   }
   return cached;
 }
