@@ -132,7 +132,7 @@ void BM_PlanLayout(benchmark::State& state) {
 }
 
 // One steady-state step of a generated training run as the epoch a step boundary records
-// (vmm_epochs.cpp, "step boundaries"): the blocks live when the second iteration begins are fixed
+// (vmm_steps.cpp): the blocks live when the second iteration begins are fixed
 // where a bump layout puts them (weights, optimizer states), the step's own allocations have
 // their lifetimes on the step's clock, and their recorded layout overlaps itself (every block at
 // the base's top), so that the packing runs and is kept.

@@ -1,5 +1,5 @@
 // run_record.hpp: a vmm heap's record of a whole run of step epochs, from an empty heap to the
-// step that empties it again, joined from the steps' records as each ends (vmm_epochs.cpp).
+// step that empties it again, joined from the steps' records as each ends (vmm_steps.cpp).
 //
 // With step() a heap that holds a model never empties inside a step: its epochs run from one
 // boundary to the next, each planned around its base. A program that frees its model and builds

@@ -105,7 +105,7 @@ class SegmentSource {
     return nullptr;
   }
   /// Allocator::step(), or a boundary the step finder found: a training step ends here (vmm: the
-  /// heaps that do not empty end their epoch at the boundary, vmm_epochs.cpp; fixed segments:
+  /// heaps that do not empty end their epoch at the boundary, vmm_steps.cpp; fixed segments:
   /// nothing).
   virtual void step_boundary(StepBoundary boundary) { (void)boundary; }
   /// Calls f(block) for every held block (free, mapped, in no index).

@@ -1,5 +1,5 @@
 // step_turns.hpp: the record of the next step of a loop whose kept outputs take turns with what
-// they replace, made from the record of the step that just ended (vmm_epochs.cpp plans it).
+// they replace, made from the record of the step that just ended (vmm_steps.cpp plans it).
 //
 // A PyTorch training loop keeps its logits over the step boundary (`logits = model(x)` frees the
 // last step's only once this step's are made): the step allocates a block it keeps (pinned,

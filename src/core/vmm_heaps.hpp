@@ -17,8 +17,12 @@
 //                   release and teardown
 //   vmm_pages.cpp   the pages: where a growth maps (placement, chunk sizes), mapping chunks,
 //                   the cache of unmapped chunks, idle memory and its reclaim
-//   vmm_epochs.cpp  epochs: held pages, and the planned layouts that serve an epoch which
-//                   repeats the one before (vmm_plans.hpp: the plan cache and cursor)
+//   vmm_epochs.cpp  epochs: held pages, the end of an epoch, pages above a plan given back,
+//                   and following a plan (vmm_plans.hpp: the plan cache and cursor)
+//   vmm_steps.cpp   step boundaries, and the plan the next epoch follows (its own, a step's
+//                   mirror, a whole run's)
+//   vmm_layout.cpp  the pages a plan needs put in place: an empty heap laid out again, holes
+//                   under a step's base traded for the pages above its plan
 //   vmm_sleep.cpp   sleep and wake: every heap's pages given back, live blocks kept at their
 //                   addresses, and mapped back
 //   vmm_check.cpp   the invariants of the source, for check_invariants
@@ -408,7 +412,7 @@ class VmmHeaps final : public SegmentSource {
   std::size_t release_chunks(std::vector<Chunk> chunks);
   void release_chunk(const Chunk& c);
 
-  // --- epochs: held pages and planned layouts (vmm_epochs.cpp) ---
+  // --- epochs: held pages, ends, give-back, following a plan (vmm_epochs.cpp) ---
   void hold_all(Heap& heap, Block* freed);
   Block* from_held(Heap& heap, std::size_t size);
   void release_held(Pool pool, Spare spare);
@@ -460,6 +464,30 @@ class VmmHeaps final : public SegmentSource {
   }
   /// `height`: the highest of the plans the heap follows (one, or two in turn).
   void give_back_above_plan(Heap& heap, std::size_t height);
+  void release_above(Heap& heap, Address top);
+  Block* free_block_over(const Heap& heap, const Chunk& c) const noexcept;
+  void cache_chunk_under(Heap& heap, Block* b, const Chunk& c);
+  void release_chunk_under(Heap& heap, Block* b, const Chunk& c);
+  std::vector<PhysicalHandle> cache_above(Heap& heap, Address top);
+  void release_if_cached(const std::vector<PhysicalHandle>& handles);
+  void trim_chunk_at(Heap& heap, Address top, StreamWork work);
+  void give_back_cached(Heap& heap);
+  void release_never_used(Heap& heap);
+  /// Where the pages the current epoch mapped and no block of it used begin.
+  Address never_used_from(const Heap& heap) const noexcept {
+    return std::max(heap.segment->addr + round_up(heap.epoch.high, page_), heap.epoch_mapped_end);
+  }
+  /// The heap maps chunks above never_used_from() (release_never_used()).
+  bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
+  void drop_event(DeviceEvent& e) noexcept;
+  Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;
+  Block* take_step(Heap& heap, const EpochPlan::Step& step);
+  Block* first_block_of(const Heap& heap, const EpochPlan::Step& step) const;
+  bool needs_pages(const Heap& heap, const EpochPlan::Step& step) const;
+  bool map_planned(Heap& heap, const EpochPlan::Step& step);
+  Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
+
+  // --- step boundaries and the next epoch's plan (vmm_steps.cpp) ---
   void end_step_epoch(Heap& heap, std::uint64_t next_base);
   /// The step epoch's base blocks freed before its end join its record, as fixed blocks.
   static void add_freed_base(EpochLog& log) {
@@ -479,22 +507,6 @@ class VmmHeaps final : public SegmentSource {
   static constexpr std::uint64_t run_key(std::uint64_t signature) noexcept { return EpochLog::mixed(signature, kRunSalt); }
   static constexpr std::uint64_t kRunSalt = 0x72756e0aull;  // "run\n"
   void rebase(Heap& heap, std::uint64_t base_signature);
-  void release_above(Heap& heap, Address top);
-  Block* free_block_over(const Heap& heap, const Chunk& c) const noexcept;
-  void cache_chunk_under(Heap& heap, Block* b, const Chunk& c);
-  void release_chunk_under(Heap& heap, Block* b, const Chunk& c);
-  std::vector<PhysicalHandle> cache_above(Heap& heap, Address top);
-  void release_if_cached(const std::vector<PhysicalHandle>& handles);
-  void trim_chunk_at(Heap& heap, Address top, StreamWork work);
-  void give_back_cached(Heap& heap);
-  void release_never_used(Heap& heap);
-  /// Where the pages the current epoch mapped and no block of it used begin.
-  Address never_used_from(const Heap& heap) const noexcept {
-    return std::max(heap.segment->addr + round_up(heap.epoch.high, page_), heap.epoch_mapped_end);
-  }
-  /// The heap maps chunks above never_used_from() (release_never_used()).
-  bool has_never_used_pages(const Heap& heap) const noexcept { return heap.mapped_end > never_used_from(heap); }
-  void drop_event(DeviceEvent& e) noexcept;
   NextHeights plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
   PlanCache::Chain run_plans(const Heap& heap, std::uint64_t key, std::uint64_t last) const;
   bool run_lays_out_now(const Heap& heap);
@@ -520,6 +532,8 @@ class VmmHeaps final : public SegmentSource {
   void hand_mirror_to_planner(Heap& heap, std::uint64_t next_signature, std::vector<RecordedBlock>&& mirror);
   static bool mirror_would_replace_own_plan(const Heap& heap) noexcept;
   void collect_plans(Heap& heap);
+
+  // --- a plan's pages laid out (vmm_layout.cpp) ---
   Layout map_plan(Heap& heap, std::size_t height);
   bool lay_out(Heap& heap, std::size_t height, Chunks chunks = Chunks::reuse);
   bool moves_only_pages_above(const Heap& heap, std::size_t height) const noexcept;
@@ -542,12 +556,6 @@ class VmmHeaps final : public SegmentSource {
   DeviceEvent event_pending_on(const Heap& heap);
   bool finish_layout(Heap& heap);
   void abandon_layout(Heap& heap);
-  Block* find_planned(const Heap& heap, const EpochPlan::Step& step) const;
-  Block* take_step(Heap& heap, const EpochPlan::Step& step);
-  Block* first_block_of(const Heap& heap, const EpochPlan::Step& step) const;
-  bool needs_pages(const Heap& heap, const EpochPlan::Step& step) const;
-  bool map_planned(Heap& heap, const EpochPlan::Step& step);
-  Block* carve(Heap& heap, Block* x, Address at, std::size_t size);
 
   // --- stitching under pressure (vmm_stitch.cpp) ---
   /// A run of whole free pages lent to a stitch: [begin, end) of free block `block`, in `chunk`.

@@ -1,4 +1,5 @@
-// vmm_planner.hpp: where the epochs of the vmm heaps are planned (vmm_epochs.cpp hands them over).
+// vmm_planner.hpp: where the epochs of the vmm heaps are planned (vmm_epochs.cpp and
+// vmm_steps.cpp hand them over).
 //
 // vmm_planner:background (the default): a thread of the allocator's own plans each recorded
 // epoch off the caller's path; the free that ends an epoch only hands its record over (a swap of
