@@ -6,8 +6,10 @@
 // the holes under the base for the chunks above the plan's height (trade_pages_above()). Pages
 // move only once the work the heap's stream queued on them is done: at once when a query of the
 // stream says so, else behind an event, at the next epoch's first request (finish_layout(), one
-// synchronization at most). Never in a hot-path allocation or free. docs/vmm.md, "Planned layouts"
-// and "Steps".
+// synchronization at most). So these calls come where an epoch ends (the free that empties the
+// heap, or step()) or at the next epoch's first request; holes left below a plan's height with
+// nothing above it are mapped as its steps reach them instead (map_planned(), vmm_epochs.cpp).
+// docs/vmm.md, "Planned layouts" and "Steps".
 #include <algorithm>
 #include <iterator>
 #include <utility>
