@@ -4,7 +4,9 @@
 // Invariants (checked by Allocator::check_invariants):
 //  - per pool, every current value equals a recount from the blocks (allocated, requested,
 //    active) and from the segment source (reserved bytes, segments);
-//  - stats.total[m] is the sum of the two pools' values; no peak is below its current value.
+//  - stats.total[m] is the sum of the two pools' values; no peak is below its current value;
+//    no current value is above its cumulative increase (the merged `freed` is not negative).
+// Stat::freed stays 0 here: merged statistics derive it (Shards::merged()).
 #pragma once
 
 #include <cstddef>
@@ -18,12 +20,11 @@ namespace tensorpool::detail {
 TP_ALWAYS_INLINE void stat_up(Stat& s, std::int64_t d) noexcept {
   s.current += d;
   s.allocated += d;
-  s.peak = s.current > s.peak ? s.current : s.peak;
+  if (TP_UNLIKELY(s.current > s.peak)) s.peak = s.current;  // a new peak is rare: a branch, no store
 }
-TP_ALWAYS_INLINE void stat_down(Stat& s, std::int64_t d) noexcept {
-  s.current -= d;
-  s.freed += d;
-}
+// Stat::freed is not kept here: it is allocated - current, which Shards::merged() writes into
+// every statistic it hands out (one add fewer per statistic in the hot path's frees).
+TP_ALWAYS_INLINE void stat_down(Stat& s, std::int64_t d) noexcept { s.current -= d; }
 
 class Counters {
  public:
@@ -37,28 +38,18 @@ class Counters {
 
   /// A block of `size` bytes (the user asked for `requested`) was handed out.
   TP_ALWAYS_INLINE void on_alloc(Pool p, std::int64_t size, std::int64_t requested) noexcept {
-    for (PoolStats* s : {&pool(p), &stats_.total}) {
-      stat_up((*s)[Metric::allocated_bytes], size);
-      stat_up((*s)[Metric::requested_bytes], requested);
-      stat_up((*s)[Metric::allocations], 1);
-      stat_up((*s)[Metric::active_bytes], size);
-      stat_up((*s)[Metric::active_blocks], 1);
-    }
+    alloc_in(pool(p), size, requested);
+    alloc_in(stats_.total, size, requested);
   }
   /// The user freed it (it stays active until its stream events are done).
   TP_ALWAYS_INLINE void on_free(Pool p, std::int64_t size, std::int64_t requested) noexcept {
-    for (PoolStats* s : {&pool(p), &stats_.total}) {
-      stat_down((*s)[Metric::allocated_bytes], size);
-      stat_down((*s)[Metric::requested_bytes], requested);
-      stat_down((*s)[Metric::allocations], 1);
-    }
+    free_in(pool(p), size, requested);
+    free_in(stats_.total, size, requested);
   }
   /// It is no longer active (freed and its stream events done).
   TP_ALWAYS_INLINE void on_inactive(Pool p, std::int64_t size) noexcept {
-    for (PoolStats* s : {&pool(p), &stats_.total}) {
-      stat_down((*s)[Metric::active_bytes], size);
-      stat_down((*s)[Metric::active_blocks], 1);
-    }
+    inactive_in(pool(p), size);
+    inactive_in(stats_.total, size);
   }
   /// A segment (fixed) or a chunk (vmm) of `bytes` was obtained from the device.
   void on_upstream_alloc(Pool p, std::size_t bytes) noexcept {
@@ -82,6 +73,24 @@ class Counters {
   }
 
  private:
+  // One PoolStats' part of on_alloc(), on_free() and on_inactive() (each called for the pool and
+  // the total, written out: a loop over the two was not unrolled).
+  static TP_ALWAYS_INLINE void alloc_in(PoolStats& s, std::int64_t size, std::int64_t requested) noexcept {
+    stat_up(s[Metric::allocated_bytes], size);
+    stat_up(s[Metric::requested_bytes], requested);
+    stat_up(s[Metric::allocations], 1);
+    stat_up(s[Metric::active_bytes], size);
+    stat_up(s[Metric::active_blocks], 1);
+  }
+  static TP_ALWAYS_INLINE void free_in(PoolStats& s, std::int64_t size, std::int64_t requested) noexcept {
+    stat_down(s[Metric::allocated_bytes], size);
+    stat_down(s[Metric::requested_bytes], requested);
+    stat_down(s[Metric::allocations], 1);
+  }
+  static TP_ALWAYS_INLINE void inactive_in(PoolStats& s, std::int64_t size) noexcept {
+    stat_down(s[Metric::active_bytes], size);
+    stat_down(s[Metric::active_blocks], 1);
+  }
   PoolStats& pool(Pool p) noexcept { return stats_.pool[static_cast<int>(p)]; }
   const PoolStats& pool(Pool p) const noexcept { return stats_.pool[static_cast<int>(p)]; }
   static std::size_t current(const PoolStats& ps, Metric m) noexcept {

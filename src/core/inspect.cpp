@@ -268,6 +268,7 @@ void Allocator::Impl::check_invariants_locked() const {
       const std::int64_t sum = st.pool[0].metrics[m].current + st.pool[1].metrics[m].current;
       if (st.total.metrics[m].current != sum) fail(std::string("total ") + to_string(metric) + " is wrong");
       if (st.pool[p].metrics[m].peak < have) fail(std::string("peak of ") + to_string(metric) + " is below current");
+      if (st.pool[p].metrics[m].freed < 0) fail(std::string("stat ") + to_string(metric) + " is above all it ever got");
     }
     allocations += rc.pool[p][static_cast<int>(Metric::allocations)];
   }

@@ -18,7 +18,6 @@ void add_row(PoolStats& to, const PoolStats& from) noexcept {
   for (int m = 0; m < kNumMetrics; ++m) {
     to.metrics[m].current += from.metrics[m].current;
     to.metrics[m].allocated += from.metrics[m].allocated;
-    to.metrics[m].freed += from.metrics[m].freed;
   }
 }
 
@@ -78,6 +77,9 @@ Stats Shards::merged(const Stats& device_level) const noexcept {
     for (const Metric m : kShardMetrics)
       row_of(s, row)[m].peak =
           alone() ? row_of(shards_[0].counters.stats(), row)[m].peak : peak_[row][static_cast<int>(m)];
+  // What went is what came less what is there: the counters keep no `freed` (counters.hpp).
+  for (int row = 0; row < kNumRows; ++row)
+    for (Stat& stat : row_of(s, row).metrics) stat.freed = stat.allocated - stat.current;
   return s;
 }
 
