@@ -438,8 +438,9 @@ Block* Allocator::Impl::find_cached(StreamState& ss, Pool pool, std::size_t size
 
 // Removes free block b from its index and hands out its first `handed` bytes (handed_size()), or
 // its last ones where the request replaces a kept neighbour (replaces_kept_neighbour()); the free
-// remainder of a split goes back to the index.
-Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested, FreeFrom from) {
+// remainder of a split goes back to the index. Inline: called, it cost the cached pair 21 to 29
+// instructions of saved registers (docs/benchmarks.md, "The pair's counters, written out").
+TP_ALWAYS_INLINE Block* Allocator::Impl::take(Block* b, std::size_t handed, std::size_t requested, FreeFrom from) {
   Segment* seg = b->segment;
   seg->index->remove(b);
   if (handed < b->size) {
