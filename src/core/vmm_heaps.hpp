@@ -183,7 +183,7 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   DeviceEvent layout_event = 0;        // while laying_out: after the stream's work on the pages
   /// While laying_out: what moves then (finish_layout()): every page of the emptied heap
   /// (lay_out()), or, under a step epoch's live base, the pages above the plan's height into the
-  /// holes below it, up to trade_height (trade_pages_above()).
+  /// holes below it, up to trade_height (trade_pages_above(); only this case reads it).
   PendingLayout pending_layout = PendingLayout::whole_heap;
   std::size_t trade_height = 0;
   DeviceEvent give_back_event = 0;     // while chunks above a followed plan's height wait to be
@@ -543,6 +543,7 @@ class VmmHeaps final : public SegmentSource {
   bool stream_work_done(const Heap& heap);
   Layout trade_pages_above(Heap& heap, std::size_t height);
   Layout trade_after_work(Heap& heap, std::size_t height);
+  Layout defer_until_work_done(Heap& heap, PendingLayout what, std::size_t height);
   Layout trade_now(Heap& heap, std::size_t height);
   Layout move_pages_into_holes(Heap& heap, std::size_t height);
   std::size_t hole_bytes_below(const Heap& heap, Address top) const noexcept;

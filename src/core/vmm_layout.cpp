@@ -46,17 +46,27 @@ Layout VmmHeaps::map_plan(Heap& heap, std::size_t height) {
   if (heap.epoch.live != 0) return trade_pages_above(heap, height);
   if (!affords_layout(heap, height)) return Layout::impossible;
   if (st_.capture_underway()) return Layout::impossible;  // no device call during a capture
+  const Layout deferred = defer_until_work_done(heap, PendingLayout::whole_heap, height);
+  if (deferred != Layout::ready) return deferred;
+  return lay_out(heap, height) ? Layout::ready : Layout::impossible;
+}
+
+// Whether the pages can move now (ready: the stream's work on them is done, a query says so);
+// else an event is recorded and the heap waits to make `what` at its next epoch's first request
+// (finish_layout(): waiting), or the event failed and the plan is not followed (impossible).
+Layout VmmHeaps::defer_until_work_done(Heap& heap, PendingLayout what, std::size_t height) {
   try {
     if (const DeviceEvent pending = event_pending_on(heap); pending != 0) {
       heap.layout_event = pending;
-      heap.pending_layout = PendingLayout::whole_heap;
+      heap.pending_layout = what;
+      heap.trade_height = height;
       return Layout::waiting;
     }
   } catch (const DeviceError& err) {  // no layout, no plan: the heap runs unplanned
-    log().warn("vmm: an event to lay out a planned heap failed: {}", err.what());
+    log().warn("vmm: an event before moving a planned heap's pages failed: {}", err.what());
     return Layout::impossible;
   }
-  return lay_out(heap, height) ? Layout::ready : Layout::impossible;
+  return Layout::ready;
 }
 
 // map_plan() for a step epoch whose heap has holes below the plan's height (an idle remap or
@@ -109,17 +119,8 @@ Layout VmmHeaps::trade_now(Heap& heap, std::size_t height) {
 // online from then on, synchronizing every few steps (docs/benchmarks.md, "A trade that waits for
 // the device").
 Layout VmmHeaps::trade_after_work(Heap& heap, std::size_t height) {
-  try {
-    if (const DeviceEvent pending = event_pending_on(heap); pending != 0) {
-      heap.layout_event = pending;
-      heap.pending_layout = PendingLayout::pages_above;
-      heap.trade_height = height;
-      return Layout::waiting;
-    }
-  } catch (const DeviceError& err) {  // no trade, no plan: the step runs online
-    log().warn("vmm: an event for a planned step's pages failed: {}", err.what());
-    return Layout::impossible;
-  }
+  const Layout deferred = defer_until_work_done(heap, PendingLayout::pages_above, height);
+  if (deferred != Layout::ready) return deferred;
   return trade_now(heap, height);  // the work is done after all
 }
 
