@@ -161,6 +161,15 @@ LATER_HELD_OUT = [
      "(under 1 GiB)",
      cs336(CS336, CS336_SMALL, "mode:forward,precision:autocast-bf16,micro_batch:4,seq:512,context:512,steps:1"),
      False),
+    # Added 2026-12-07 (later), with the generator's kv:concat, before any rule was tried on them:
+    # Hugging Face's DynamicCache, whose key and value tensors grow by a token every step.
+    ("llama2-7b-generate-concat", "Llama-2-7B generation one request at a time (batch of one), 8 requests, "
+     "a DynamicCache KV cache",
+     ["--model", "llama2-7b", "--mode", "inference", "--options", "requests:8,max_batch:1,arrival:burst,kv:concat"],
+     False),
+    ("llama2-7b-serve-64-concat", "Llama-2-7B inference, continuous batching: 64 requests, batch up to 16, "
+     "a DynamicCache KV cache per request",
+     ["--model", "llama2-7b", "--mode", "inference", "--options", "requests:64,max_batch:16,kv:concat"], False),
 ]
 
 HELD_OUT_LOOPS = {hid for hid, _, _, loop in HELD_OUT + LATER_HELD_OUT if loop}

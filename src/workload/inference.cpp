@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,9 @@ struct Request {
   std::uint64_t output = 1;  // tokens to generate (the first comes from the prefill)
   std::uint64_t tokens = 0;  // in the KV cache
   std::uint64_t generated = 0;
-  std::vector<std::uint64_t> kv;  // contiguous: one tensor per layer; paged: the blocks
+  // contiguous: one tensor per layer; paged: the blocks; concat: layer l's key at 2l and value at
+  // 2l + 1 (0 until the prefill's forward pass makes them)
+  std::vector<std::uint64_t> kv;
 };
 
 class InferenceTrace {
@@ -94,11 +97,14 @@ class InferenceTrace {
     if (s_.kv == KvLayout::contiguous) {  // one tensor per layer, for the whole request
       for (int l = 0; l < s_.model.layers; ++l)
         r.kv.push_back(b_.alloc(kv_layer_bytes_per_token() * (r.prompt + r.output), "kv_cache:layer"));
+    } else if (s_.kv == KvLayout::concat) {
+      r.kv.assign(2 * static_cast<std::size_t>(s_.model.layers), 0);
     }
     grow_kv(r, r.prompt);
   }
 
-  // The cache holds `tokens` tokens of r from now on (paged: a block whenever one fills up).
+  // The cache holds `tokens` tokens of r from now on (paged: a block whenever one fills up;
+  // concat: made by the next forward pass, update_kv()).
   void grow_kv(Request& r, std::uint64_t tokens) {
     if (s_.kv == KvLayout::paged) {
       const std::uint64_t blocks = (tokens + s_.kv_block - 1) / s_.kv_block;
@@ -107,16 +113,30 @@ class InferenceTrace {
     r.tokens = tokens;
   }
 
+  // kv:concat, at layer l's attention: the key, then the value, replaced by a tensor of r.tokens
+  // tokens (torch.cat of the old one and the new tokens'), the old one freed once the new exists.
+  void update_kv(Request& r, int l) {
+    const std::uint64_t bytes = kv_layer_bytes_per_token() / 2 * r.tokens;
+    for (const std::size_t i : {2 * static_cast<std::size_t>(l), 2 * static_cast<std::size_t>(l) + 1}) {
+      const std::uint64_t old = r.kv[i];
+      r.kv[i] = b_.alloc(bytes, i % 2 == 0 ? "kv_cache:layer.key" : "kv_cache:layer.value");
+      if (old != 0) b_.free(old);
+    }
+  }
+
   // --- forward passes ------------------------------------------------------------------------
 
-  // The forward pass over `rows` tokens: the residual stream, per layer its temporaries.
-  void forward(std::uint64_t rows, const char* phase) {
+  // The forward pass over `rows` tokens: the residual stream, per layer its temporaries (and, for
+  // kv:concat, the caches of `growing` replaced at its attention).
+  void forward(std::uint64_t rows, const char* phase, std::span<Request* const> growing) {
     const std::string tmp = std::string("temporaries:") + phase + ".";
     std::uint64_t x = b_.alloc(rows * h_ * e_, tmp + "embedding");
     const std::uint64_t experts_per_token = s_.model.experts > 1 ? static_cast<std::uint64_t>(s_.model.top_k) : 1;
     const std::uint64_t inner = rows * experts_per_token * s_.model.ffn / t_ * e_;
     for (int l = 0; l < s_.model.layers; ++l) {
       const std::uint64_t qkv = b_.alloc(rows * (h_ + 2 * s_.model.kv_dim()) / t_ * e_, tmp + "attention.qkv");
+      if (s_.kv == KvLayout::concat)
+        for (Request* r : growing) update_kv(*r, l);
       const std::uint64_t ctx = b_.alloc(rows * h_ / t_ * e_, tmp + "attention.context");
       b_.free(qkv);
       const std::uint64_t resid = b_.alloc(rows * h_ * e_, tmp + "attention.residual");
@@ -135,20 +155,21 @@ class InferenceTrace {
 
   void prefill(Request& r) {
     reserve_kv(r);
-    forward(r.prompt, "prefill");
+    Request* const growing[] = {&r};
+    forward(r.prompt, "prefill", growing);
     r.generated = 1;
   }
 
   // One token for every running request: the cache grows by the token fed in.
   void decode() {
-    std::uint64_t rows = 0;
+    std::vector<Request*> growing;
     for (Request& r : running_) {
       if (r.generated >= r.output) continue;
       grow_kv(r, r.tokens + 1);
-      ++rows;
+      growing.push_back(&r);
     }
-    if (rows == 0) return;
-    forward(rows, "decode");
+    if (growing.empty()) return;
+    forward(growing.size(), "decode", growing);
     for (Request& r : running_)
       if (r.generated < r.output) ++r.generated;
   }
@@ -160,7 +181,8 @@ class InferenceTrace {
         ++it;
         continue;
       }
-      for (std::uint64_t a : it->kv) b_.free(a);
+      for (std::uint64_t a : it->kv)
+        if (a != 0) b_.free(a);
       it = running_.erase(it);
     }
   }

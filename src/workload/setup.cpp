@@ -31,7 +31,7 @@ template <> const std::vector<std::string>& names_of<QkvLayout>() { static const
 template <> const std::vector<std::string>& names_of<Checkpointing>() { static const std::vector<std::string> n{"none", "selective", "full"}; return n; }
 template <> const std::vector<std::string>& names_of<Attention>() { static const std::vector<std::string> n{"flash", "eager", "sdpa"}; return n; }
 template <> const std::vector<std::string>& names_of<Batching>() { static const std::vector<std::string> n{"fixed", "dynamic"}; return n; }
-template <> const std::vector<std::string>& names_of<KvLayout>() { static const std::vector<std::string> n{"contiguous", "paged"}; return n; }
+template <> const std::vector<std::string>& names_of<KvLayout>() { static const std::vector<std::string> n{"contiguous", "paged", "concat"}; return n; }
 template <> const std::vector<std::string>& names_of<Arrival>() { static const std::vector<std::string> n{"poisson", "fixed", "burst"}; return n; }
 template <> const std::vector<std::string>& names_of<LengthDistribution::Kind>() { static const std::vector<std::string> n{"fixed", "uniform", "lognormal"}; return n; }
 template <> const std::vector<std::string>& names_of<MlpKind>() { static const std::vector<std::string> n{"gelu", "gated"}; return n; }

@@ -212,6 +212,14 @@ TEST_CASE("KV cache: 2 x layers x kv_heads x head_dim x bytes per token", "[work
   const Live p = live(generate_workload(megatron_setup("llama2-70b", base + ",kv:paged,kv_block:16")), prefix("kv_cache:"));
   CHECK(static_cast<double>(p.peak) == Approx(1200 * per_token).epsilon(0.10));
   CHECK(p.allocations == (1199 + 15) / 16);  // blocks of 16 tokens as the sequence grows
+  // Hugging Face's DynamicCache: each forward pass (the prefill, then 199 decode steps) replaces
+  // every layer's key and value by a tensor one token longer, made before the old one is freed:
+  // at the last layer's value of the last step, all 8 tensors hold 1199 tokens and the old value 1198.
+  const Live cat = live(generate_workload(megatron_setup("llama2-70b", base + ",kv:concat")), prefix("kv_cache:"));
+  CHECK(cat.allocations == 200 * 4 * 2);
+  CHECK(static_cast<double>(cat.peak) == 1199 * per_token + 1198 * per_token / 8);
+  CHECK(cat.most_blocks == 4 * 2 + 1);
+  CHECK(cat.at_end == 0);
   // bf16 weights: 2 bytes per parameter.
   const WorkloadSetup seven = megatron_setup("llama2-7b", "mode:inference,requests:1,prompt:16,prompt_dist:fixed,output:4,output_dist:fixed");
   CHECK(static_cast<double>(live(generate_workload(seven), prefix("weights:")).peak) ==
@@ -482,7 +490,8 @@ TEST_CASE("LoRA and QLoRA: frozen base weights, trainable adapters, 4-bit matric
 TEST_CASE("every kind of workload trace is consistent and deterministic", "[workload]") {
   for (const char* options :
        {"layers:4,zero:3,dp:8,checkpointing:full", "layers:4,pp:2,global_batch:8,tp:2", "layers:4,attention:eager,checkpointing:selective",
-        "layers:2,mode:inference,kv:paged,requests:16", "layers:2,mode:inference,kv:contiguous,requests:16,arrival:fixed"}) {
+        "layers:2,mode:inference,kv:paged,requests:16", "layers:2,mode:inference,kv:contiguous,requests:16,arrival:fixed",
+        "layers:2,mode:inference,kv:concat,requests:16,max_batch:4"}) {
     INFO(options);
     const trace::Trace a = generate_workload(megatron_setup("llama2-7b", options));
     check_consistent(a);

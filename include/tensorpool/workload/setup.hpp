@@ -49,8 +49,10 @@
 // sequences decode together, a new request is admitted (its prompt prefilled) as soon as there is
 // room, and a finished one frees its KV cache at once. KV cache: 2 x layers x kv_heads x head_dim
 // x bytes per token, either one contiguous tensor per request and layer sized for its prompt and
-// output (kv:contiguous), or blocks of kv_block tokens for all layers, allocated as the sequence
-// grows (kv:paged).
+// output (kv:contiguous), blocks of kv_block tokens for all layers, allocated as the sequence
+// grows (kv:paged), or a key and a value tensor per request and layer that every forward pass
+// replaces by one a token longer, made at the layer's attention before the old one is freed, as
+// Hugging Face's DynamicCache concatenates them (kv:concat).
 //
 // Every allocation's label says what it is: "weights:...", "grads:...", "optimizer:...",
 // "activations:..." (kept for backward), "recompute:..." (kept again during a layer's backward),
@@ -83,7 +85,7 @@ enum class Checkpointing : std::uint8_t { none, selective, full };
 /// autograd keeps); sdpa: F.scaled_dot_product_attention (flash or memory-efficient kernels).
 enum class Attention : std::uint8_t { flash, eager, sdpa };
 enum class Batching : std::uint8_t { fixed, dynamic };
-enum class KvLayout : std::uint8_t { contiguous, paged };
+enum class KvLayout : std::uint8_t { contiguous, paged, concat };
 enum class Arrival : std::uint8_t { poisson, fixed, burst };
 /// The optimizer's states: AdamW's two moments in fp32 (adamw), or quantized to 8 bits by blocks
 /// of 256 elements with an fp32 scale each, as bitsandbytes' AdamW8bit keeps them (adamw8bit).
