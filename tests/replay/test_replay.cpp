@@ -340,6 +340,37 @@ TEST_CASE("replay: a server rebuilt after its heap empties runs, with step() per
   }
 }
 
+TEST_CASE("replay: a server whose KV cache grows by concatenation settles, with step() per decode step",
+          "[replay][step]") {
+  // Llama 2 7B's attention in 4 layers, 16 requests, batches of 4, a DynamicCache KV cache
+  // (kv:concat): every decode step replaces each layer's key and value by a tensor one token
+  // longer, so sizes never repeat. A short prompt's tensors (under 1 MiB) live in the small pool;
+  // once the running requests have outgrown it, its decode steps repeat a plan and the pages
+  // above it are given back, and a later short prompt creates them again, once: from then on the
+  // heap keeps its pages (Heap::keeps_pages). So from the second warm pass on, step() costs no
+  // call and holds what the run without step() does.
+  const trace::Trace t = generated("model:llama2-7b,layers:4,mode:inference,requests:16,max_batch:4,kv:concat");
+  const auto measured = [&](const std::string& allocator, int warmup, bool steps) {
+    TraceSource source(t);
+    ReplayOptions o;
+    o.allocator = allocator;
+    o.target.capacity = 80 * GiB;
+    o.warmup = warmup;
+    o.step_at_iterations = steps;
+    return tensorpool::replay::replay(source, o).total;
+  };
+  const ReplayResult pytorch = measured("pytorch", 2, false);
+  const ReplayResult without = measured("tensorpool-vmm", 2, false);
+  const ReplayResult with = measured("tensorpool-vmm", 2, true);
+  REQUIRE(with.per_iteration.size() > 100);
+  REQUIRE(pytorch.upstream.total() == 0);
+  CHECK(without.upstream.total() == 0);
+  CHECK(with.upstream.total() == 0);
+  CHECK(with.upstream.syncs == 0);
+  CHECK(with.peak_reserved <= without.peak_reserved);
+  CHECK(with.utilization > pytorch.utilization);
+}
+
 TEST_CASE("replay: steps that follow no plan run as the loop does without step()", "[replay][step]") {
   // GPT-2 small, forward passes of 16 x 1024 under no_grad, 12 steps: each step's logits are kept
   // until the next step has made its own, so the base moves every step and no plan is followed.
