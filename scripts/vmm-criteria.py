@@ -170,6 +170,21 @@ LATER_HELD_OUT = [
     ("llama2-7b-serve-64-concat", "Llama-2-7B inference, continuous batching: 64 requests, batch up to 16, "
      "a DynamicCache KV cache per request",
      ["--model", "llama2-7b", "--mode", "inference", "--options", "requests:64,max_batch:16,kv:concat"], False),
+    # Added 2026-12-07 (later) from a sweep of twenty generated jobs (docs/benchmarks.md, "Twenty
+    # more generated jobs"), before any rule was tried on them: the four that fit 80 GiB and miss.
+    ("gpt2-xl-loop-fp16", "GPT-2 1.5B in the PyTorch loop, fp16 with fp32 master weights, 4 x 1024, 3 steps",
+     ["--model", "gpt2-xl", "--options", "framework:pytorch,precision:fp16,micro_batch:4,steps:3"], True),
+    ("gpt2-dynamic-lognormal", "GPT-2 small, dynamic batching of lognormal sequence lengths, 16 per micro-batch, "
+     "6 steps",
+     ["--model", "gpt2", "--options", "framework:megatron,micro_batch:16,batching:dynamic,seq_dist:lognormal,"
+      "seq_min:64,steps:6"], False),
+    ("llama2-13b-serve-concat", "Llama-2-13B inference, continuous batching: 24 requests, batch up to 8, "
+     "a DynamicCache KV cache per request",
+     ["--model", "llama2-13b", "--mode", "inference", "--options", "requests:24,max_batch:8,kv:concat"], False),
+    ("tiny-train-fp32", "a 4-layer model (256 wide, 8,000-token vocabulary) in the PyTorch loop, fp32, 8 x 256, "
+     "5 steps (under 1 GiB)",
+     ["--model", "custom", "--options", "framework:pytorch,layers:4,hidden:256,heads:4,kv_heads:4,ffn:1024,"
+      "vocab:8000,context:256,precision:fp32,micro_batch:8,steps:5"], True),
 ]
 
 HELD_OUT_LOOPS = {hid for hid, _, _, loop in HELD_OUT + LATER_HELD_OUT if loop}
