@@ -344,11 +344,11 @@ TEST_CASE("replay: a server whose KV cache grows by concatenation settles, with 
           "[replay][step]") {
   // Llama 2 7B's attention in 4 layers, 16 requests, batches of 4, a DynamicCache KV cache
   // (kv:concat): every decode step replaces each layer's key and value by a tensor one token
-  // longer, so sizes never repeat. A short prompt's tensors (under 1 MiB) live in the small pool;
-  // once the running requests have outgrown it, its decode steps repeat a plan and the pages
-  // above it are given back, and a later short prompt creates them again, once: from then on the
-  // heap keeps its pages (Heap::keeps_pages). So from the second warm pass on, step() costs no
-  // call and holds what the run without step() does.
+  // longer, so sizes never repeat. Decode steps that repeat in a pool (the small pool's
+  // temporaries once no request's tensors are under 1 MiB) follow a plan, and the pages above it
+  // are given back (in both pools here, in the first warm pass); a later step creates what it
+  // needs again, once: from then on the heap keeps its pages (Heap::keeps_pages). So from the
+  // second warm pass on, step() costs no call and holds what the run without step() does.
   const trace::Trace t = generated("model:llama2-7b,layers:4,mode:inference,requests:16,max_batch:4,kv:concat");
   const auto measured = [&](const std::string& allocator, int warmup, bool steps) {
     TraceSource source(t);
