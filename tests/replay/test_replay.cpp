@@ -45,6 +45,17 @@ ReplayReport run(const trace::Trace& t, const std::string& allocator, std::size_
   return tensorpool::replay::replay(source, o);
 }
 
+// The measured pass of a replay at 80 GiB after `warmup` passes over the same window.
+ReplayResult measured_pass(const trace::Trace& t, const std::string& allocator, int warmup, Steps steps = Steps::none) {
+  TraceSource source(t);
+  ReplayOptions o;
+  o.allocator = allocator;
+  o.target.capacity = 80 * GiB;
+  o.warmup = warmup;
+  o.step_at_iterations = steps == Steps::at_iterations;
+  return tensorpool::replay::replay(source, o).total;
+}
+
 // Three blocks live at once (peak requested 7 MiB + 1000 B), then freed; one address reused.
 trace::Trace small_trace() {
   trace::Trace t;
@@ -265,12 +276,7 @@ TEST_CASE("replay: a whole run laid out on its plan gives back the chunks the la
   // cached, reserved, for good (0.9846 of the requested peak held in the measured pass). They are
   // released with the give-back of the pages above the plan (give_back_cached()).
   const trace::Trace t = generated("model:gpt2-xl,framework:pytorch,micro_batch:4,checkpointing:full,steps:5");
-  ReplayOptions o;
-  o.allocator = "tensorpool-vmm";
-  o.target.capacity = 80 * GiB;
-  o.warmup = 1;
-  TraceSource source(t);
-  const ReplayResult r = tensorpool::replay::replay(source, o).total;
+  const ReplayResult r = measured_pass(t, "tensorpool-vmm", 1);
   CHECK(r.upstream.total() == 0);
   CHECK(r.utilization >= 0.999);
 }
@@ -290,14 +296,7 @@ TEST_CASE("replay: a warm pass with step() at its iterations settles on its plan
   for (const std::string& shape : {gpt2 + ",checkpointing:full,micro_batch:4,global_batch:64",
                                    gpt2 + ",experts:8,top_k:2,moe_imbalance:1.5,micro_batch:8,global_batch:128"}) {
     INFO(shape);
-    const trace::Trace t = generated(shape);
-    TraceSource source(t);
-    ReplayOptions o;
-    o.allocator = "tensorpool-vmm";
-    o.target.capacity = 80 * GiB;
-    o.warmup = 1;
-    o.step_at_iterations = true;
-    const ReplayResult r = tensorpool::replay::replay(source, o).total;
+    const ReplayResult r = measured_pass(generated(shape), "tensorpool-vmm", 1, Steps::at_iterations);
     REQUIRE(r.per_iteration.size() == 2);
     for (const auto& it : r.per_iteration) CHECK(it.upstream.total() == 0);
     CHECK(r.upstream.syncs == 0);
@@ -319,18 +318,9 @@ TEST_CASE("replay: a server rebuilt after its heap empties runs, with step() per
   for (const std::string model : {"gpt2", "llama2-7b"}) {
     INFO(model);
     const trace::Trace t = generated("model:" + model + ",mode:inference,requests:16,max_batch:4");
-    const auto measured = [&](const std::string& allocator, bool steps) {
-      TraceSource source(t);
-      ReplayOptions o;
-      o.allocator = allocator;
-      o.target.capacity = 80 * GiB;
-      o.warmup = 1;
-      o.step_at_iterations = steps;
-      return tensorpool::replay::replay(source, o).total;
-    };
-    const ReplayResult pytorch = measured("pytorch", false);
-    const ReplayResult without = measured("tensorpool-vmm", false);
-    const ReplayResult with = measured("tensorpool-vmm", true);
+    const ReplayResult pytorch = measured_pass(t, "pytorch", 1);
+    const ReplayResult without = measured_pass(t, "tensorpool-vmm", 1);
+    const ReplayResult with = measured_pass(t, "tensorpool-vmm", 1, Steps::at_iterations);
     REQUIRE(with.per_iteration.size() > 100);
     REQUIRE(pytorch.upstream.total() == 0);
     REQUIRE(without.upstream.total() == 0);
@@ -350,18 +340,9 @@ TEST_CASE("replay: a server whose KV cache grows by concatenation settles, with 
   // needs again, once: from then on the heap keeps its pages (Heap::keeps_pages). So from the
   // second warm pass on, step() costs no call and holds what the run without step() does.
   const trace::Trace t = generated("model:llama2-7b,layers:4,mode:inference,requests:16,max_batch:4,kv:concat");
-  const auto measured = [&](const std::string& allocator, int warmup, bool steps) {
-    TraceSource source(t);
-    ReplayOptions o;
-    o.allocator = allocator;
-    o.target.capacity = 80 * GiB;
-    o.warmup = warmup;
-    o.step_at_iterations = steps;
-    return tensorpool::replay::replay(source, o).total;
-  };
-  const ReplayResult pytorch = measured("pytorch", 2, false);
-  const ReplayResult without = measured("tensorpool-vmm", 2, false);
-  const ReplayResult with = measured("tensorpool-vmm", 2, true);
+  const ReplayResult pytorch = measured_pass(t, "pytorch", 2);
+  const ReplayResult without = measured_pass(t, "tensorpool-vmm", 2);
+  const ReplayResult with = measured_pass(t, "tensorpool-vmm", 2, Steps::at_iterations);
   REQUIRE(with.per_iteration.size() > 100);
   REQUIRE(pytorch.upstream.total() == 0);
   CHECK(without.upstream.total() == 0);
