@@ -170,8 +170,7 @@ class InferenceTrace {
     }
     if (growing.empty()) return;
     forward(growing.size(), "decode", growing);
-    for (Request& r : running_)
-      if (r.generated < r.output) ++r.generated;
+    for (Request* r : growing) ++r->generated;
   }
 
   // Finished requests free their cache at once (the next step admits others into their room).
