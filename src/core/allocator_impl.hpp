@@ -128,6 +128,8 @@ class Allocator::Impl : private detail::AllocatorState {
   Block* steal_from_other_stream(StreamState& ss, Pool pool, std::size_t size);
   bool run_free_memory_callbacks(std::size_t size, Lock& lock);
   [[noreturn]] void throw_oom(Stream stream, std::size_t bytes, std::size_t size, Lock& lock);
+  bool out_of_reach(Stream stream, std::size_t size) const;
+  std::size_t allocated_with_pages() const;
   std::size_t largest_free_block() const noexcept;
   std::vector<StreamCachedBytes> cached_per_stream() const;
 

@@ -168,6 +168,14 @@ struct AllocatorState {
   bool within_limit(std::size_t bytes) const noexcept {
     return limit == 0 || counters.reserved() + bytes <= limit;
   }
+  /// What the allocator could still create: the device's free memory (a device call), and no
+  /// more than the memory limit leaves.
+  std::size_t room_left() const {
+    const std::size_t device_free = device->free_memory();
+    if (limit == 0) return device_free;
+    const std::size_t reserved = counters.reserved();
+    return std::min(device_free, reserved >= limit ? 0 : limit - reserved);
+  }
   /// vmm: the share of a pool exposing `exposed` bytes that a growth maps at least (before the
   /// page bounds of VmmHeaps::growth_step()): 1/vmm_growth_divisor of it, at most vmm_max_growth.
   std::size_t growth_share(std::size_t exposed) const noexcept {

@@ -1,7 +1,9 @@
 // oom_ladder.cpp: what an allocation goes through when its stream's cache cannot serve it.
 //
 // The ladder:
-//   1. collect frees whose stream events have completed, search again;
+//   1. collect frees whose stream events have completed, search again; a request that all the
+//      ladder could yield would not serve then fails at once, keeping the cache (out_of_reach(),
+//      where what a release gives back is free at once: vmm);
 //   2. grow: room from the segment source (within the memory limit);
 //   3. (cross_stream_reuse) a free block cached for another stream, after an event wait;
 //   4. free-memory callbacks (lock released), then search and grow again;
@@ -30,6 +32,7 @@ Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t si
     process_events();
     if (Block* b = find_cached(ss, pool, size)) return b;
   }
+  if (!capturing && out_of_reach(ss.stream, size)) throw_oom(ss.stream, bytes, size, lock);
   if (Block* b = source_->grow(ss, pool, size)) return b;
   if (config.cross_stream_reuse)
     if (Block* b = steal_from_other_stream(ss, pool, size)) return b;
@@ -44,6 +47,35 @@ Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t si
   if (source_->release(detail::ReleaseGoal::everything) != 0)
     if (Block* b = source_->grow(ss, pool, size)) return b;
   throw_oom(ss.stream, bytes, size, lock);
+}
+
+// Whether no step of the ladder could serve `size` bytes: they exceed what the device has free
+// (within the memory limit) and every reserved byte that no live block holds (free, held,
+// pending and cached: all that a reclaim, a wait and a release could yield) together. Those steps
+// unmap, synchronize and release, and the next request maps and creates again, so a program that
+// goes on after the error (a replay below its fit, a server that drops a request) would move
+// pages and synchronize at every refused request (tensorpool-vmm, where the pytorch model does
+// not: docs/benchmarks.md, "Requests beyond reach refused at once"). Only where a release frees
+// memory at once (vmm): a stream-ordered pool may serve a new segment from memory whose free a
+// stream has not reached yet, which the device's free memory does not count. Never with
+// free-memory callbacks, which may free live blocks. The device is asked only for a request
+// that needs memory created, and only once the stream is known not to be captured into a graph
+// (UsageError, as the growth would raise: no call but that question during a capture).
+bool Allocator::Impl::out_of_reach(Stream stream, std::size_t size) const {
+  if (source_->releases() != detail::Release::at_once || !hooks.free_memory_callbacks().empty()) return false;
+  const std::size_t reserved = counters.reserved();
+  const std::size_t live = allocated_with_pages();
+  const std::size_t yield = reserved > live ? reserved - live : 0;
+  if (size <= yield) return false;
+  refuse_if_captured(stream);
+  return size - yield > room_left();
+}
+
+// Bytes of live blocks that have pages: allocated, but for asleep blocks (sleep(): no pages).
+std::size_t Allocator::Impl::allocated_with_pages() const {
+  const auto allocated = static_cast<std::size_t>(shards.total_current(Metric::allocated_bytes));
+  const std::size_t asleep = source_->asleep().asleep_allocated;
+  return allocated > asleep ? allocated - asleep : 0;
 }
 
 Block* Allocator::Impl::find_or_grow(StreamState& ss, Pool pool, std::size_t size) {
@@ -125,7 +157,7 @@ void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t si
   info.reserved = counters.reserved();
   info.allocated = static_cast<std::size_t>(shards.total_current(Metric::allocated_bytes));
   // Asleep blocks (sleep()) are allocated without pages: only the awake ones use reserved memory.
-  info.reserved_unallocated = info.reserved - (info.allocated - source_->asleep().asleep_allocated);
+  info.reserved_unallocated = info.reserved - allocated_with_pages();
   info.largest_free_block = largest_free_block();
   info.memory_limit = limit;
   info.cached_per_stream = cached_per_stream();

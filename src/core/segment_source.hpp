@@ -59,6 +59,12 @@ struct Sleepers {
   bool cover(TagId t) const noexcept { return all || t == tag; }
 };
 
+/// How soon memory a source gives back (SegmentSource::release()) is free on the device.
+enum class Release : std::uint8_t {
+  at_once,  // when the call returns (vmm: cuMemRelease of a chunk no range maps)
+  later,    // perhaps only once a stream reaches the free (fixed segments on a stream-ordered pool)
+};
+
 /// Who says where a step ends (SegmentSource::step_boundary()).
 enum class StepBoundary : std::uint8_t {
   called,  // the program: Allocator::step()
@@ -76,6 +82,9 @@ class SegmentSource {
   /// Gives cached memory (entirely free segments or chunks) back to the device; returns the
   /// bytes given back. Pending frees have been synchronized by the caller.
   virtual std::size_t release(ReleaseGoal goal) = 0;
+  /// How soon what release() gives back is free on the device (for the ladder's early refusal,
+  /// oom_ladder.cpp).
+  virtual Release releases() const noexcept { return Release::later; }
   /// Teardown, once, while the device is alive: gives everything back to the device, live
   /// blocks included. The caller then recycles the Blocks and forgets the segments.
   virtual void destroy() = 0;

@@ -79,7 +79,7 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   // (a release and a map again per change of step), so the heap keeps them from here on.
   heap.keeps_pages = heap.keeps_pages || std::exchange(heap.gave_back, false);
   const std::size_t want = round_up(size, page_);
-  const std::size_t left = room_left();
+  const std::size_t left = st_.room_left();
   const bool pressure = want > left;
   // Too few held pages: they join the free block before the hole, for place(), and other heaps'
   // may be remapped here; but for the pages of heaps that follow a plan, unless under pressure

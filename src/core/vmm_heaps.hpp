@@ -341,6 +341,7 @@ class VmmHeaps final : public SegmentSource {
   // SegmentSource (vmm_heaps.cpp, vmm_epochs.cpp, vmm_check.cpp)
   Block* grow(StreamState& ss, Pool pool, std::size_t size) override;
   std::size_t release(ReleaseGoal goal) override;
+  Release releases() const noexcept override { return Release::at_once; }
   void destroy() override;
   void check(Recount& rc) const override;
   Block* end_epoch(Block* b) override;
@@ -370,7 +371,7 @@ class VmmHeaps final : public SegmentSource {
     Address block_end = 0;    // where the request's block will end, if it is placed here
     Growth growth = Growth::request;
     std::size_t left = SIZE_MAX;  // what the allocator could still create when the growth began
-                                  // (room_left(); SIZE_MAX: not asked): chunk_floor()
+                                  // (AllocatorState::room_left(); SIZE_MAX: not asked): chunk_floor()
     Address limit = 0;            // no chunk is mapped past it (0: the hole's end); a plan's height
   };
   /// What map_into() mapped.
@@ -400,7 +401,6 @@ class VmmHeaps final : public SegmentSource {
   /// chunk_floor() counts the memory left times this once the device is fuller than 1 - 1/this.
   static constexpr std::size_t kFloorShareOfLeft = 4;
   std::size_t chunk_floor(bool past_block, std::size_t left) const noexcept;
-  std::size_t room_left();
   Mapped map_into(Heap& heap, const Placement& where);
   std::optional<Chunk> create_chunk(std::size_t bytes, Pool pool);
   std::size_t idle_physical(Pool pool) const;

@@ -175,7 +175,7 @@ std::size_t VmmHeaps::planned_chunk_size(std::size_t height) const noexcept {
 // twice that for the chunks a growth maps past the request's block (memory mapped ahead of
 // need). What a free, partly used chunk strands is then a bounded share of the device, while a
 // request of a few MiB no longer makes chunks of a page or two. Once the device is more than
-// three-quarters full the share is of four times what is `left` (room_left() when the growth
+// three-quarters full the share is of four times what is `left` (st_.room_left() when the growth
 // began) instead: near a full device chunks shrink with what remains, so the pages a partly used
 // one strands stay a small share of it too. (Four: the knee measured on a 2.7B training step
 // fitted by bisection, docs/benchmarks.md, "Chunks that shrink as the device fills".)
@@ -186,15 +186,6 @@ std::size_t VmmHeaps::chunk_floor(bool past_block, std::size_t left) const noexc
   if (left < room / kFloorShareOfLeft) room = left * kFloorShareOfLeft;
   const std::size_t floor = room / divisor * (past_block ? 2 : 1) / page_ * page_;
   return std::max(page_, floor);
-}
-
-// What the allocator could still create: the device's free memory, and no more than the memory
-// limit leaves.
-std::size_t VmmHeaps::room_left() {
-  const std::size_t device_free = st_.device->free_memory();
-  if (st_.limit == 0) return device_free;
-  const std::size_t reserved = st_.counters.reserved();
-  return std::min(device_free, reserved >= st_.limit ? 0 : st_.limit - reserved);
 }
 
 // --- mapping --------------------------------------------------------------------------------

@@ -1800,6 +1800,62 @@ TEST_CASE("vmm: free pages are remapped where needed instead of growing", "[vmm]
   for (void* p : fixed_live) fixed.alloc.deallocate(p);
 }
 
+// Every device call the simulated device counts, less its queries and event records: what a
+// refused request must not have made.
+std::vector<std::uint64_t> calls_of(const SimulatedDevice& device) {
+  const DeviceCounters c = device.counters();
+  return {c.physical_creates, c.physical_releases, c.maps, c.unmaps, c.syncs(), c.segment_allocs, c.segment_frees};
+}
+
+TEST_CASE("vmm: a request that nothing could serve fails at once, keeping the cache", "[vmm][oom]") {
+  Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_max_chunk:2MiB", {.capacity = 100 * MiB});
+  std::vector<void*> live;
+  fill_and_punch(f.alloc, live);  // 40 MiB live, 40 MiB free in holes, 20 MiB left on the device
+  const std::size_t reserved = f.reserved();
+  const auto calls = calls_of(*f.device);
+  // More than the free holes and the device's free memory together: no reclaim could serve it,
+  // so nothing is unmapped, synchronized or released on its way to the error.
+  for (int i = 0; i < 3; ++i) REQUIRE_THROWS_AS(f.alloc.allocate(61 * MiB), OutOfMemoryError);
+  REQUIRE(calls_of(*f.device) == calls);
+  REQUIRE(f.reserved() == reserved);
+  REQUIRE(f.alloc.stats().ooms == 3);
+  REQUIRE(f.alloc.stats().syncs == 0);
+  f.alloc.check_invariants();
+  // Within reach, it takes everything: the holes' pages remapped and the device's last 20 MiB.
+  void* p = f.alloc.allocate(60 * MiB);
+  REQUIRE(f.alloc.stats().syncs >= 1);
+  REQUIRE(f.reserved() == 100 * MiB);
+  f.alloc.check_invariants();
+  f.alloc.deallocate(p);
+  for (void* q : live) f.alloc.deallocate(q);
+}
+
+TEST_CASE("vmm: the memory limit and free-memory callbacks bound what is refused at once", "[vmm][oom][hooks]") {
+  Fixture f("mode:vmm,vmm_max_growth:2MiB,vmm_max_chunk:2MiB", {.capacity = 100 * MiB});
+  std::vector<void*> live;
+  fill_and_punch(f.alloc, live);
+  f.alloc.set_memory_limit(90 * MiB);  // 10 MiB more may be created, not 20
+  const auto calls = calls_of(*f.device);
+  REQUIRE_THROWS_AS(f.alloc.allocate(51 * MiB), OutOfMemoryError);
+  REQUIRE(calls_of(*f.device) == calls);
+  // A callback may free live blocks: the ladder runs it rather than refuse at once.
+  int called = 0;
+  f.alloc.add_free_memory_callback([&](std::size_t) {
+    ++called;
+    for (int i = 0; i < 2 && !live.empty(); ++i) {
+      f.alloc.deallocate(live.back());
+      live.pop_back();
+    }
+    return true;
+  });
+  void* p = f.alloc.allocate(51 * MiB);  // 40 free + 8 freed by the callback + 10 created
+  REQUIRE(called == 1);
+  REQUIRE(f.reserved() <= 90 * MiB);
+  f.alloc.check_invariants();
+  f.alloc.deallocate(p);
+  for (void* q : live) f.alloc.deallocate(q);
+}
+
 TEST_CASE("vmm page accounting: everything freed + empty_cache returns to the reserve", "[vmm]") {
   for (std::size_t reserve : {std::size_t{0}, 64 * MiB}) {
     const std::string conf = "mode:vmm,vmm_reserve:" + std::to_string(reserve);
