@@ -4,7 +4,8 @@
 // fails with hundreds of MiB of them scattered over its heap. Where a growth finds nothing left
 // to create or reclaim, stitch() maps those pages again, side by side, in the hole a growth
 // would map (VirtualMemory::map_part(): cuMemMap with an offset into the chunk's handle, while
-// the chunk stays mapped where it is), and the request is served there.
+// the chunk stays mapped where it is), after the device's last pages if they are needed too,
+// and the request is served there.
 //
 // The pages keep their first mapping: the free block they lie in gives them up as a lent block
 // (Block::lent: allocated, by no user, listed in Heap::lent), so that nothing is carved from
@@ -34,12 +35,39 @@ namespace tensorpool::detail {
 // The request of `size` bytes, served from free pages lent where they lie and mapped again in
 // the first hole a growth would map (place(): the lowest that, with the free blocks beside it,
 // holds the request), so that stitched ranges fill holes before they take new address space;
-// nullptr (nothing changed) when no hole fits, the heap's free pages do not add up to what the
-// hole needs, or the device maps no parts. A DeviceError from a map leaves the heap as it was.
+// nullptr when no hole fits, the heap's free pages do not add up to what the hole needs (then
+// not even with the device's last pages: with_last_pages()), or the device maps no parts. A
+// DeviceError from a map of the free pages leaves the heap as it was (but for the device's last
+// pages, if mapped: they stay, free, as any growth's).
 Block* VmmHeaps::stitch(Heap& heap, std::size_t size) {
   if (!st_.config.vmm_stitch || !vm_.maps_parts() || heap.asleep || !heap.sleeping.empty() ||
       st_.capture_underway() || heap.cursor.state() == PlanState::laying_out)
     return nullptr;
+  if (Block* b = stitch_free_pages(heap, size)) return b;
+  return with_last_pages(heap, size);
+}
+
+// stitch() where the free pages alone fall short: the device's last whole pages (fewer than the
+// request needs beyond the free block before its hole: the growth asked for chunks larger than
+// the device had, and mapped none) are mapped at the hole, then the free pages make up the rest.
+// Nothing is mapped unless they add up (the same free blocks lend either way: the pages join the
+// block before the hole, which lends none); if the device then gives fewer pages than it said it
+// had, those it gave stay mapped and free, for the ladder's release.
+Block* VmmHeaps::with_last_pages(Heap& heap, std::size_t size) {
+  Placement where = place(heap, size);
+  const std::size_t room = st_.room_left() / page_ * page_;
+  if (where.hole == nullptr || room == 0 || room >= where.need) return nullptr;
+  const Block* below = free_mapped(where.hole->prev) ? where.hole->prev : nullptr;
+  const Block* above = free_mapped(where.hole->next) ? where.hole->next : nullptr;
+  if (runs_to_lend(heap, {below, above}, where.need - room).empty()) return nullptr;
+  where.bytes = where.need = room;
+  where.left = room;
+  if (map_into(heap, where).block == nullptr) return nullptr;
+  return stitch_free_pages(heap, size);
+}
+
+// stitch() once its conditions hold: nothing changed where it returns nullptr.
+Block* VmmHeaps::stitch_free_pages(Heap& heap, std::size_t size) {
   const Placement where = place(heap, size);
   if (where.hole == nullptr) return nullptr;
   Block* hole = where.hole;

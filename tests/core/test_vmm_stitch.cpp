@@ -97,6 +97,29 @@ TEST_CASE("stitch: a request no free block holds is served from free pages mappe
   REQUIRE(s.device->mapped_bytes() == 0);
 }
 
+TEST_CASE("stitch: the device's last pages and the free ones together serve a request", "[vmm][stitch]") {
+  Scattered s;
+  // 8 MiB: the 2 MiB the device has left (less than the chunk the request asks for), mapped at
+  // the top, and the chunk's 6 MiB of free pages stitched after them.
+  void* p = s.alloc.allocate(8 * MiB);
+  REQUIRE(addr(p) == s.base + 14 * MiB);
+  REQUIRE(s.alloc.stats().stitches == 1);
+  REQUIRE(s.alloc.stats().ooms == 0);
+  REQUIRE(s.device->used_bytes() == 16 * MiB);
+  REQUIRE(s.alloc.usage().reserved == 16 * MiB);
+  s.alloc.check_invariants();
+  for (int i = 0; i < 7; i += 2) s.fill(s.blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB);
+  s.fill(p, 0xCD, 8 * MiB);
+  for (int i = 0; i < 7; i += 2) REQUIRE(s.holds(s.blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB));
+  REQUIRE(s.holds(p, 0xCD, 8 * MiB));
+  s.alloc.deallocate(p);
+  for (int i = 0; i < 7; i += 2) s.alloc.deallocate(s.blocks[static_cast<std::size_t>(i)]);
+  s.alloc.empty_cache();
+  s.alloc.check_invariants();
+  REQUIRE(s.alloc.usage().reserved == 0);
+  REQUIRE(s.device->used_bytes() == 0);
+}
+
 TEST_CASE("stitch: off, the same request is out of memory", "[vmm][stitch]") {
   Scattered s("mode:vmm,vmm_chunk_divisor:0,vmm_plan_max_blocks:0,vmm_stitch:false");
   REQUIRE_THROWS_AS(s.alloc.allocate(6 * MiB), OutOfMemoryError);
