@@ -569,6 +569,7 @@ class VmmHeaps final : public SegmentSource {
   Block* stitch(Heap& heap, std::size_t size);
   Block* with_last_pages(Heap& heap, std::size_t size);
   Block* stitch_free_pages(Heap& heap, std::size_t size);
+  std::array<const Block*, 2> joined_by(const Placement& where) const noexcept;
   std::vector<LentRun> runs_to_lend(const Heap& heap, std::array<const Block*, 2> spared, std::size_t need) const;
   void map_runs(Heap& heap, Address at, const std::vector<LentRun>& runs);
   void lend(Heap& heap, const std::vector<LentRun>& runs);

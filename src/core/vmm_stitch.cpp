@@ -57,9 +57,7 @@ Block* VmmHeaps::with_last_pages(Heap& heap, std::size_t size) {
   Placement where = place(heap, size);
   const std::size_t room = st_.room_left() / page_ * page_;
   if (where.hole == nullptr || room == 0 || room >= where.need) return nullptr;
-  const Block* below = free_mapped(where.hole->prev) ? where.hole->prev : nullptr;
-  const Block* above = free_mapped(where.hole->next) ? where.hole->next : nullptr;
-  if (runs_to_lend(heap, {below, above}, where.need - room).empty()) return nullptr;
+  if (runs_to_lend(heap, joined_by(where), where.need - room).empty()) return nullptr;
   where.bytes = where.need = room;
   where.left = room;
   if (map_into(heap, where).block == nullptr) return nullptr;
@@ -71,9 +69,7 @@ Block* VmmHeaps::stitch_free_pages(Heap& heap, std::size_t size) {
   const Placement where = place(heap, size);
   if (where.hole == nullptr) return nullptr;
   Block* hole = where.hole;
-  const Block* below = free_mapped(hole->prev) ? hole->prev : nullptr;
-  const Block* above = free_mapped(hole->next) ? hole->next : nullptr;
-  const std::vector<LentRun> runs = runs_to_lend(heap, {below, above}, where.need);
+  const std::vector<LentRun> runs = runs_to_lend(heap, joined_by(where), where.need);
   if (runs.empty()) return nullptr;
   map_runs(heap, hole->addr, runs);
   lend(heap, runs);
@@ -89,6 +85,15 @@ Block* VmmHeaps::stitch_free_pages(Heap& heap, std::size_t size) {
   log().debug("vmm: stitched {} of free pages in {} runs for a request of {}", format_bytes(where.need), runs.size(),
               format_bytes(size));
   return merged;
+}
+
+// The free blocks a range mapped for `where` joins, which lend no pages to it: the one before
+// the hole, and the one after it where the range fills the hole (the request reaches into it).
+std::array<const Block*, 2> VmmHeaps::joined_by(const Placement& where) const noexcept {
+  const Block* hole = where.hole;
+  const Block* below = free_mapped(hole->prev) ? hole->prev : nullptr;
+  const Block* above = where.need >= hole->size && free_mapped(hole->next) ? hole->next : nullptr;
+  return {below, above};
 }
 
 // The runs of whole free pages, lowest first, that add up to `need` bytes: each within one free

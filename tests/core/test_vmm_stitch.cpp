@@ -120,6 +120,40 @@ TEST_CASE("stitch: the device's last pages and the free ones together serve a re
   REQUIRE(s.device->used_bytes() == 0);
 }
 
+TEST_CASE("stitch: the free block after a hole lends its pages when the request stops short of it",
+          "[vmm][stitch]") {
+  auto device = std::make_shared<SimulatedDevice>(
+      SimulatedDeviceOptions{.capacity = 64 * MiB, .event_mode = EventMode::immediate});
+  Allocator alloc(device, testing::deterministic_config("mode:vmm,vmm_chunk_divisor:0,vmm_plan_max_blocks:0"));
+  void* c1 = alloc.allocate(14 * MiB);  // one chunk each
+  void* c2 = alloc.allocate(8 * MiB);
+  void* c3 = alloc.allocate(10 * MiB);
+  const Address base = addr(c1);
+  alloc.deallocate(c3);
+  std::vector<void*> p;
+  for (int i = 0; i < 5; ++i) p.push_back(alloc.allocate(2 * MiB));  // c3's chunk, in five
+  REQUIRE(addr(p[0]) == base + 22 * MiB);
+  alloc.deallocate(p[0]);
+  alloc.deallocate(p[2]);
+  alloc.deallocate(c2);
+  alloc.empty_cache();  // c2's chunk, free whole, goes: a hole at 14-22 MiB, free pages at 22 and 26
+  REQUIRE(device->used_bytes() == 24 * MiB);
+  device->set_external_usage(64 * MiB - device->used_bytes());  // nothing left to create
+  // 4 MiB: no free block holds it; in the hole it needs 4 of its 8 MiB, so it stops short of the
+  // free page after the hole, which lends itself with the one at 26 MiB.
+  void* q = alloc.allocate(4 * MiB);
+  REQUIRE(addr(q) == base + 14 * MiB);
+  REQUIRE(alloc.stats().stitches == 1);
+  REQUIRE(device->used_bytes() == 24 * MiB);
+  alloc.check_invariants();
+  alloc.deallocate(q);
+  for (int i : {1, 3, 4}) alloc.deallocate(p[static_cast<std::size_t>(i)]);
+  alloc.deallocate(c1);
+  alloc.empty_cache();
+  alloc.check_invariants();
+  REQUIRE(device->used_bytes() == 0);
+}
+
 TEST_CASE("stitch: off, the same request is out of memory", "[vmm][stitch]") {
   Scattered s("mode:vmm,vmm_chunk_divisor:0,vmm_plan_max_blocks:0,vmm_stitch:false");
   REQUIRE_THROWS_AS(s.alloc.allocate(6 * MiB), OutOfMemoryError);
