@@ -70,6 +70,9 @@ struct OutOfMemoryInfo {
   /// Free cached bytes per stream, streams in ascending order, streams with none left out.
   /// Their sum is the reserved memory no live or pending block occupies.
   std::vector<StreamCachedBytes> cached_per_stream;
+  /// The virtual-memory mode's page (memory is mapped, unmapped and moved in whole pages);
+  /// 0: memory in segments (fixed mode, and the replay's models of other allocators).
+  std::size_t page_size = 0;
 };
 
 class OutOfMemoryError : public std::bad_alloc {

@@ -12,6 +12,10 @@ std::string hint_for(const OutOfMemoryInfo& i) {
   if (i.memory_limit != 0 && i.reserved + i.rounded > i.memory_limit &&
       i.device_free >= i.rounded)
     return "the memory_limit setting is what stops this allocation; raise it";
+  if (i.reserved_unallocated >= i.rounded && i.page_size != 0)
+    return "reserved but unallocated memory exceeds the request, in pieces no request can join: "
+           "free bytes on pages that live blocks share (memory moves in whole pages of " +
+           format_bytes(i.page_size) + "), or cached for other streams; lower the peak";
   if (i.reserved_unallocated >= i.rounded)
     return "reserved but unallocated memory exceeds the request: it is fragmented across "
            "segments and streams; try a smaller max_split_size, or the virtual-memory mode";

@@ -161,6 +161,7 @@ void Allocator::Impl::throw_oom(Stream stream, std::size_t bytes, std::size_t si
   info.largest_free_block = largest_free_block();
   info.memory_limit = limit;
   info.cached_per_stream = cached_per_stream();
+  info.page_size = source_->page_size();
   counters.count(&Stats::ooms);
   if (hooks.observed()) hooks.notify(EventType::oom, 0, bytes, size, stream);
   const OutOfMemoryError error(info);

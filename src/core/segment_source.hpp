@@ -85,6 +85,8 @@ class SegmentSource {
   /// How soon what release() gives back is free on the device (for the ladder's early refusal,
   /// oom_ladder.cpp).
   virtual Release releases() const noexcept { return Release::later; }
+  /// The unit memory is mapped and moved in (vmm: a page); 0: whole segments.
+  virtual std::size_t page_size() const noexcept { return 0; }
   /// Teardown, once, while the device is alive: gives everything back to the device, live
   /// blocks included. The caller then recycles the Blocks and forgets the segments.
   virtual void destroy() = 0;

@@ -342,6 +342,7 @@ class VmmHeaps final : public SegmentSource {
   Block* grow(StreamState& ss, Pool pool, std::size_t size) override;
   std::size_t release(ReleaseGoal goal) override;
   Release releases() const noexcept override { return Release::at_once; }
+  std::size_t page_size() const noexcept override { return page_; }
   void destroy() override;
   void check(Recount& rc) const override;
   Block* end_epoch(Block* b) override;

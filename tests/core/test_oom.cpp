@@ -37,6 +37,7 @@ TEST_CASE("OutOfMemoryError is a bad_alloc that explains where memory went", "[o
     const auto* oom = dynamic_cast<const OutOfMemoryError*>(&e);
     REQUIRE(oom != nullptr);
     REQUIRE(oom->info().requested == 50 * MiB);
+    REQUIRE(oom->info().page_size == 0);  // fixed segments
     REQUIRE(oom->info().device_free == 40 * MiB);
   }
   const auto s = f.alloc.stats();
