@@ -47,6 +47,19 @@ struct Scattered {
       if (c != value) return false;
     return true;
   }
+  /// Writes into each live block (0, 2, 4, 6) its own byte, its index + 1.
+  void mark_live() {
+    for (int i = 0; i < 7; i += 2) fill(blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB);
+  }
+  /// Whether each live block still holds what mark_live() wrote.
+  bool live_intact() {
+    for (int i = 0; i < 7; i += 2)
+      if (!holds(blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB)) return false;
+    return true;
+  }
+  void free_live() {
+    for (int i = 0; i < 7; i += 2) alloc.deallocate(blocks[static_cast<std::size_t>(i)]);
+  }
   /// One of the three free pages of the chunk (what a stitch lends).
   bool lent_page(const void* p) const {
     return addr(p) == base + 2 * MiB || addr(p) == base + 6 * MiB || addr(p) == base + 10 * MiB;
@@ -72,9 +85,9 @@ TEST_CASE("stitch: a request no free block holds is served from free pages mappe
   REQUIRE(s.alloc.usage().reserved == 14 * MiB);
   s.alloc.check_invariants();
   // Its bytes are the free pages' own: the live blocks around them keep theirs.
-  for (int i = 0; i < 7; i += 2) s.fill(s.blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB);
+  s.mark_live();
   s.fill(p, 0xAB, 6 * MiB);
-  for (int i = 0; i < 7; i += 2) REQUIRE(s.holds(s.blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB));
+  REQUIRE(s.live_intact());
   REQUIRE(s.holds(p, 0xAB, 6 * MiB));
   // The snapshot shows the pages once: mapped where the request has them, not where they lie.
   std::size_t mapped = 0;
@@ -89,7 +102,7 @@ TEST_CASE("stitch: a request no free block holds is served from free pages mappe
   s.alloc.check_invariants();
   s.alloc.deallocate(q);
   s.alloc.deallocate(p);
-  for (int i = 0; i < 7; i += 2) s.alloc.deallocate(s.blocks[static_cast<std::size_t>(i)]);
+  s.free_live();
   s.alloc.empty_cache();
   s.alloc.check_invariants();
   REQUIRE(s.alloc.usage().reserved == 0);
@@ -108,12 +121,12 @@ TEST_CASE("stitch: the device's last pages and the free ones together serve a re
   REQUIRE(s.device->used_bytes() == 16 * MiB);
   REQUIRE(s.alloc.usage().reserved == 16 * MiB);
   s.alloc.check_invariants();
-  for (int i = 0; i < 7; i += 2) s.fill(s.blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB);
+  s.mark_live();
   s.fill(p, 0xCD, 8 * MiB);
-  for (int i = 0; i < 7; i += 2) REQUIRE(s.holds(s.blocks[static_cast<std::size_t>(i)], static_cast<unsigned char>(i + 1), 2 * MiB));
+  REQUIRE(s.live_intact());
   REQUIRE(s.holds(p, 0xCD, 8 * MiB));
   s.alloc.deallocate(p);
-  for (int i = 0; i < 7; i += 2) s.alloc.deallocate(s.blocks[static_cast<std::size_t>(i)]);
+  s.free_live();
   s.alloc.empty_cache();
   s.alloc.check_invariants();
   REQUIRE(s.alloc.usage().reserved == 0);
@@ -184,7 +197,7 @@ TEST_CASE("stitch: empty_cache gives a free stitched range's pages back where th
   REQUIRE(s.lent_page(q));
   REQUIRE(s.device->used_bytes() == 14 * MiB);
   s.alloc.deallocate(q);
-  for (int i = 0; i < 7; i += 2) s.alloc.deallocate(s.blocks[static_cast<std::size_t>(i)]);
+  s.free_live();
   s.alloc.empty_cache();
   REQUIRE(s.device->used_bytes() == 0);
 }
@@ -222,7 +235,7 @@ TEST_CASE("stitch: a stitched block sleeps and wakes with its contents, and its 
   REQUIRE(s.device->used_bytes() == 16 * MiB);
   s.alloc.deallocate(q);
   s.alloc.deallocate(p);
-  for (int i = 0; i < 7; i += 2) s.alloc.deallocate(s.blocks[static_cast<std::size_t>(i)]);
+  s.free_live();
   s.alloc.empty_cache();
   REQUIRE(s.device->used_bytes() == 0);
 }
