@@ -133,6 +133,45 @@ TEST_CASE("stitch: the device's last pages and the free ones together serve a re
   REQUIRE(s.device->used_bytes() == 0);
 }
 
+TEST_CASE("stitch: a map refused at any call of a stitch with the device's last pages loses nothing",
+          "[vmm][stitch][faults]") {
+  // The 8 MiB request of the test above makes four maps: the device's last page, then the
+  // chunk's three free pages. Each is refused in turn (and, as a check of the sweep, a fifth
+  // that is never reached).
+  int refused = 0;
+  for (std::uint64_t n = 1; n <= 5; ++n) {
+    INFO("map call " << n << " of the stitch refused");
+    Scattered s;
+    s.mark_live();
+    s.device->fail_nth(FaultSite::map, n);
+    void* p = nullptr;
+    try {
+      p = s.alloc.allocate(8 * MiB);
+      REQUIRE(s.device->counters().faults_injected == 0);  // served: no call was refused
+    } catch (const DeviceError&) {
+      REQUIRE(n <= 4);
+      ++refused;
+    }
+    s.alloc.check_invariants();
+    // What is mapped is accounted for, lent or not, and the live blocks keep their bytes.
+    REQUIRE(s.alloc.usage().reserved == s.device->used_bytes());
+    REQUIRE(s.live_intact());
+    if (p == nullptr) p = s.alloc.allocate(8 * MiB);  // the next try is served the same way
+    REQUIRE(addr(p) == s.base + 14 * MiB);
+    REQUIRE(s.device->used_bytes() == 16 * MiB);
+    s.alloc.check_invariants();
+    s.fill(p, 0xCD, 8 * MiB);
+    REQUIRE(s.live_intact());
+    s.alloc.deallocate(p);
+    s.free_live();
+    s.alloc.empty_cache();
+    s.alloc.check_invariants();
+    REQUIRE(s.device->used_bytes() == 0);
+    REQUIRE(s.device->mapped_bytes() == 0);
+  }
+  REQUIRE(refused == 4);  // every map of the stitch was refused once, and said so
+}
+
 TEST_CASE("stitch: the free block after a hole lends its pages when the request stops short of it",
           "[vmm][stitch]") {
   auto device = std::make_shared<SimulatedDevice>(
