@@ -19,7 +19,10 @@
 //                                  device granularity
 //   min_split_remainder  512       a large block is split only if the rest is at least this
 //   cross_stream_reuse   true      under memory pressure, take a free block cached for another
-//                                  stream after an event wait instead of a full synchronization
+//                                  stream after an event wait instead of a full synchronization;
+//                                  and, where the OOM ladder or a vmm growth would synchronize the
+//                                  host, a block of the requesting stream whose free waits for
+//                                  other streams, after the stream waits for them on the device
 //   mode                 auto      fixed: segments are upstream allocations that never move;
 //                                  vmm: physical pages are the cached resource, mapped into one
 //                                  growable address range per stream and pool (needs a device with

@@ -97,9 +97,12 @@ class DeviceBackend {
   virtual void synchronize_event(DeviceEvent event) = 0;
   /// Makes future work on `stream` wait for the event's captured work, without blocking the host.
   virtual void stream_wait_event(Stream stream, DeviceEvent event) = 0;
+  /// Blocks the host until the work submitted to `stream` so far, its waits included, has
+  /// completed (cudaStreamSynchronize).
   virtual void synchronize_stream(Stream stream) = 0;
   virtual void synchronize_device() = 0;
-  /// True when the work submitted to `stream` so far has completed (cudaStreamQuery): never a
+  /// True when the work submitted to `stream` so far, its waits on events included, has
+  /// completed (cudaStreamQuery): never a
   /// wait, and nothing is submitted, so an idle stream answers true at once (an event recorded
   /// and queried at once may not have been reached yet). The default records an event and
   /// queries it.

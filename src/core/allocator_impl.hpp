@@ -126,6 +126,7 @@ class Allocator::Impl : private detail::AllocatorState {
   Block* allocate_slow(StreamState& ss, Pool pool, std::size_t size, std::size_t bytes, Lock& lock);
   Block* find_or_grow(StreamState& ss, Pool pool, std::size_t size);
   Block* steal_from_other_stream(StreamState& ss, Pool pool, std::size_t size);
+  Block* waited_for_instead_of_sync(StreamState& ss, Pool pool, std::size_t size);
   bool run_free_memory_callbacks(std::size_t size, Lock& lock);
   [[noreturn]] void throw_oom(Stream stream, std::size_t bytes, std::size_t size, Lock& lock);
   bool out_of_reach(Stream stream, std::size_t size) const;
@@ -164,6 +165,8 @@ class Allocator::Impl : private detail::AllocatorState {
   void process_events();
   void synchronize_pending();
   void pending_done(const detail::PendingFree& done);  // its event has completed
+  Block* reuse_pending(StreamState& ss, Pool pool, std::size_t size);
+  bool events_recorded_for(const Block* b) const;
   DeviceEvent acquire_event();
   void release_event(DeviceEvent e) { event_pool_.push_back(e); }
 

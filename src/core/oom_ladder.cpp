@@ -4,11 +4,15 @@
 //   1. collect frees whose stream events have completed, search again; a request that all the
 //      ladder could yield would not serve then fails at once, keeping the cache (out_of_reach(),
 //      where what a release gives back is free at once: vmm);
-//   2. grow: room from the segment source (within the memory limit);
+//   2. grow: room from the segment source (within the memory limit); but first, where that
+//      growth would synchronize a stream by choice (vmm: remapping idle pages), a block of this
+//      stream whose free waits for other streams, after waits on the device (cross_stream_reuse;
+//      reuse_pending(), stream_events.cpp);
 //   3. (cross_stream_reuse) a free block cached for another stream, after an event wait;
 //   4. free-memory callbacks (lock released), then search and grow again;
-//   5. wait for every pending free, search again; give every cached byte the source holds back
-//      to the device, grow again;
+//   5. (cross_stream_reuse) a block of this stream whose free waits for other streams, after waits
+//      on the device; then wait for every pending free, search again; give every cached byte the
+//      source holds back to the device, grow again;
 //   6. OutOfMemoryError, after telling the OOM observers (lock released).
 #include <algorithm>
 #include <map>
@@ -33,6 +37,7 @@ Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t si
     if (Block* b = find_cached(ss, pool, size)) return b;
   }
   if (!capturing && out_of_reach(ss.stream, size)) throw_oom(ss.stream, bytes, size, lock);
+  if (Block* b = waited_for_instead_of_sync(ss, pool, size)) return b;
   if (Block* b = source_->grow(ss, pool, size)) return b;
   if (config.cross_stream_reuse)
     if (Block* b = steal_from_other_stream(ss, pool, size)) return b;
@@ -41,6 +46,8 @@ Block* Allocator::Impl::allocate_slow(StreamState& ss, Pool pool, std::size_t si
     if (Block* b = find_or_grow(ss, pool, size)) return b;
   if (capturing) throw_oom(ss.stream, bytes, size, lock);
   if (pending_total_ != 0) {
+    if (config.cross_stream_reuse)
+      if (Block* b = reuse_pending(ss, pool, size)) return b;
     synchronize_pending();
     if (Block* b = find_cached(ss, pool, size)) return b;
   }
@@ -69,6 +76,21 @@ bool Allocator::Impl::out_of_reach(Stream stream, std::size_t size) const {
   if (size <= yield) return false;
   refuse_if_captured(stream);
   return size - yield > room_left();
+}
+
+// Step 2's first try: a growth that would synchronize a stream to move idle memory (a host wait
+// for everything the stream queued) is not made if a block of this stream whose free waits for
+// other streams' events serves the request once the stream waits for those events on the device
+// (no host wait). A device behind the host has rarely finished those streams' work by the next
+// request: an FSDP/ZeRO-3 all-gather buffer, used on a communication stream, is freed while the
+// next layer's gather is queued, and the next buffer of its size finds it pending
+// (docs/benchmarks.md, "Pending blocks reused after a wait on the device"). A growth that makes
+// memory without a synchronization is preferred: the wait can hold the stream behind the other
+// streams' later work, which PyTorch's allocator (growing instead) never does.
+Block* Allocator::Impl::waited_for_instead_of_sync(StreamState& ss, Pool pool, std::size_t size) {
+  if (pending_total_ == 0 || !config.cross_stream_reuse || capture_underway()) return nullptr;
+  if (!source_->growth_synchronizes(ss, pool, size)) return nullptr;
+  return reuse_pending(ss, pool, size);
 }
 
 // Bytes of live blocks that have pages: allocated, but for asleep blocks (sleep(): no pages).

@@ -79,6 +79,14 @@ class SegmentSource {
   /// free block of at least `size` bytes, in ss's free index; nullptr when the device or the
   /// memory limit says no. A DeviceError propagates with the state consistent.
   virtual Block* grow(StreamState& ss, Pool pool, std::size_t size) = 0;
+  /// Whether grow(ss, pool, size) would synchronize a stream by choice, to move idle memory
+  /// rather than create more (vmm: a growth that remaps idle pages): the allocator first tries a
+  /// block whose free waits for another stream, after a wait on the device instead
+  /// (oom_ladder.cpp). Asks the device nothing.
+  virtual bool growth_synchronizes(const StreamState& ss, Pool pool, std::size_t size) const {
+    (void)ss, (void)pool, (void)size;
+    return false;
+  }
   /// Gives cached memory (entirely free segments or chunks) back to the device; returns the
   /// bytes given back. Pending frees have been synchronized by the caller.
   virtual std::size_t release(ReleaseGoal goal) = 0;

@@ -139,13 +139,20 @@ bool SimulatedDevice::event_done(const EventState& e) const {
 
 void SimulatedDevice::complete_to(Stream stream, std::uint64_t seq) {
   StreamState& s = stream_state(stream);
-  if (s.completed >= seq) return;
-  // Work after a wait point depends on the awaited stream: complete that first.
-  for (const auto& w : s.waits) {
-    if (w.at < seq) complete_to(w.stream, w.seq);
-  }
-  s.completed = std::min(seq, s.submitted);
-  std::erase_if(s.waits, [&](const StreamState::Wait& w) { return w.at < s.completed; });
+  // To its end, a stream's work includes the waits enqueued after its last record, as
+  // cudaStreamSynchronize waits for them too.
+  const bool to_end = seq >= s.submitted;
+  if (s.completed >= seq && !(to_end && !s.waits.empty())) return;
+  // Work after a wait point depends on the awaited stream: complete that first. The waits due are
+  // taken out before, so that streams waiting for each other at their ends do not recurse.
+  std::vector<StreamState::Wait> due;
+  std::erase_if(s.waits, [&](const StreamState::Wait& w) {
+    if (w.at >= seq && !to_end) return false;
+    due.push_back(w);
+    return true;
+  });
+  for (const auto& w : due) complete_to(w.stream, w.seq);
+  s.completed = std::max(s.completed, std::min(seq, s.submitted));
 }
 
 DeviceEvent SimulatedDevice::create_event() {
@@ -214,7 +221,10 @@ bool SimulatedDevice::query_stream(Stream stream) {
   if (take_fault(FaultSite::stream_query, 0))
     throw DeviceError("SimulatedDevice: stream query failed (injected fault)");
   const StreamState& s = stream_state(stream);
-  return s.completed >= s.submitted;
+  // Its waits are work too: a stream that waits for an event not yet done is not done.
+  return s.completed >= s.submitted && std::all_of(s.waits.begin(), s.waits.end(), [&](const StreamState::Wait& w) {
+           return streams_.at(w.stream).completed >= w.seq;
+         });
 }
 
 void SimulatedDevice::synchronize_device() {

@@ -119,6 +119,49 @@ void Allocator::Impl::record_deferred_events() {
       if (f.event == 0) f.event = record_free_event(ss->stream);  // 0 again: it waits as before
 }
 
+// A block of ss waiting for other streams' events (its free pending), made free without a host
+// synchronization: ss waits on the device for each of its events (what those streams queued
+// before the free), so every later use of the block on ss runs after theirs; then the cached block
+// that serves `size`, or nullptr when no pending block of ss and `pool` is large enough (the
+// smallest that is is taken). The OOM ladder asks where it would otherwise synchronize the host
+// (oom_ladder.cpp). A block with a free still waiting for an event of its own (a failed record)
+// is left to those paths. A DeviceError from a wait leaves the block pending, as it was.
+Block* Allocator::Impl::reuse_pending(StreamState& ss, Pool pool, std::size_t size) {
+  Block* best = nullptr;
+  for (auto& [key, other] : streams)
+    for (const PendingFree& f : other->pending) {
+      const Block* b = f.block;
+      if (b->segment->owner != &ss || b->segment->pool != pool || b->size < size) continue;
+      if (best == nullptr || b->size < best->size) best = f.block;
+    }
+  if (best == nullptr || !events_recorded_for(best)) return nullptr;
+  for (auto& [key, other] : streams)
+    for (const PendingFree& f : other->pending)
+      if (f.block == best) device->stream_wait_event(ss.stream, f.event);
+  for (auto& [key, other] : streams) {
+    auto& q = other->pending;
+    for (auto it = q.begin(); it != q.end();) {
+      if (it->block != best) {
+        ++it;
+        continue;
+      }
+      const PendingFree done = *it;
+      it = q.erase(it);
+      counters.count(&Stats::stream_waits);
+      pending_done(done);  // the last one frees the block into ss's index
+    }
+  }
+  return find_cached(ss, pool, size);
+}
+
+// Whether every pending free of b has an event (one recorded on each stream that used it).
+bool Allocator::Impl::events_recorded_for(const Block* b) const {
+  for (const auto& [key, other] : streams)
+    for (const PendingFree& f : other->pending)
+      if (f.block == b && f.event == 0) return false;
+  return true;
+}
+
 void Allocator::Impl::synchronize_pending() {
   for (auto& [key, ss] : streams) {
     auto& q = ss->pending;

@@ -109,15 +109,21 @@ void VmmHeaps::hold_all(Heap& heap, Block* freed) {
 // a growth would map (the shortfall in pages, at least a growth step), unholds the front of it
 // and returns the free block it joined, in the index.
 Block* VmmHeaps::from_held(Heap& heap, std::size_t size) {
-  const std::size_t step = growth_step(heap.pool());
+  Block* r = held_block_for(heap, size);
+  if (r == nullptr) return nullptr;
+  const std::size_t before = free_mapped(r->prev) ? r->prev->size : 0;
+  const std::size_t need = size > before ? round_up(size - before, page_) : page_;
+  Block* front = heap.held.unhold(r, std::min(r->size, std::max(need, growth_step(heap.pool()))), heap.blocks());
+  Block* merged = st_.coalesce(front);
+  heap.index().insert(merged);
+  return merged;
+}
+
+// The first held block that, with the free block before it, holds `size` bytes; nullptr if none.
+Block* VmmHeaps::held_block_for(const Heap& heap, std::size_t size) const {
   for (const auto& [addr, r] : heap.held.blocks()) {
     const std::size_t before = free_mapped(r->prev) ? r->prev->size : 0;
-    if (before + r->size < size) continue;
-    const std::size_t need = size > before ? round_up(size - before, page_) : page_;
-    Block* front = heap.held.unhold(r, std::min(r->size, std::max(need, step)), heap.blocks());
-    Block* merged = st_.coalesce(front);
-    heap.index().insert(merged);
-    return merged;
+    if (before + r->size >= size) return r;
   }
   return nullptr;
 }

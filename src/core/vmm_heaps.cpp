@@ -111,6 +111,16 @@ Block* VmmHeaps::grow(StreamState& ss, Pool pool, std::size_t size) {
   return stitch(heap, size);  // the heap's free pages mapped again where the request needs them
 }
 
+// Whether grow() would remap the heap's idle pages (synchronizing its stream) for this request:
+// its held pages do not serve it and idle_pages() says remap. Under pressure grow() reclaims
+// instead, which synchronizes too where there are idle pages to reclaim, so the device's free
+// memory is not asked.
+bool VmmHeaps::growth_synchronizes(const StreamState& ss, Pool pool, std::size_t size) const {
+  const Heap* heap = ss.vmm_heaps[static_cast<int>(pool)];
+  if (heap == nullptr || held_block_for(*heap, size) != nullptr) return false;
+  return idle_pages(*heap, size) == IdlePages::remap;
+}
+
 // Unmaps every entirely free chunk (empty_cache: but the first vmm_reserve bytes of them, over
 // both pools) and releases every cached one.
 std::size_t VmmHeaps::release(ReleaseGoal goal) {

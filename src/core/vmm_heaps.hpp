@@ -340,6 +340,7 @@ class VmmHeaps final : public SegmentSource {
 
   // SegmentSource (vmm_heaps.cpp, vmm_epochs.cpp, vmm_check.cpp)
   Block* grow(StreamState& ss, Pool pool, std::size_t size) override;
+  bool growth_synchronizes(const StreamState& ss, Pool pool, std::size_t size) const override;
   std::size_t release(ReleaseGoal goal) override;
   Release releases() const noexcept override { return Release::at_once; }
   std::size_t page_size() const noexcept override { return page_; }
@@ -416,6 +417,7 @@ class VmmHeaps final : public SegmentSource {
   // --- epochs: held pages, ends, give-back, following a plan (vmm_epochs.cpp) ---
   void hold_all(Heap& heap, Block* freed);
   Block* from_held(Heap& heap, std::size_t size);
+  Block* held_block_for(const Heap& heap, std::size_t size) const;
   void release_held(Pool pool, Spare spare);
   void release_held(Heap& heap);
   /// The epoch that ends made the requests of the plan stored after an epoch like the one before

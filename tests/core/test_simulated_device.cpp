@@ -64,6 +64,32 @@ TEST_CASE("a stream that waited on an event cannot finish before that event", "[
   REQUIRE(d.counters().syncs() == 0);
 }
 
+TEST_CASE("a wait is work of its stream: the stream is not done, nor synchronized, before the event", "[device]") {
+  SimulatedDevice d;
+  const Stream a = d.create_stream();
+  const Stream b = d.create_stream();
+  const DeviceEvent ea = d.create_event();
+  const DeviceEvent eb = d.create_event();
+  d.record_event(eb, b);
+  d.complete_stream(b);
+  d.record_event(ea, a);
+  d.stream_wait_event(b, ea);  // the last thing b was given, after all it had recorded
+  REQUIRE_FALSE(d.query_stream(b));  // cudaStreamQuery: not ready while the wait is not
+  d.synchronize_stream(b);  // cudaStreamSynchronize returns once the wait is passed
+  REQUIRE(d.query_event(ea));
+  REQUIRE(d.query_stream(b));
+  // Two streams that wait for each other's last records: completing one completes both.
+  const DeviceEvent e1 = d.create_event();
+  const DeviceEvent e2 = d.create_event();
+  d.record_event(e1, a);
+  d.record_event(e2, b);
+  d.stream_wait_event(a, e2);
+  d.stream_wait_event(b, e1);
+  d.complete_stream(a);
+  REQUIRE(d.query_stream(a));
+  REQUIRE(d.query_stream(b));
+}
+
 TEST_CASE("immediate mode completes work at once", "[device]") {
   SimulatedDevice d({.event_mode = EventMode::immediate});
   const DeviceEvent e = d.create_event();

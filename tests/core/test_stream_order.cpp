@@ -113,7 +113,8 @@ TEST_CASE("cross_stream_reuse:false falls back to synchronizing and releasing", 
   f.alloc.deallocate(q);
 }
 
-TEST_CASE("the OOM ladder waits for pending frees instead of failing", "[streams][oom]") {
+TEST_CASE("the OOM ladder reuses a pending free after a wait on the device instead of failing",
+          "[streams][oom]") {
   Fixture f(Config::parse("memory_limit:20MiB"));
   const Stream s1 = f.device->create_stream();
   const Stream s2 = f.device->create_stream();
@@ -122,8 +123,30 @@ TEST_CASE("the OOM ladder waits for pending frees instead of failing", "[streams
   f.alloc.deallocate(p);  // pending on s2, whose work never completes by itself
   void* q = f.alloc.allocate(16 * MiB, s1);
   REQUIRE(q == p);
+  // s1 waits on the device for s2's work before the free: the host does not.
+  REQUIRE(f.alloc.stats().syncs == 0);
+  REQUIRE(f.device->counters().syncs() == 0);
+  REQUIRE(f.alloc.stats().stream_waits == 1);
+  REQUIRE(f.device->counters().stream_waits == 1);
+  REQUIRE(active_bytes(f) == mib(16));
+  f.alloc.deallocate(q);
+  REQUIRE(active_bytes(f) == 0);  // freed on its own stream: no stream to wait for any more
+  f.alloc.check_invariants();
+}
+
+TEST_CASE("cross_stream_reuse:false, the OOM ladder waits on the host for pending frees instead of failing",
+          "[streams][oom]") {
+  Fixture f(Config::parse("memory_limit:20MiB,cross_stream_reuse:false"));
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(16 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.deallocate(p);
+  void* q = f.alloc.allocate(16 * MiB, s1);
+  REQUIRE(q == p);
   REQUIRE(f.alloc.stats().syncs == 1);
   REQUIRE(f.device->counters().event_syncs == 1);
+  REQUIRE(f.alloc.stats().stream_waits == 0);
   f.alloc.deallocate(q);
   f.alloc.check_invariants();
 }

@@ -5,7 +5,9 @@
 //    the events of a stream 1, 2, 3, ... in record order, and every record goes through here, so
 //    submitted(s) equals the device's own counter);
 //  - the stream waits enqueued (waited(t, s): the highest sequence of stream s that work
-//    submitted to stream t from now on is ordered after);
+//    submitted to stream t from now on is ordered after; transitively, as on a device: an event
+//    recorded on s carries what s itself waited for before it, so a stream that waits for it is
+//    ordered after those streams' work too);
 //  - how many calls each fault site received (to tell which injected fault fired when);
 //  - the device memory that is live: segments (fixed mode) and mappings (vmm mode), so a test
 //    can check that a block has memory behind it.
@@ -15,6 +17,7 @@
 // Not thread-safe: it serves the single-threaded differential and fault tests.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -74,7 +77,7 @@ class RecordingDevice final : public DeviceBackend, public VirtualMemory {
   void record_event(DeviceEvent event, Stream stream) override {
     sim_->record_event(event, stream);
     const std::uint64_t seq = ++submitted_.at(index(stream));
-    recorded_[event] = {stream, seq};
+    recorded_[event] = {stream, seq, waited_.at(index(stream))};
   }
   bool query_event(DeviceEvent event) override {
     ++calls_[static_cast<int>(FaultSite::event_query)];
@@ -85,8 +88,10 @@ class RecordingDevice final : public DeviceBackend, public VirtualMemory {
     sim_->stream_wait_event(stream, event);
     auto it = recorded_.find(event);
     if (it == recorded_.end()) return;  // never recorded: complete, orders nothing
-    auto& w = waited_.at(index(stream)).at(index(it->second.first));
-    if (it->second.second > w) w = it->second.second;
+    const Recorded& r = it->second;
+    auto& w = waited_.at(index(stream));
+    w[index(r.stream)] = std::max(w[index(r.stream)], r.seq);
+    for (std::size_t s = 0; s < kMaxStreams; ++s) w[s] = std::max(w[s], r.waited[s]);
   }
   void synchronize_stream(Stream stream) override { sim_->synchronize_stream(stream); }
   bool query_stream(Stream stream) override {
@@ -152,7 +157,13 @@ class RecordingDevice final : public DeviceBackend, public VirtualMemory {
   std::array<std::uint64_t, kMaxStreams> submitted_{};
   std::array<std::array<std::uint64_t, kMaxStreams>, kMaxStreams> waited_{};
   std::array<std::uint64_t, kNumFaultSites> calls_{};
-  std::unordered_map<DeviceEvent, std::pair<Stream, std::uint64_t>> recorded_;  // event -> (stream, seq)
+  /// An event's last record: its stream and sequence, and what that stream was ordered after then.
+  struct Recorded {
+    Stream stream;
+    std::uint64_t seq;
+    std::array<std::uint64_t, kMaxStreams> waited;
+  };
+  std::unordered_map<DeviceEvent, Recorded> recorded_;
   std::map<Address, std::size_t> segments_;
   std::map<Address, std::size_t> mappings_;
 };
