@@ -102,10 +102,9 @@ class DeviceBackend {
   virtual void synchronize_stream(Stream stream) = 0;
   virtual void synchronize_device() = 0;
   /// True when the work submitted to `stream` so far, its waits on events included, has
-  /// completed (cudaStreamQuery): never a
-  /// wait, and nothing is submitted, so an idle stream answers true at once (an event recorded
-  /// and queried at once may not have been reached yet). The default records an event and
-  /// queries it.
+  /// completed (cudaStreamQuery): never a wait, and nothing is submitted, so an idle stream
+  /// answers true at once (an event recorded and queried at once may not have been reached yet).
+  /// The default records an event and queries it.
   virtual bool query_stream(Stream stream);
 
   /// Whether work submitted to `stream` is being captured into a CUDA graph now (then the device

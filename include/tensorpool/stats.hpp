@@ -49,7 +49,7 @@ struct Stats {
   std::uint64_t upstream_alloc_failures = 0;  // device answered out of memory
   std::uint64_t upstream_frees = 0;           // segments returned to the device
   std::uint64_t syncs = 0;                    // host synchronizations the allocator made
-  std::uint64_t stream_waits = 0;             // event waits on the device: cross-stream reuse, pending frees reused
+  std::uint64_t stream_waits = 0;             // waits on the device: cross-stream reuse, pending frees
   std::uint64_t events_recorded = 0;
   std::uint64_t vm_maps = 0;                  // virtual-memory mode: chunks mapped
   std::uint64_t vm_unmaps = 0;                // virtual-memory mode: chunks unmapped
