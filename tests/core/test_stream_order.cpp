@@ -36,6 +36,21 @@ FreedWhileUsedElsewhere free_one_used_elsewhere(Fixture& f) {
   REQUIRE(active_bytes(f) == mib(12));
   return {s1, s2, p, q};
 }
+
+/// Under a 20 MiB limit: a 16 MiB block of s1, also used on s2, freed while s2 works (whose work
+/// never completes by itself), then 16 MiB asked for again on s1: only the pending free can serve.
+struct AskedAgain {
+  void* freed;
+  void* again;
+};
+AskedAgain freed_while_used_then_asked_again(Fixture& f) {
+  const Stream s1 = f.device->create_stream();
+  const Stream s2 = f.device->create_stream();
+  void* p = f.alloc.allocate(16 * MiB, s1);
+  f.alloc.record_stream(p, s2);
+  f.alloc.deallocate(p);  // pending on s2
+  return {p, f.alloc.allocate(16 * MiB, s1)};
+}
 }  // namespace
 
 TEST_CASE("a block used on another stream is reused only after that stream's work", "[streams]") {
@@ -116,12 +131,7 @@ TEST_CASE("cross_stream_reuse:false falls back to synchronizing and releasing", 
 TEST_CASE("the OOM ladder reuses a pending free after a wait on the device instead of failing",
           "[streams][oom]") {
   Fixture f(Config::parse("memory_limit:20MiB"));
-  const Stream s1 = f.device->create_stream();
-  const Stream s2 = f.device->create_stream();
-  void* p = f.alloc.allocate(16 * MiB, s1);
-  f.alloc.record_stream(p, s2);
-  f.alloc.deallocate(p);  // pending on s2, whose work never completes by itself
-  void* q = f.alloc.allocate(16 * MiB, s1);
+  const auto [p, q] = freed_while_used_then_asked_again(f);
   REQUIRE(q == p);
   // s1 waits on the device for s2's work before the free: the host does not.
   REQUIRE(f.alloc.stats().syncs == 0);
@@ -137,12 +147,7 @@ TEST_CASE("the OOM ladder reuses a pending free after a wait on the device inste
 TEST_CASE("cross_stream_reuse:false, the OOM ladder waits on the host for pending frees instead of failing",
           "[streams][oom]") {
   Fixture f(Config::parse("memory_limit:20MiB,cross_stream_reuse:false"));
-  const Stream s1 = f.device->create_stream();
-  const Stream s2 = f.device->create_stream();
-  void* p = f.alloc.allocate(16 * MiB, s1);
-  f.alloc.record_stream(p, s2);
-  f.alloc.deallocate(p);
-  void* q = f.alloc.allocate(16 * MiB, s1);
+  const auto [p, q] = freed_while_used_then_asked_again(f);
   REQUIRE(q == p);
   REQUIRE(f.alloc.stats().syncs == 1);
   REQUIRE(f.device->counters().event_syncs == 1);

@@ -1779,46 +1779,65 @@ void fill_and_punch(Allocator& alloc, std::vector<void*>& live) {
   }
 }
 
+namespace {
+
+// As in "vmm: idle memory beyond 1/vmm_idle_divisor ...": 256 MiB idle between live blocks (more
+// than 1/32 of the pool); and a 300 MiB block x of the default stream, also used on s2, freed
+// while s2's work is not done (a device behind the host). A 300 MiB request fits nowhere mapped.
+struct PendingBesideIdle {
+  explicit PendingBesideIdle(Fixture& fixture) : f(fixture), s2(f.device->create_stream()) {
+    void* a = f.alloc.allocate(256 * MiB);
+    b = f.alloc.allocate(256 * MiB);
+    x = f.alloc.allocate(300 * MiB);
+    c = f.alloc.allocate(8 * MiB);
+    f.alloc.record_stream(x, s2);
+    f.alloc.deallocate(a);
+    f.alloc.deallocate(x);  // pending on s2
+  }
+  /// Frees b, c and the request d; once s2 is done, nothing is left reserved.
+  void give_back(void* d) {
+    for (void* p : {b, c, d}) f.alloc.deallocate(p);
+    f.device->complete_all();
+    f.alloc.empty_cache();
+    f.alloc.check_invariants();
+    REQUIRE(f.reserved() == 0);
+  }
+  Fixture& f;
+  Stream s2;
+  void* b;
+  void* x;
+  void* c;
+};
+
+}  // namespace
+
 TEST_CASE("vmm: a growth that would remap idle pages takes a block pending on another stream after a wait on the "
           "device instead", "[vmm][streams]") {
-  // As above: 256 MiB idle between live blocks, more than 1/32 of the pool, and a 300 MiB request
-  // that fits nowhere mapped; and a 300 MiB block of the default stream, also used on s2, freed
-  // while s2's work is not done (a device behind the host). The growth would synchronize the
-  // stream to remap the idle pages; the default stream waits for s2 on the device instead, and
-  // takes the pending block. With cross_stream_reuse:false the growth remaps, as before.
+  // The growth would synchronize the stream to remap the idle pages; the default stream waits
+  // for s2 on the device instead, and takes the pending block. With cross_stream_reuse:false the
+  // growth remaps, as before.
   for (const char* conf : {"mode:vmm,vmm_max_chunk:64MiB", "mode:vmm,vmm_max_chunk:64MiB,cross_stream_reuse:false"}) {
     const bool reuse = std::string(conf).find("false") == std::string::npos;
     INFO(conf);
     Fixture f(conf);
-    const Stream s2 = f.device->create_stream();
-    void* a = f.alloc.allocate(256 * MiB);
-    void* b = f.alloc.allocate(256 * MiB);
-    void* x = f.alloc.allocate(300 * MiB);
-    void* c = f.alloc.allocate(8 * MiB);
-    f.alloc.record_stream(x, s2);
-    f.alloc.deallocate(a);
-    f.alloc.deallocate(x);  // pending on s2
+    PendingBesideIdle pending(f);
     const std::size_t reserved = f.reserved();
     const DeviceCounters before = f.device->counters();
     void* d = f.alloc.allocate(300 * MiB);
     f.alloc.check_invariants();
     if (reuse) {
-      REQUIRE(d == x);
+      REQUIRE(d == pending.x);
       REQUIRE(f.device->counters().syncs() == before.syncs());
       REQUIRE(f.device->counters().stream_waits == before.stream_waits + 1);
       REQUIRE(f.device->counters().unmaps == before.unmaps);
       REQUIRE(f.device->counters().maps == before.maps);
       REQUIRE(f.reserved() == reserved);
     } else {
-      REQUIRE(d != x);
+      REQUIRE(d != pending.x);
       REQUIRE(f.device->counters().syncs() > before.syncs());  // the remap waits for the stream
       REQUIRE(f.device->counters().unmaps > before.unmaps);
     }
-    for (void* p : {b, c, d}) f.alloc.deallocate(p);
-    f.device->complete_all();
-    f.alloc.empty_cache();
-    f.alloc.check_invariants();
-    REQUIRE(f.reserved() == 0);
+    pending.give_back(d);
   }
 }
 
@@ -1827,25 +1846,15 @@ TEST_CASE("vmm: a growth that makes memory without a synchronization does not wa
   // The same, with the idle memory tolerated (vmm_idle_divisor:1: up to 1 GiB): the growth creates
   // 300 MiB, and the pending block waits for s2's own work, as PyTorch's allocator would.
   Fixture f("mode:vmm,vmm_max_chunk:64MiB,vmm_idle_divisor:1");
-  const Stream s2 = f.device->create_stream();
-  void* a = f.alloc.allocate(256 * MiB);
-  void* b = f.alloc.allocate(256 * MiB);
-  void* x = f.alloc.allocate(300 * MiB);
-  void* c = f.alloc.allocate(8 * MiB);
-  f.alloc.record_stream(x, s2);
-  f.alloc.deallocate(a);
-  f.alloc.deallocate(x);
+  PendingBesideIdle pending(f);
   const DeviceCounters before = f.device->counters();
   void* d = f.alloc.allocate(300 * MiB);
-  REQUIRE(d != x);
+  REQUIRE(d != pending.x);
   REQUIRE(f.device->counters().stream_waits == before.stream_waits);
   REQUIRE(f.device->counters().syncs() == before.syncs());
   REQUIRE(f.device->counters().physical_creates > before.physical_creates);
   f.alloc.check_invariants();
-  for (void* p : {b, c, d}) f.alloc.deallocate(p);
-  f.device->complete_all();
-  f.alloc.empty_cache();
-  REQUIRE(f.reserved() == 0);
+  pending.give_back(d);
 }
 
 TEST_CASE("vmm: free pages are remapped where needed instead of growing", "[vmm]") {

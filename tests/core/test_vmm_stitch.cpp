@@ -60,6 +60,15 @@ struct Scattered {
   void free_live() {
     for (int i = 0; i < 7; i += 2) alloc.deallocate(blocks[static_cast<std::size_t>(i)]);
   }
+  /// Frees the live blocks and empties the cache: nothing is left reserved, used or mapped.
+  void expect_all_given_back() {
+    free_live();
+    alloc.empty_cache();
+    alloc.check_invariants();
+    REQUIRE(alloc.usage().reserved == 0);
+    REQUIRE(device->used_bytes() == 0);
+    REQUIRE(device->mapped_bytes() == 0);
+  }
   /// One of the three free pages of the chunk (what a stitch lends).
   bool lent_page(const void* p) const {
     return addr(p) == base + 2 * MiB || addr(p) == base + 6 * MiB || addr(p) == base + 10 * MiB;
@@ -102,12 +111,7 @@ TEST_CASE("stitch: a request no free block holds is served from free pages mappe
   s.alloc.check_invariants();
   s.alloc.deallocate(q);
   s.alloc.deallocate(p);
-  s.free_live();
-  s.alloc.empty_cache();
-  s.alloc.check_invariants();
-  REQUIRE(s.alloc.usage().reserved == 0);
-  REQUIRE(s.device->used_bytes() == 0);
-  REQUIRE(s.device->mapped_bytes() == 0);
+  s.expect_all_given_back();
 }
 
 TEST_CASE("stitch: the device's last pages and the free ones together serve a request", "[vmm][stitch]") {
@@ -126,11 +130,7 @@ TEST_CASE("stitch: the device's last pages and the free ones together serve a re
   REQUIRE(s.live_intact());
   REQUIRE(s.holds(p, 0xCD, 8 * MiB));
   s.alloc.deallocate(p);
-  s.free_live();
-  s.alloc.empty_cache();
-  s.alloc.check_invariants();
-  REQUIRE(s.alloc.usage().reserved == 0);
-  REQUIRE(s.device->used_bytes() == 0);
+  s.expect_all_given_back();
 }
 
 TEST_CASE("stitch: a map refused at any call of a stitch with the device's last pages loses nothing",
@@ -163,11 +163,7 @@ TEST_CASE("stitch: a map refused at any call of a stitch with the device's last 
     s.fill(p, 0xCD, 8 * MiB);
     REQUIRE(s.live_intact());
     s.alloc.deallocate(p);
-    s.free_live();
-    s.alloc.empty_cache();
-    s.alloc.check_invariants();
-    REQUIRE(s.device->used_bytes() == 0);
-    REQUIRE(s.device->mapped_bytes() == 0);
+    s.expect_all_given_back();
   }
   REQUIRE(refused == 4);  // every map of the stitch was refused once, and said so
 }
@@ -236,9 +232,7 @@ TEST_CASE("stitch: empty_cache gives a free stitched range's pages back where th
   REQUIRE(s.lent_page(q));
   REQUIRE(s.device->used_bytes() == 14 * MiB);
   s.alloc.deallocate(q);
-  s.free_live();
-  s.alloc.empty_cache();
-  REQUIRE(s.device->used_bytes() == 0);
+  s.expect_all_given_back();
 }
 
 TEST_CASE("stitch: the allocator's end unmaps stitched ranges before it releases their memory", "[vmm][stitch]") {
@@ -274,9 +268,7 @@ TEST_CASE("stitch: a stitched block sleeps and wakes with its contents, and its 
   REQUIRE(s.device->used_bytes() == 16 * MiB);
   s.alloc.deallocate(q);
   s.alloc.deallocate(p);
-  s.free_live();
-  s.alloc.empty_cache();
-  REQUIRE(s.device->used_bytes() == 0);
+  s.expect_all_given_back();
 }
 
 TEST_CASE("stitch: a refused map leaves the heap as it was", "[vmm][stitch]") {
