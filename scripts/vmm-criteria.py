@@ -5,6 +5,7 @@ the time criterion, on the generated suite of scripts/fit-tables.py), printed as
 Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [--cost-model FILE]
                                [--conf SETTINGS] [--only 1,2,3,4,5] [--generated] [--held-out]
                                [--later-held-out] [--device-lag N] [--step-at-iterations]
+                               [--long-runs]
 
   1. fit:          tensorpool fit T --allocators tensorpool-vmm,pytorch,pytorch-expandable,cub,raw
                    --precision-pct 0.05: tensorpool-vmm at most 0.5% above the smallest of the
@@ -24,6 +25,13 @@ Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [-
                    iterations request at their peak. Judged on a loop that calls tensorpool's
                    step() once per iteration (--step-at-iterations: the program gives its step
                    boundary, issue 25's first item); the same without step() is shown beside it.
+  6. long runs:    (--long-runs, or --only 6) issue 25's third item over one long pass whose steps
+                   keep differing (LONG_RUNS: MoE imbalance with ZeRO-3, lognormal lengths, dynamic
+                   batching, continuous batching; generated at 80 GiB): from the third iteration
+                   on, upstream calls at most the pytorch model's plus 2 and no more
+                   synchronizations than it, and the pass's utilization at least both PyTorch
+                   models'. Criterion 2 judges a second pass of the same window instead, whose
+                   steps repeat the first pass's shapes; a long job's do not. Not run by default.
 --conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). --device-lag N runs
 criteria 2-5 with a device that runs behind the host (`tensorpool compare --device-lag N`,
 docs/cli.md; criterion 1's `fit` completes events at once). --step-at-iterations runs criteria 2-5
@@ -188,6 +196,29 @@ LATER_HELD_OUT = [
 ]
 
 HELD_OUT_LOOPS = {hid for hid, _, _, loop in HELD_OUT + LATER_HELD_OUT if loop}
+# Long runs whose steps keep differing (--long-runs, table 6): issue 25's third item ("variable
+# shapes") over one pass of many steps, where no two steps make the same requests, as a long job
+# does; criterion 2 judges a second pass of the same window, which repeats the first one's shapes.
+# (id, what, generate arguments); each at 80 GiB.
+LONG_RUNS = [
+    ("mixtral-6b-zero3-imbalance3-16", "4-layer Mixtral (6.07B), ZeRO-3 over 8 ranks, 2 x 4,096, experts' loads up "
+     "to 3x the mean, drawn per step, 16 steps",
+     ["--model", "mixtral-8x7b", "--zero", "3", "--dp", "8", "--micro-batch", "2", "--options",
+      "framework:megatron,moe_imbalance:3,layers:4,steps:16"]),
+    ("mixtral-3b-zero3-imbalance2-16", "8-layer Mixtral (3.05B), ZeRO-3 over 8 ranks, 1 x 4,096, loads up to 2x, "
+     "16 steps",
+     ["--model", "mixtral-8x7b", "--zero", "3", "--dp", "8", "--micro-batch", "1", "--options",
+      "framework:megatron,moe_imbalance:2,layers:8,hidden:2048,ffn:7168,heads:16,kv_heads:8,steps:16"]),
+    ("gpt2-xl-lognormal-16", "GPT-2 1.5B in the PyTorch loop, 2 sequences of lognormal lengths (at least 128), "
+     "16 steps",
+     ["--model", "gpt2-xl", "--options", "framework:pytorch,micro_batch:2,seq_dist:lognormal,seq_min:128,steps:16"]),
+    ("gpt2-dynamic-16", "GPT-2 small, dynamic batching of uniform lengths (at least 32), 16 steps",
+     ["--model", "gpt2", "--options",
+      "framework:megatron,micro_batch:16,batching:dynamic,seq_dist:uniform,seq_min:32,steps:16"]),
+    ("llama2-7b-serve-64-long", "Llama-2-7B serving 64 requests with continuous batching (batches up to 8), "
+     "every decode step an iteration",
+     ["--model", "llama2-7b", "--options", "framework:pytorch,mode:inference,max_batch:8,requests:64,steps:2"]),
+]
 
 
 def held_out(args, jobs=HELD_OUT):
@@ -346,6 +377,28 @@ def loop_rows(args, traces):
     return head + rows, met, judged
 
 
+def long_run_figures(result):
+    """One pass: (calls, syncs) from the third iteration on, and the utilization of the pass."""
+    its = result.get("per_iteration", [])[2:]
+    return sum(i["upstream_ops"] for i in its), sum(i["syncs"] for i in its), result["utilization"]
+
+
+def long_run_rows(args, _traces):
+    rows, met = [], 0
+    for name, path, capacity in generate_missing(args, [(lid, gen, "80GiB") for lid, _, gen in LONG_RUNS]):
+        r = compare(args, path, 0, capacity)
+        v, p, e = (long_run_figures(r[a]) for a in (VMM, "pytorch", "pytorch-expandable"))
+        stepped = long_run_figures(compare(args, path, 0, capacity, step_at_iterations=True)[VMM])
+        ok = v[0] <= p[0] + 2 and v[1] <= p[1] and v[2] >= max(p[2], e[2])
+        met += ok
+        cells = ["%.4f / %d / %d" % (f[2], f[0], f[1]) for f in (v, stepped, p, e)]
+        rows.append("| %s | %s | %s | %s | %s | %s |" % (name, cells[0], cells[1], cells[2], cells[3],
+                                                          "yes" if ok else "**no**"))
+    head = ["| long run (one pass: utilization / calls, syncs from the 3rd iteration) | tensorpool-vmm | "
+            "tensorpool-vmm, step() per iteration | pytorch | pytorch-expandable | met |", "|---|---|---|---|---|---|"]
+    return head + rows, met, len(rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tensorpool", default=os.path.join(ROOT, "build", "tools", "tensorpool"))
@@ -359,6 +412,7 @@ def main():
     ap.add_argument("--later-held-out", action="store_true")
     ap.add_argument("--device-lag", type=int, default=0)
     ap.add_argument("--step-at-iterations", action="store_true")
+    ap.add_argument("--long-runs", action="store_true")
     args = ap.parse_args()
     traces = [(os.path.basename(p)[:-len(".pickle")], p, "80GiB")
               for p in sorted(glob.glob(os.path.join(args.traces, "*.pickle")))]
@@ -366,16 +420,18 @@ def main():
         print("vmm-criteria: no *.pickle in %s" % args.traces, file=sys.stderr)
         return 2
     criteria = {"1": ("Fit", fit_rows), "2": ("Steady state", steady_rows), "3": ("One pass at 80 GiB", one_pass_rows),
-                "4": ("Time from an empty cache", time_rows), "5": ("A repeating loop", loop_rows)}
+                "4": ("Time from an empty cache", time_rows), "5": ("A repeating loop", loop_rows),
+                "6": ("Long runs whose steps keep differing", long_run_rows)}
+    keys = args.only.split(",") + (["6"] if args.long_runs and "6" not in args.only.split(",") else [])
     all_met = True
-    for key in args.only.split(","):
+    for key in keys:
         if key not in criteria:
-            print("vmm-criteria: --only takes 1, 2, 3, 4, 5; got %r" % key, file=sys.stderr)
+            print("vmm-criteria: --only takes 1, 2, 3, 4, 5, 6; got %r" % key, file=sys.stderr)
             return 2
         title, fn = criteria[key]
-        cases = traces + (generated(args) if args.generated and key != "4" else [])
-        cases += held_out(args) if args.held_out and key != "4" else []
-        cases += held_out(args, LATER_HELD_OUT) if args.later_held_out and key != "4" else []
+        cases = [] if key == "6" else traces + (generated(args) if args.generated and key != "4" else [])
+        cases += held_out(args) if args.held_out and key not in "46" else []
+        cases += held_out(args, LATER_HELD_OUT) if args.later_held_out and key not in "46" else []
         rows, met, total = fn(args, cases)
         all_met = all_met and met == total
         print("### %s. %s: met on %d of %d\n" % (key, title, met, total))
