@@ -430,8 +430,8 @@ def main():
             return 2
         title, fn = criteria[key]
         cases = [] if key == "6" else traces + (generated(args) if args.generated and key != "4" else [])
-        cases += held_out(args) if args.held_out and key not in "46" else []
-        cases += held_out(args, LATER_HELD_OUT) if args.later_held_out and key not in "46" else []
+        cases += held_out(args) if args.held_out and key not in ("4", "6") else []
+        cases += held_out(args, LATER_HELD_OUT) if args.later_held_out and key not in ("4", "6") else []
         rows, met, total = fn(args, cases)
         all_met = all_met and met == total
         print("### %s. %s: met on %d of %d\n" % (key, title, met, total))
