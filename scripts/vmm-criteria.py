@@ -33,9 +33,10 @@ Usage: scripts/vmm-criteria.py [--tensorpool BIN] [--traces DIR] [--work DIR] [-
                    models'. Criterion 2 judges a second pass of the same window instead, whose
                    steps repeat the first pass's shapes; a long job's do not. Not run by default.
 --conf applies settings to tensorpool-vmm only (e.g. vmm_plan_max_blocks:0). --device-lag N runs
-criteria 2-5 with a device that runs behind the host (`tensorpool compare --device-lag N`,
-docs/cli.md; criterion 1's `fit` completes events at once). --step-at-iterations runs criteria 2-5
-with tensorpool's step() at each iteration marker (criterion 5's judged column always has it).
+criteria 2-6 with a device that runs behind the host (`tensorpool compare --device-lag N`,
+docs/cli.md; criterion 1's `fit` completes events at once). --step-at-iterations runs criteria 2-6
+with tensorpool's step() at each iteration marker (the judged column of 5 and a column of 6 always
+have it).
 --generated runs
 criteria 1-3 on the generated suite too, and on issue 25's additions (GENERATED below: a PyTorch
 loop with weights, gradients and activations in one heap; sequence lengths from a lognormal
