@@ -166,7 +166,6 @@ class Allocator::Impl : private detail::AllocatorState {
   void synchronize_pending();
   void pending_done(const detail::PendingFree& done);  // its event has completed
   Block* reuse_pending(StreamState& ss, Pool pool, std::size_t size);
-  bool events_recorded_for(const Block* b) const;
   DeviceEvent acquire_event();
   void release_event(DeviceEvent e) { event_pool_.push_back(e); }
 

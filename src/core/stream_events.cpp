@@ -5,6 +5,7 @@
 // ladder, empty_cache and teardown) the block becomes free. Events are recycled through
 // event_pool_.
 #include <algorithm>
+#include <vector>
 
 #include "core/allocator_impl.hpp"
 #include "core/logging.hpp"
@@ -135,11 +136,16 @@ Block* Allocator::Impl::reuse_pending(StreamState& ss, Pool pool, std::size_t si
       if (b->segment->owner != &ss || b->segment->pool != pool || b->size < size) continue;
       if (best == nullptr || b->size < best->size) best = f.block;
     }
-  if (best == nullptr || !events_recorded_for(best)) return nullptr;
+  if (best == nullptr) return nullptr;
+  std::vector<DeviceEvent> events;  // one per stream that used it
+  for (auto& [key, other] : streams)
+    for (const PendingFree& f : other->pending) {
+      if (f.block != best) continue;
+      if (f.event == 0) return nullptr;  // its record failed: left to the paths that synchronize
+      events.push_back(f.event);
+    }
   try {
-    for (auto& [key, other] : streams)
-      for (const PendingFree& f : other->pending)
-        if (f.block == best) device->stream_wait_event(ss.stream, f.event);
+    for (const DeviceEvent e : events) device->stream_wait_event(ss.stream, e);
   } catch (const DeviceError& err) {  // the waits made only order ss later: harmless
     detail::log().warn("reusing a block whose free waits for other streams skipped: {}", err.what());
     return nullptr;
@@ -158,14 +164,6 @@ Block* Allocator::Impl::reuse_pending(StreamState& ss, Pool pool, std::size_t si
     }
   }
   return find_cached(ss, pool, size);
-}
-
-// Whether every pending free of b has an event (one recorded on each stream that used it).
-bool Allocator::Impl::events_recorded_for(const Block* b) const {
-  for (const auto& [key, other] : streams)
-    for (const PendingFree& f : other->pending)
-      if (f.block == b && f.event == 0) return false;
-  return true;
 }
 
 void Allocator::Impl::synchronize_pending() {
