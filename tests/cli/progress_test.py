@@ -10,18 +10,9 @@ import sys
 import tempfile
 import threading
 
+from checks import check, finish
+
 binary = sys.argv[1]
-failures = []
-passes = 0
-
-
-def check(name, ok, detail=""):
-    global passes
-    if ok:
-        passes += 1
-    else:
-        failures.append(name)
-        print(f"FAIL: {name}{': ' + detail if detail else ''}")
 
 
 def on_tty(args):
@@ -125,5 +116,4 @@ with tempfile.TemporaryDirectory() as work:
     status, out, err = piped(plan)
     check("plan piped: no bar", status == 0 and "\r" not in err and "ETA" not in err, repr(err[:200]))
 
-print(f"{passes} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

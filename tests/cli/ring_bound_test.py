@@ -8,19 +8,10 @@ import subprocess
 import sys
 import tempfile
 
+from checks import check, finish
+
 binary, script = sys.argv[1], sys.argv[2]
-failures = []
-passes = 0
 MIB = 1 << 20
-
-
-def check(name, ok, detail=""):
-    global passes
-    if ok:
-        passes += 1
-    else:
-        failures.append(name)
-        print(f"FAIL: {name}{': ' + detail if detail else ''}")
 
 
 def run(*args):
@@ -92,5 +83,4 @@ with tempfile.TemporaryDirectory() as work:
     bad = run(f"{work}/absent.tptrace", "--tensorpool", binary, "--work", work)
     check("a missing trace is refused", bad.returncode == 2 and "converting" in bad.stderr, bad.stderr)
 
-print(f"{passes} checks passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -10,19 +10,10 @@ import subprocess
 import sys
 import tempfile
 
+from checks import check, finish
+
 binary, script = sys.argv[1], sys.argv[2]
-failures = []
-passes = 0
 JOBS = 5  # LONG_RUNS in the script
-
-
-def check(name, ok, detail=""):
-    global passes
-    if ok:
-        passes += 1
-    else:
-        failures.append(name)
-        print(f"FAIL: {name}{': ' + detail if detail else ''}")
 
 
 def run(*args):
@@ -88,5 +79,4 @@ with tempfile.TemporaryDirectory() as work:
     check("a table of the shared traces without any is refused",
           bad.returncode == 2 and "no *.pickle in" in bad.stderr, bad.stderr)
 
-print(f"{passes} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()
