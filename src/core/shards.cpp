@@ -37,6 +37,7 @@ void add_calls(Stats& to, const Stats& from) noexcept {
   to.steps_found += from.steps_found;
   to.planned_epochs += from.planned_epochs;
   to.mirrored_steps += from.mirrored_steps;
+  to.predicted_steps += from.predicted_steps;
   to.stitches += from.stitches;
 }
 

@@ -1,8 +1,9 @@
-// step_turns.cpp: mirrored_step() (step_turns.hpp).
+// step_turns.cpp: mirrored_step(), predicted_step() (step_turns.hpp).
 #include "core/step_turns.hpp"
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace tensorpool::detail {
 
@@ -51,32 +52,58 @@ bool kept_meets_freed(std::span<const RecordedBlock> out, const Kept& k) {
   return false;
 }
 
-}  // namespace
-
-std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const RecordedBlock> record, std::size_t allocations) {
+// The pinned blocks and the freed base blocks of the record, if they pair one for one by size.
+std::optional<Kept> paired(std::span<const RecordedBlock> record, std::size_t allocations) {
   if (allocations > record.size()) return std::nullopt;
   std::uint64_t end = 0;
   for (const RecordedBlock& b : record) end = std::max(end, b.end);
-  const Kept k = kept_and_freed(record, allocations, end);
+  Kept k = kept_and_freed(record, allocations, end);
   if (k.pinned.empty() || k.pinned.size() != k.freed.size()) return std::nullopt;
   for (std::size_t i = 0; i < k.pinned.size(); ++i)
     if (record[k.pinned[i]].size != record[k.freed[i]].size) return std::nullopt;
+  return k;
+}
+
+}  // namespace
+
+std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const RecordedBlock> record, std::size_t allocations) {
+  const std::optional<Kept> k = paired(record, allocations);
+  if (!k) return std::nullopt;
   std::vector<RecordedBlock> out(record.begin(), record.end());
-  for (std::size_t i = 0; i < k.pinned.size();) {
+  for (std::size_t i = 0; i < k->pinned.size();) {
     // The base blocks freed of one size: each is alive to the last of their frees.
     std::size_t j = i;
-    while (j < k.freed.size() && record[k.freed[j]].size == record[k.freed[i]].size) ++j;
-    const std::uint64_t last_free = record[k.freed[j - 1]].end;
+    while (j < k->freed.size() && record[k->freed[j]].size == record[k->freed[i]].size) ++j;
+    const std::uint64_t last_free = record[k->freed[j - 1]].end;
     for (; i < j; ++i) {
-      const std::size_t p = k.pinned[i];
-      const std::size_t f = k.freed[i];
+      const std::size_t p = k->pinned[i];
+      const std::size_t f = k->freed[i];
       out[p].recorded = record[f].recorded;
       out[f].recorded = record[p].recorded;
       out[f].end = last_free;
     }
   }
-  if (kept_meets_freed(out, k)) return std::nullopt;
+  if (kept_meets_freed(out, *k)) return std::nullopt;
   return out;
+}
+
+std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record, std::size_t allocations) {
+  const std::optional<Kept> k = paired(record, allocations);
+  if (!k) return std::nullopt;
+  std::vector<RecordedBlock> out(record.begin(), record.end());
+  for (std::size_t i = 0; i < k->pinned.size(); ++i) {
+    const std::size_t p = k->pinned[i];
+    out[k->freed[i]].recorded = record[p].recorded;  // freed when this step freed the one it replaced
+    out[p].pinned = false;                           // kept wherever the plan puts it
+  }
+  return out;
+}
+
+std::optional<NextStepRecord> next_step_record(std::span<const RecordedBlock> record, std::size_t allocations) {
+  if (auto mirror = mirrored_step(record, allocations)) return NextStepRecord{std::move(*mirror), NextStepKind::mirrored};
+  if (auto predicted = predicted_step(record, allocations))
+    return NextStepRecord{std::move(*predicted), NextStepKind::predicted};
+  return std::nullopt;
 }
 
 }  // namespace tensorpool::detail

@@ -12,8 +12,16 @@
 // replaces. mirrored_step() writes that record; planned, it lets the next step follow a plan at
 // once, and the step after it follow this step's own plan (its base is this step's again), so the
 // loop settles into two plans that take turns from its second step epoch on.
+//
+// A step that replaces its kept blocks one after another (an optimizer that makes each state
+// anew, `m = b1 * m + (1 - b1) * g`, while the old one lives: the CS336 loops) has no mirror:
+// each new block would go where the next one's predecessor still lives. predicted_step() writes
+// the next step's record anyway, around the base it will begin with (this step's kept blocks
+// where they are, each freed when this step freed the one it replaced), and leaves the places of
+// the blocks it keeps to the plan; the step after it is predicted in turn at the next boundary.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <vector>
@@ -39,5 +47,30 @@ namespace tensorpool::detail {
 /// Nullopt when there is nothing to swap (no pinned block), when the two sets do not pair, or on
 /// such an overlap. O(n log n).
 std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const RecordedBlock> record, std::size_t allocations);
+
+/// The record of the step that follows the step recorded in `record`, if that step makes this
+/// one's requests from the base it will begin with (the blocks live now):
+///   * the pinned blocks pair with the base blocks the step freed, as for mirrored_step();
+///   * each base block freed is recorded at the place of the pinned block it pairs with (the
+///     next step frees the block kept now, where it lies), alive until its own free (the k-th of
+///     a size freed in the next step is the k-th kept of that size now: the program keeps its
+///     order);
+///   * each pinned block is recorded unpinned: the plan places it as any allocation, alive to
+///     the end (the step after the next has its base where the plan put it).
+/// A step that does not follow the prediction departs from the plan at its first request whose
+/// planned place is taken, as from any plan. Nullopt when there is no pinned block or the two
+/// sets do not pair. O(n log n).
+std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record, std::size_t allocations);
+
+/// Which record next_step_record() made.
+enum class NextStepKind : std::uint8_t { mirrored, predicted };
+
+struct NextStepRecord {
+  std::vector<RecordedBlock> blocks;
+  NextStepKind kind = NextStepKind::mirrored;
+};
+
+/// The next step's record: its mirror (mirrored_step()), else its prediction (predicted_step()).
+std::optional<NextStepRecord> next_step_record(std::span<const RecordedBlock> record, std::size_t allocations);
 
 }  // namespace tensorpool::detail

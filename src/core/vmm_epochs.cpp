@@ -239,9 +239,10 @@ void VmmHeaps::choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t ne
   const bool repeats_whole_run = follows && followed == nullptr && heap.epoch.empty_to_empty();
   // The next step is the other turn of this one (its kept blocks where this one's base had them,
   // next_turn()): the two plans take turns from now on, and nothing above both is used again.
-  // A step that ran online gives back only what it reached itself (the top chunk is its own).
-  const bool takes_turns =
-      follows && heights.turns != 0 && (followed != nullptr || no_chunk_above(heap, heap.epoch.high));
+  // A step that ran online gives back only what it reached or mapped itself (the top chunk is
+  // its own, or every chunk above what it reached was mapped by its growths, past the block that
+  // needed them): a chunk an earlier step mapped above it says the steps go higher.
+  const bool takes_turns = follows && heights.turns != 0 && (followed != nullptr || pages_above_are_own(heap));
   if (next_base == NextBase::emptied) {
     // A run from the emptied heap whose every plan is stored follows them within the height of
     // the highest (the stream's work is done: run_plans()); what lies above was used by the run

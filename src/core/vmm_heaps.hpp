@@ -44,6 +44,7 @@
 #include "core/epoch_log.hpp"
 #include "core/run_record.hpp"
 #include "core/segment_source.hpp"
+#include "core/step_turns.hpp"
 #include "core/vmm_planner.hpp"
 #include "core/vmm_plans.hpp"
 
@@ -460,6 +461,11 @@ class VmmHeaps final : public SegmentSource {
     const Address top = heap.segment->addr + round_up(height, page_);
     return heap.mapped_end <= top || std::prev(heap.chunks.end())->first < top;
   }
+  /// Every chunk above what the heap's epoch reached was mapped by that epoch (or there is none).
+  bool pages_above_are_own(const Heap& heap) const noexcept {
+    return no_chunk_above(heap, heap.epoch.high) ||
+           heap.epoch_mapped_end <= heap.segment->addr + round_up(heap.epoch.high, page_);
+  }
   void choose_next_plan(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
   /// The heap has a plan and maps chunks above its height (give_back_above_plan()).
   static bool has_pages_above_plan(const Heap& heap) noexcept {
@@ -523,16 +529,16 @@ class VmmHeaps final : public SegmentSource {
     std::size_t height = 0;                 // above it both turns leave the pages unused (0: unknown)
   };
   Turn take_turn(Heap& heap, StepRun run, const EpochPlan* mine, std::uint64_t next_signature,
-                 const std::optional<std::vector<RecordedBlock>>& mirror);
-  PlanCache::Found next_turn(Heap& heap, std::uint64_t next_signature,
-                             const std::optional<std::vector<RecordedBlock>>& mirror);
+                 const std::optional<NextStepRecord>& next_step);
+  PlanCache::Found next_turn(Heap& heap, std::uint64_t next_signature, const std::optional<NextStepRecord>& next_step);
   static std::uint64_t signature_after(const EpochLog& log, std::uint64_t base) noexcept;
   static std::uint64_t live_signature(const Heap& heap) noexcept;
   void join_run(Heap& heap, RunRecord::EpochEnded ended);
   void plan_run(Heap& heap, std::uint64_t key, std::uint64_t last);
   std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
   void hand_to_planner(Heap& heap);
-  void hand_mirror_to_planner(Heap& heap, std::uint64_t next_signature, std::vector<RecordedBlock>&& mirror);
+  void hand_next_step_to_planner(Heap& heap, std::uint64_t next_signature, NextStepRecord&& next_step);
+  void count_next_step(NextStepKind kind) noexcept;
   static bool mirror_would_replace_own_plan(const Heap& heap) noexcept;
   void collect_plans(Heap& heap);
 

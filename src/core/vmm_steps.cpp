@@ -8,7 +8,9 @@
 // epochs that end where the heap empties, vmm_epochs.cpp); the next epoch follows the plan stored
 // after an epoch like this one. A step whose base moved only because what it keeps replaced what
 // it freed of its base (a loop's logits) is also planned as its mirror (step_turns.hpp), so that
-// the two plans take turns (next_turn(), take_turn()). A step that empties the heap has the run of
+// the two plans take turns (next_turn(), take_turn()); one that replaced them one after another
+// (an optimizer's new states) is planned as its prediction, the next step around the base it
+// will have, and so is each step that followed such a plan. A step that empties the heap has the run of
 // steps since it was last empty planned as one epoch (RunRecord, plan_run()). The pages a chosen
 // plan needs are laid out by map_plan() (vmm_layout.cpp). docs/vmm.md, "Steps".
 #include <algorithm>
@@ -33,8 +35,8 @@ namespace tensorpool::detail {
 // end (gradients a zero_grad() after the boundary frees). The next epoch that makes the same
 // requests follows that plan as an epoch from an empty heap does; a request whose planned place
 // is taken (the base differs) departs. At a boundary the program called (`boundary`), a step
-// whose kept blocks replaced base blocks it freed is also planned as its mirror, which the next
-// step follows (next_turn(); with the planner thread, a later one). An epoch past vmm_plan_max_blocks plans nothing. The next epoch
+// whose kept blocks replaced base blocks it freed is also planned as its mirror or its prediction,
+// which the next step follows (next_turn(); with the planner thread, a later one). An epoch past vmm_plan_max_blocks plans nothing. The next epoch
 // begins at the boundary, with the blocks live there as its base, and the epoch that ended is
 // joined to the heap's run (RunRecord). An epoch that follows the plan of a whole run goes on over
 // as many boundaries as that run did, while it keeps to the plan. O(the heap's blocks), and the
@@ -210,10 +212,24 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // the record is handed to the planner thread).
   const std::uint64_t next_signature = next_base == NextBase::moved ? signature_after(heap.epoch, next_base_signature) : 0;
   std::shared_ptr<const EpochPlan> mine;
-  std::optional<std::vector<RecordedBlock>> mirror;  // the next step's record, as mirrored_step() predicts it
+  // The next step's record, when the program ended this step and its base moved by what it kept:
+  // its mirror, or its prediction (next_step_record()), planned with this one in step() (never in
+  // an allocation): here by the synchronous planner, so that the next step follows it
+  // (next_turn()); by the planner thread otherwise, found from a later step
+  // (hand_next_step_to_planner()). Not when the next step's plan is stored (two turns, found).
+  std::optional<NextStepRecord> next_step;
+  const bool predicts = next_base == NextBase::moved && boundary_ == StepBoundary::called;
   if (matched) {
     mine = cursor.release_plan();
     heap.new_steps_in_a_row = 0;  // a step epoch that followed a plan repeated one
+    // A step that followed a predicted plan moves its base again (new optimizer states each
+    // step): the step after it is predicted in turn.
+    if (predicts && !heap.plans.latest_of(next_signature).plan)
+      next_step = next_step_record(heap.epoch.entries, heap.epoch.allocations());
+    if (next_step && st_.config.vmm_planner != PlannerMode::synchronous) {
+      hand_next_step_to_planner(heap, next_signature, std::move(*next_step));
+      next_step.reset();
+    }
   } else if (heap.epoch.at_step && heap.sight_step(signature) == Heap::StepSighting::new_skip) {
     // The last Heap::kStepsSeen step epochs were each like none before them (a decode step whose
     // KV cache grew, a new sequence length every step): the steps do not repeat, and a plan is
@@ -221,18 +237,13 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
     // server that calls step() per decode step paid for plans never followed. New steps are
     // planned again once one repeats.
   } else {
-    // A step the program ended (step()) whose base moved by what it kept: the next step may be
-    // its mirror, planned with this one (in step(), never in an allocation): here by the
-    // synchronous planner, so that the next step follows it (next_turn()); by the planner thread
-    // otherwise, found from a later step (hand_mirror_to_planner()).
-    if (next_base == NextBase::moved && boundary_ == StepBoundary::called)
-      mirror = mirrored_step(heap.epoch.entries, heap.epoch.allocations());
+    if (predicts) next_step = next_step_record(heap.epoch.entries, heap.epoch.allocations());
     if (st_.config.vmm_planner == PlannerMode::synchronous) {
       mine = plan_now(heap);
     } else {
       hand_to_planner(heap);
-      if (mirror) hand_mirror_to_planner(heap, next_signature, std::move(*mirror));
-      mirror.reset();
+      if (next_step) hand_next_step_to_planner(heap, next_signature, std::move(*next_step));
+      next_step.reset();
     }
   }
   cursor.record();  // until a plan for the next epoch is found and its pages are in place
@@ -274,7 +285,7 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // A step whose base moved by what it kept: the next step may be its other turn.
   std::size_t turns_height = 0;
   if (!next && next_base == NextBase::moved) {
-    Turn turn = take_turn(heap, matched ? StepRun::followed : StepRun::online, mine.get(), next_signature, mirror);
+    Turn turn = take_turn(heap, matched ? StepRun::followed : StepRun::online, mine.get(), next_signature, next_step);
     next = std::move(turn.plan);
     next_key = turn.key;
     turns_height = turn.height;
@@ -298,8 +309,8 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
 // the steps run online again); `mine`, this step's own plan (null: not made yet). The height
 // above which both leave the pages unused, when both are known.
 VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* mine, std::uint64_t next_signature,
-                                   const std::optional<std::vector<RecordedBlock>>& mirror) {
-  PlanCache::Found turn = next_turn(heap, next_signature, mirror);
+                                   const std::optional<NextStepRecord>& next_step) {
+  PlanCache::Found turn = next_turn(heap, next_signature, next_step);
   if (!turn.plan) return {};
   const std::size_t height = std::max(turn.plan->height, mine != nullptr ? mine->height : 0);
   const std::size_t reached = run == StepRun::online ? round_up(heap.epoch.high, page_) : SIZE_MAX;
@@ -332,19 +343,19 @@ bool VmmHeaps::run_lays_out_now(const Heap& heap) {
 // The plan for the next step of a step epoch whose base moved, if the next step repeats this one
 // with the roles of what it keeps and what it freed of its base swapped (step_turns.hpp): the
 // plan made for an epoch with the next base and this one's requests (a loop whose two turns were
-// both planned: the step before this one), else the plan of `mirror`, this epoch's mirrored
-// record, made now and stored under this epoch's signature (the plan for the epoch after one like
-// it; the synchronous planner's: the planner thread was handed the mirror instead,
-// hand_mirror_to_planner()). `heap.last_signature` is still the signature of the epoch before this one, where this
+// both planned: the step before this one), else the plan of `next_step`, this epoch's mirrored or
+// predicted record, made now and stored under this epoch's signature (the plan for the epoch
+// after one like it; the synchronous planner's: the planner thread was handed the record instead,
+// hand_next_step_to_planner()). `heap.last_signature` is still the signature of the epoch before this one, where this
 // one's own plan is stored: the other turn, kept from eviction. Null when neither.
 // `next_signature`: signature_after() the next base.
 PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
-                                     const std::optional<std::vector<RecordedBlock>>& mirror) {
+                                     const std::optional<NextStepRecord>& next_step) {
   if (PlanCache::Found made = heap.plans.latest_of(next_signature); made.plan) return made;
-  if (!mirror || mirror_would_replace_own_plan(heap)) return {};
-  std::shared_ptr<const EpochPlan> plan = make_epoch_plan(*mirror, page_);
+  if (!next_step || mirror_would_replace_own_plan(heap)) return {};
+  std::shared_ptr<const EpochPlan> plan = make_epoch_plan(next_step->blocks, page_);
   if (!plan) return {};
-  st_.counters.count(&Stats::mirrored_steps);
+  count_next_step(next_step->kind);
   const std::uint64_t signature = heap.epoch.signature;
   heap.plans.store(signature, plan, heap.last_signature, next_signature);
   return PlanCache::Found{std::move(plan), signature};
@@ -375,16 +386,22 @@ void VmmHeaps::hand_to_planner(Heap& heap) {
   planner_->try_hand_over(heap.mailbox, heap.last_signature, heap.epoch.signature, heap.epoch.entries);
 }
 
-// The background planner's part of next_turn(): the mirror of the step just ended, handed to the
-// planner thread (planned there, not in step(): a step of 12,581 blocks and its mirror cost 92 ms
+// The background planner's part of next_turn(): the mirror or prediction of the step just ended,
+// handed to the planner thread (planned there, not in step(): a step of 12,581 blocks and its mirror cost 92 ms
 // of planning), to be stored under this step's signature as the plan of an epoch of signature
 // `next_signature`, where next_turn() finds it from a later step. Not when such a plan is stored
 // already (a loop's turns, found), nor when it would replace this step's own plan (a step like
 // the one before it).
-void VmmHeaps::hand_mirror_to_planner(Heap& heap, std::uint64_t next_signature, std::vector<RecordedBlock>&& mirror) {
+void VmmHeaps::hand_next_step_to_planner(Heap& heap, std::uint64_t next_signature, NextStepRecord&& next_step) {
   if (mirror_would_replace_own_plan(heap) || heap.plans.latest_of(next_signature).plan) return;
-  if (planner_->try_hand_over_made(heap.mailbox, heap.epoch.signature, next_signature, std::move(mirror)))
-    st_.counters.count(&Stats::mirrored_steps);
+  const NextStepKind kind = next_step.kind;
+  if (planner_->try_hand_over_made(heap.mailbox, heap.epoch.signature, next_signature, std::move(next_step.blocks)))
+    count_next_step(kind);
+}
+
+// Counts a step planned as its mirror, or as its prediction.
+void VmmHeaps::count_next_step(NextStepKind kind) noexcept {
+  st_.counters.count(kind == NextStepKind::mirrored ? &Stats::mirrored_steps : &Stats::predicted_steps);
 }
 
 // Whether a mirror stored under this epoch's signature would replace this step's own plan: the

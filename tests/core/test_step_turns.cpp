@@ -1,7 +1,9 @@
 // The mirrored record of a step whose kept outputs take turns with the base blocks they replace
 // (src/core/step_turns.hpp): kept blocks go to the places of the blocks they replace, those to
 // the kept blocks' places, alive until the last free of their size; anything that does not pair,
-// or would overlap, makes no record.
+// or would overlap, makes no record. The predicted record of a step whose kept blocks replace
+// base blocks one after another: the blocks kept now are the next base, where they lie, each
+// freed when the block it replaced was, and the next kept blocks go where the plan puts them.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -16,6 +18,9 @@
 
 using namespace tensorpool;
 using tensorpool::detail::mirrored_step;
+using tensorpool::detail::next_step_record;
+using tensorpool::detail::NextStepKind;
+using tensorpool::detail::predicted_step;
 using tensorpool::detail::RecordedBlock;
 
 namespace {
@@ -135,6 +140,66 @@ TEST_CASE("mirrored step: nothing kept, blocks that do not pair, or places that 
     const std::vector<RecordedBlock> step = logits_step();
     REQUIRE_FALSE(mirrored_step(step, step.size() + 1).has_value());
   }
+}
+
+TEST_CASE("predicted step: a chain of new states has no mirror but a prediction that frees the blocks kept now where they lie",
+          "[plan][step]") {
+  // An optimizer that makes each state anew while the old one lives (CS336's `m = b1 m + ...`):
+  // s1' made at tick 1 (at 200 MiB) before s1 (at 100) goes at 2; s2' made at 3 in s1's old
+  // place (100) before s2 (at 120) goes at 4; the weights W (0-64 MiB) stay.
+  const std::vector<RecordedBlock> step = {kept(20 * MiB, 1, 5, 200 * MiB), kept(20 * MiB, 3, 5, 100 * MiB),
+                                           base(20 * MiB, 2, 100 * MiB), base(20 * MiB, 4, 120 * MiB),
+                                           base(64 * MiB, 5, 0)};
+  REQUIRE_FALSE(mirrored_step(step, 2).has_value());
+  const auto predicted = predicted_step(step, 2);
+  REQUIRE(predicted.has_value());
+  const std::vector<RecordedBlock>& p = *predicted;
+  // The next step frees s1' (at 200 MiB) when this one freed s1, and s2' (at 100) when it freed s2.
+  REQUIRE(p[2].recorded == 200 * MiB);
+  REQUIRE(p[2].end == 2);
+  REQUIRE(p[3].recorded == 100 * MiB);
+  REQUIRE(p[3].end == 4);
+  REQUIRE(p[4].recorded == 0);
+  REQUIRE(p[4].end == 5);
+  // Its new states are allocated as this step's were, and placed by the plan.
+  REQUIRE_FALSE(p[0].pinned);
+  REQUIRE_FALSE(p[1].pinned);
+  REQUIRE(p[0].start == 1);
+  REQUIRE(p[1].start == 3);
+  REQUIRE(p[0].end == 5);
+  // Planned: the base where it lies, and each new state apart from every block alive with it.
+  const detail::PlannedLayout plan = detail::plan_layout(p);
+  REQUIRE(plan.offsets[2] == 200 * MiB);
+  REQUIRE(plan.offsets[3] == 100 * MiB);
+  REQUIRE(plan.offsets[4] == 0);
+  for (std::size_t i = 0; i < 2; ++i)
+    for (std::size_t j = 0; j < p.size(); ++j) {
+      if (i == j || p[i].start >= p[j].end || p[j].start >= p[i].end) continue;
+      INFO("new state " << i << " against block " << j);
+      REQUIRE((plan.offsets[i] + p[i].size <= plan.offsets[j] || plan.offsets[j] + p[j].size <= plan.offsets[i]));
+    }
+  // No higher than the step it predicts: s2'' takes s1''s place once s1' is gone.
+  REQUIRE(plan.height <= 220 * MiB);
+  // next_step_record(): this step's prediction; the logits step's mirror.
+  const auto next = next_step_record(step, 2);
+  REQUIRE(next.has_value());
+  REQUIRE(next->kind == NextStepKind::predicted);
+  const std::vector<RecordedBlock> logits = logits_step();
+  const auto mirror = next_step_record(logits, 3);
+  REQUIRE(mirror.has_value());
+  REQUIRE(mirror->kind == NextStepKind::mirrored);
+}
+
+TEST_CASE("predicted step: nothing kept or blocks that do not pair make no record", "[plan][step]") {
+  const std::vector<RecordedBlock> none = {allocation(8 * MiB, 1, 2, 64 * MiB), base(64 * MiB, 3, 0)};
+  REQUIRE_FALSE(predicted_step(none, 1).has_value());
+  REQUIRE_FALSE(next_step_record(none, 1).has_value());
+  const std::vector<RecordedBlock> unpaired = {kept(8 * MiB, 1, 3, 64 * MiB), base(64 * MiB, 3, 0),
+                                               base(4 * MiB, 2, 80 * MiB)};
+  REQUIRE_FALSE(predicted_step(unpaired, 1).has_value());
+  const std::vector<RecordedBlock> first = {kept(8 * MiB, 1, 3, 64 * MiB), base(64 * MiB, 3, 0)};
+  REQUIRE_FALSE(predicted_step(first, 1).has_value());  // the optimizer's first step: states made, none replaced
+  REQUIRE_FALSE(predicted_step(none, none.size() + 1).has_value());
 }
 
 namespace {
