@@ -201,6 +201,10 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   /// ended is the evidence of how high this one goes; the plans its first steps follow say
   /// nothing of the later ones.
   std::size_t run_floor = 0;
+  /// The highest of the plans the steps took in turn since the last step that took none (the
+  /// two turns of a mirror, the predictions of a chain; 0: none): their pages stay mapped up to it
+  /// while steps go on taking turns (plan_next_epoch()).
+  std::size_t turns_height = 0;
   bool remapped_idle = false;          // a growth of the current epoch unmapped idle pages of the
                                        // heap to map them elsewhere (a synchronization):
                                        // affords_layout()

@@ -290,6 +290,12 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
     next_key = turn.key;
     turns_height = turn.height;
   }
+  // Steps that take turns one after another keep the pages up to the highest of their plans (a
+  // chain of predictions, each planned around a base the last plan left, reaches a little higher
+  // or lower every step: a give-back at each dip would be mapped again at the next rise, with a
+  // growth), within the pages the heap holds.
+  heap.turns_height = turns_height == 0 ? 0 : std::max(turns_height, std::min(heap.turns_height, heap.chunk_bytes));
+  turns_height = heap.turns_height;
   heap.last_signature = after;
   if (!next) return {};
   // Taking turns, the pages go up to the higher turn: this one's layout alone would trade or

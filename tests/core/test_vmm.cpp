@@ -1033,7 +1033,9 @@ TEST_CASE("vmm: states made anew one after another every step: each next step is
     online.step();
     const DeviceCounters now = with_steps.device->counters();
     REQUIRE(now.physical_creates == settled.physical_creates);
+    REQUIRE(now.physical_releases == settled.physical_releases);
     REQUIRE(now.maps == settled.maps);
+    REQUIRE(now.unmaps == settled.unmaps);
     REQUIRE(now.syncs() == settled.syncs());
     REQUIRE(with_steps.reserved() <= without.reserved());
   }
