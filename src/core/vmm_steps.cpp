@@ -311,8 +311,8 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
 }
 
 // The next step's plan when this step's base moved: its other turn (next_turn()), taken only
-// within the pages the heap holds and, for a step that ran online, below where it reached (else
-// the steps run online again); `mine`, this step's own plan (null: not made yet). The height
+// within the pages the heap holds (a prediction after a step that followed its plan: above them
+// too) and, for a step that ran online, below where it reached (else the steps run online again); `mine`, this step's own plan (null: not made yet). The height
 // above which both leave the pages unused, when both are known.
 VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* mine, std::uint64_t next_signature,
                                    const std::optional<NextStepRecord>& next_step) {
@@ -320,7 +320,11 @@ VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* min
   if (!turn.plan) return {};
   const std::size_t height = std::max(turn.plan->height, mine != nullptr ? mine->height : 0);
   const std::size_t reached = run == StepRun::online ? round_up(heap.epoch.high, page_) : SIZE_MAX;
-  if (height > std::min(reached, heap.chunk_bytes)) return {};
+  // A prediction after a step that followed its plan may reach above the pages the heap holds:
+  // the step maps the rest as it reaches it (map_planned()), where online, from the base the last
+  // plan left, it would grow higher. A mirror stays within them.
+  const bool grows = run == StepRun::followed && next_step && next_step->kind == NextStepKind::predicted;
+  if (height > std::min(reached, grows ? SIZE_MAX : heap.chunk_bytes)) return {};
   return Turn{std::move(turn.plan), turn.key, mine != nullptr ? height : 0};
 }
 
