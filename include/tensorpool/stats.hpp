@@ -59,6 +59,7 @@ struct Stats {
   std::uint64_t planned_epochs = 0;           // vmm: epochs of a heap that followed a planned layout to their end
   std::uint64_t mirrored_steps = 0;           // vmm: steps also planned as their mirror (kept outputs in turn)
   std::uint64_t predicted_steps = 0;          // vmm: steps also planned as their prediction (kept outputs in a row)
+  std::uint64_t plans_on_caller = 0;          // vmm: plans made on the program's thread, not the planner's
   std::uint64_t stitches = 0;                 // vmm_stitch: growths served from free pages mapped again
   std::uint64_t asleep_bytes = 0;             // sleep(): physical bytes wake() maps back
   std::uint64_t asleep_allocated = 0;         // sleep(): bytes of live blocks without pages

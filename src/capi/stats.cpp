@@ -107,10 +107,10 @@ std::string stats_json(const Allocator& allocator) {
   out += fmt::format(
       R"(, "num_alloc_retries": {}, "num_ooms": {}, "max_split_size": {}, "num_sync_all_streams": {}, )"
       R"("num_device_alloc": {}, "num_device_free": {}, "num_steps_found": {}, "num_planned_epochs": {}, )"
-      R"("num_mirrored_steps": {}, "num_predicted_steps": {}, "num_stitches": {}}})",
+      R"("num_mirrored_steps": {}, "num_predicted_steps": {}, "num_plans_on_caller": {}, "num_stitches": {}}})",
       stats.retries, stats.ooms, max_split == 0 ? -1 : static_cast<std::int64_t>(max_split),
       stats.syncs, stats.upstream_allocs + stats.vm_maps, stats.upstream_frees + stats.vm_unmaps, stats.steps_found,
-      stats.planned_epochs, stats.mirrored_steps, stats.predicted_steps, stats.stitches);
+      stats.planned_epochs, stats.mirrored_steps, stats.predicted_steps, stats.plans_on_caller, stats.stitches);
   return out;
 }
 

@@ -38,6 +38,7 @@ void add_calls(Stats& to, const Stats& from) noexcept {
   to.planned_epochs += from.planned_epochs;
   to.mirrored_steps += from.mirrored_steps;
   to.predicted_steps += from.predicted_steps;
+  to.plans_on_caller += from.plans_on_caller;
   to.stitches += from.stitches;
 }
 

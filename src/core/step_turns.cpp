@@ -1,4 +1,4 @@
-// step_turns.cpp: mirrored_step(), predicted_step() (step_turns.hpp).
+// step_turns.cpp: mirrored_step(), predicted_step(), followed_record() (step_turns.hpp).
 #include "core/step_turns.hpp"
 
 #include <algorithm>
@@ -97,6 +97,30 @@ std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const Recorde
     out[p].pinned = false;                           // kept wherever the plan puts it
   }
   return out;
+}
+
+std::optional<std::vector<RecordedBlock>> followed_record(std::span<const RecordedBlock> predicted,
+                                                         std::size_t allocations,
+                                                         std::span<const std::size_t> offsets) {
+  if (allocations > predicted.size() || offsets.size() != allocations) return std::nullopt;
+  std::uint64_t end = 0;
+  for (const RecordedBlock& b : predicted) end = std::max(end, b.end);
+  std::vector<RecordedBlock> out(predicted.begin(), predicted.end());
+  for (std::size_t i = 0; i < allocations; ++i) {
+    out[i].recorded = offsets[i];
+    out[i].pinned = out[i].end == end;  // alive at the boundary: where the next base has it
+  }
+  return out;
+}
+
+std::vector<BaseBlock> base_after(std::span<const RecordedBlock> record) {
+  std::uint64_t end = 0;
+  for (const RecordedBlock& b : record) end = std::max(end, b.end);
+  std::vector<BaseBlock> base;
+  for (const RecordedBlock& b : record)
+    if (b.end == end) base.push_back({b.recorded, b.size});
+  std::sort(base.begin(), base.end(), [](const BaseBlock& a, const BaseBlock& b) { return a.offset < b.offset; });
+  return base;
 }
 
 std::optional<NextStepRecord> next_step_record(std::span<const RecordedBlock> record, std::size_t allocations) {

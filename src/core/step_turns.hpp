@@ -18,7 +18,9 @@
 // each new block would go where the next one's predecessor still lives. predicted_step() writes
 // the next step's record anyway, around the base it will begin with (this step's kept blocks
 // where they are, each freed when this step freed the one it replaced), and leaves the places of
-// the blocks it keeps to the plan; the step after it is predicted in turn at the next boundary.
+// the blocks it keeps to the plan; the step after it is predicted in turn at the next boundary
+// (or, with the planner thread, ahead: from the record the next step makes if it keeps to its
+// plan, followed_record()).
 #pragma once
 
 #include <cstdint>
@@ -61,6 +63,27 @@ std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const Recorded
 /// planned place is taken, as from any plan. Nullopt when there is no pinned block or the two
 /// sets do not pair. O(n log n).
 std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record, std::size_t allocations);
+
+/// The record a step makes when it follows a plan of its predicted record `predicted`
+/// (predicted_step()'s: `allocations` allocations first, then its base) that puts allocation i at
+/// `offsets[i]`: its allocations there, those alive to its end pinned (kept over the boundary),
+/// its base as predicted. What the boundary after that step will record, so that the step after
+/// it can be predicted while it runs (the planner thread's step ahead, vmm_steps.cpp). Nullopt
+/// when `offsets` is not one per allocation.
+std::optional<std::vector<RecordedBlock>> followed_record(std::span<const RecordedBlock> predicted,
+                                                         std::size_t allocations,
+                                                         std::span<const std::size_t> offsets);
+
+/// A block of a step's base: where it lies from the heap's start, and its size.
+struct BaseBlock {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  bool operator==(const BaseBlock&) const = default;
+};
+
+/// The blocks alive at the end of the step recorded in `record` (its base blocks not freed, the
+/// allocations it keeps): the base of the step after it, in address order. O(n log n).
+std::vector<BaseBlock> base_after(std::span<const RecordedBlock> record);
 
 /// Which record next_step_record() made.
 enum class NextStepKind : std::uint8_t { mirrored, predicted };

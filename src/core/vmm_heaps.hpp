@@ -37,6 +37,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -205,6 +206,10 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   /// two turns of a mirror, the predictions of a chain; 0: none): their pages stay mapped up to it
   /// while steps go on taking turns (plan_next_epoch()).
   std::size_t turns_height = 0;
+  /// The plan the current step was given is a prediction (step_turns.hpp): with the planner
+  /// thread, its boundary predicts the step after it again, to plan the one after that ahead
+  /// (VmmHeaps::plan_ahead()).
+  bool predicting = false;
   bool remapped_idle = false;          // a growth of the current epoch unmapped idle pages of the
                                        // heap to map them elsewhere (a synchronization):
                                        // affords_layout()
@@ -519,6 +524,7 @@ class VmmHeaps final : public SegmentSource {
   /// `signature` that emptied it (VmmHeaps::plan_run()).
   static constexpr std::uint64_t run_key(std::uint64_t signature) noexcept { return EpochLog::mixed(signature, kRunSalt); }
   static constexpr std::uint64_t kRunSalt = 0x72756e0aull;  // "run\n"
+  static constexpr std::uint64_t kAheadSalt = 0x61686561640aull;  // "ahead\n": plan_ahead()'s key
   void rebase(Heap& heap, std::uint64_t base_signature);
   NextHeights plan_next_epoch(Heap& heap, NextBase next_base, std::uint64_t next_base_signature);
   PlanCache::Chain run_plans(const Heap& heap, std::uint64_t key, std::uint64_t last) const;
@@ -539,9 +545,14 @@ class VmmHeaps final : public SegmentSource {
   static std::uint64_t live_signature(const Heap& heap) noexcept;
   void join_run(Heap& heap, RunRecord::EpochEnded ended);
   void plan_run(Heap& heap, std::uint64_t key, std::uint64_t last);
-  std::shared_ptr<const EpochPlan> plan_now(const Heap& heap) const;
+  std::shared_ptr<const EpochPlan> plan_now(const Heap& heap);
+  std::shared_ptr<const EpochPlan> plan_on_caller(std::span<const RecordedBlock> record, std::uint32_t boundaries = 0);
   void hand_to_planner(Heap& heap);
   void hand_next_step_to_planner(Heap& heap, std::uint64_t next_signature, NextStepRecord&& next_step);
+  void plan_ahead(Heap& heap, const NextStepRecord& next_step, const EpochPlan& plan, std::uint64_t next_signature);
+  static std::uint64_t base_signature(std::span<const BaseBlock> base) noexcept;
+  static std::uint64_t signature_of(std::span<const RecordedBlock> record, std::size_t allocations,
+                                    std::uint64_t base) noexcept;
   void count_next_step(NextStepKind kind) noexcept;
   static bool mirror_would_replace_own_plan(const Heap& heap) noexcept;
   void collect_plans(Heap& heap);

@@ -10,7 +10,8 @@
 // it freed of its base (a loop's logits) is also planned as its mirror (step_turns.hpp), so that
 // the two plans take turns (next_turn(), take_turn()); one that replaced them one after another
 // (an optimizer's new states) is planned as its prediction, the next step around the base it
-// will have, and so is each step that followed such a plan. A step that empties the heap has the run of
+// will have, and so is each step that followed such a plan (with the planner thread, a step
+// ahead: plan_ahead()). A step that empties the heap has the run of
 // steps since it was last empty planned as one epoch (RunRecord, plan_run()). The pages a chosen
 // plan needs are laid out by map_plan() (vmm_layout.cpp). docs/vmm.md, "Steps".
 #include <algorithm>
@@ -131,7 +132,7 @@ void VmmHeaps::plan_run(Heap& heap, std::uint64_t key, std::uint64_t last) {
   RunRecord& run = heap.run;
   if (!run.whole()) return;
   if (st_.config.vmm_planner == PlannerMode::synchronous) {
-    if (std::shared_ptr<const EpochPlan> plan = make_epoch_plan(run.entries(), page_, run.boundaries()))
+    if (std::shared_ptr<const EpochPlan> plan = plan_on_caller(run.entries(), run.boundaries()))
       heap.plans.store(key, std::move(plan), heap.last_signature, last);
   } else {
     planner_->try_hand_over(heap.mailbox, key, last, run.record_to_hand_over(), run.boundaries());
@@ -217,16 +218,22 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // an allocation): here by the synchronous planner, so that the next step follows it
   // (next_turn()); by the planner thread otherwise, found from a later step
   // (hand_next_step_to_planner()). Not when the next step's plan is stored (two turns, found).
+  // With the planner thread a mirror goes to it, and a prediction stays: it is planned here
+  // when no plan is stored for it (the first of a chain, next_turn()), and the thread plans the
+  // step after it ahead (plan_ahead()).
   std::optional<NextStepRecord> next_step;
   const bool predicts = next_base == NextBase::moved && boundary_ == StepBoundary::called;
+  const bool background = st_.config.vmm_planner != PlannerMode::synchronous;
+  const bool was_predicting = std::exchange(heap.predicting, false);
   if (matched) {
     mine = cursor.release_plan();
     heap.new_steps_in_a_row = 0;  // a step epoch that followed a plan repeated one
     // A step that followed a predicted plan moves its base again (new optimizer states each
-    // step): the step after it is predicted in turn.
-    if (predicts && !heap.plans.latest_of(next_signature).plan)
+    // step): the step after it is predicted in turn (with the planner thread, also when its plan
+    // is stored: plan_ahead() needs its record).
+    if (predicts && ((background && was_predicting) || !heap.plans.latest_of(next_signature).plan))
       next_step = next_step_record(heap.epoch.entries, heap.epoch.allocations());
-    if (next_step && st_.config.vmm_planner != PlannerMode::synchronous) {
+    if (next_step && background && next_step->kind == NextStepKind::mirrored) {
       hand_next_step_to_planner(heap, next_signature, std::move(*next_step));
       next_step.reset();
     }
@@ -242,8 +249,10 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
       mine = plan_now(heap);
     } else {
       hand_to_planner(heap);
-      if (next_step) hand_next_step_to_planner(heap, next_signature, std::move(*next_step));
-      next_step.reset();
+      if (next_step && next_step->kind == NextStepKind::mirrored) {
+        hand_next_step_to_planner(heap, next_signature, std::move(*next_step));
+        next_step.reset();
+      }
     }
   }
   cursor.record();  // until a plan for the next epoch is found and its pages are in place
@@ -289,6 +298,8 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
     next = std::move(turn.plan);
     next_key = turn.key;
     turns_height = turn.height;
+    heap.predicting = next != nullptr && next_step && next_step->kind == NextStepKind::predicted;
+    if (heap.predicting && background) plan_ahead(heap, *next_step, *next, next_signature);
   }
   // Steps that take turns one after another keep the pages up to the highest of their plans (a
   // chain of predictions, each planned around a base the last plan left, reaches a little higher
@@ -363,7 +374,7 @@ PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
                                      const std::optional<NextStepRecord>& next_step) {
   if (PlanCache::Found made = heap.plans.latest_of(next_signature); made.plan) return made;
   if (!next_step || mirror_would_replace_own_plan(heap)) return {};
-  std::shared_ptr<const EpochPlan> plan = make_epoch_plan(next_step->blocks, page_);
+  std::shared_ptr<const EpochPlan> plan = plan_on_caller(next_step->blocks);
   if (!plan) return {};
   count_next_step(next_step->kind);
   const std::uint64_t signature = heap.epoch.signature;
@@ -381,9 +392,17 @@ std::uint64_t VmmHeaps::signature_after(const EpochLog& log, std::uint64_t base)
 
 // The plan of the epoch just recorded, made here (null when it made more allocations than are
 // recorded, or none, or planning failed).
-std::shared_ptr<const EpochPlan> VmmHeaps::plan_now(const Heap& heap) const {
+std::shared_ptr<const EpochPlan> VmmHeaps::plan_now(const Heap& heap) {
   if (heap.epoch.full) return nullptr;
-  return make_epoch_plan(heap.epoch.entries, page_);
+  return plan_on_caller(heap.epoch.entries);
+}
+
+// A plan made on the program's thread (Stats::plans_on_caller): every plan with the synchronous
+// planner; with the planner thread, the first prediction of a chain (next_turn()).
+std::shared_ptr<const EpochPlan> VmmHeaps::plan_on_caller(std::span<const RecordedBlock> record,
+                                                          std::uint32_t boundaries) {
+  st_.counters.count(&Stats::plans_on_caller);
+  return make_epoch_plan(record, page_, boundaries);
 }
 
 // Hands the epoch just recorded to the planner thread (nothing when it cannot be planned): its
@@ -407,6 +426,42 @@ void VmmHeaps::hand_next_step_to_planner(Heap& heap, std::uint64_t next_signatur
   const NextStepKind kind = next_step.kind;
   if (planner_->try_hand_over_made(heap.mailbox, heap.epoch.signature, next_signature, std::move(next_step.blocks)))
     count_next_step(kind);
+}
+
+// With the planner thread: the step after the next one, predicted from the record the next step
+// makes if it keeps to `plan` (followed_record()), handed to the thread now, so that it is
+// planned while the next step runs and found at its end (next_turn(), by the signature it will
+// have). A chain of predictions then plans in step() only its first (next_turn()), and again
+// after a step that departs, or when the thread has not kept up. Stored under a key of its own:
+// not the plan stored after an epoch like the next one, which the step after it would take
+// before its turn.
+void VmmHeaps::plan_ahead(Heap& heap, const NextStepRecord& next_step, const EpochPlan& plan,
+                          std::uint64_t next_signature) {
+  std::vector<std::size_t> offsets(plan.steps.size());
+  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = plan.steps[i].offset;
+  const std::optional<std::vector<RecordedBlock>> followed = followed_record(next_step.blocks, offsets.size(), offsets);
+  if (!followed) return;
+  std::optional<std::vector<RecordedBlock>> after = predicted_step(*followed, offsets.size());
+  if (!after) return;
+  const std::uint64_t signature = signature_of(*followed, offsets.size(), base_signature(base_after(*followed)));
+  if (heap.plans.latest_of(signature).plan) return;
+  if (planner_->try_hand_over_made(heap.mailbox, EpochLog::mixed(next_signature, kAheadSalt), signature, std::move(*after)))
+    count_next_step(NextStepKind::predicted);
+}
+
+// live_signature() of a base given block by block, in address order.
+std::uint64_t VmmHeaps::base_signature(std::span<const BaseBlock> base) noexcept {
+  std::uint64_t hash = EpochLog::kSignatureSeed;
+  for (const BaseBlock& b : base) hash = EpochLog::mixed(EpochLog::mixed(hash, b.offset), b.size);
+  return hash;
+}
+
+// signature_after() of the requests of a record (its first `allocations` entries).
+std::uint64_t VmmHeaps::signature_of(std::span<const RecordedBlock> record, std::size_t allocations,
+                                     std::uint64_t base) noexcept {
+  std::uint64_t signature = EpochLog::mixed(EpochLog::kSignatureSeed, base);
+  for (std::size_t i = 0; i < allocations; ++i) signature = EpochLog::mixed(signature, record[i].size);
+  return signature;
 }
 
 // Counts a step planned as its mirror, or as its prediction.

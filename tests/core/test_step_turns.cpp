@@ -17,6 +17,9 @@
 #include "tensorpool/types.hpp"
 
 using namespace tensorpool;
+using tensorpool::detail::base_after;
+using tensorpool::detail::BaseBlock;
+using tensorpool::detail::followed_record;
 using tensorpool::detail::mirrored_step;
 using tensorpool::detail::next_step_record;
 using tensorpool::detail::NextStepKind;
@@ -188,6 +191,41 @@ TEST_CASE("predicted step: a chain of new states has no mirror but a prediction 
   const auto mirror = next_step_record(logits, 3);
   REQUIRE(mirror.has_value());
   REQUIRE(mirror->kind == NextStepKind::mirrored);
+}
+
+TEST_CASE("predicted step: the record a step that follows its plan makes is predicted in turn",
+          "[plan][step]") {
+  // The chain above, predicted and planned: the step that follows that plan records its states at
+  // the planned places, kept over the boundary, and leaves as the next base the weights and those
+  // states, in address order; the step after it pairs again (the planner thread plans it ahead).
+  const std::vector<RecordedBlock> step = {kept(20 * MiB, 1, 5, 200 * MiB), kept(20 * MiB, 3, 5, 100 * MiB),
+                                           base(20 * MiB, 2, 100 * MiB), base(20 * MiB, 4, 120 * MiB),
+                                           base(64 * MiB, 5, 0)};
+  const auto predicted = predicted_step(step, 2);
+  REQUIRE(predicted.has_value());
+  const detail::PlannedLayout plan = detail::plan_layout(*predicted);
+  const std::vector<std::size_t> offsets(plan.offsets.begin(), plan.offsets.begin() + 2);
+  const auto followed = followed_record(*predicted, 2, offsets);
+  REQUIRE(followed.has_value());
+  const std::vector<RecordedBlock>& f = *followed;
+  for (std::size_t i = 0; i < 2; ++i) {
+    INFO("state " << i);
+    REQUIRE(f[i].recorded == plan.offsets[i]);
+    REQUIRE(f[i].pinned);
+    REQUIRE(f[i].start == step[i].start);
+  }
+  for (std::size_t i = 2; i < f.size(); ++i) {
+    REQUIRE(f[i].recorded == (*predicted)[i].recorded);
+    REQUIRE(f[i].end == (*predicted)[i].end);
+    REQUIRE(f[i].fixed);
+  }
+  std::vector<BaseBlock> expected = {{0, 64 * MiB}, {plan.offsets[0], 20 * MiB}, {plan.offsets[1], 20 * MiB}};
+  std::sort(expected.begin(), expected.end(), [](const BaseBlock& a, const BaseBlock& b) { return a.offset < b.offset; });
+  REQUIRE(base_after(f) == expected);
+  REQUIRE(predicted_step(f, 2).has_value());
+  // Offsets that are not one per allocation make no record.
+  REQUIRE_FALSE(followed_record(*predicted, 2, std::vector<std::size_t>{0}).has_value());
+  REQUIRE_FALSE(followed_record(*predicted, predicted->size() + 1, offsets).has_value());
 }
 
 TEST_CASE("predicted step: nothing kept or blocks that do not pair make no record", "[plan][step]") {

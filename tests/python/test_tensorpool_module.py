@@ -47,7 +47,7 @@ EXPECTED_KEYS |= {f"{s}.{m}" for s in ("oversize_allocations", "oversize_segment
                   for m in ("current", "peak", "allocated", "freed")}
 EXPECTED_KEYS |= {"num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams",
                   "num_device_alloc", "num_device_free", "num_steps_found", "num_planned_epochs",
-                  "num_mirrored_steps", "num_predicted_steps", "num_stitches"}
+                  "num_mirrored_steps", "num_predicted_steps", "num_plans_on_caller", "num_stitches"}
 
 
 class NoGlobals(pickle.Unpickler):
