@@ -87,7 +87,8 @@ std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const Recorded
   return out;
 }
 
-std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record, std::size_t allocations) {
+std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record,
+                                                        std::size_t allocations) {
   const std::optional<Kept> k = paired(record, allocations);
   if (!k) return std::nullopt;
   std::vector<RecordedBlock> out(record.begin(), record.end());
@@ -124,7 +125,8 @@ std::vector<BaseBlock> base_after(std::span<const RecordedBlock> record) {
 }
 
 std::optional<NextStepRecord> next_step_record(std::span<const RecordedBlock> record, std::size_t allocations) {
-  if (auto mirror = mirrored_step(record, allocations)) return NextStepRecord{std::move(*mirror), NextStepKind::mirrored};
+  if (auto mirror = mirrored_step(record, allocations))
+    return NextStepRecord{std::move(*mirror), NextStepKind::mirrored};
   if (auto predicted = predicted_step(record, allocations))
     return NextStepRecord{std::move(*predicted), NextStepKind::predicted};
   return std::nullopt;

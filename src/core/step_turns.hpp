@@ -62,7 +62,8 @@ std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const Recorded
 /// A step that does not follow the prediction departs from the plan at its first request whose
 /// planned place is taken, as from any plan. Nullopt when there is no pinned block or the two
 /// sets do not pair. O(n log n).
-std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record, std::size_t allocations);
+std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record,
+                                                        std::size_t allocations);
 
 /// The record a step makes when it follows a plan of its predicted record `predicted`
 /// (predicted_step()'s: `allocations` allocations first, then its base) that puts allocation i at

@@ -551,6 +551,10 @@ class VmmHeaps final : public SegmentSource {
   void hand_next_step_to_planner(Heap& heap, std::uint64_t next_signature, NextStepRecord&& next_step);
   void plan_ahead(Heap& heap, const NextStepRecord& next_step, const EpochPlan& plan, std::uint64_t next_signature);
   static std::uint64_t base_signature(std::span<const BaseBlock> base) noexcept;
+  /// One block of a base folded into its signature (live_signature(), base_signature()).
+  static constexpr std::uint64_t mixed_base_block(std::uint64_t hash, std::size_t offset, std::size_t size) noexcept {
+    return EpochLog::mixed(EpochLog::mixed(hash, offset), size);
+  }
   static std::uint64_t signature_of(std::span<const RecordedBlock> record, std::size_t allocations,
                                     std::uint64_t base) noexcept;
   void count_next_step(NextStepKind kind) noexcept;

@@ -145,7 +145,7 @@ std::uint64_t VmmHeaps::live_signature(const Heap& heap) noexcept {
   std::uint64_t hash = EpochLog::kSignatureSeed;
   for (const Block* x = heap.segment->first; x != nullptr; x = x->next) {
     if (!held_by_program(x)) continue;
-    hash = EpochLog::mixed(EpochLog::mixed(hash, x->addr - heap.segment->addr), x->size);
+    hash = mixed_base_block(hash, x->addr - heap.segment->addr, x->size);
   }
   return hash;
 }
@@ -214,13 +214,13 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   const std::uint64_t next_signature = next_base == NextBase::moved ? signature_after(heap.epoch, next_base_signature) : 0;
   std::shared_ptr<const EpochPlan> mine;
   // The next step's record, when the program ended this step and its base moved by what it kept:
-  // its mirror, or its prediction (next_step_record()), planned with this one in step() (never in
-  // an allocation): here by the synchronous planner, so that the next step follows it
-  // (next_turn()); by the planner thread otherwise, found from a later step
-  // (hand_next_step_to_planner()). Not when the next step's plan is stored (two turns, found).
-  // With the planner thread a mirror goes to it, and a prediction stays: it is planned here
-  // when no plan is stored for it (the first of a chain, next_turn()), and the thread plans the
-  // step after it ahead (plan_ahead()).
+  // its mirror, or its prediction (next_step_record()), never made in an allocation. The
+  // synchronous planner plans it in step(), so that the next step follows it (next_turn()). With
+  // the planner thread a mirror goes to the thread, found from a later step
+  // (hand_next_step_to_planner()); a prediction is planned in step() when no plan is stored for
+  // it (the first of a chain: next_turn()), and the thread plans the step after it ahead
+  // (plan_ahead()). Not made when the next step's plan is stored (two turns, found), but in a
+  // chain with the planner thread, whose plan_ahead() needs it.
   std::optional<NextStepRecord> next_step;
   const bool predicts = next_base == NextBase::moved && boundary_ == StepBoundary::called;
   const bool background = st_.config.vmm_planner != PlannerMode::synchronous;
@@ -323,7 +323,8 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
 
 // The next step's plan when this step's base moved: its other turn (next_turn()), taken only
 // within the pages the heap holds (a prediction after a step that followed its plan: above them
-// too) and, for a step that ran online, below where it reached (else the steps run online again); `mine`, this step's own plan (null: not made yet). The height
+// too) and, for a step that ran online, below where it reached (else the steps run online
+// again); `mine`, this step's own plan (null: not made yet). The height
 // above which both leave the pages unused, when both are known.
 VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* mine, std::uint64_t next_signature,
                                    const std::optional<NextStepRecord>& next_step) {
@@ -385,9 +386,7 @@ PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
 // The signature an epoch has that makes the requests `log` recorded from a base whose
 // live_signature() is `base` (as rebase() and EpochLog::on_alloc() make it). O(its allocations).
 std::uint64_t VmmHeaps::signature_after(const EpochLog& log, std::uint64_t base) noexcept {
-  std::uint64_t signature = EpochLog::mixed(EpochLog::kSignatureSeed, base);
-  for (std::size_t i = 0; i < log.allocations(); ++i) signature = EpochLog::mixed(signature, log.entries[i].size);
-  return signature;
+  return signature_of(log.entries, log.allocations(), base);
 }
 
 // The plan of the epoch just recorded, made here (null when it made more allocations than are
@@ -445,14 +444,14 @@ void VmmHeaps::plan_ahead(Heap& heap, const NextStepRecord& next_step, const Epo
   if (!after) return;
   const std::uint64_t signature = signature_of(*followed, offsets.size(), base_signature(base_after(*followed)));
   if (heap.plans.latest_of(signature).plan) return;
-  if (planner_->try_hand_over_made(heap.mailbox, EpochLog::mixed(next_signature, kAheadSalt), signature, std::move(*after)))
-    count_next_step(NextStepKind::predicted);
+  const std::uint64_t key = EpochLog::mixed(next_signature, kAheadSalt);
+  if (planner_->try_hand_over_made(heap.mailbox, key, signature, std::move(*after))) count_next_step(NextStepKind::predicted);
 }
 
 // live_signature() of a base given block by block, in address order.
 std::uint64_t VmmHeaps::base_signature(std::span<const BaseBlock> base) noexcept {
   std::uint64_t hash = EpochLog::kSignatureSeed;
-  for (const BaseBlock& b : base) hash = EpochLog::mixed(EpochLog::mixed(hash, b.offset), b.size);
+  for (const BaseBlock& b : base) hash = mixed_base_block(hash, b.offset, b.size);
   return hash;
 }
 

@@ -145,7 +145,8 @@ TEST_CASE("mirrored step: nothing kept, blocks that do not pair, or places that 
   }
 }
 
-TEST_CASE("predicted step: a chain of new states has no mirror but a prediction that frees the blocks kept now where they lie",
+TEST_CASE("predicted step: a chain of new states has no mirror but a prediction that frees the blocks kept now "
+          "where they lie",
           "[plan][step]") {
   // An optimizer that makes each state anew while the old one lives (CS336's `m = b1 m + ...`):
   // s1' made at tick 1 (at 200 MiB) before s1 (at 100) goes at 2; s2' made at 3 in s1's old

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/skip.hpp"
@@ -193,6 +194,24 @@ TEST_CASE("replay: a loop whose kept logits take turns follows its mirror from i
   }
 }
 
+namespace {
+
+// The CS336 Transformer LM at its medium shape (24 x 1024) with its hand-written AdamW, 4 steps
+// at `shape` (precision, batch, lengths), replayed against tensorpool-vmm online and with step()
+// at each iteration.
+std::pair<ReplayResult, ReplayResult> cs336_medium_loop(const std::string& shape) {
+  const trace::Trace t = generated(
+      "framework:pytorch,mlp:gated,norm:rmsnorm,biases:false,tied_embeddings:false,positions:0,"
+      "vocab:10000,attention:eager,loss:written,activation:written,qkv:separate,optimizer_impl:handwritten,"
+      "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,steps:4," + shape);
+  ReplayResult online = run(t, "tensorpool-vmm").total;
+  ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
+  REQUIRE(called.per_iteration.size() == 4);
+  return {std::move(online), std::move(called)};
+}
+
+}  // namespace
+
 TEST_CASE("replay: a loop whose optimizer makes its states anew follows its predictions from its third step",
           "[replay][step]") {
   // The CS336 Transformer LM (24 x 1024, autocast bf16, 8 x 512, 4 steps) with its hand-written
@@ -203,14 +222,7 @@ TEST_CASE("replay: a loop whose optimizer makes its states anew follows its pred
   // next one will have (vmm.md, "Steps"); the third and fourth follow theirs, the pages above are
   // given back at the second boundary, and the pages up to the higher of the chain's plans stay
   // (a dip between them gives nothing back that the next rise would map again).
-  const trace::Trace t = generated(
-      "framework:pytorch,mlp:gated,norm:rmsnorm,biases:false,tied_embeddings:false,positions:0,"
-      "vocab:10000,attention:eager,loss:written,activation:written,qkv:separate,optimizer_impl:handwritten,"
-      "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,precision:autocast-bf16,micro_batch:8,seq:512,"
-      "context:512,steps:4");
-  const ReplayResult online = run(t, "tensorpool-vmm").total;
-  const ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
-  REQUIRE(called.per_iteration.size() == 4);
+  const auto [online, called] = cs336_medium_loop("precision:autocast-bf16,micro_batch:8,seq:512,context:512");
   const auto [online_calls, online_syncs, online_ratio] = from_third(online);
   REQUIRE(online_ratio > 1.005);
   check_quiet_from_third(called, 1.005);
@@ -224,14 +236,7 @@ TEST_CASE("replay: a prediction above the pages the heap holds is followed and i
   // fourth step maps the rest as it reaches it; not followed (as a mirror is not), it ran online
   // from that base and grew higher (20 calls from the third step, holding 1.44% above what it
   // requested, where online throughout it holds 1.61%).
-  const trace::Trace t = generated(
-      "framework:pytorch,mlp:gated,norm:rmsnorm,biases:false,tied_embeddings:false,positions:0,"
-      "vocab:10000,attention:eager,loss:written,activation:written,qkv:separate,optimizer_impl:handwritten,"
-      "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,precision:fp32,micro_batch:4,seq:1024,"
-      "context:1024,steps:4");
-  const ReplayResult online = run(t, "tensorpool-vmm").total;
-  const ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
-  REQUIRE(called.per_iteration.size() == 4);
+  const auto [online, called] = cs336_medium_loop("precision:fp32,micro_batch:4,seq:1024,context:1024");
   const auto [online_calls, online_syncs, online_ratio] = from_third(online);
   const auto [calls, syncs, ratio] = from_third(called);
   REQUIRE(syncs == 0);
