@@ -52,12 +52,17 @@ bool kept_meets_freed(std::span<const RecordedBlock> out, const Kept& k) {
   return false;
 }
 
+// The record's last tick + 1: the end of every block alive at the boundary.
+std::uint64_t end_of(std::span<const RecordedBlock> record) {
+  std::uint64_t end = 0;
+  for (const RecordedBlock& b : record) end = std::max(end, b.end);
+  return end;
+}
+
 // The pinned blocks and the freed base blocks of the record, if they pair one for one by size.
 std::optional<Kept> paired(std::span<const RecordedBlock> record, std::size_t allocations) {
   if (allocations > record.size()) return std::nullopt;
-  std::uint64_t end = 0;
-  for (const RecordedBlock& b : record) end = std::max(end, b.end);
-  Kept k = kept_and_freed(record, allocations, end);
+  Kept k = kept_and_freed(record, allocations, end_of(record));
   if (k.pinned.empty() || k.pinned.size() != k.freed.size()) return std::nullopt;
   for (std::size_t i = 0; i < k.pinned.size(); ++i)
     if (record[k.pinned[i]].size != record[k.freed[i]].size) return std::nullopt;
@@ -104,8 +109,7 @@ std::optional<std::vector<RecordedBlock>> followed_record(std::span<const Record
                                                          std::size_t allocations,
                                                          std::span<const std::size_t> offsets) {
   if (allocations > predicted.size() || offsets.size() != allocations) return std::nullopt;
-  std::uint64_t end = 0;
-  for (const RecordedBlock& b : predicted) end = std::max(end, b.end);
+  const std::uint64_t end = end_of(predicted);
   std::vector<RecordedBlock> out(predicted.begin(), predicted.end());
   for (std::size_t i = 0; i < allocations; ++i) {
     out[i].recorded = offsets[i];
@@ -115,8 +119,7 @@ std::optional<std::vector<RecordedBlock>> followed_record(std::span<const Record
 }
 
 std::vector<BaseBlock> base_after(std::span<const RecordedBlock> record) {
-  std::uint64_t end = 0;
-  for (const RecordedBlock& b : record) end = std::max(end, b.end);
+  const std::uint64_t end = end_of(record);
   std::vector<BaseBlock> base;
   for (const RecordedBlock& b : record)
     if (b.end == end) base.push_back({b.recorded, b.size});
