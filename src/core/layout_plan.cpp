@@ -30,11 +30,15 @@ void check_input(std::span<const RecordedBlock> blocks) {
   }
 }
 
+bool has_kept(std::span<const RecordedBlock> blocks) {
+  return std::any_of(blocks.begin(), blocks.end(), [](const RecordedBlock& b) { return b.kept; });
+}
+
 // The blocks packing has placed, in offset order, in runs of a few dozen (chunks). Each chunk
 // knows the highest end of its blocks, which part of the epoch's clock they live in (their
 // starts and ends, and per stretch of the clock, one of 64 equal ones, which of its blocks start
 // by it and which end in or after it) and whether they cover their range without a gap. A
-// block's pass over the placed ones (best_fit()) so skips a chunk whose blocks all end below
+// block's pass over the placed ones (fit_among()) so skips a chunk whose blocks all end below
 // what the pass has covered already, takes a gapless chunk of blocks all alive with it as one
 // raise of the covered top, and in the others looks only at the blocks that live in the
 // stretches it lives in: exactly what the pass over every block one by one would conclude, since
@@ -170,11 +174,17 @@ struct Packing {
   std::vector<std::size_t> offsets;  // complete only when end == done
 };
 
-// Where block b goes among the placed blocks: the lowest of the smallest gaps that fit it between
-// the placed blocks alive at the same time (in offset order: a gap opens where a block starts
-// above the highest end before it), else the top of them. The pass stops at a gap of exactly b's
-// size: none fits better, and none found later is lower.
-std::size_t best_fit(const PlacedBlocks& placed, const RecordedBlock& b) {
+// Which gap between the placed blocks alive with a block fit_among() gives it.
+enum class Fit : std::uint8_t {
+  best,    // the smallest that fits (ties: the lowest)
+  lowest,  // the lowest that fits
+};
+
+// Where block b goes among the placed blocks: the gap `how` says between the placed blocks alive
+// at the same time (in offset order: a gap opens where a block starts above the highest end
+// before it), else the top of them. The pass stops at the first gap that fits for Fit::lowest,
+// at a gap of exactly b's size for Fit::best: none fits better, and none found later is lower.
+std::size_t fit_among(const PlacedBlocks& placed, const RecordedBlock& b, Fit how) {
   const PlacedBlocks::Stretches when = placed.stretches(b.start, b.end);
   std::size_t top = 0;
   std::size_t best_gap = SIZE_MAX;
@@ -191,7 +201,7 @@ std::size_t best_fit(const PlacedBlocks& placed, const RecordedBlock& b) {
       if (p.lo > top && p.lo - top >= b.size && p.lo - top < best_gap) {
         best_gap = p.lo - top;
         best_at = top;
-        if (best_gap == b.size) return best_at;
+        if (how == Fit::lowest || best_gap == b.size) return best_at;
       }
       top = std::max(top, p.hi);
     }
@@ -260,7 +270,7 @@ struct Replaced {
 // at `peak_tick` (the live peak: no layout is lower than they are, stacked) first, then the
 // others, each set in clock order. Placed in clock order with nothing freed between them, the
 // peak's blocks stack around the fixed ones with no gap that a block placed before them could
-// have left, and the others then fill around them as an online allocator would (best_fit() among
+// have left, and the others then fill around them as an online allocator would (fit_among() among
 // the blocks alive with each). Packing by size can leave such a gap (a large block placed before
 // the smaller ones it outlives), and so can the online order (a block freed before the peak).
 struct PackOrder {
@@ -310,10 +320,15 @@ std::vector<std::size_t> packing_order(std::span<const RecordedBlock> blocks, Pa
   return order;
 }
 
+// How a layout places the kept blocks (RecordedBlock::kept): before the others, each as low as
+// it goes, with no online candidate; or as any other block.
+enum class KeptBlocks : std::uint8_t { lowest_first, as_any };
+
 // Greedy: the blocks in `how`'s order (packing_order(); by default decreasing size, ties earlier
-// first), each where best_fit() puts it, after the fixed blocks where they were. O(n^2) simple
-// steps at most (each block passes over the placed ones); the chunks' bounds skip most of them on
-// real epochs. The layout's height only grows as blocks are placed, so packing stops once it
+// first), each where fit_among() puts it (the best fit), after the fixed blocks where they were
+// and, with KeptBlocks::lowest_first, the kept ones as low as they go. O(n^2) simple steps at
+// most (each block passes over the placed ones); the chunks' bounds skip most of them on real
+// epochs. The layout's height only grows as blocks are placed, so packing stops once it
 // reaches `stop_at` (a layout at least as high as the recorded one is not kept), or once the
 // passes would have looked at more than `max_steps` placed blocks (counted as if none were
 // skipped, so that what is cut short does not depend on the data's shape).
@@ -328,7 +343,7 @@ std::vector<std::size_t> packing_order(std::span<const RecordedBlock> blocks, Pa
 // next can only take turns above them (docs/benchmarks.md, "Blocks placed where the block they
 // replace was").
 Packing pack(std::span<const RecordedBlock> blocks, std::span<const Replaced> replaced, std::size_t max_steps,
-             std::size_t stop_at, std::size_t hidden, PackOrder how = {}) {
+             std::size_t stop_at, std::size_t hidden, KeptBlocks kept, PackOrder how = {}) {
   static const Replaced kNothing{};
   const auto replaces = [&](std::size_t i) -> const Replaced& { return replaced.empty() ? kNothing : replaced[i]; };
   const std::size_t n = blocks.size();
@@ -349,6 +364,13 @@ Packing pack(std::span<const RecordedBlock> blocks, std::span<const Replaced> re
   for (std::size_t i = 0; i < n; ++i)
     if (blocks[i].stays_where_recorded()) place(i, blocks[i].recorded);
   std::size_t steps = 0;
+  // The kept blocks (the next epoch's base), in clock order, each as low as it goes.
+  for (std::size_t i = 0; kept == KeptBlocks::lowest_first && i < n; ++i) {
+    if (!blocks[i].kept || blocks[i].stays_where_recorded()) continue;
+    steps += placed.size() + hidden;
+    if (steps > max_steps) return {PackEnd::too_costly, {}};
+    place(i, fit_among(placed, blocks[i], Fit::lowest));
+  }
   // Where block i goes: on the place of the block it replaces if clear (that block placed), else
   // best fit. False when the bounds stop the packing.
   const auto place_one = [&](std::size_t i) {
@@ -366,7 +388,7 @@ Packing pack(std::span<const RecordedBlock> blocks, std::span<const Replaced> re
     // passes per block.
     steps += placed.size() + hidden;
     if (steps > max_steps) return false;
-    place(i, at ? *at : best_fit(placed, b));
+    place(i, at ? *at : fit_among(placed, b, Fit::best));
     return true;
   };
   std::vector<std::size_t> chain;
@@ -633,10 +655,13 @@ std::vector<Replaced> replacements(std::span<const RecordedBlock> blocks, std::s
 
 // plan_layout() on checked blocks; `hidden` as for pack(); `replaced()` gives pack()'s
 // input, asked for only when that candidate runs (empty: no block replaces another, no such
-// candidate).
+// candidate); `kept`, how the kept blocks go; `ceiling`, the highest a candidate may reach
+// (SIZE_MAX: any). Nullopt when no candidate does (with SIZE_MAX, only when the kept blocks go
+// first and the packings were cut short: no online candidate then).
 template <typename MakeReplaced>
-PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, std::size_t hidden,
-                          MakeReplaced replaced) {
+std::optional<PlannedLayout> plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps,
+                                         std::size_t hidden, KeptBlocks kept, std::size_t ceiling,
+                                         MakeReplaced replaced) {
   const Events events = events_in_order(blocks);
   const LivePeak peak = live_peak(blocks, events);
   const std::size_t floor = peak.bytes;  // no layout is lower
@@ -646,26 +671,30 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
   best.height = height_of(blocks, best.offsets);
   best.source = LayoutSource::recorded;
   std::optional<std::vector<std::uint32_t>> recorded_below = link_below(blocks, best.offsets, events);
+  if (best.height > ceiling) recorded_below.reset();  // above the ceiling: no candidate
   if (recorded_below && best.height <= floor) {
     best.below = std::move(*recorded_below);
     return best;
   }
   // Each candidate replaces the best so far only when it is lower (ties: the earlier one), and
   // the next is tried only while the best is above the floor.
-  std::vector<std::size_t> online = online_layout(blocks, events);
+  // No online candidate when kept blocks go first (RecordedBlock::kept says why).
+  const bool keeps = kept == KeptBlocks::lowest_first && has_kept(blocks);
+  std::vector<std::size_t> online = keeps ? std::vector<std::size_t>{} : online_layout(blocks, events);
   // Pinned blocks held from the start may overlap a fixed block freed before they come: then the
   // online candidate overlaps itself and is not one.
   const bool pinned = std::any_of(blocks.begin(), blocks.end(), [](const RecordedBlock& b) { return b.pinned; });
-  const bool online_apart = !pinned || link_below(blocks, online, events).has_value();
-  if (const std::size_t height = height_of(blocks, online); online_apart && (!recorded_below || height < best.height)) {
+  const bool online_apart = !keeps && (!pinned || link_below(blocks, online, events).has_value());
+  if (const std::size_t height = keeps ? SIZE_MAX : height_of(blocks, online);
+      online_apart && height <= ceiling && (!recorded_below || height < best.height)) {
     best.offsets = std::move(online);
     best.height = height;
     best.source = LayoutSource::online;
   } else if (!recorded_below) {
-    best.height = SIZE_MAX;  // no candidate yet: the packing's, however high
+    best.height = ceiling == SIZE_MAX ? SIZE_MAX : ceiling + 1;  // no candidate yet: a packing's, below it
   }
   if (best.height > floor) {
-    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden);
+    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden, kept);
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
@@ -675,7 +704,7 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
   if (best.height > floor) {
     const std::vector<Replaced> replacing = replaced();
     Packing packing = replacing.empty() ? Packing{PackEnd::not_lower, {}}
-                                        : pack(blocks, replacing, max_pack_steps, best.height, hidden);
+                                        : pack(blocks, replacing, max_pack_steps, best.height, hidden, kept);
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
@@ -688,7 +717,7 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
       {PackOrder::Kind::by_size_longest, LayoutSource::by_size_longest}};
   for (const auto& [kind, source] : other_orders) {
     if (best.height <= floor) break;
-    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden, {kind, peak.tick});
+    Packing packing = pack(blocks, {}, max_pack_steps, best.height, hidden, kept, {kind, peak.tick});
     if (packing.end == PackEnd::done) {
       best.offsets = std::move(packing.offsets);
       best.height = height_of(blocks, best.offsets);
@@ -696,6 +725,7 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
     }
   }
   if (best.source == LayoutSource::recorded) {
+    if (!recorded_below && (keeps || ceiling != SIZE_MAX)) return std::nullopt;
     if (!recorded_below) throw std::runtime_error("plan_layout: no candidate keeps the blocks apart within the packing bound");
     best.below = std::move(*recorded_below);
     return best;
@@ -704,6 +734,33 @@ PlannedLayout plan_blocks(std::span<const RecordedBlock> blocks, std::size_t max
   if (!below) throw std::logic_error("plan_layout: the planned layout overlaps itself");
   best.below = std::move(*below);
   return best;
+}
+
+// plan_layout() on checked blocks, the kept ones placed as `kept` says, no higher than `ceiling`
+// (plan_blocks()).
+std::optional<PlannedLayout> plan_checked(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps,
+                                          FixedRuns runs, KeptBlocks kept, std::size_t ceiling) {
+  const auto as_input = [&] {
+    return replacements(blocks, blocks.size(), [](std::size_t i) { return static_cast<std::uint32_t>(i); });
+  };
+  if (runs == FixedRuns::as_blocks) return plan_blocks(blocks, max_pack_steps, 0, kept, ceiling, as_input);
+  const MergedRuns merged(blocks);
+  if (merged.hidden() == 0) return plan_blocks(blocks, max_pack_steps, 0, kept, ceiling, as_input);
+  const auto as_merged = [&] {
+    return replacements(blocks, merged.merged().size(), [&](std::size_t i) { return merged.merged_of(i); });
+  };
+  const std::optional<PlannedLayout> planned =
+      plan_blocks(merged.merged(), max_pack_steps, merged.hidden(), kept, ceiling, as_merged);
+  if (!planned) return std::nullopt;
+  return merged.spread(*planned);
+}
+
+// How high the blocks reached where they were recorded (for a predicted step: the step it is
+// predicted from, whose pages the heap holds).
+std::size_t recorded_height(std::span<const RecordedBlock> blocks) {
+  std::size_t h = 0;
+  for (const RecordedBlock& b : blocks) h = std::max(h, b.recorded + b.size);
+  return h;
 }
 
 }  // namespace
@@ -715,16 +772,24 @@ std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) {
 PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, FixedRuns runs) {
   check_input(blocks);
   if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");
-  const auto as_input = [&] {
-    return replacements(blocks, blocks.size(), [](std::size_t i) { return static_cast<std::uint32_t>(i); });
-  };
-  if (runs == FixedRuns::as_blocks) return plan_blocks(blocks, max_pack_steps, 0, as_input);
-  const MergedRuns merged(blocks);
-  if (merged.hidden() == 0) return plan_blocks(blocks, max_pack_steps, 0, as_input);
-  const auto as_merged = [&] {
-    return replacements(blocks, merged.merged().size(), [&](std::size_t i) { return merged.merged_of(i); });
-  };
-  return merged.spread(plan_blocks(merged.merged(), max_pack_steps, merged.hidden(), as_merged));
+  if (!has_kept(blocks)) return *plan_checked(blocks, max_pack_steps, runs, KeptBlocks::as_any, SIZE_MAX);
+  // Kept blocks first (RecordedBlock::kept says why) when that layout reaches no higher than the
+  // blocks did where they were recorded (the pages the step it is predicted from held), or above
+  // the live peak at most twice as far as the lowest layout with the kept blocks placed as any.
+  // Packed first within twice as far as the record reached (the packings stop above it: the
+  // layouts refused reach far higher, and cost the most), and again within twice as far as that
+  // layout only when it reaches higher still.
+  const std::size_t floor = peak_live_bytes(blocks);
+  const std::size_t reached = recorded_height(blocks);
+  const auto within = [&](std::size_t height) { return floor + 2 * (std::max(height, floor) - floor); };
+  std::optional<PlannedLayout> first =
+      plan_checked(blocks, max_pack_steps, runs, KeptBlocks::lowest_first, within(reached));
+  if (first && first->height <= reached) return std::move(*first);
+  PlannedLayout as_any = *plan_checked(blocks, max_pack_steps, runs, KeptBlocks::as_any, SIZE_MAX);
+  if (first && first->height <= within(as_any.height)) return std::move(*first);
+  if (!first && within(as_any.height) > within(reached))
+    first = plan_checked(blocks, max_pack_steps, runs, KeptBlocks::lowest_first, within(as_any.height));
+  return first ? std::move(*first) : std::move(as_any);
 }
 
 }  // namespace tensorpool::detail

@@ -48,6 +48,15 @@
 // The last two are the usual orders of greedy offline placement besides size (what they lower:
 // docs/benchmarks.md, "Two more orders of packing"); no order is lowest on every epoch, so each
 // is tried while the best is above the peak.
+// An epoch with kept blocks (RecordedBlock::kept: a predicted step's new optimizer states, whose
+// places make the next step's base) is planned twice at most: first with the kept blocks placed
+// before the others in every packing, each as low as it goes, and no online candidate; that
+// layout is kept when it reaches no higher than the record did, or no more than twice as far
+// above the live peak as the layout planned with the kept blocks as any (planned only then). A
+// base left compact lets the steps after it reach lower: a scattered one leaves holes their
+// activations cannot fill (docs/benchmarks.md, "New states placed as low as they go"); but from
+// some scattered bases the kept blocks, first, take the room that the blocks alive across them
+// (gradients) need, and the plan goes far higher (the factor of two is a choice).
 // Packing (any of the five ways) costs O(n^2) simple steps at most (each block passes over the
 // placed ones in offset order). The pass leaves out placed blocks that cannot change its answer
 // (all below what it has covered, alive at other times, or a gapless run of blocks all alive with
@@ -85,6 +94,14 @@ struct RecordedBlock {
   /// over the boundary): every layout keeps it at `recorded` too, so that the epoch that follows
   /// the plan leaves it where the next epoch's base had it when that one was planned.
   bool pinned = false;
+  /// An allocation of the epoch that lives on past its end whose place the layout chooses (a
+  /// predicted step's new optimizer states: step_turns.hpp): the next epoch's base. The packings
+  /// place the kept blocks before the others, in clock order, each at the lowest place clear of
+  /// the blocks already placed that are alive with it, so that the next base lies as compact as
+  /// this one allows; and the online candidate is not tried (it puts a kept block wherever the
+  /// others leave room when it comes: a step's kept logits at the top of its forward peak, which
+  /// the next step's forward must then go around).
+  bool kept = false;
 
   /// Every layout keeps it at `recorded`.
   bool stays_where_recorded() const noexcept { return fixed || pinned; }

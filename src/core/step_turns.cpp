@@ -101,6 +101,7 @@ std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const Recorde
     const std::size_t p = k->pinned[i];
     out[k->freed[i]].recorded = record[p].recorded;  // freed when this step freed the one it replaced
     out[p].pinned = false;                           // kept wherever the plan puts it
+    out[p].kept = true;                              // as low as it goes
   }
   return out;
 }
@@ -114,6 +115,7 @@ std::optional<std::vector<RecordedBlock>> followed_record(std::span<const Record
   for (std::size_t i = 0; i < allocations; ++i) {
     out[i].recorded = offsets[i];
     out[i].pinned = out[i].end == end;  // alive at the boundary: where the next base has it
+    out[i].kept = false;
   }
   return out;
 }

@@ -18,9 +18,10 @@
 // each new block would go where the next one's predecessor still lives. predicted_step() writes
 // the next step's record anyway, around the base it will begin with (this step's kept blocks
 // where they are, each freed when this step freed the one it replaced), and leaves the places of
-// the blocks it keeps to the plan; the step after it is predicted in turn at the next boundary
-// (or, with the planner thread, ahead: from the record the next step makes if it keeps to its
-// plan, followed_record()).
+// the blocks it keeps to the plan, which puts them as low as they go (the next base compact: a
+// base scattered over the pages leaves holes the next forward pass cannot fill); the step after
+// it is predicted in turn at the next boundary (or, with the planner thread, ahead: from the
+// record the next step makes if it keeps to its plan, followed_record()).
 #pragma once
 
 #include <cstdint>
@@ -57,8 +58,9 @@ std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const Recorded
 ///     next step frees the block kept now, where it lies), alive until its own free (the k-th of
 ///     a size freed in the next step is the k-th kept of that size now: the program keeps its
 ///     order);
-///   * each pinned block is recorded unpinned: the plan places it as any allocation, alive to
-///     the end (the step after the next has its base where the plan put it).
+///   * each pinned block is recorded unpinned and kept (RecordedBlock::kept): the plan places
+///     it, alive to the end, as low as it goes before the step's other blocks (the step after
+///     the next has its base where the plan put it, as compact as this base allows).
 /// A step that does not follow the prediction departs from the plan at its first request whose
 /// planned place is taken, as from any plan. Nullopt when there is no pinned block or the two
 /// sets do not pair. O(n log n).

@@ -208,8 +208,13 @@ struct alignas(64) Heap {  // a cache line of its own: heaps of other streams ch
   std::size_t turns_height = 0;
   /// The plan the current step was given is a prediction (step_turns.hpp): with the planner
   /// thread, its boundary predicts the step after it again, to plan the one after that ahead
-  /// (VmmHeaps::plan_ahead()).
+  /// (VmmHeaps::plan_ahead()); its pages are laid out whatever holes the heap has
+  /// (trade_pages_above()).
   bool predicting = false;
+  /// The steps in a row that followed a predicted plan (0: the last step followed none). The
+  /// first plan of a chain was made around the base a step left online, the later ones around
+  /// bases the chain's own plans placed: turns_height leaves the first out.
+  std::uint32_t predictions_followed = 0;
   bool remapped_idle = false;          // a growth of the current epoch unmapped idle pages of the
                                        // heap to map them elsewhere (a synchronization):
                                        // affords_layout()

@@ -225,6 +225,7 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   const bool predicts = next_base == NextBase::moved && boundary_ == StepBoundary::called;
   const bool background = st_.config.vmm_planner != PlannerMode::synchronous;
   const bool was_predicting = std::exchange(heap.predicting, false);
+  heap.predictions_followed = matched && was_predicting ? heap.predictions_followed + 1 : 0;
   if (matched) {
     mine = cursor.release_plan();
     heap.new_steps_in_a_row = 0;  // a step epoch that followed a plan repeated one
@@ -304,8 +305,14 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // Steps that take turns one after another keep the pages up to the highest of their plans (a
   // chain of predictions, each planned around a base the last plan left, reaches a little higher
   // or lower every step: a give-back at each dip would be mapped again at the next rise, with a
-  // growth), within the pages the heap holds.
-  heap.turns_height = turns_height == 0 ? 0 : std::max(turns_height, std::min(heap.turns_height, heap.chunk_bytes));
+  // growth), within the pages the heap holds; but not the first plan of a chain of predictions,
+  // made around the base a step left online (its kept blocks wherever they came: higher than
+  // the bases the chain's plans place), once the step that followed it has ended and when it
+  // reaches at least a growth step above the next (less is what a growth maps ahead of need).
+  const bool first_of_chain = heap.predictions_followed == 1 && turns_height != 0 &&
+                              heap.turns_height >= turns_height + growth_step(heap.pool());
+  const std::size_t held_turns = first_of_chain ? 0 : std::min(heap.turns_height, heap.chunk_bytes);
+  heap.turns_height = turns_height == 0 ? 0 : std::max(turns_height, held_turns);
   turns_height = heap.turns_height;
   heap.last_signature = after;
   if (!next) return {};
@@ -321,23 +328,28 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   return {.turns = turns_height, .run = run.closed ? run.height : 0};
 }
 
-// The next step's plan when this step's base moved: its other turn (next_turn()), taken only
-// within the pages the heap holds (a prediction after a step that followed its plan: above them
-// too) and, for a step that ran online, below where it reached (else the steps run online
-// again); `mine`, this step's own plan (null: not made yet). The height
-// above which both leave the pages unused, when both are known.
+// The next step's plan when this step's base moved: its other turn (next_turn()). A mirror is
+// taken only within the pages the heap holds and, after a step that ran online, below where it
+// reached (else the steps run online again); a prediction at any height. `mine`, this step's own
+// plan (null: not made yet). The height above which the turns leave the pages unused, when known.
 VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* mine, std::uint64_t next_signature,
                                    const std::optional<NextStepRecord>& next_step) {
   PlanCache::Found turn = next_turn(heap, next_signature, next_step);
   if (!turn.plan) return {};
-  const std::size_t height = std::max(turn.plan->height, mine != nullptr ? mine->height : 0);
-  const std::size_t reached = run == StepRun::online ? round_up(heap.epoch.high, page_) : SIZE_MAX;
-  // A prediction after a step that followed its plan may reach above the pages the heap holds:
-  // the step maps the rest as it reaches it (map_planned()), where online, from the base the last
-  // plan left, it would grow higher. A mirror stays within them.
-  const bool grows = run == StepRun::followed && next_step && next_step->kind == NextStepKind::predicted;
-  if (height > std::min(reached, grows ? SIZE_MAX : heap.chunk_bytes)) return {};
-  return Turn{std::move(turn.plan), turn.key, mine != nullptr ? height : 0};
+  // A mirror's two turns alternate (the step after the next repeats this one: `mine`); a
+  // prediction's plan holds the next base and all the next step does, and the step after it is
+  // predicted anew.
+  const bool predicted = next_step && next_step->kind == NextStepKind::predicted;
+  const std::size_t height =
+      predicted ? turn.plan->height : std::max(turn.plan->height, mine != nullptr ? mine->height : 0);
+  // A prediction may reach above the pages the heap holds, and above where a step that ran online
+  // reached: the step maps the rest as it reaches it (map_planned(), or the trade of
+  // trade_pages_above()), where online, from the base the step before left, it would grow higher
+  // (on CS336 small, fp32 at context 256, the third step reached 4,752 MiB online and 4,698
+  // following its prediction). A mirror stays within them.
+  const std::size_t reached = run == StepRun::online && !predicted ? round_up(heap.epoch.high, page_) : SIZE_MAX;
+  if (height > std::min(reached, predicted ? SIZE_MAX : heap.chunk_bytes)) return {};
+  return Turn{std::move(turn.plan), turn.key, predicted || mine != nullptr ? height : 0};
 }
 
 // The plans of the run from the emptied heap that begins with the plan stored under `key`, as

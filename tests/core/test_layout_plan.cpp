@@ -705,3 +705,58 @@ TEST_CASE("layout plan: a run of fixed blocks planned as one block gives the lay
   REQUIRE(replacing >= 5);
   REQUIRE(cut_short >= 10);
 }
+
+namespace {
+
+// The record of a step whose optimizer makes its states anew (RecordedBlock::kept), in MiB: the
+// weights W (0-64) and W2 (128-160) stay; the old state F (at `old_state`, 64 or 96) is freed at
+// tick 3, and the other 32 MiB between W and W2 is free all step; a gradient G (32, ticks 1-6)
+// lives across the new state K (32, made at tick 4, kept). G and K recorded at `g_at` and `k_at`.
+std::vector<RecordedBlock> state_step(std::size_t old_state, std::size_t g_at, std::size_t k_at) {
+  RecordedBlock g{32 * MiB, 1, 6, g_at};
+  RecordedBlock k{32 * MiB, 4, 7, k_at};
+  k.kept = true;
+  return {g, k, RecordedBlock{64 * MiB, 0, 7, 0, true}, RecordedBlock{32 * MiB, 0, 3, old_state, true},
+          RecordedBlock{32 * MiB, 0, 7, 128 * MiB, true}};
+}
+
+// Where plan_layout() puts state_step()'s G and K, and how high it reaches (the layout checked).
+struct StatePlaces {
+  std::size_t g = 0;
+  std::size_t k = 0;
+  std::size_t height = 0;
+  bool operator==(const StatePlaces&) const = default;
+};
+
+StatePlaces plan_state_step(std::size_t old_state, std::size_t g_at, std::size_t k_at) {
+  const std::vector<RecordedBlock> blocks = state_step(old_state, g_at, k_at);
+  const PlannedLayout plan = detail::plan_layout(blocks);
+  require_apart(blocks, plan);
+  REQUIRE(plan.source != detail::LayoutSource::online);
+  return {plan.offsets[0], plan.offsets[1], plan.height};
+}
+
+}  // namespace
+
+TEST_CASE("layout plan: kept blocks go first, each as low as it goes, unless that layout reaches above the record "
+          "and twice as far above the live peak as the other",
+          "[plan][step]") {
+  REQUIRE(detail::peak_live_bytes(state_step(96 * MiB, 64 * MiB, 96 * MiB)) == 160 * MiB);
+  // The old state above the hole (F at 96, the hole at 64): K goes first, at the lowest place
+  // clear of the base alive with it (the hole: F is gone by tick 4), and G, alive with K and with
+  // F, finds no room below the top: 192 MiB high. As recorded (G in the hole, K at F's place) the
+  // step reached 160, the live peak, and so does the layout with K placed as any block (G takes
+  // the hole, K F's place once F is gone): that one is kept.
+  REQUIRE(plan_state_step(96 * MiB, 64 * MiB, 96 * MiB) == StatePlaces{64 * MiB, 96 * MiB, 160 * MiB});
+  // Recorded higher (the step reached 224 MiB), the kept block goes first: the plan reaches no
+  // higher than the step did, and K lies as low as it goes.
+  REQUIRE(plan_state_step(96 * MiB, 160 * MiB, 192 * MiB) == StatePlaces{160 * MiB, 64 * MiB, 192 * MiB});
+  // With the old state below the hole, K takes F's place first and G the hole: the live peak.
+  REQUIRE(plan_state_step(64 * MiB, 160 * MiB, 192 * MiB) == StatePlaces{96 * MiB, 64 * MiB, 160 * MiB});
+  // Packing cut short at once: with the kept block first there is no candidate (no online one),
+  // and the layout is the one with K placed as any block, online (the recorded one overlaps).
+  const std::vector<RecordedBlock> overlapping = state_step(96 * MiB, 64 * MiB, 64 * MiB);
+  const PlannedLayout bounded = detail::plan_layout(overlapping, 0);
+  require_apart(overlapping, bounded);
+  REQUIRE(bounded.source == detail::LayoutSource::online);
+}

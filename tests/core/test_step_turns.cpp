@@ -168,6 +168,8 @@ TEST_CASE("predicted step: a chain of new states has no mirror but a prediction 
   // Its new states are allocated as this step's were, and placed by the plan.
   REQUIRE_FALSE(p[0].pinned);
   REQUIRE_FALSE(p[1].pinned);
+  REQUIRE(p[0].kept);
+  REQUIRE(p[1].kept);
   REQUIRE(p[0].start == 1);
   REQUIRE(p[1].start == 3);
   REQUIRE(p[0].end == 5);
@@ -182,7 +184,10 @@ TEST_CASE("predicted step: a chain of new states has no mirror but a prediction 
       INFO("new state " << i << " against block " << j);
       REQUIRE((plan.offsets[i] + p[i].size <= plan.offsets[j] || plan.offsets[j] + p[j].size <= plan.offsets[i]));
     }
-  // No higher than the step it predicts: s2'' takes s1''s place once s1' is gone.
+  // Kept, each new state goes first, as low as it goes: s1'' right above W (nothing there is
+  // alive with it), s2'' above s2' (at 100 MiB, alive until tick 4), not at 200 where s1' was.
+  REQUIRE(plan.offsets[0] == 64 * MiB);
+  REQUIRE(plan.offsets[1] == 120 * MiB);
   REQUIRE(plan.height <= 220 * MiB);
   // next_step_record(): this step's prediction; the logits step's mirror.
   const auto next = next_step_record(step, 2);
@@ -213,6 +218,7 @@ TEST_CASE("predicted step: the record a step that follows its plan makes is pred
     INFO("state " << i);
     REQUIRE(f[i].recorded == plan.offsets[i]);
     REQUIRE(f[i].pinned);
+    REQUIRE_FALSE(f[i].kept);
     REQUIRE(f[i].start == step[i].start);
   }
   for (std::size_t i = 2; i < f.size(); ++i) {
@@ -374,4 +380,128 @@ TEST_CASE("mirrored step: random steps of a first-fit allocator mirror exactly a
   // Both outcomes are exercised.
   REQUIRE(mirrored > 100);
   REQUIRE(refused > 100);
+}
+
+namespace {
+
+// The record of a training step whose optimizer makes each state anew (CS336's AdamW), after a
+// step that ran online: the weights of `layers` layers side by side at the bottom (sizes from a
+// palette), the old states (two per layer, as large as the layer's weights) freed one by one as
+// the new ones are made; a forward pass (an activation per layer, freed in the backward pass as
+// the gradients come), the optimizer (per state: the new one made, then the old one freed; the
+// new ones kept) and the gradients freed at the end. The new states recorded where the online
+// step left them, shuffled, with holes; the other blocks stacked above them.
+struct AdamStep {
+  std::vector<RecordedBlock> record;
+  std::size_t allocations = 0;
+};
+
+AdamStep adam_step(std::mt19937_64& rng, std::size_t layers) {
+  const auto size = [&] { return std::size_t{4 + 4 * (rng() % 4)} * MiB; };
+  std::vector<std::size_t> weights(layers);
+  for (std::size_t& w : weights) w = size();
+  AdamStep out;
+  std::vector<RecordedBlock>& r = out.record;
+  std::uint64_t t = 1;
+  std::vector<std::size_t> activation(layers), gradient(layers), state(2 * layers);
+  std::vector<std::uint64_t> old_freed(2 * layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    activation[l] = r.size();
+    r.push_back(allocation(3 * weights[l], t++, 0, 0));
+  }
+  for (std::size_t l = layers; l-- > 0;) {
+    gradient[l] = r.size();
+    r.push_back(allocation(weights[l], t++, 0, 0));
+    r[activation[l]].end = t++;
+  }
+  for (std::size_t s = 0; s < 2 * layers; ++s) {
+    state[s] = r.size();
+    r.push_back(kept(weights[s / 2], t++, 0, 0));
+    old_freed[s] = t++;
+  }
+  for (std::size_t l = 0; l < layers; ++l) r[gradient[l]].end = t++;
+  const std::uint64_t end = t;
+  out.allocations = r.size();
+  std::size_t at = 0;
+  for (std::size_t l = 0; l < layers; ++l) {
+    r.push_back(base(weights[l], end, at));
+    at += weights[l];
+  }
+  std::vector<std::size_t> order(2 * layers);
+  for (std::size_t s = 0; s < order.size(); ++s) order[s] = s;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (const std::size_t s : order) {
+    if (rng() % 3 == 0) at += size();  // a hole
+    r[state[s]].recorded = at;
+    r[state[s]].end = end;
+    at += r[state[s]].size;
+  }
+  for (std::size_t i = 0; i < out.allocations; ++i) {
+    if (r[i].pinned) continue;
+    r[i].recorded = at;
+    at += r[i].size;
+  }
+  for (std::size_t s = 0; s < 2 * layers; ++s) r.push_back(base(weights[s / 2], old_freed[s], 0));
+  return out;
+}
+
+// What a chain of `steps` predicted steps from `step` plans: each step predicted from the record
+// of the one before, planned, and followed; per step, the plan's height and the top of the base it
+// leaves. `as_any`: the kept blocks planned as any block (RecordedBlock::kept cleared).
+struct ChainStep {
+  std::size_t height = 0;
+  std::size_t base_top = 0;
+};
+
+std::vector<ChainStep> plan_chain(const AdamStep& step, int steps, bool as_any) {
+  std::vector<ChainStep> out;
+  std::vector<RecordedBlock> record = step.record;
+  for (int k = 0; k < steps; ++k) {
+    std::optional<std::vector<RecordedBlock>> predicted = predicted_step(record, step.allocations);
+    REQUIRE(predicted.has_value());
+    for (RecordedBlock& b : *predicted) b.kept = b.kept && !as_any;
+    const detail::PlannedLayout plan = detail::plan_layout(*predicted);
+    const std::vector<std::size_t> offsets(plan.offsets.begin(),
+                                           plan.offsets.begin() + static_cast<std::ptrdiff_t>(step.allocations));
+    std::optional<std::vector<RecordedBlock>> followed = followed_record(*predicted, step.allocations, offsets);
+    REQUIRE(followed.has_value());
+    record = std::move(*followed);
+    ChainStep c{plan.height, 0};
+    for (const BaseBlock& b : base_after(record)) c.base_top = std::max(c.base_top, b.offset + b.size);
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("predicted step: new states placed first, as low as they go, leave bases that let the chain's later "
+          "steps reach lower",
+          "[plan][step]") {
+  // From a base an online step scattered, each plan puts the next base's states as low as they
+  // go: the bases the chain leaves lie lower, and its later steps (the third to the sixth) reach
+  // lower than the same chain whose new states are placed as any block.
+  std::mt19937_64 rng(25);
+  int lower = 0;
+  std::size_t first_total = 0;
+  std::size_t any_total = 0;
+  constexpr int kRounds = 12;
+  for (int round = 0; round < kRounds; ++round) {
+    const AdamStep step = adam_step(rng, 8 + rng() % 24);
+    const std::vector<ChainStep> first = plan_chain(step, 6, false);
+    const std::vector<ChainStep> any = plan_chain(step, 6, true);
+    std::size_t first_later = 0;
+    std::size_t any_later = 0;
+    for (std::size_t k = 2; k < first.size(); ++k) {
+      first_later += first[k].height;
+      any_later += any[k].height;
+      first_total += first[k].base_top;
+      any_total += any[k].base_top;
+    }
+    INFO("round " << round << ": later steps " << first_later / MiB << " MiB against " << any_later / MiB);
+    lower += first_later < any_later;
+  }
+  INFO("bases' tops " << first_total / MiB << " MiB against " << any_total / MiB);
+  REQUIRE(lower >= kRounds - 1);
+  REQUIRE(10 * first_total < 8 * any_total);
 }
