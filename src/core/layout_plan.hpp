@@ -49,10 +49,11 @@
 // docs/benchmarks.md, "Two more orders of packing"); no order is lowest on every epoch, so each
 // is tried while the best is above the peak.
 // An epoch with kept blocks (RecordedBlock::kept: a predicted step's new optimizer states, whose
-// places make the next step's base) is planned twice at most: first with the kept blocks placed
-// before the others in every packing, each as low as it goes, and no online candidate; that
-// layout is kept when it reaches no higher than the record did, or no more than twice as far
-// above the live peak as the layout planned with the kept blocks as any (planned only then). A
+// places make the next step's base) is planned first with the kept blocks placed before the
+// others in every packing, each as low as it goes, and no online candidate; that layout is kept
+// when it reaches no higher than the record did, or no more than twice as far above the live
+// peak as the layout planned with the kept blocks as any (planned only then; the first packings
+// stop above twice the record's slack, and run again within the higher bound if need be). A
 // base left compact lets the steps after it reach lower: a scattered one leaves holes their
 // activations cannot fill (docs/benchmarks.md, "New states placed as low as they go"); but from
 // some scattered bases the kept blocks, first, take the room that the blocks alive across them
