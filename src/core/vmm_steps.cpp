@@ -347,8 +347,8 @@ VmmHeaps::Turn VmmHeaps::take_turn(Heap& heap, StepRun run, const EpochPlan* min
   // trade_pages_above()), where online, from the base the step before left, it would grow higher
   // (on CS336 small, fp32 at context 256, the third step reached 4,752 MiB online and 4,698
   // following its prediction). A mirror stays within them.
-  const std::size_t reached = run == StepRun::online && !predicted ? round_up(heap.epoch.high, page_) : SIZE_MAX;
-  if (height > std::min(reached, predicted ? SIZE_MAX : heap.chunk_bytes)) return {};
+  const std::size_t reached = run == StepRun::online ? round_up(heap.epoch.high, page_) : SIZE_MAX;
+  if (!predicted && height > std::min(reached, heap.chunk_bytes)) return {};
   return Turn{std::move(turn.plan), turn.key, predicted || mine != nullptr ? height : 0};
 }
 

@@ -196,14 +196,17 @@ TEST_CASE("replay: a loop whose kept logits take turns follows its mirror from i
 
 namespace {
 
+// The CS336 Transformer LM with its hand-written AdamW, as the shared traces' runs write it; the
+// shape, steps and batch follow.
+const std::string kCs336Train =
+    "framework:pytorch,mlp:gated,norm:rmsnorm,biases:false,tied_embeddings:false,positions:0,"
+    "vocab:10000,attention:eager,loss:written,activation:written,qkv:separate,optimizer_impl:handwritten,";
+
 // The CS336 Transformer LM at its medium shape (24 x 1024) with its hand-written AdamW, 4 steps
 // at `shape` (precision, batch, lengths), replayed against tensorpool-vmm online and with step()
 // at each iteration.
 std::pair<ReplayResult, ReplayResult> cs336_medium_loop(const std::string& shape) {
-  const trace::Trace t = generated(
-      "framework:pytorch,mlp:gated,norm:rmsnorm,biases:false,tied_embeddings:false,positions:0,"
-      "vocab:10000,attention:eager,loss:written,activation:written,qkv:separate,optimizer_impl:handwritten,"
-      "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,steps:4," + shape);
+  const trace::Trace t = generated(kCs336Train + "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,steps:4," + shape);
   ReplayResult online = run(t, "tensorpool-vmm").total;
   ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
   REQUIRE(called.per_iteration.size() == 4);
@@ -253,11 +256,9 @@ TEST_CASE("replay: a chain of predictions gives back what its first plan reached
   // they go (layout_plan.hpp, RecordedBlock::kept). Once the third step has followed the first,
   // the pages above the later plans go: the fourth and fifth steps hold their live peak within
   // 0.05%, with no call and no synchronization, where the pages of the first plan held 0.79% more.
-  const trace::Trace t = generated(
-      "framework:pytorch,mlp:gated,norm:rmsnorm,biases:false,tied_embeddings:false,positions:0,"
-      "vocab:10000,attention:eager,loss:written,activation:written,qkv:separate,optimizer_impl:handwritten,"
-      "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,steps:5,precision:fp32,micro_batch:8,seq:1024,"
-      "context:1024");
+  const trace::Trace t = generated(kCs336Train +
+                                   "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,steps:5,precision:fp32,"
+                                   "micro_batch:8,seq:1024,context:1024");
   const ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
   REQUIRE(called.per_iteration.size() == 5);
   const IterationResult& third = called.per_iteration[2];
@@ -276,10 +277,7 @@ namespace {
 // The CS336 Transformer LM at its small shape (12 x 768) with its hand-written AdamW, `steps`
 // steps at `shape`, replayed against tensorpool-vmm with step() at each iteration or without.
 ReplayResult cs336_small_loop(const std::string& shape, bool with_steps) {
-  const trace::Trace t = generated(
-      "framework:pytorch,mlp:gated,norm:rmsnorm,biases:false,tied_embeddings:false,positions:0,"
-      "vocab:10000,attention:eager,loss:written,activation:written,qkv:separate,optimizer_impl:handwritten,"
-      "layers:12,hidden:768,heads:12,kv_heads:12,ffn:3072," + shape);
+  const trace::Trace t = generated(kCs336Train + "layers:12,hidden:768,heads:12,kv_heads:12,ffn:3072," + shape);
   return run(t, "tensorpool-vmm", 80 * GiB, "", with_steps ? Steps::at_iterations : Steps::none).total;
 }
 
