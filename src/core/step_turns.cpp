@@ -1,4 +1,5 @@
-// step_turns.cpp: mirrored_step(), predicted_step(), followed_record() (step_turns.hpp).
+// step_turns.cpp: mirrored_step(), predicted_step(), predicted_after_creation(), followed_record()
+// (step_turns.hpp).
 #include "core/step_turns.hpp"
 
 #include <algorithm>
@@ -106,6 +107,80 @@ std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const Recorde
   return out;
 }
 
+namespace {
+
+constexpr std::uint32_t kNoBlock = UINT32_MAX;
+
+// Per allocation of the record, the allocation its pinned block replaced (predicted_after_creation()),
+// kNoBlock for the others. O(n log n): an event a tick, so kRebindWithin frees at most follow an
+// allocation.
+std::vector<std::uint32_t> replaced_by_pinned(std::span<const RecordedBlock> record, std::size_t allocations) {
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> by_free;  // (free tick, allocation) of those freed
+  for (std::size_t i = 0; i < allocations; ++i)
+    if (!record[i].pinned) by_free.emplace_back(record[i].end, static_cast<std::uint32_t>(i));
+  std::sort(by_free.begin(), by_free.end());
+  std::vector<std::uint32_t> replaced(allocations, kNoBlock);
+  std::vector<bool> taken(allocations, false);
+  for (std::size_t k = 0; k < allocations; ++k) {
+    const RecordedBlock& kept = record[k];
+    if (!kept.pinned) continue;
+    std::uint32_t oldest = kNoBlock;
+    for (auto it = std::upper_bound(by_free.begin(), by_free.end(), std::pair{kept.start, UINT32_MAX});
+         it != by_free.end() && it->first <= kept.start + kRebindWithin; ++it) {
+      const std::uint32_t z = it->second;
+      if (taken[z] || record[z].size != kept.size || record[z].start >= kept.start) continue;
+      if (oldest == kNoBlock || record[z].start < record[oldest].start) oldest = z;
+    }
+    if (oldest == kNoBlock) continue;
+    replaced[k] = oldest;
+    taken[oldest] = true;
+  }
+  return replaced;
+}
+
+}  // namespace
+
+std::optional<std::vector<RecordedBlock>> predicted_after_creation(std::span<const RecordedBlock> record,
+                                                                  std::size_t allocations) {
+  if (allocations > record.size()) return std::nullopt;
+  const std::vector<std::uint32_t> replaced = replaced_by_pinned(record, allocations);
+  std::size_t pinned_bytes = 0;
+  std::size_t replacing_bytes = 0;
+  std::vector<bool> left_out(allocations, false);
+  for (std::size_t k = 0; k < allocations; ++k) {
+    if (!record[k].pinned) continue;
+    pinned_bytes += record[k].size;
+    if (replaced[k] == kNoBlock) continue;
+    replacing_bytes += record[k].size;
+    left_out[replaced[k]] = true;
+  }
+  if (replacing_bytes == 0 || 2 * replacing_bytes < pinned_bytes) return std::nullopt;
+  const std::uint64_t end = end_of(record);
+  std::vector<RecordedBlock> out;
+  out.reserve(record.size());
+  for (std::size_t i = 0; i < allocations; ++i) {
+    if (left_out[i]) continue;
+    RecordedBlock b = record[i];
+    b.kept = b.pinned;  // as low as it goes
+    b.pinned = false;
+    out.push_back(b);
+  }
+  const auto base_block = [&](const RecordedBlock& b, std::uint64_t freed) {
+    out.push_back(RecordedBlock{.size = b.size, .start = 0, .end = freed, .recorded = b.recorded, .fixed = true});
+  };
+  for (std::size_t k = 0; k < allocations; ++k)
+    if (record[k].pinned) base_block(record[k], replaced[k] == kNoBlock ? end : record[replaced[k]].end);
+  for (std::size_t i = allocations; i < record.size(); ++i)
+    if (record[i].end == end) base_block(record[i], end);
+  return out;
+}
+
+std::size_t allocations_in(std::span<const RecordedBlock> record) noexcept {
+  std::size_t n = 0;
+  while (n < record.size() && !record[n].fixed) ++n;
+  return n;
+}
+
 std::optional<std::vector<RecordedBlock>> followed_record(std::span<const RecordedBlock> predicted,
                                                          std::size_t allocations,
                                                          std::span<const std::size_t> offsets) {
@@ -133,6 +208,8 @@ std::optional<NextStepRecord> next_step_record(std::span<const RecordedBlock> re
   if (auto mirror = mirrored_step(record, allocations))
     return NextStepRecord{std::move(*mirror), NextStepKind::mirrored};
   if (auto predicted = predicted_step(record, allocations))
+    return NextStepRecord{std::move(*predicted), NextStepKind::predicted};
+  if (auto predicted = predicted_after_creation(record, allocations))
     return NextStepRecord{std::move(*predicted), NextStepKind::predicted};
   return std::nullopt;
 }

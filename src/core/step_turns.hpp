@@ -22,6 +22,15 @@
 // base scattered over the pages leaves holes the next forward pass cannot fill); the step after
 // it is predicted in turn at the next boundary (or, with the planner thread, ahead: from the
 // record the next step makes if it keeps to its plan, followed_record()).
+//
+// The optimizer's first step makes each state (zeros) and then makes it anew in the same way,
+// freeing the zeros: its base grew by the new states and freed nothing, so nothing pairs, and
+// the step after it would run online, leaving its new states scattered wherever the free index
+// put them (a base the whole chain of predictions then plans around: on the CS336 2.7B model in
+// fp32, a 39,064 MiB base of weights and states reaching up to 67,301 MiB, for a 66,868 MiB
+// peak). predicted_after_creation() predicts that step from the first: the same requests but the
+// zeros, each kept block freed where its zeros were, the new ones placed by the plan as low as
+// they go.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +76,39 @@ std::optional<std::vector<RecordedBlock>> mirrored_step(std::span<const Recorded
 std::optional<std::vector<RecordedBlock>> predicted_step(std::span<const RecordedBlock> record,
                                                         std::size_t allocations);
 
+/// The record of the step that follows the step recorded in `record`, when the blocks that step
+/// keeps chiefly replaced blocks it made itself: an optimizer's first step, which makes each
+/// state (`m = state.get("m", zeros_like(p))`) and then makes it anew (`m = b1 * m + ...`,
+/// freeing the zeros), so that its base grew by the new states and freed nothing, and no
+/// prediction pairs. The next step makes the same requests but the replaced ones (the states
+/// exist) and frees each kept block where this step freed the block it replaced:
+///   * a pinned block replaced an allocation of the same size made before it and freed at most
+///     kRebindWithin events after it (the program rebinding its name: `x = f(x)`), the oldest
+///     such if several (the temporaries of f are younger); each replaced block once;
+///   * a prediction only when the pinned blocks that replaced one are at least half the bytes
+///     pinned (a choice, docs/vmm.md "Steps"): a step that keeps what it made for good (torch's
+///     optimizers make their states once and update them in place) and replaced little (a
+///     micro-batch's logits, made while the last one's live) would make those requests again;
+///   * the replaced allocations are left out; each pinned block is recorded unpinned and kept
+///     (RecordedBlock::kept), and again as a base block at its place, freed when the block it
+///     replaced was (one that replaced none: alive to the end);
+///   * the base blocks this step did not free, as they are.
+/// Followed, the step after the first places its new states as low as they go around the base
+/// the first left online (the chain of predictions begins a step sooner, from a compact base);
+/// a step that does not make those requests departs from the plan at its first request whose
+/// size or place differs. Nullopt when no pinned block replaced one, or too few bytes did.
+/// O(n log n).
+std::optional<std::vector<RecordedBlock>> predicted_after_creation(std::span<const RecordedBlock> record,
+                                                                  std::size_t allocations);
+
+/// Events after a kept block's allocation within which the block it replaced is freed
+/// (predicted_after_creation()): as many as layout_plan.cpp's kReplacedWithin.
+inline constexpr std::uint64_t kRebindWithin = 8;
+
+/// The allocations of a record (step_turns' or an epoch's): its entries before the first fixed
+/// one.
+std::size_t allocations_in(std::span<const RecordedBlock> record) noexcept;
+
 /// The record a step makes when it follows a plan of its predicted record `predicted`
 /// (predicted_step()'s: `allocations` allocations first, then its base) that puts allocation i at
 /// `offsets[i]`: its allocations there, those alive to its end pinned (kept over the boundary),
@@ -96,7 +138,8 @@ struct NextStepRecord {
   NextStepKind kind = NextStepKind::mirrored;
 };
 
-/// The next step's record: its mirror (mirrored_step()), else its prediction (predicted_step()).
+/// The next step's record: its mirror (mirrored_step()), else its prediction (predicted_step(),
+/// else predicted_after_creation()).
 std::optional<NextStepRecord> next_step_record(std::span<const RecordedBlock> record, std::size_t allocations);
 
 }  // namespace tensorpool::detail

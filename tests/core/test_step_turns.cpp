@@ -23,6 +23,9 @@ using tensorpool::detail::followed_record;
 using tensorpool::detail::mirrored_step;
 using tensorpool::detail::next_step_record;
 using tensorpool::detail::NextStepKind;
+using tensorpool::detail::allocations_in;
+using tensorpool::detail::kRebindWithin;
+using tensorpool::detail::predicted_after_creation;
 using tensorpool::detail::predicted_step;
 using tensorpool::detail::RecordedBlock;
 
@@ -245,6 +248,109 @@ TEST_CASE("predicted step: nothing kept or blocks that do not pair make no recor
   const std::vector<RecordedBlock> first = {kept(8 * MiB, 1, 3, 64 * MiB), base(64 * MiB, 3, 0)};
   REQUIRE_FALSE(predicted_step(first, 1).has_value());  // the optimizer's first step: states made, none replaced
   REQUIRE_FALSE(predicted_step(none, none.size() + 1).has_value());
+}
+
+namespace {
+
+// An optimizer's first step as end_step_epoch() records it (clock 0-8, end 9), weights W at 0:
+// an activation A (ticks 1-2); the state's zeros Z (tick 3, at 64 MiB); a temporary T of the
+// same size (tick 4, at 84); the new state S (tick 5, at 104, kept), then T and Z freed (ticks
+// 6 and 7: `m = b1 * m + ...` rebinds m); the logits L (tick 8, at 124, kept), which replace
+// nothing in the first step.
+std::vector<RecordedBlock> first_optimizer_step() {
+  return {
+      allocation(32 * MiB, 1, 2, 64 * MiB),  // A
+      allocation(20 * MiB, 3, 7, 64 * MiB),  // Z
+      allocation(20 * MiB, 4, 6, 84 * MiB),  // T
+      kept(20 * MiB, 5, 9, 104 * MiB),       // S
+      kept(4 * MiB, 8, 9, 124 * MiB),        // L
+      base(64 * MiB, 9, 0),                  // W
+  };
+}
+
+}  // namespace
+
+TEST_CASE("predicted step after creation: the optimizer's first step predicts the next without its zeros",
+          "[plan][step]") {
+  const std::vector<RecordedBlock> step = first_optimizer_step();
+  REQUIRE_FALSE(mirrored_step(step, 5).has_value());
+  REQUIRE_FALSE(predicted_step(step, 5).has_value());  // nothing of the base freed: nothing pairs
+  const auto predicted = predicted_after_creation(step, 5);
+  REQUIRE(predicted.has_value());
+  const std::vector<RecordedBlock>& p = *predicted;
+  // S replaced Z, the oldest block of its size freed within kRebindWithin events after it (T is
+  // younger): the next step makes A, T, S and L, not Z.
+  REQUIRE(allocations_in(p) == 4);
+  REQUIRE(p.size() == 7);
+  REQUIRE(p[0].start == 1);
+  REQUIRE(p[1].start == 4);
+  REQUIRE(p[1].size == 20 * MiB);
+  for (std::size_t i : {2, 3}) {
+    INFO("kept allocation " << i);
+    REQUIRE(p[i].kept);
+    REQUIRE_FALSE(p[i].pinned);
+    REQUIRE(p[i].end == 9);
+  }
+  REQUIRE(p[2].start == 5);
+  REQUIRE(p[3].start == 8);
+  // The next base: S where it is, freed when Z was; L where it is, alive to the end; W.
+  REQUIRE(p[4].fixed);
+  REQUIRE(p[4].recorded == 104 * MiB);
+  REQUIRE(p[4].start == 0);
+  REQUIRE(p[4].end == 7);
+  REQUIRE(p[5].fixed);
+  REQUIRE(p[5].recorded == 124 * MiB);
+  REQUIRE(p[5].end == 9);
+  REQUIRE(p[6].fixed);
+  REQUIRE(p[6].recorded == 0);
+  // Planned: the new state first, as low as it goes (right above W, where Z was); no two blocks
+  // alive together overlap.
+  const detail::PlannedLayout plan = detail::plan_layout(p);
+  REQUIRE(plan.offsets[2] == 64 * MiB);
+  for (std::size_t i = 0; i < p.size(); ++i)
+    for (std::size_t j = i + 1; j < p.size(); ++j) {
+      if (p[i].start >= p[j].end || p[j].start >= p[i].end) continue;
+      INFO("blocks " << i << " and " << j);
+      REQUIRE((plan.offsets[i] + p[i].size <= plan.offsets[j] || plan.offsets[j] + p[j].size <= plan.offsets[i]));
+    }
+  const auto next = next_step_record(step, 5);
+  REQUIRE(next.has_value());
+  REQUIRE(next->kind == NextStepKind::predicted);
+  REQUIRE(next->blocks.size() == p.size());
+}
+
+TEST_CASE("predicted step after creation: kept blocks that replaced little, or nothing soon enough, make no record",
+          "[plan][step]") {
+  SECTION("states made once and kept, the logits replacing the last micro-batch's") {
+    // torch's optimizers make their states once (S, 100 MiB, kept) and update them in place; the
+    // logits of the last micro-batch (L2, 20 MiB, kept) replaced the first one's (L1): 20 of 120
+    // MiB kept replaced a block, under half.
+    const std::vector<RecordedBlock> step = {allocation(20 * MiB, 1, 3, 64 * MiB), kept(20 * MiB, 2, 5, 84 * MiB),
+                                             kept(100 * MiB, 4, 5, 104 * MiB), base(64 * MiB, 5, 0)};
+    REQUIRE_FALSE(predicted_after_creation(step, 3).has_value());
+    REQUIRE_FALSE(next_step_record(step, 3).has_value());
+    // The logits alone replaced one: predicted.
+    const std::vector<RecordedBlock> logits = {allocation(20 * MiB, 1, 3, 64 * MiB), kept(20 * MiB, 2, 4, 84 * MiB),
+                                               base(64 * MiB, 4, 0)};
+    REQUIRE(predicted_after_creation(logits, 2).has_value());
+  }
+  SECTION("the block of the kept one's size freed too late, or made after it, or of another size") {
+    const std::uint64_t late = 2 + kRebindWithin + 1;
+    const std::vector<RecordedBlock> freed_late = {allocation(20 * MiB, 1, late, 64 * MiB),
+                                                   kept(20 * MiB, 2, late + 1, 84 * MiB), base(64 * MiB, late + 1, 0)};
+    REQUIRE_FALSE(predicted_after_creation(freed_late, 2).has_value());
+    const std::vector<RecordedBlock> made_after = {kept(20 * MiB, 1, 4, 84 * MiB), allocation(20 * MiB, 2, 3, 64 * MiB),
+                                                   base(64 * MiB, 4, 0)};
+    REQUIRE_FALSE(predicted_after_creation(made_after, 2).has_value());
+    const std::vector<RecordedBlock> other_size = {allocation(16 * MiB, 1, 3, 64 * MiB), kept(20 * MiB, 2, 4, 84 * MiB),
+                                                   base(64 * MiB, 4, 0)};
+    REQUIRE_FALSE(predicted_after_creation(other_size, 2).has_value());
+  }
+  SECTION("nothing kept, or more allocations than entries") {
+    const std::vector<RecordedBlock> none = {allocation(8 * MiB, 1, 2, 64 * MiB), base(64 * MiB, 3, 0)};
+    REQUIRE_FALSE(predicted_after_creation(none, 1).has_value());
+    REQUIRE_FALSE(predicted_after_creation(none, none.size() + 1).has_value());
+  }
 }
 
 namespace {

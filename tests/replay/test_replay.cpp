@@ -215,58 +215,67 @@ std::pair<ReplayResult, ReplayResult> cs336_medium_loop(const std::string& shape
 
 }  // namespace
 
-TEST_CASE("replay: a loop whose optimizer makes its states anew follows its predictions from its third step",
+TEST_CASE("replay: a loop whose optimizer makes its states anew follows its predictions from its second step",
           "[replay][step]") {
   // The CS336 Transformer LM (24 x 1024, autocast bf16, 8 x 512, 4 steps) with its hand-written
   // AdamW: every step makes each state anew while the old one lives, so no step begins with the
   // base of the step before and no mirror pairs (each new state is made in the place the one
   // before it left). Online, the third and fourth steps hold what the second reached, 1.87% above
-  // what they request. With step() each step is planned as its prediction, around the base the
-  // next one will have (vmm.md, "Steps"); the third and fourth follow theirs, the pages above are
-  // given back at the second boundary, and the pages up to the higher of the chain's plans stay
-  // (a dip between them gives nothing back that the next rise would map again).
+  // what they request. With step() the first step (which makes each state as zeros, then anew) is
+  // planned as the prediction of the second, without the zeros (step_turns.hpp,
+  // predicted_after_creation()), and each step after it as its prediction, around the base the
+  // next one will have (vmm.md, "Steps"): the second step follows its plan with a tenth of the
+  // calls it makes online, what its plan (made around the states the first step left online)
+  // reaches above the next is given back at the second boundary, and the third and fourth steps
+  // hold their live peak within 0.1%, with no call.
   const auto [online, called] = cs336_medium_loop("precision:autocast-bf16,micro_batch:8,seq:512,context:512");
   const auto [online_calls, online_syncs, online_ratio] = from_third(online);
   REQUIRE(online_ratio > 1.005);
-  check_quiet_from_third(called, 1.005);
+  REQUIRE(called.per_iteration[1].upstream.total() * 4 < online.per_iteration[1].upstream.total());
+  REQUIRE(called.per_iteration[1].peak_reserved < online.per_iteration[1].peak_reserved);
+  check_quiet_from_third(called, 1.001);
   REQUIRE(called.peak_reserved <= online.peak_reserved);
 }
 
 TEST_CASE("replay: a prediction above the pages the heap holds is followed and its step maps the rest",
           "[replay][step]") {
-  // The same model in fp32 at context 1024, 4 x 1024: the fourth step's prediction, around the
-  // base the third step's plan left, reaches above the pages the heap holds. Followed, the
-  // fourth step maps the rest as it reaches it; not followed (as a mirror is not), it ran online
-  // from that base and grew higher (20 calls from the third step, holding 1.44% above what it
-  // requested, where online throughout it holds 1.61%).
+  // The same model in fp32 at context 1024, 4 x 1024: the second step's prediction, made from the
+  // first step's record around the base it left, reaches above the pages the heap holds (the
+  // first step's). Followed, the second step maps the rest as it reaches it; not followed (as a
+  // mirror is not), it ran online from that base and grew higher (online throughout, the steps
+  // from the third hold 1.61% above what they request, with 20 calls). The third and fourth
+  // steps hold theirs within 0.5%.
   const auto [online, called] = cs336_medium_loop("precision:fp32,micro_batch:4,seq:1024,context:1024");
   const auto [online_calls, online_syncs, online_ratio] = from_third(online);
   const auto [calls, syncs, ratio] = from_third(called);
+  REQUIRE(called.per_iteration[1].peak_reserved > called.per_iteration[0].peak_reserved);
   REQUIRE(syncs == 0);
   REQUIRE(calls < online_calls);
   REQUIRE(ratio < online_ratio);
-  REQUIRE(ratio <= 1.01);
+  REQUIRE(ratio <= 1.005);
 }
 
 TEST_CASE("replay: a chain of predictions gives back what its first plan reached above the later ones",
           "[replay][step]") {
-  // The same model in fp32, 8 x 1024, 5 steps. The first prediction is planned around the base the
-  // second step left online (its new states wherever they came) and reaches 426 MB above the
-  // later plans, each made around a base the last plan left with its new states placed as low as
-  // they go (layout_plan.hpp, RecordedBlock::kept). Once the third step has followed the first,
-  // the pages above the later plans go: the fourth and fifth steps hold their live peak within
-  // 0.05%, with no call and no synchronization, where the pages of the first plan held 0.79% more.
+  // The same model in fp32, 8 x 1024, 5 steps. The first prediction (the second step's) is planned
+  // around the base the first step left online (its states wherever they came) and reaches 0.92%
+  // above what the step requests, 498 MiB above what the later steps hold: their plans are each
+  // made around a base the last plan left with its new states placed as low as they go
+  // (layout_plan.hpp, RecordedBlock::kept). Once the second step has followed the first, the
+  // pages above the later plans go: the third and fourth steps hold their live peak within 0.05%, with no call and no
+  // synchronization. The fifth holds it within 0.05% too, after one growth: each plan of the
+  // chain is made around another base, and the fifth step's reaches 6 MiB above the others.
   const trace::Trace t = generated(kCs336Train +
                                    "layers:24,hidden:1024,heads:16,kv_heads:16,ffn:4096,steps:5,precision:fp32,"
                                    "micro_batch:8,seq:1024,context:1024");
   const ReplayResult called = run(t, "tensorpool-vmm", 80 * GiB, "", Steps::at_iterations).total;
   REQUIRE(called.per_iteration.size() == 5);
-  const IterationResult& third = called.per_iteration[2];
-  REQUIRE(third.peak_reserved > third.peak_requested + third.peak_requested / 200);
-  for (std::size_t i = 3; i < 5; ++i) {
+  const IterationResult& second = called.per_iteration[1];
+  REQUIRE(second.peak_reserved > second.peak_requested + second.peak_requested / 200);
+  for (std::size_t i = 2; i < 5; ++i) {
     INFO("step " << i + 1);
     const IterationResult& step = called.per_iteration[i];
-    REQUIRE(step.upstream.total() == 0);
+    if (i < 4) REQUIRE(step.upstream.total() == 0);
     REQUIRE(step.upstream.syncs == 0);
     REQUIRE(step.peak_reserved <= step.peak_requested + step.peak_requested / 2000);
   }
@@ -286,34 +295,39 @@ ReplayResult cs336_small_loop(const std::string& shape, bool with_steps) {
 TEST_CASE("replay: a prediction is followed above the pages an online step held and over its holes",
           "[replay][step]") {
   SECTION("above where the step before reached") {
-    // fp32, 8 x 256, 4 steps: the second step runs online; the third step's prediction, around
-    // the base it left, reaches above where it reached. Followed, the third step maps the rest as
-    // it reaches it, and holds less than it does without step() (4,698 MiB against 4,752: 1.0283
-    // of what it requests); the fourth holds its live peak within 0.5%, with no call.
+    // fp32, 8 x 256, 4 steps: the first step runs online; the second step's prediction, around
+    // the base it left, reaches above where it reached. Followed, the second step maps the rest as
+    // it reaches it; the third and fourth hold their live peak within 0.5%, with no call (4,628 MiB
+    // against 4,752 without step(): 1.0283 of what they request).
     const ReplayResult called = cs336_small_loop("precision:fp32,micro_batch:8,seq:256,context:256,steps:4", true);
     const ReplayResult online = cs336_small_loop("precision:fp32,micro_batch:8,seq:256,context:256,steps:4", false);
     REQUIRE(called.per_iteration.size() == 4);
     const IterationResult& third = called.per_iteration[2];
     REQUIRE(third.peak_reserved < online.per_iteration[2].peak_reserved);
     REQUIRE(third.upstream.syncs == 0);
+    REQUIRE(third.upstream.total() == 0);
+    REQUIRE(third.peak_reserved <= third.peak_requested + third.peak_requested / 200);
     REQUIRE(called.per_iteration[3].upstream.total() == 0);
     REQUIRE(called.per_iteration[3].peak_reserved <= third.peak_requested + third.peak_requested / 200);
   }
   SECTION("over the holes the online steps' remaps left under the base") {
-    // Autocast, 4 x 1024, 5 steps: the online steps remap idle pages to grow, leaving holes under
-    // their base larger than a growth step and than the pages above the plan. The prediction's
-    // pages are laid out anyway (those above moved into the holes, the rest created); refused,
-    // every step ran online, remapping again (1.0328 of what it requested from the third step,
-    // with 2 synchronizations). The fourth and fifth steps hold their live peak within 0.05%.
+    // Autocast, 4 x 1024, 5 steps: the first step runs online and remaps idle pages to grow (2
+    // synchronizations), leaving holes under its base larger than a growth step and than the
+    // pages above the plan. The second step's prediction's pages are laid out anyway (those above
+    // moved into the holes, the rest created); refused, every step ran online, remapping again
+    // (1.0328 of what it requested from the third step, with 2 synchronizations). The third and
+    // fourth steps hold their live peak within 0.05%, with no call; the fifth within 0.5%, after
+    // one growth (its plan, around the base the fourth left, reaches 30 MiB above the others).
     const ReplayResult called =
         cs336_small_loop("precision:autocast-bf16,micro_batch:4,seq:1024,context:1024,steps:5", true);
     REQUIRE(called.per_iteration.size() == 5);
     const auto [calls, syncs, ratio] = from_third(called);
     REQUIRE(syncs == 0);
-    REQUIRE(ratio < 1.01);
-    for (std::size_t i = 3; i < 5; ++i) {
+    REQUIRE(ratio <= 1.005);
+    for (std::size_t i = 2; i < 4; ++i) {
       INFO("step " << i + 1);
       const IterationResult& step = called.per_iteration[i];
+      REQUIRE(step.upstream.total() == 0);
       REQUIRE(step.peak_reserved <= step.peak_requested + step.peak_requested / 2000);
     }
   }
