@@ -787,7 +787,8 @@ PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max
   if (first && first->height <= reached) return std::move(*first);
   PlannedLayout as_any = *plan_checked(blocks, max_pack_steps, runs, KeptBlocks::as_any, SIZE_MAX);
   if (first && first->height <= within(as_any.height)) return std::move(*first);
-  if (!first && within(as_any.height) > within(reached))
+  if (first) return as_any;  // above the record's reach, and more than twice as_any's distance
+  if (within(as_any.height) > within(reached))
     first = plan_checked(blocks, max_pack_steps, runs, KeptBlocks::lowest_first, within(as_any.height));
   return first ? std::move(*first) : std::move(as_any);
 }
