@@ -547,7 +547,7 @@ class VmmHeaps final : public SegmentSource {
                  const std::optional<NextStepRecord>& next_step);
   PlanCache::Found next_turn(Heap& heap, std::uint64_t next_signature, const std::optional<NextStepRecord>& next_step);
   static std::uint64_t signature_after(const EpochLog& log, std::uint64_t base) noexcept;
-  static std::uint64_t next_step_signature(const Heap& heap, const std::optional<NextStepRecord>& next_step,
+  static std::uint64_t next_step_signature(const std::optional<NextStepRecord>& next_step, std::size_t this_requests,
                                            std::uint64_t this_step, std::uint64_t next_base) noexcept;
   static std::uint64_t live_signature(const Heap& heap) noexcept;
   void join_run(Heap& heap, RunRecord::EpochEnded ended);

@@ -214,6 +214,7 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // The signature of the next step if it makes this one's requests from its base (read before
   // the record is handed to the planner thread).
   const std::uint64_t next_signature = next_base == NextBase::moved ? signature_after(heap.epoch, next_base_signature) : 0;
+  const std::size_t requests = heap.epoch.allocations();  // the record may go to the planner below
   std::shared_ptr<const EpochPlan> mine;
   // The next step's record, when the program ended this step and its base moved by what it kept:
   // its mirror, or its prediction (next_step_record()), never made in an allocation. The
@@ -297,7 +298,7 @@ NextHeights VmmHeaps::plan_next_epoch(Heap& heap, NextBase next_base, std::uint6
   // A step whose base moved by what it kept: the next step may be its other turn.
   std::size_t turns_height = 0;
   if (!next && next_base == NextBase::moved) {
-    const std::uint64_t turn_signature = next_step_signature(heap, next_step, next_signature, next_base_signature);
+    const std::uint64_t turn_signature = next_step_signature(next_step, requests, next_signature, next_base_signature);
     Turn turn = take_turn(heap, matched ? StepRun::followed : StepRun::online, mine.get(), turn_signature, next_step);
     next = std::move(turn.plan);
     next_key = turn.key;
@@ -401,13 +402,14 @@ PlanCache::Found VmmHeaps::next_turn(Heap& heap, std::uint64_t next_signature,
 }
 
 // The signature the next step has if it makes the requests of `next_step` from its base (of
-// live_signature() `next_base`): `this_step`'s, signature_after() that base, unless the record
-// leaves some of this step's requests out (predicted_after_creation()).
-std::uint64_t VmmHeaps::next_step_signature(const Heap& heap, const std::optional<NextStepRecord>& next_step,
+// live_signature() `next_base`): `this_step`'s, signature_after() that base of this step's
+// `this_requests` requests, unless the record leaves some of them out
+// (predicted_after_creation()).
+std::uint64_t VmmHeaps::next_step_signature(const std::optional<NextStepRecord>& next_step, std::size_t this_requests,
                                             std::uint64_t this_step, std::uint64_t next_base) noexcept {
   if (!next_step) return this_step;
   const std::size_t requests = allocations_in(next_step->blocks);
-  if (requests == heap.epoch.allocations()) return this_step;
+  if (requests == this_requests) return this_step;
   return signature_of(next_step->blocks, requests, next_base);
 }
 
