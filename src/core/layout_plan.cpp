@@ -769,6 +769,12 @@ std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks) {
   return live_peak(blocks, events_in_order(blocks)).bytes;
 }
 
+std::size_t allocations_in(std::span<const RecordedBlock> record) noexcept {
+  std::size_t n = 0;
+  while (n < record.size() && !record[n].fixed) ++n;
+  return n;
+}
+
 PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max_pack_steps, FixedRuns runs) {
   check_input(blocks);
   if (blocks.size() >= PlannedLayout::kNone) throw std::invalid_argument("plan_layout: too many blocks");

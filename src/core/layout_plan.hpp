@@ -141,4 +141,8 @@ PlannedLayout plan_layout(std::span<const RecordedBlock> blocks, std::size_t max
 /// The largest sum of sizes of blocks alive at one tick: no layout reaches lower.
 std::size_t peak_live_bytes(std::span<const RecordedBlock> blocks);
 
+/// The allocations of a record (an epoch's, or step_turns.hpp's): its entries before the first
+/// fixed one (the fixed blocks, live throughout, come after them).
+std::size_t allocations_in(std::span<const RecordedBlock> record) noexcept;
+
 }  // namespace tensorpool::detail

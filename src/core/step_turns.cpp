@@ -175,12 +175,6 @@ std::optional<std::vector<RecordedBlock>> predicted_after_creation(std::span<con
   return out;
 }
 
-std::size_t allocations_in(std::span<const RecordedBlock> record) noexcept {
-  std::size_t n = 0;
-  while (n < record.size() && !record[n].fixed) ++n;
-  return n;
-}
-
 std::optional<std::vector<RecordedBlock>> followed_record(std::span<const RecordedBlock> predicted,
                                                          std::size_t allocations,
                                                          std::span<const std::size_t> offsets) {

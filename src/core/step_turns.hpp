@@ -105,10 +105,6 @@ std::optional<std::vector<RecordedBlock>> predicted_after_creation(std::span<con
 /// (predicted_after_creation()): as many as layout_plan.cpp's kReplacedWithin.
 inline constexpr std::uint64_t kRebindWithin = 8;
 
-/// The allocations of a record (step_turns' or an epoch's): its entries before the first fixed
-/// one.
-std::size_t allocations_in(std::span<const RecordedBlock> record) noexcept;
-
 /// The record a step makes when it follows a plan of its predicted record `predicted`
 /// (predicted_step()'s: `allocations` allocations first, then its base) that puts allocation i at
 /// `offsets[i]`: its allocations there, those alive to its end pinned (kept over the boundary),

@@ -25,8 +25,7 @@ std::unique_ptr<EpochPlan> plan_of(std::span<const RecordedBlock> record, std::s
     auto plan = std::make_unique<EpochPlan>();
     // A step per allocation of the epoch (the fixed blocks, live throughout, come after them in
     // the record: they are no step, but a step placed above one starts its search there).
-    std::size_t steps = 0;
-    while (steps < record.size() && !record[steps].fixed) ++steps;
+    const std::size_t steps = allocations_in(record);
     if (steps == 0) return nullptr;
     plan->steps.resize(steps);
     std::vector<std::uint32_t> anchor_of(record.size() - steps, PlannedLayout::kNone);  // per fixed block
